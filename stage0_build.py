@@ -99,6 +99,7 @@ def atomic_write_text(path, text: str) -> None:
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
+        os.chmod(tmp, 0o644)  # mkstemp makes owner-only files; outputs are meant to be shared
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
