@@ -1,0 +1,420 @@
+"""Stage 2 (§3.4): Eq. (8) advantages, Eq. (9) loss, the k3 KL, sampling and log-probs, learning on
+a toy verifiable task, a skipped non-finite step, resume, and DDP under torchrun. Everything runs on
+the tiny random Llama; records are built by hand."""
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import stage2_grpo as g
+from stage0_build import read_jsonl, render_prompt, write_jsonl
+from stage1_sft import load_model_and_tokenizer
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def make_record(i: int, rounds: int = 4, recall=("A1",)) -> dict:
+    """A hand-made dialogue of `rounds - 1` earlier rounds; every utterance text is unique."""
+    history = []
+    for r in range(1, rounds):
+        history.append({"label": f"Q{r}", "speaker": "user", "text": f"user line {r} of chat {i}: need item {r * 7 + i}"})
+        history.append({"label": f"A{r}", "speaker": "assistant", "text": f"agent line {r} of chat {i}: price ${r * 10 + i}"})
+    text = {t["label"]: t["text"] for t in history}
+    his = "\n".join(f"<HIS>{label}: {text[label]}</HIS>" for label in recall)
+    return {"id": f"hand-{i:03d}-t{rounds:02d}", "source": "jsonl", "history": history,
+            "query": f"what was the price for chat {i}?", "query_turn": rounds, "recall": list(recall),
+            "reasoning": f"1. Analyze Query: price.\n2. Recall History: {his}\n3. Reasoning: it is ${10 + i}.",
+            "answer": f"${10 + i}", "answer_keys": [f"${10 + i}"], "pruned": list(recall),
+            "meta": {"num_turns": rounds, "bucket": 8, "scores": {}}}
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return load_model_and_tokenizer("tiny-random", dtype="float32")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny tensors on a shared 2-core box: a second thread only adds contention."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def length_reward(completions, examples):
+    """A toy verifiable reward with spread inside every group: longer text, more reward."""
+    return [{"total": len(text) / 100.0, "format": 0.0} for text in completions]
+
+
+def config(*extra):
+    return g.resolve_config(["--model", "tiny-random", "--dtype", "float32", *extra])
+
+
+# ---------------------------------------------------------------------------------------------
+# Eq. (8)
+# ---------------------------------------------------------------------------------------------
+def test_group_advantages_against_hand_values():
+    rewards = torch.tensor([[1.0, 2.0, 3.0, 4.0],      # mean 2.5, population std sqrt(1.25)
+                            [0.7, 0.7, 0.7, 0.7],      # all equal: nothing to learn
+                            [-1.0, 1.0, -1.0, 1.0]])   # mean 0, std 1
+    a = g.group_advantages(rewards)
+    s = math.sqrt(1.25)
+    assert torch.allclose(a[0], torch.tensor([-1.5 / s, -0.5 / s, 0.5 / s, 1.5 / s]), atol=1e-6)
+    assert torch.equal(a[1], torch.zeros(4))
+    assert torch.allclose(a[2], torch.tensor([-1.0, 1.0, -1.0, 1.0]), atol=1e-6)
+    # Every group's advantages sum to zero and, when rewards differ, have unit population std.
+    assert torch.allclose(a.sum(1), torch.zeros(3), atol=1e-6)
+
+
+def test_group_advantages_group_of_one_and_nan():
+    assert torch.equal(g.group_advantages(torch.tensor([[5.0], [-3.0]])), torch.zeros(2, 1))
+    # A float mean of equal values is not always exact; the advantage still is.
+    assert torch.equal(g.group_advantages(torch.full((1, 8), 0.1)), torch.zeros(1, 8))
+    # A NaN reward must not be hidden: it makes the loss non-finite and the step is skipped.
+    assert torch.isnan(g.group_advantages(torch.tensor([[1.0, float("nan"), 2.0]]))).all()
+
+
+# ---------------------------------------------------------------------------------------------
+# Eq. (9)
+# ---------------------------------------------------------------------------------------------
+def test_loss_on_policy_is_minus_mean_advantage():
+    torch.manual_seed(0)
+    logprobs = -torch.rand(3, 5) * 3
+    mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 0, 0, 0], [1, 1, 1, 0, 0]])
+    advantages = torch.tensor([1.5, -0.5, -1.0])
+    for beta in (0.0, 0.04):  # the reference equals the policy: KL 0
+        loss, stats = g.grpo_loss(logprobs, logprobs.clone(), logprobs.clone(), advantages, mask, beta=beta)
+        assert loss.item() == pytest.approx(-advantages.mean().item(), abs=1e-6)
+        assert stats["kl"] == 0.0 and stats["clip_fraction"] == 0.0 and stats["ratio"] == pytest.approx(1.0)
+    # token normalisation weighs each completion by its length: -(5*1.5 - 2*0.5 - 3*1.0) / 10
+    loss, _ = g.grpo_loss(logprobs, logprobs.clone(), None, advantages, mask, beta=0.0, loss_norm="token")
+    assert loss.item() == pytest.approx(-0.35, abs=1e-6)
+
+
+def test_clipping_engages_exactly_outside_the_interval_in_the_right_direction():
+    ratios = torch.tensor([0.5, 0.79, 0.81, 1.0, 1.19, 1.21, 1.5])
+    logprobs = torch.log(ratios).repeat(2, 1).requires_grad_(True)  # old log-probs 0: r = exp(logp)
+    advantages = torch.tensor([1.0, -1.0])
+    mask = torch.ones(2, 7)
+    loss, stats = g.grpo_loss(logprobs, torch.zeros(2, 7), None, advantages, mask, clip_eps=0.2, beta=0.0)
+    # A > 0: min(r, clip(r)) -> r below 1.2, 1.2 above.  A < 0: min(-r, -clip(r)) -> -0.8 below 0.8, -r above.
+    positive = [0.5, 0.79, 0.81, 1.0, 1.19, 1.2, 1.2]
+    negative = [-0.8, -0.8, -0.81, -1.0, -1.19, -1.21, -1.5]
+    expected = -(sum(positive) / 7 + sum(negative) / 7) / 2
+    assert loss.item() == pytest.approx(expected, abs=1e-6)
+    assert stats["clip_fraction"] == pytest.approx(4 / 14)
+    loss.backward()
+    # d loss / d logp = -(1/G)(1/|o|) A r where unclipped, 0 where clipped.
+    clipped_pos = torch.tensor([False, False, False, False, False, True, True])
+    clipped_neg = torch.tensor([True, True, False, False, False, False, False])
+    want_pos = torch.where(clipped_pos, 0.0, -ratios / 14)
+    want_neg = torch.where(clipped_neg, 0.0, ratios / 14)
+    assert torch.allclose(logprobs.grad[0], want_pos, atol=1e-6)
+    assert torch.allclose(logprobs.grad[1], want_neg, atol=1e-6)
+
+
+def test_seq_and_token_normalisation_differ_on_unequal_lengths():
+    def run(loss_norm):
+        logprobs = torch.zeros(2, 3, requires_grad=True)
+        mask = torch.tensor([[1, 0, 0], [1, 1, 1]])  # |o_1| = 1, |o_2| = 3
+        loss, _ = g.grpo_loss(logprobs, logprobs.detach(), None, torch.tensor([1.0, -1.0]), mask, beta=0.0,
+                              loss_norm=loss_norm)
+        loss.backward()
+        return loss.item(), logprobs.grad
+    loss, grad = run("seq")        # -(1/2)(1 - 1) = 0; token of the short one weighs 1/2, others 1/6
+    assert loss == pytest.approx(0.0, abs=1e-7)
+    assert torch.allclose(grad, torch.tensor([[-0.5, 0.0, 0.0], [1 / 6, 1 / 6, 1 / 6]]))
+    loss, grad = run("token")      # -(1 - 3) / 4 = 0.5; every token weighs 1/4
+    assert loss == pytest.approx(0.5)
+    assert torch.allclose(grad, torch.tensor([[-0.25, 0.0, 0.0], [0.25, 0.25, 0.25]]))
+
+
+def test_kl_term_enters_with_beta():
+    logprobs = torch.zeros(1, 2)
+    ref = torch.log(torch.tensor([[0.5, 2.0]]))  # k3 = r - log r - 1 with r = pi_ref / pi
+    k3 = torch.tensor([0.5 - math.log(0.5) - 1, 2.0 - math.log(2.0) - 1])
+    assert torch.allclose(g.k3_kl(logprobs, ref)[0], k3)
+    loss, stats = g.grpo_loss(logprobs, logprobs, ref, torch.zeros(1), torch.ones(1, 2), beta=0.1)
+    assert loss.item() == pytest.approx(0.1 * k3.mean().item(), abs=1e-7)
+    assert stats["kl"] == pytest.approx(k3.mean().item(), abs=1e-7)
+
+
+def test_k3_kl_is_non_negative_and_zero_for_the_same_model(tiny):
+    torch.manual_seed(0)
+    a, b = torch.randn(64, 32) * 3, torch.randn(64, 32) * 3
+    assert (g.k3_kl(a, b) >= 0).all()
+    model, tokenizer = tiny
+    batch = tokenizer(["Final answer: yes", "Q1: hello there"], return_tensors="pt", padding=True)
+    policy_lp, _ = g.completion_logprobs(model, batch.input_ids, batch.attention_mask, 3)
+    ref_lp, _ = g.completion_logprobs(model, batch.input_ids, batch.attention_mask, 3)
+    assert torch.equal(g.k3_kl(policy_lp, ref_lp), torch.zeros_like(policy_lp))
+
+
+# ---------------------------------------------------------------------------------------------
+# Sampling and the log-probs we train on
+# ---------------------------------------------------------------------------------------------
+def test_completion_mask_stops_after_the_first_stop_token():
+    ids = torch.tensor([[5, 2, 7, 2], [5, 6, 7, 8], [2, 0, 0, 0], [9, 9, 3, 0]])
+    assert torch.equal(g.completion_mask(ids, [2, 3]),
+                       torch.tensor([[1, 1, 0, 0], [1, 1, 1, 1], [1, 0, 0, 0], [1, 1, 1, 0]]))
+
+
+def test_logprobs_match_the_sampling_distribution_under_left_padding(tiny):
+    """The log-probs of Eq. (9) must be those of the distribution generate sampled from (logits / T,
+    no hidden top-k), for the left-padded prompt too, and only up to the stop token."""
+    model, tokenizer = tiny
+    torch.manual_seed(0)
+    prompts = ["Hello", "Q1: I need the Chakra Balancing service. A1: It is $180. Q2: and the price?"]
+    tokenizer.padding_side = "left"
+    enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+    assert enc.attention_mask[0, 0] == 0  # the short prompt is padded
+    out = model.generate(**enc, do_sample=True, temperature=0.7, top_k=0, top_p=1.0, max_new_tokens=6,
+                         output_logits=True, return_dict_in_generate=True, pad_token_id=tokenizer.pad_token_id)
+    logits = torch.stack(out.logits, dim=1)
+    C = logits.shape[1]
+    completion = out.sequences[:, -C:]
+    expected = (logits / 0.7).log_softmax(-1).gather(-1, completion.unsqueeze(-1)).squeeze(-1)
+    mask = g.completion_mask(completion, g.stop_token_ids(model, tokenizer))
+    attention = torch.cat([enc.attention_mask, mask], dim=1)
+    logprobs, entropy = g.completion_logprobs(model, out.sequences, attention, C, temperature=0.7, with_entropy=True)
+    keep = mask.bool()
+    assert torch.allclose(logprobs[keep], expected[keep], atol=1e-4)
+    full = (logits / 0.7).log_softmax(-1)
+    assert torch.allclose(entropy[keep], -(full.exp() * full).sum(-1)[keep], atol=1e-4)
+
+
+def test_generate_groups_k_completions_per_prompt(tiny):
+    model, tokenizer = tiny
+    torch.manual_seed(0)
+    out = g.generate(model, tokenizer, ["Hello", "Q1: a much longer prompt than the first one"], num_generations=3,
+                     max_new_tokens=5)
+    assert out["completion_ids"].shape[0] == 6 and len(out["texts"]) == 6
+    assert out["prompt_ids"].shape[1] == out["prompt_mask"].shape[1]
+    # rows 0-2 belong to prompt 0 (left padded), rows 3-5 to prompt 1
+    assert torch.equal(out["prompt_ids"][0], out["prompt_ids"][2]) and torch.equal(out["prompt_ids"][3], out["prompt_ids"][5])
+    assert out["prompt_mask"][:3, 0].sum() == 0 and out["prompt_mask"][3:, 0].sum() == 3
+    assert (out["completion_mask"].sum(1) >= 1).all()
+
+
+# ---------------------------------------------------------------------------------------------
+# Prompts and data position
+# ---------------------------------------------------------------------------------------------
+def test_fit_prompt_falls_back_to_pruned_and_recent_turns_then_skips(tiny):
+    _, tokenizer = tiny
+    record = make_record(0, rounds=12, recall=("Q1",))
+    full = render_prompt(tokenizer, record)
+    n_full = len(tokenizer(full, add_special_tokens=False).input_ids)
+    assert g.fit_prompt(tokenizer, record, 0) == full
+    assert g.fit_prompt(tokenizer, record, n_full) == full
+    short = g.fit_prompt(tokenizer, record, n_full - 1)
+    assert short is not None and "Q1: user line 1" in short and "A11: agent line 11" in short
+    assert "Q5: user line 5" not in short  # neither pruned nor among the last RECENT_TURNS
+    assert g.fit_prompt(tokenizer, record, 50) is None
+
+
+def test_prompt_stream_shards_ranks_and_resumes(tiny):
+    _, tokenizer = tiny
+    records = [make_record(i) for i in range(7)]
+    streams = [g.PromptStream(records, tokenizer, 0, seed=3, rank=r, world_size=2) for r in range(2)]
+    seen = [[rec["id"] for rec, _ in s.next_batch(2)] for s in streams]
+    assert not set(seen[0]) & set(seen[1]) and len(set(seen[0] + seen[1])) == 4
+    state = streams[0].state_dict()
+    later = [rec["id"] for _ in range(3) for rec, _ in streams[0].next_batch(2)]  # crosses an epoch
+    again = g.PromptStream(records, tokenizer, 0, seed=3, rank=0, world_size=2)
+    again.load_state_dict(state)
+    assert [rec["id"] for _ in range(3) for rec, _ in again.next_batch(2)] == later
+
+
+def test_prompt_stream_skips_prompts_that_do_not_fit(tiny):
+    _, tokenizer = tiny
+    short, long = [make_record(i, rounds=2) for i in range(3)], [make_record(10 + i, rounds=12) for i in range(3)]
+    limit = max(len(tokenizer(render_prompt(tokenizer, r), add_special_tokens=False).input_ids) for r in short)
+    stream = g.PromptStream(short + long, tokenizer, limit, seed=0)
+    ids = [rec["id"] for _ in range(4) for rec, _ in stream.next_batch(2)]
+    assert set(ids) == {r["id"] for r in short} and stream.skipped >= 3
+    with pytest.raises(g.DataError, match="max-prompt-length"):
+        g.PromptStream(long, tokenizer, limit, seed=0).next_batch(1)
+
+
+# ---------------------------------------------------------------------------------------------
+# The step: learning, and a non-finite step
+# ---------------------------------------------------------------------------------------------
+def test_grpo_step_raises_reward_on_a_toy_task():
+    """Reward: the fraction of completion tokens in the lower half of the vocabulary. A seeded run
+    of 8 GRPO steps must raise the policy's mean reward clearly (measured on fresh samples)."""
+    policy, tokenizer = load_model_and_tokenizer("tiny-random", dtype="float32")
+    half = len(tokenizer) // 2
+
+    def reward_fn(completions, examples):
+        scores = []
+        for text in completions:
+            ids = tokenizer(text, add_special_tokens=False).input_ids
+            scores.append({"total": sum(i < half for i in ids) / max(1, len(ids))})
+        return scores
+
+    prompts, records = ["Hello", "Q1: What time is it?"], [make_record(0), make_record(1)]
+    cfg = config("-K", "8", "--max-new-tokens", "8", "--lr", "0.1", "--sample-ratio", "1", "--beta", "0")
+
+    def mean_reward():
+        with torch.random.fork_rng():
+            torch.manual_seed(123)
+            out = g.generate(policy, tokenizer, prompts, num_generations=32, max_new_tokens=8)
+        return float(np.mean([s["total"] for s in reward_fn(out["texts"], None)]))
+
+    torch.manual_seed(0)
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=cfg.lr, weight_decay=0.0)
+    before = mean_reward()
+    for _ in range(8):
+        result = g.grpo_step(policy, None, tokenizer, optimizer, records, prompts, cfg, reward_fn=reward_fn)
+        assert result["updates"] == 1 and result["skipped_updates"] == 0
+    after = mean_reward()
+    assert after > before + 0.15, (before, after)
+
+
+def test_non_finite_loss_is_skipped_and_leaves_weights_unchanged(tiny):
+    _, tokenizer = tiny
+    policy, _ = load_model_and_tokenizer("tiny-random", dtype="float32")
+    ref, _ = load_model_and_tokenizer("tiny-random", dtype="float32")
+    before = {k: v.clone() for k, v in policy.state_dict().items()}
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=0.1)
+    nan_reward = lambda completions, examples: [{"total": float("nan")} for _ in completions]
+    cfg = config("-K", "4", "--max-new-tokens", "4", "--sample-ratio", "2", "--mu", "2")
+    torch.manual_seed(0)
+    result = g.grpo_step(policy, ref, tokenizer, optimizer, [make_record(0)], ["Hello"], cfg, reward_fn=nan_reward)
+    assert result["skipped_updates"] == 4 and result["updates"] == 0  # 2 minibatches x mu 2
+    assert all(torch.equal(before[k], v) for k, v in policy.state_dict().items())
+    assert not optimizer.state  # AdamW's moments untouched too
+    assert all(p.grad is None for p in policy.parameters())
+    lines = g.sample_lines(1, result, 4)  # NaN rewards still make readable samples
+    assert lines and all(line["total"] is None for line in lines)  # NaN is not JSON: null
+
+
+# ---------------------------------------------------------------------------------------------
+# Evaluation helper
+# ---------------------------------------------------------------------------------------------
+def test_evaluate_policy_with_the_real_reward(tiny):
+    model, tokenizer = tiny
+    records = [make_record(i) for i in range(3)]
+    result = g.evaluate_policy(model, tokenizer, records, max_new_tokens=4, batch_size=2, progress=False)
+    assert result["n"] == 3 and result["skipped"] == 0
+    for key in ("format", "recall", "answer", "total", "jaccard"):
+        assert math.isfinite(result[key])
+    assert result["total"] == pytest.approx(result["format"] + result["recall"] + result["answer"], abs=1e-5)
+    assert -1.25 <= result["recall"] <= 1.25
+    assert g.evaluate_policy(model, tokenizer, records, 4, 2, max_prompt_length=10, progress=False)["skipped"] == 3
+
+
+# ---------------------------------------------------------------------------------------------
+# The command line: errors, resume, time budget, torchrun
+# ---------------------------------------------------------------------------------------------
+def test_cli_rejects_bad_data_with_one_line(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    record = make_record(0)
+    del record["recall"]
+    bad.write_text(json.dumps(record) + "\n")
+    with pytest.raises(SystemExit) as e:
+        g.main(["--model", "tiny-random", "--data", str(bad), "--out", str(tmp_path / "o")])
+    assert "bad.jsonl:1" in str(e.value) and "recall" in str(e.value)
+
+
+def test_presets_and_explicit_flags(tmp_path):
+    train = str(tmp_path / "train.jsonl")
+    assert g.resolve_config(["--preset", "cpu-demo", "--data", train]).eval_data is None
+    (tmp_path / "dev.jsonl").write_text("")
+    assert g.resolve_config(["--preset", "cpu-demo", "--data", train]).eval_data == str(tmp_path / "dev.jsonl")
+    assert g.resolve_config(["--data", train]).eval_data is None  # only the demo evaluates by default
+    cfg = g.resolve_config(["--preset", "paper"])
+    assert (cfg.lr, cfg.num_generations, cfg.sample_ratio, cfg.clip_eps) == (3e-7, 8, 4, 0.2)
+    cfg = g.resolve_config(["--preset", "cpu-demo", "--lr", "1e-5", "--no-gradient-checkpointing"])
+    assert cfg.lr == 1e-5 and cfg.gradient_checkpointing is False and cfg.max_new_tokens == 160
+    assert g.lr_at(1, cfg) == pytest.approx(1e-5 / cfg.warmup_steps) and g.lr_at(50, cfg) == 1e-5
+
+
+def test_resume_equals_an_uninterrupted_run(tmp_path):
+    data = tmp_path / "train.jsonl"
+    write_jsonl(data, [make_record(i) for i in range(5)])
+    common = ["--model", "tiny-random", "--data", str(data), "--dtype", "float32", "-K", "4",
+              "--max-new-tokens", "5", "--lr", "1e-2", "--warmup-steps", "2", "--sample-ratio", "2",
+              "--sample-every", "1", "--save-every", "0", "--seed", "7"]
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    g.main(common + ["--out", str(straight), "--max-steps", "4"], reward_fn=length_reward)
+    g.main(common + ["--out", str(split), "--max-steps", "2"], reward_fn=length_reward)
+    summary = g.main(common + ["--out", str(split), "--max-steps", "4", "--resume"], reward_fn=length_reward)
+    assert summary["steps"] == 4
+    a, b = load_file(straight / "final" / "model.safetensors"), load_file(split / "final" / "model.safetensors")
+    initial = load_model_and_tokenizer("tiny-random", dtype="float32")[0].state_dict()
+    assert any(not torch.equal(a[k], initial[k]) for k in a)  # training moved the weights
+    for k in a:
+        assert torch.allclose(a[k], b[k], atol=1e-6), k
+    ma, mb = read_jsonl(straight / "metrics.jsonl", validate=False), read_jsonl(split / "metrics.jsonl", validate=False)
+    assert [m["step"] for m in mb] == [1, 2, 3, 4]
+    assert [m["reward_total_mean"] for m in ma] == pytest.approx([m["reward_total_mean"] for m in mb])
+    for key in ("reward_total_std", "kl", "clip_fraction", "entropy", "completion_length", "lr", "tokens_per_s",
+                "generate_s", "score_s", "train_s"):
+        assert key in ma[-1]
+    assert ma[1]["kl"] > 0  # after one step the policy has left the reference
+    samples = read_jsonl(straight / "samples.jsonl", validate=False)
+    assert {s["step"] for s in samples} == {1, 2, 3, 4} and all("completion" in s for s in samples)
+    config_json = json.loads((straight / "config.json").read_text())
+    assert config_json["num_generations"] == 4 and config_json["seed"] == 7
+
+
+def test_time_budget_stops_cleanly_then_resume_finishes_and_leaves_a_finished_run(tmp_path, capsys):
+    data = tmp_path / "train.jsonl"
+    write_jsonl(data, [make_record(0)])
+    out = tmp_path / "run"
+    args = ["--model", "tiny-random", "--data", str(data), "--out", str(out), "--dtype", "float32",
+            "--max-steps", "2", "-K", "2", "--max-new-tokens", "3", "--beta", "0", "--resume"]
+    summary = g.main(args + ["--time-budget-minutes", "0"], reward_fn=length_reward)
+    assert "starting from scratch" in capsys.readouterr().out  # --resume without a checkpoint
+    assert summary["steps"] == 0 and summary["stop_reason"] == "time_budget"
+    assert (out / "final" / "model.safetensors").exists() and (out / "checkpoint" / "trainer_state.pt").exists()
+    assert g.main(args, reward_fn=length_reward)["steps"] == 2
+    assert len(read_jsonl(out / "metrics.jsonl", validate=False)) == 2
+    assert g.main(args, reward_fn=length_reward)["steps"] == 2  # finished: nothing redone
+    assert "nothing to do" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="seed"):  # a checkpoint is continued only with its data order
+        g.main(args + ["--max-steps", "3", "--seed", "1"], reward_fn=length_reward)
+
+
+DRIVER = """
+import sys
+sys.path.insert(0, {repo!r})
+import stage2_grpo
+
+def length_reward(completions, examples):
+    return [{{"total": len(text) / 100.0}} for text in completions]
+
+stage2_grpo.main(sys.argv[1:], reward_fn=length_reward)
+"""
+
+
+def test_torchrun_two_ranks_stay_identical(tmp_path):
+    data = tmp_path / "train.jsonl"
+    write_jsonl(data, [make_record(i) for i in range(4)])
+    driver = tmp_path / "driver.py"
+    driver.write_text(DRIVER.format(repo=str(REPO)))
+    out = tmp_path / "ddp"
+    env = dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")  # gloo on CPU, even on a GPU box
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(driver),
+         "--model", "tiny-random", "--data", str(data), "--out", str(out), "--dtype", "float32", "--max-steps", "1",
+         "-K", "4", "--max-new-tokens", "6", "--lr", "1e-2", "--warmup-steps", "0", "--sample-ratio", "2"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["steps"] == 1
+    assert summary["ranks_in_sync"] and len(set(summary["param_fingerprints"])) == 1
+    trained = load_file(out / "final" / "model.safetensors")
+    initial = load_model_and_tokenizer("tiny-random", dtype="float32")[0].state_dict()
+    assert any(not torch.equal(trained[k], initial[k]) for k in trained)
+    metrics = read_jsonl(out / "metrics.jsonl", validate=False)
+    assert len(metrics) == 1 and metrics[0]["skipped_updates"] == 0
