@@ -614,15 +614,21 @@ def generate_dialogue(index: int, seed: int) -> dict:
     _, (low, high), _ = rng.choices(LENGTH_PLAN, weights=[w for *_, w in LENGTH_PLAN])[0]
     num_rounds = rng.randint(low, high)
 
-    # Which queries, and so which facts, this dialogue needs.
-    num_queries = min(len(queries), 2 + num_rounds // 10)
-    chosen = rng.sample(queries, num_queries)
+    # Which queries, and so which facts, this dialogue needs. Their needs are disjoint: an answer
+    # restates the facts it used, so a later query on the same fact could recall that answer
+    # instead, and H* would no longer be the unique minimal set.
+    num_queries = 2 + num_rounds // 10
+    chosen, used = [], set()
+    for q in sorted(queries, key=lambda q: rng.random() * 2.5 - len(q.needs)):  # multi-fact first, mostly
+        if len(chosen) < num_queries and not used & set(q.needs):
+            chosen.append(q)
+            used |= set(q.needs)
     needed = {k for q in chosen for k in q.needs}
     fact_rounds = [f for f in facts if set(f.provides) & needed]
     spare = [f for f in facts if not set(f.provides) & needed]
     rng.shuffle(spare)
     update_rounds = [updates[k] for k in updates if k in needed and rng.random() < 0.7]
-    general_queries = rng.sample(general, 1 if num_rounds < 20 else 2) if rng.random() < 0.6 else []
+    general_queries = rng.sample(general, 1 if num_rounds < 20 else 2) if rng.random() < 0.5 else []
 
     # Lay out: facts spread over the first two thirds of the setup, each update after the fact it
     # changes, distractors everywhere else, the queries at the end.
