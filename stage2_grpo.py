@@ -72,7 +72,7 @@ PRESETS = {
     # SmolLM2-135M after SFT on a 2-core CPU in about 20 minutes, evaluation before and after included:
     # one group of 4 a step (about 80-100 s), two AdamW updates per group, a bold learning rate so
     # that ~8-10 steps move the policy.
-    "cpu-demo": dict(num_generations=4, prompts_per_step=1, sample_ratio=2, mu=1, lr=3e-6, warmup_steps=1,
+    "cpu-demo": dict(num_generations=4, prompts_per_step=1, sample_ratio=2, mu=1, lr=1e-5, warmup_steps=1,
                      beta=0.04, max_new_tokens=160, max_prompt_length=700, gradient_checkpointing=True,
                      max_steps=12, sample_every=1, save_every=4, time_budget_minutes=19.0,
                      eval_limit=40, eval_batch_size=8, dtype="float32"),
