@@ -68,26 +68,32 @@ def validate_record(record, path="<record>", line=0) -> dict:
     return record
 
 
-def read_jsonl(path, validate=True, on_error="raise", errors=None) -> list[dict]:
-    """Read one record per line. A bad line raises DataError naming file, line and field;
-    with on_error='skip' it is skipped and its message appended to `errors`."""
-    records = []
+def read_lines(path, parse, on_error="raise", errors=None) -> list:
+    """Parse a JSONL file line by line with `parse(obj, path, line)`. A bad line raises DataError
+    naming file, line and field; with on_error='skip' it is skipped and its message appended to
+    `errors`."""
+    items = []
     with open(path, encoding="utf-8") as f:
         for line_no, line in enumerate(f, 1):
             if not line.strip():
                 continue
             try:
                 try:
-                    record = json.loads(line)
+                    obj = json.loads(line)
                 except json.JSONDecodeError as e:
                     raise DataError(f"{path}:{line_no}: not valid JSON ({e.msg} at column {e.colno})")
-                records.append(validate_record(record, path, line_no) if validate else record)
+                items.append(parse(obj, path, line_no))
             except DataError as e:
                 if on_error != "skip":
                     raise
                 if errors is not None:
                     errors.append(str(e))
-    return records
+    return items
+
+
+def read_jsonl(path, validate=True, on_error="raise", errors=None) -> list[dict]:
+    """Read stage-0 records, one per line (see RECORD_FIELDS)."""
+    return read_lines(path, validate_record if validate else (lambda obj, *_: obj), on_error, errors)
 
 
 def atomic_write_text(path, text: str) -> None:
@@ -709,22 +715,7 @@ def validate_dialogue(d, path="<dialogue>", line=0) -> dict:
 
 
 def read_dialogues(path, on_error="raise", errors=None) -> list[dict]:
-    dialogues = []
-    with open(path, encoding="utf-8") as f:
-        for line_no, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                try:
-                    dialogues.append(validate_dialogue(json.loads(line), path, line_no))
-                except json.JSONDecodeError as e:
-                    raise DataError(f"{path}:{line_no}: not valid JSON ({e.msg} at column {e.colno})")
-            except DataError as e:
-                if on_error != "skip":
-                    raise
-                if errors is not None:
-                    errors.append(str(e))
-    return dialogues
+    return read_lines(path, validate_dialogue, on_error, errors)
 
 
 def utterances(dialogue) -> list[dict]:
