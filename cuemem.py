@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import string
 import sys
 import time
 from collections import Counter
@@ -581,40 +580,10 @@ def build_answer_messages(record, evidence_labels, prioritize_recent: bool = Tru
 
 
 # --------------------------------------------------------------------------------------------
-# Metrics (§5.4 efficiency; SRT §4 evidence metrics). A local F1: evaluate.py imports this file.
+# Measuring (§5.4 efficiency). The answer and evidence metrics are evaluate.py's (F1, final answer,
+# precision/recall/Jaccard against H*); the CLI imports them when it runs, since evaluate.py
+# imports this file for its `cuemem` method.
 # --------------------------------------------------------------------------------------------
-def evidence_scores(predicted, gold) -> dict:
-    """Precision, recall and Jaccard of recalled labels vs H*. An empty H* is fully recalled;
-    an empty prediction is fully precise; both empty is Jaccard 1 (as in the recall reward)."""
-    p, g = set(predicted), set(gold)
-    both = len(p & g)
-    return {"precision": both / len(p) if p else 1.0,
-            "recall": both / len(g) if g else 1.0,
-            "jaccard": both / len(p | g) if p | g else 1.0}
-
-
-def _normalize(text: str) -> list[str]:
-    text = "".join(ch for ch in text.lower() if ch not in set(string.punctuation))
-    return re.sub(r"\b(a|an|the)\b", " ", text).split()
-
-
-def answer_f1(prediction: str, reference: str) -> float:
-    """SQuAD token F1 (lower-case, no punctuation or articles)."""
-    p, r = _normalize(prediction), _normalize(reference)
-    if not p or not r:
-        return float(p == r)
-    common = sum((Counter(p) & Counter(r)).values())
-    if common == 0:
-        return 0.0
-    precision, recall = common / len(p), common / len(r)
-    return 2 * precision * recall / (precision + recall)
-
-
-def final_answer(completion: str) -> str:
-    parts = re.split(r"final answer\s*:", completion, flags=re.I)
-    return (parts[-1] if len(parts) > 1 else completion).strip().split("\n")[0].strip()
-
-
 class TokenCounter:
     """Input tokens. With a tokenizer: the prompt rendered through the model's chat template.
     Without one: the embedder's WordPiece tokenizer over the message texts, a proxy only ever used
@@ -802,6 +771,7 @@ def main(argv=None):
     prioritize = not args.no_priority
 
     from tqdm import tqdm
+    from evaluate import f1_score, final_answer, recall_metrics
     todo = [r for r in records if r["id"] not in done]
     for k, record in enumerate(tqdm(todo, desc="cuemem", disable=not todo), 1):
         start = time.perf_counter()
@@ -812,7 +782,7 @@ def main(argv=None):
         everything = [t["label"] for t in record["history"]]
         full_messages = build_answer_messages(record, everything, prioritize)
         row = {"id": record["id"], "evidence": evidence, "gold_evidence": record["recall"],
-               **evidence_scores(evidence, record["recall"]), "evidence_size": len(evidence),
+               **recall_metrics(evidence, record["recall"]), "evidence_size": len(evidence),
                "input_tokens": count(messages), "full_input_tokens": count(full_messages),
                "history_tokens": count.text(format_history(record["history"], set(evidence))),
                "full_history_tokens": count.text(format_history(record["history"])),
@@ -821,12 +791,13 @@ def main(argv=None):
         if generate is not None:
             completion = generate(messages)
             row.update(latency_s=time.perf_counter() - built, completion=completion,
-                       answer=final_answer(completion), f1=answer_f1(final_answer(completion), record["answer"]))
+                       answer=final_answer("cuemem", completion),
+                       f1=f1_score(final_answer("cuemem", completion), record["answer"]))
             if args.compare_full:
                 start = time.perf_counter()
                 full_completion = generate(full_messages)
-                row.update(full_latency_s=time.perf_counter() - start, full_answer=final_answer(full_completion),
-                           full_f1=answer_f1(final_answer(full_completion), record["answer"]))
+                row.update(full_latency_s=time.perf_counter() - start, full_answer=final_answer("full", full_completion),
+                           full_f1=f1_score(final_answer("full", full_completion), record["answer"]))
         else:
             row["latency_s"] = time.perf_counter() - built
         rows.append(row)

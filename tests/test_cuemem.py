@@ -15,6 +15,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import cuemem  # noqa: E402
 from cuemem import CueMemory, Triple  # noqa: E402
+from evaluate import recall_metrics  # noqa: E402
 from stage0_build import bucket_of, generate_synthetic, utterances  # noqa: E402
 
 
@@ -196,7 +197,7 @@ def test_generated_records_recall_and_token_budget():
     for r in records:
         evidence = cuemem.cuemem_evidence(r)
         if r["recall"]:
-            recalls.append(cuemem.evidence_scores(evidence, r["recall"])["recall"])
+            recalls.append(recall_metrics(evidence, r["recall"])["recall"])
         tokens += count(cuemem.build_answer_messages(r, evidence))
         full += count(cuemem.build_answer_messages(r, [t["label"] for t in r["history"]]))
     assert np.mean(recalls) >= 0.8
@@ -355,18 +356,6 @@ def test_answer_calls_generate_with_evidence_only():
     assert labels == ["Q1"] and completion == "Final answer: 48213"
     assert "Q1: My order number is 48213." in seen[0][1]["content"]
     assert "Lamp" not in seen[0][1]["content"] and "Query (Q5)" in seen[0][1]["content"]
-
-
-def test_metrics_hand_computed():
-    assert cuemem.evidence_scores(["Q1", "A5", "Q6"], ["Q1", "A5"]) == pytest.approx(
-        {"precision": 2 / 3, "recall": 1.0, "jaccard": 2 / 3})
-    assert cuemem.evidence_scores(["A2"], ["Q1", "A5"]) == {"precision": 0.0, "recall": 0.0, "jaccard": 0.0}
-    assert cuemem.evidence_scores([], []) == {"precision": 1.0, "recall": 1.0, "jaccard": 1.0}
-    assert cuemem.evidence_scores(["A1"], []) == {"precision": 0.0, "recall": 1.0, "jaccard": 0.0}
-    assert cuemem.answer_f1("The cat sat", "a cat sat down") == pytest.approx(0.8)  # P 1, R 2/3
-    assert cuemem.answer_f1("$180.", "180") == 1.0 and cuemem.answer_f1("blue", "red") == 0.0
-    assert cuemem.final_answer("<think>x</think>\nFinal answer: Yes, $180.\nmore") == "Yes, $180."
-    assert cuemem.final_answer("just text") == "just text"
 
 
 def write_records(path, records):
