@@ -15,24 +15,14 @@ from safetensors.torch import load_file
 
 import stage2_grpo as g
 from stage0_build import read_jsonl, render_prompt, write_jsonl
+from records import hand_record
 from stage1_sft import load_model_and_tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 def make_record(i: int, rounds: int = 4, recall=("A1",)) -> dict:
-    """A hand-made dialogue of `rounds - 1` earlier rounds; every utterance text is unique."""
-    history = []
-    for r in range(1, rounds):
-        history.append({"label": f"Q{r}", "speaker": "user", "text": f"user line {r} of chat {i}: need item {r * 7 + i}"})
-        history.append({"label": f"A{r}", "speaker": "assistant", "text": f"agent line {r} of chat {i}: price ${r * 10 + i}"})
-    text = {t["label"]: t["text"] for t in history}
-    his = "\n".join(f"<HIS>{label}: {text[label]}</HIS>" for label in recall)
-    return {"id": f"hand-{i:03d}-t{rounds:02d}", "source": "jsonl", "history": history,
-            "query": f"what was the price for chat {i}?", "query_turn": rounds, "recall": list(recall),
-            "reasoning": f"1. Analyze Query: price.\n2. Recall History: {his}\n3. Reasoning: it is ${10 + i}.",
-            "answer": f"${10 + i}", "answer_keys": [f"${10 + i}"], "pruned": list(recall),
-            "meta": {"num_turns": rounds, "bucket": 8, "scores": {}}}
+    return hand_record(i, rounds, recall, pruned_extra=(), price=10 + i)
 
 
 @pytest.fixture(scope="module")
