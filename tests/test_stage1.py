@@ -22,18 +22,7 @@ def make_record(i: int, rounds: int = 6, recall=("Q1", "A2"), pruned_extra=("Q4"
     return hand_record(i, rounds, recall, pruned_extra)
 
 
-@pytest.fixture(scope="module")
-def tiny():
-    return load_model_and_tokenizer("tiny-random", dtype="float32")
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny tensors on a shared 2-core box: a second thread only adds contention (2-3x slower)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def write_records(tmp_path, records) -> str:

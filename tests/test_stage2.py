@@ -25,18 +25,7 @@ def make_record(i: int, rounds: int = 4, recall=("A1",)) -> dict:
     return hand_record(i, rounds, recall, pruned_extra=(), price=10 + i)
 
 
-@pytest.fixture(scope="module")
-def tiny():
-    return load_model_and_tokenizer("tiny-random", dtype="float32")
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny tensors on a shared 2-core box: a second thread only adds contention."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def length_reward(completions, examples):
