@@ -20,7 +20,6 @@ The parser is lenient (it extracts what it can for Eqs. (6) and (7)); the format
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import sys
@@ -31,7 +30,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from stage0_build import DataError, embed, format_target, read_jsonl, write_json, write_jsonl
+from stage0_build import DataError, embed, format_target, read_jsonl, read_lines, write_json, write_jsonl
 
 # The output format of DESIGN.md ("Output format"): the strings the policy learns to write.
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
@@ -444,32 +443,24 @@ def explain(completion: str, record: dict, threshold: float) -> str:
 def read_completions(path: str, records: list[dict]) -> list[tuple[dict, str]]:
     """Lines {"id": ..., "completion": ...} (matched by id to --data) or {"index": ..., "completion": ...}."""
     by_id = {r["id"]: r for r in records}
-    pairs = []
-    with open(path, encoding="utf-8") as f:
-        for line_no, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DataError(f"{path}:{line_no}: not valid JSON ({e.msg} at column {e.colno})")
-            if not isinstance(row, dict):
-                raise DataError(f"{path}:{line_no}: line is not a JSON object")
-            if not isinstance(row.get("completion"), str):
-                raise DataError(f"{path}:{line_no}: field 'completion' is missing or not a string")
-            if "id" in row:
-                if row["id"] not in by_id:
-                    raise DataError(f"{path}:{line_no}: field 'id' names {row['id']!r}, which is not in the --data file")
-                record = by_id[row["id"]]
-            elif "index" in row:
-                i = row["index"]
-                if not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < len(records):
-                    raise DataError(f"{path}:{line_no}: field 'index' must be an integer in [0, {len(records)})")
-                record = records[i]
-            else:
-                raise DataError(f"{path}:{line_no}: field 'id' (or 'index') is missing")
-            pairs.append((record, row["completion"]))
-    return pairs
+
+    def parse(row, path, line_no):
+        if not isinstance(row, dict):
+            raise DataError(f"{path}:{line_no}: line is not a JSON object")
+        if not isinstance(row.get("completion"), str):
+            raise DataError(f"{path}:{line_no}: field 'completion' is missing or not a string")
+        if "id" in row:
+            if row["id"] not in by_id:
+                raise DataError(f"{path}:{line_no}: field 'id' names {row['id']!r}, which is not in the --data file")
+            return by_id[row["id"]], row["completion"]
+        if "index" in row:
+            i = row["index"]
+            if not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < len(records):
+                raise DataError(f"{path}:{line_no}: field 'index' must be an integer in [0, {len(records)})")
+            return records[i], row["completion"]
+        raise DataError(f"{path}:{line_no}: field 'id' (or 'index') is missing")
+
+    return read_lines(path, parse)
 
 
 def main(argv=None):
