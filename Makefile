@@ -22,9 +22,9 @@ test: setup
 demo: setup
 	$(PYTHON) stage0_build.py --preset cpu-demo --out $(DATA) --resume
 	$(PYTHON) stage1_sft.py --preset cpu-demo --model smollm2-135m --data $(DATA)/train.jsonl --out $(RUN)/sft --resume
-	# GRPO gets 13 of its preset's 19 minutes here and skips its own dev evaluation: evaluate.py compares it
+	# GRPO gets 12 of its preset's 19 minutes here and skips its own dev evaluation: evaluate.py compares it
 	$(PYTHON) stage2_grpo.py --preset cpu-demo --model $(RUN)/sft/final --data $(DATA)/train.jsonl --out $(RUN)/grpo --resume \
-	    --time-budget-minutes 13 --eval-limit 0
+	    --time-budget-minutes 12 --eval-limit 0
 	$(PYTHON) evaluate.py --preset cpu-demo --data $(DATA)/test.jsonl --out $(RUN)/eval --resume \
 	    --compare full=full:smollm2-135m rag=rag:smollm2-135m cuemem=cuemem:smollm2-135m \
 	              srt-p=srt-p:smollm2-135m sft=srt:$(RUN)/sft/final grpo=srt:$(RUN)/grpo/final

@@ -61,9 +61,9 @@ TABLE2_GUESS = {"SRT": ("grpo", "srt"), "w/o RL": ("sft",), "w/o CoT": ("nocot",
                 "w/o SFT": ("base-srtp", "srt-p", "srtp")}
 
 PRESETS = {
-    # `make demo`: ~12 minutes for every variant on 2 CPU cores with SmolLM2-135M.
-    # About 16 x ~100 generated tokens per self-recall variant at ~18 tok/s batched (DESIGN.md).
-    "cpu-demo": {"limit": 16, "batch_size": 8, "attention_examples": 2},
+    # `make demo`: 32 test queries (8 per length bucket, stratified) for each of six variants on
+    # 2 CPU cores with SmolLM2-135M; the 24- and 32-round cells hold 8 queries each.
+    "cpu-demo": {"limit": 32, "batch_size": 8, "attention_examples": 2},
     # The paper's scale: the whole test split, longer chains, a GPU.
     "paper": {"limit": None, "batch_size": 16, "max_new_tokens": 512, "max_new_tokens_direct": 64,
               "attention_examples": 8},

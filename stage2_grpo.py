@@ -75,7 +75,7 @@ PRESETS = {
     "cpu-demo": dict(num_generations=4, prompts_per_step=1, sample_ratio=2, mu=1, lr=1e-5, warmup_steps=1,
                      beta=0.04, max_new_tokens=160, max_prompt_length=700, gradient_checkpointing=False,
                      max_steps=40, sample_every=1, save_every=4, time_budget_minutes=19.0,
-                     eval_limit=40, eval_batch_size=8, dtype="float32"),
+                     eval_limit=40, eval_batch_size=8, dtype="auto"),
 }
 
 
@@ -112,7 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"seq: Eq. (9) as written; token: mean over all tokens (DAPO) (default {d['loss_norm']})")
     add("--sample-ratio", type=int, help=f"sample batch / backprop minibatch (default {d['sample_ratio']})")
     add("--dtype", choices=["auto", "float32", "bfloat16"],
-        help=f"auto: fp32 weights, bf16 autocast on GPU, fp32 on CPU (default {d['dtype']})")
+        help=f"auto: fp32 weights with bf16 autocast on a GPU or an AMX CPU, plain fp32 elsewhere (default {d['dtype']})")
     add("--gradient-checkpointing", action=argparse.BooleanOptionalAction, default=None,
         help=f"(default {d['gradient_checkpointing']})")
     add("--sample-every", type=int, help=f"write sampled completions every N steps (default {d['sample_every']})")

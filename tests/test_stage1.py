@@ -270,3 +270,12 @@ def test_torchrun_two_ranks_equal_single_process_on_same_global_batch(tmp_path):
     ddp, alone = read_metrics(tmp_path / "ddp")[0], read_metrics(tmp_path / "single")[0]
     assert ddp["loss"] == pytest.approx(alone["loss"], rel=1e-5)
     assert ddp["grad_norm"] == pytest.approx(alone["grad_norm"], rel=1e-4)  # same gradient scale, not just sign
+
+
+def test_auto_dtype_autocasts_bf16_only_where_the_hardware_has_it(monkeypatch):
+    monkeypatch.setattr(stage1_sft, "cpu_has_bf16_matmul", lambda: True)
+    assert stage1_sft.resolve_dtype("auto", "cpu") == (torch.float32, torch.bfloat16)
+    monkeypatch.setattr(stage1_sft, "cpu_has_bf16_matmul", lambda: False)
+    assert stage1_sft.resolve_dtype("auto", "cpu") == (torch.float32, None)
+    assert stage1_sft.resolve_dtype("auto", "cuda") == (torch.float32, torch.bfloat16)
+    assert stage1_sft.resolve_dtype("float32", "cuda") == (torch.float32, None)
