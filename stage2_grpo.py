@@ -44,7 +44,7 @@ from tqdm.auto import tqdm
 
 from reward import compute_rewards
 from stage0_build import DataError, read_jsonl, render_prompt, write_json, write_jsonl
-from stage1_sft import autocast, load_model_and_tokenizer, resolve_dtype, setup_distributed
+from modeling import autocast, load_model_and_tokenizer, resolve_dtype, setup_distributed
 
 # --------------------------------------------------------------------------------------------
 # Configuration: working defaults, two presets, explicit flags win over both.

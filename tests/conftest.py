@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from stage1_sft import load_model_and_tokenizer
+from modeling import load_model_and_tokenizer
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import evaluate  # noqa: E402
 from stage0_build import bucket_of  # noqa: E402
-from stage1_sft import load_model_and_tokenizer  # noqa: E402
+from modeling import load_model_and_tokenizer  # noqa: E402
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 FACT = "The Chakra Balancing service costs $180 per session."

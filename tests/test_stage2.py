@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 import stage2_grpo as g
 from stage0_build import read_jsonl, render_prompt, write_jsonl
 from records import hand_record
-from stage1_sft import load_model_and_tokenizer
+from modeling import load_model_and_tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
 

