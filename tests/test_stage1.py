@@ -274,9 +274,9 @@ def test_torchrun_two_ranks_equal_single_process_on_same_global_batch(tmp_path):
 
 
 def test_auto_dtype_autocasts_bf16_only_where_the_hardware_has_it(monkeypatch):
-    monkeypatch.setattr(stage1_sft, "cpu_has_bf16_matmul", lambda: True)
+    monkeypatch.setattr(modeling, "cpu_has_bf16_matmul", lambda: True)
     assert modeling.resolve_dtype("auto", "cpu") == (torch.float32, torch.bfloat16)
-    monkeypatch.setattr(stage1_sft, "cpu_has_bf16_matmul", lambda: False)
+    monkeypatch.setattr(modeling, "cpu_has_bf16_matmul", lambda: False)
     assert modeling.resolve_dtype("auto", "cpu") == (torch.float32, None)
     assert modeling.resolve_dtype("auto", "cuda") == (torch.float32, torch.bfloat16)
     assert modeling.resolve_dtype("float32", "cuda") == (torch.float32, None)
