@@ -109,4 +109,7 @@ class JsonlLog:
 
     def append(self, *rows) -> None:
         self.rows += rows
+        self.flush()
+
+    def flush(self) -> None:
         write_jsonl(self.path, self.rows)

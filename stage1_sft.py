@@ -5,27 +5,19 @@
 
 Both phases minimise Eq. (3), the negative log-likelihood of the reasoning tokens r_1..r_M and the
 answer tokens a_1..a_L given the prompt; prompt tokens carry no loss. AdamW with a constant learning
-rate after a linear warm-up (§4.1).
-
-This file also owns the model loader every later stage imports (`load_model_and_tokenizer`) and the
-torchrun set-up (`setup_distributed`, `is_main_process`).
+rate after a linear warm-up (§4.1). One optimizer and one step counter run across both phases.
 
     python stage1_sft.py --preset cpu-demo                        # SmolLM2-135M on a laptop CPU
     torchrun --nproc_per_node=8 stage1_sft.py --model Qwen/Qwen2.5-7B-Instruct --preset paper
 
-Run `python stage1_sft.py --help`.
+Outputs under --out: config.json, metrics.jsonl (one line per step), checkpoint/ (resumable),
+final/ (save_pretrained), eval_format.json (with --eval-limit). Run `python stage1_sft.py --help`.
 """
 from __future__ import annotations
 
 import argparse
-import importlib.util
-import json
 import math
-import os
-import random
-import shutil
 import sys
-import tempfile
 import time
 from contextlib import nullcontext
 from pathlib import Path
@@ -35,10 +27,13 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-
-from stage0_build import DataError, format_target, read_jsonl, render_prompt, write_json, write_jsonl
-from modeling import (autocast, cpu_has_bf16_matmul, end_of_turn_id, is_main_process,  # noqa: F401
-                      load_model_and_tokenizer, resolve_dtype, setup_distributed)
+from checkpoint import JsonlLog, has_trainer_state, load_trainer_state, rng_state, save_model, set_rng_state
+from cli import parse_config, require, write_config
+from data_io import DataError, read_jsonl, write_json
+from modeling import (all_ranks_any, autocast, end_of_turn_id, gather_objects, generate, load_model_and_tokenizer,
+                      resolve_dtype, setup_distributed, teardown_distributed)
+from stage0_build import format_target, render_prompt
+from training import TimeBudget, seed_everything, warmup_lr
 
 IGNORE_INDEX = -100  # label of a token that carries no loss (the prompt, the padding)
 
@@ -202,16 +197,6 @@ def sft_loss_sums(model, batch, autocast_dtype=None) -> dict:
             "tokens": target.sum(), "reasoning_tokens": reasoning.sum(), "answer_tokens": answer.sum()}
 
 
-# --------------------------------------------------------------------------------------------
-# Optimisation (§4.1): AdamW, constant learning rate after a linear warm-up.
-# --------------------------------------------------------------------------------------------
-def learning_rate(step: int, base_lr: float, warmup_steps: int) -> float:
-    """Learning rate of optimizer step `step` (1-based)."""
-    if warmup_steps > 0 and step <= warmup_steps:
-        return base_lr * step / warmup_steps
-    return base_lr
-
-
 def phase_plan(args, records_per_phase: dict) -> list[tuple[int, int]]:
     """[(phase, steps), ...]. --max-steps is split between the phases by --phase1-fraction;
     without it each phase runs --epochs epochs."""
@@ -226,88 +211,17 @@ def phase_plan(args, records_per_phase: dict) -> list[tuple[int, int]]:
 
 
 # --------------------------------------------------------------------------------------------
-# Checkpoints: weights and tokenizer in save_pretrained format (safetensors); optimizer state and
-# random states in files we write ourselves, read back with weights_only=True.
+# Configuration: argparse defaults that work, presets, explicit flags win.
 # --------------------------------------------------------------------------------------------
-def rng_state() -> dict:
-    np_state = np.random.get_state()
-    return {"python": json.dumps(random.getstate()), "torch": torch.get_rng_state(),
-            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-            "numpy_keys": torch.from_numpy(np_state[1].astype(np.int64)),
-            "numpy_rest": [int(np_state[2]), int(np_state[3]), float(np_state[4])]}
-
-
-def set_rng_state(state: dict) -> None:
-    version, internal, gauss = json.loads(state["python"])
-    random.setstate((version, tuple(internal), gauss))
-    torch.set_rng_state(state["torch"])
-    if torch.cuda.is_available() and state["cuda"]:
-        torch.cuda.set_rng_state_all(state["cuda"])
-    pos, has_gauss, cached = state["numpy_rest"]
-    np.random.set_state(("MT19937", state["numpy_keys"].numpy().astype(np.uint32), pos, has_gauss, cached))
-
-
-def replace_dir_atomically(target: Path, write) -> None:
-    """write(tmp) then swap tmp in for target, so a kill mid-save keeps the previous copy."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.tmp."))
-    old = target.parent / f".{target.name}.old"
-    try:
-        write(tmp)
-        os.chmod(tmp, 0o755)
-        shutil.rmtree(old, ignore_errors=True)
-        if target.exists():
-            os.rename(target, old)
-        os.rename(tmp, target)
-        shutil.rmtree(old, ignore_errors=True)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
-def save_model(path: Path, model, tokenizer, optimizer=None, state=None) -> None:
-    def write(tmp):
-        model.save_pretrained(tmp, safe_serialization=True)
-        tokenizer.save_pretrained(tmp)
-        if optimizer is not None:
-            torch.save({"optimizer": optimizer.state_dict(), "rng": rng_state()}, tmp / "trainer_state.pt")
-            write_json(tmp / "trainer_state.json", state)
-    replace_dir_atomically(path, write)
-
-
-# Settings that fix the data order and the meaning of a step: a resumed run must match them.
-RESUME_MUST_MATCH = ("seed", "phase", "phase1_fraction", "batch_size", "grad_accum", "world_size",
-                     "max_length", "no_cot", "epochs")
-
-
-def load_training_state(checkpoint: Path, args, optimizer) -> dict:
-    state = json.loads((checkpoint / "trainer_state.json").read_text())
-    changed = [k for k in RESUME_MUST_MATCH if state["config"].get(k) != getattr(args, k)]
-    if changed:
-        sys.exit(f"error: --resume with different {', '.join(changed)} than the checkpoint in {checkpoint}")
-    saved = torch.load(checkpoint / "trainer_state.pt", map_location="cpu", weights_only=True)
-    optimizer.load_state_dict(saved["optimizer"])
-    set_rng_state(saved["rng"])
-    return state
-
-
-# --------------------------------------------------------------------------------------------
-# Command line
-# --------------------------------------------------------------------------------------------
-DEFAULTS = dict(model="smollm2-135m", data="runs/data/train.jsonl", out="runs/demo/sft", seed=0,
-                phase="both", phase1_fraction=0.5, epochs=1, max_steps=None, batch_size=4, grad_accum=1,
-                lr=5e-5, warmup_steps=10, weight_decay=0.0, max_grad_norm=1.0, max_length=1024,
-                dtype="auto", gradient_checkpointing=False, no_cot=False, save_every=50, log_every=1,
-                time_budget_minutes=None, eval_data="runs/data/dev.jsonl", eval_limit=0,
-                eval_max_new_tokens=256, trust_remote_code=False, resume=False)
 PRESETS = {
-    # A 2-core laptop, <= 17 minutes including the model load. Measured with 2 threads on an idle
-    # AMX machine under bf16 autocast: ~5 s per phase-1 step (pruned, ~290 tokens) and ~12 s per
-    # phase-2 step (full, ~850); plain fp32 takes twice as long. No gradient checkpointing: batch
-    # 4 x 1024 fits in ~11 GB and runs ~25% faster without it. Recall needs the steps: on 40 dev
-    # queries, 38 steps gave recall Jaccard 0.06 and recalled turns even for the queries that need
-    # none (H* empty); 90 steps gave 0.38 and recalled nothing for every one of those.
+    # A 2-core laptop: 90 steps (36 on pruned histories, 54 on full ones). Measured with 2 threads
+    # on an idle AMX machine under bf16 autocast: ~5 s per phase-1 step (pruned, ~290 tokens) and
+    # ~12 s per phase-2 step (full, ~850); plain fp32 (AMD EPYC) about twice that. No gradient
+    # checkpointing: batch 4 x 1024 fits in ~11 GB and runs ~25% faster without it. Recall needs
+    # the steps: on 40 dev queries, 38 steps gave recall Jaccard 0.06 and recalled turns even for
+    # the queries that need none (H* empty); 90 steps gave 0.38 and recalled nothing for those.
     "cpu-demo": dict(lr=5e-5, batch_size=4, grad_accum=1, max_length=1024, gradient_checkpointing=False,
-                     max_steps=90, phase1_fraction=0.4, warmup_steps=3, save_every=10, time_budget_minutes=16),
+                     max_steps=90, phase1_fraction=0.4, warmup_steps=3, save_every=10),
     # §4.1: lr 5e-6, AdamW, constant schedule with linear warm-up. Batch and length are ours.
     "paper": dict(lr=5e-6, batch_size=2, grad_accum=8, max_length=4096, gradient_checkpointing=True,
                   warmup_steps=30, epochs=2, save_every=200),
@@ -317,78 +231,70 @@ PRESETS = {
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    S = argparse.SUPPRESS  # unset flags fall back to the preset, then to DEFAULTS
-    p.add_argument("--model", default=S, help="HF id, local folder, smollm2-135m or tiny-random (default smollm2-135m)")
-    p.add_argument("--data", default=S, help="training JSONL from stage0 (default runs/data/train.jsonl)")
-    p.add_argument("--out", default=S, help="output folder (default runs/demo/sft)")
-    p.add_argument("--preset", choices=sorted(PRESETS), help="cpu-demo or paper; explicit flags win")
-    p.add_argument("--seed", type=int, default=S, help="random seed (default 0)")
-    p.add_argument("--phase", choices=["1", "2", "both"], default=S,
-                   help="1: pruned histories C~_t, 2: full histories C_t, both: 1 then 2 (default)")
-    p.add_argument("--phase1-fraction", type=float, default=S, help="share of --max-steps for phase 1 (default 0.5)")
-    p.add_argument("--epochs", type=int, default=S, help="epochs per phase when --max-steps is unset (default 1)")
-    p.add_argument("--max-steps", type=int, default=S, help="optimizer steps in all (default: from --epochs)")
-    p.add_argument("--batch-size", type=int, default=S, help="examples per micro-batch per process (default 4)")
-    p.add_argument("--grad-accum", type=int, default=S, help="micro-batches per optimizer step (default 1)")
-    p.add_argument("--lr", type=float, default=S, help="peak learning rate (default 5e-5; paper 5e-6)")
-    p.add_argument("--warmup-steps", type=int, default=S, help="linear warm-up steps (default 10)")
-    p.add_argument("--weight-decay", type=float, default=S, help="AdamW weight decay (default 0)")
-    p.add_argument("--max-grad-norm", type=float, default=S, help="gradient clipping norm (default 1.0)")
-    p.add_argument("--max-length", type=int, default=S,
-                   help="tokens per example; longer histories lose their oldest turns outside H* (default 1024)")
-    p.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default=S,
-                   help="auto: fp32 weights with bf16 autocast on a GPU or an AMX CPU, plain fp32 elsewhere (default auto)")
-    p.add_argument("--gradient-checkpointing", action="store_true", default=S, help="trade compute for memory")
-    p.add_argument("--no-cot", action="store_true", default=S, help="learn the answer alone (Table 2 'w/o CoT')")
-    p.add_argument("--save-every", type=int, default=S, help="write <out>/checkpoint every N steps (default 50)")
-    p.add_argument("--log-every", type=int, default=S, help="append to metrics.jsonl every N steps (default 1)")
-    p.add_argument("--time-budget-minutes", type=float, default=S,
-                   help="stop cleanly and save before this much wall time has passed since start")
-    p.add_argument("--resume", action="store_true", default=S, help="continue from <out>/checkpoint")
-    p.add_argument("--eval-data", default=S, help="held-out JSONL for the final check (default runs/data/dev.jsonl)")
-    p.add_argument("--eval-limit", type=int, default=S,
-                   help="generate on N held-out records at the end and report format validity (default 0)")
-    p.add_argument("--eval-max-new-tokens", type=int, default=S, help="(default 256)")
-    p.add_argument("--trust-remote-code", action="store_true", default=S, help="allow model code from the hub")
+    p.add_argument("--model", default="smollm2-135m", help="HF id, local folder, smollm2-135m or tiny-random")
+    p.add_argument("--data", default="runs/data/train.jsonl", help="training JSONL from stage0")
+    p.add_argument("--out", default="runs/demo/sft", help="output folder")
+    p.add_argument("--seed", type=int, default=0, help="random seed")
+    p.add_argument("--phase", choices=["1", "2", "both"], default="both",
+                   help="1: pruned histories C~_t, 2: full histories C_t, both: 1 then 2")
+    p.add_argument("--phase1-fraction", type=float, default=0.5, help="share of --max-steps for phase 1")
+    p.add_argument("--epochs", type=int, default=1, help="epochs per phase when --max-steps is unset")
+    p.add_argument("--max-steps", type=int, default=None, help="optimizer steps in all (default: from --epochs)")
+    p.add_argument("--batch-size", type=int, default=4, help="examples per micro-batch per process")
+    p.add_argument("--grad-accum", type=int, default=1, help="micro-batches per optimizer step")
+    p.add_argument("--lr", type=float, default=5e-5, help="peak learning rate (paper: 5e-6)")
+    p.add_argument("--warmup-steps", type=int, default=10, help="linear warm-up steps")
+    p.add_argument("--weight-decay", type=float, default=0.0, help="AdamW weight decay")
+    p.add_argument("--max-grad-norm", type=float, default=1.0, help="gradient clipping norm")
+    p.add_argument("--max-length", type=int, default=1024,
+                   help="tokens per example; longer histories lose their oldest turns outside H*")
+    p.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="auto",
+                   help="auto: fp32 weights with bf16 autocast on a GPU or an AMX CPU, plain fp32 elsewhere")
+    p.add_argument("--gradient-checkpointing", action=argparse.BooleanOptionalAction, default=False,
+                   help="trade compute for memory")
+    p.add_argument("--no-cot", action="store_true", help="learn the answer alone (Table 2 'w/o CoT')")
+    p.add_argument("--save-every", type=int, default=50, help="write <out>/checkpoint every N steps")
+    p.add_argument("--log-every", type=int, default=1, help="append to metrics.jsonl every N steps")
+    p.add_argument("--time-budget-minutes", type=float, default=None,
+                   help="stop early (saved, resumable) when the next step would overrun this wall time")
+    p.add_argument("--resume", action="store_true", help="continue from <out>/checkpoint")
+    p.add_argument("--eval-data", default="runs/data/dev.jsonl", help="held-out JSONL for the final check")
+    p.add_argument("--eval-limit", type=int, default=0,
+                   help="generate on N held-out records at the end and report format validity")
+    p.add_argument("--eval-max-new-tokens", type=int, default=256, help="tokens per held-out completion")
+    p.add_argument("--trust-remote-code", action="store_true", help="allow model code from the hub")
     return p
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    given = vars(build_parser().parse_args(argv))
-    preset = given.pop("preset")
-    config = {**DEFAULTS, **PRESETS.get(preset, {}), **given, "preset": preset}
-    args = argparse.Namespace(**config)
+    args = parse_config(build_parser(), PRESETS, argv)
     for name in ("batch_size", "grad_accum", "max_length", "save_every", "log_every", "epochs"):
-        if getattr(args, name) < 1:
-            sys.exit(f"error: --{name.replace('_', '-')} must be at least 1")
-    if args.max_steps is not None and args.max_steps < 1:
-        sys.exit("error: --max-steps must be at least 1")
-    if not 0.0 <= args.phase1_fraction <= 1.0:
-        sys.exit("error: --phase1-fraction must lie in [0, 1]")
+        require(getattr(args, name) >= 1, f"--{name.replace('_', '-')} must be at least 1")
+    require(args.max_steps is None or args.max_steps >= 1, "--max-steps must be at least 1")
+    require(0.0 <= args.phase1_fraction <= 1.0, "--phase1-fraction must lie in [0, 1]")
     return args
+
+
+# Settings that fix the data order and the meaning of a step: a resumed run must match them.
+RESUME_MUST_MATCH = ("seed", "phase", "phase1_fraction", "batch_size", "grad_accum", "world_size",
+                     "max_length", "no_cot", "epochs", "lr", "warmup_steps", "weight_decay", "model")
 
 
 # --------------------------------------------------------------------------------------------
 # The training loop: phase 1 then phase 2, one optimizer and one step counter across both.
 # --------------------------------------------------------------------------------------------
-def train(args, on_step=None):
-    """Run stage 1 as configured by `args` (see parse_args). Returns the trained model (unwrapped).
-    `on_step(step)` is called after each optimizer step and its checkpoint (tests use it to
-    simulate a crash)."""
-    started = time.time()
+def train(args):
+    """Run stage 1 as configured by `args` (see parse_args). Returns the trained model."""
     rank, world_size, _, device = setup_distributed()
     args.world_size = world_size
     is_main = rank == 0
-    random.seed(args.seed)
-    np.random.seed(args.seed)
-    torch.manual_seed(args.seed)
-
+    budget = TimeBudget(args.time_budget_minutes)
+    seed_everything(args.seed)
     records = read_jsonl(args.data)
     if not records:
         raise DataError(f"{args.data}: no records")
-    out = Path(args.out)
-    checkpoint = out / "checkpoint"
-    resuming = args.resume and (checkpoint / "trainer_state.json").exists()
+    out, checkpoint = Path(args.out), Path(args.out) / "checkpoint"
+    resuming = args.resume and has_trainer_state(checkpoint)
     if args.resume and not resuming and is_main:
         print(f"note: no checkpoint in {checkpoint}; starting from scratch", flush=True)
 
@@ -403,49 +309,42 @@ def train(args, on_step=None):
         from torch.nn.parallel import DistributedDataParallel
         wrapped = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
-
+    resume_config = {k: getattr(args, k) for k in RESUME_MUST_MATCH}
     start_step = 0
     if resuming:
-        start_step = load_training_state(checkpoint, args, optimizer)["step"]
+        state = load_trainer_state(checkpoint, resume_config)
+        optimizer.load_state_dict(state["optimizer"])
+        set_rng_state(state["rng"][rank])
+        start_step = state["step"]
         if is_main:
             print(f"resuming from {checkpoint} at step {start_step}", flush=True)
 
     global_batch = args.batch_size * args.grad_accum * world_size
-    with_reasoning = not args.no_cot
     plan = phase_plan(args, {1: len(records), 2: len(records)})
-    data = {p: PhaseData(tokenizer, records, p, args.max_length, with_reasoning, args.seed, global_batch)
+    data = {p: PhaseData(tokenizer, records, p, args.max_length, not args.no_cot, args.seed, global_batch)
             for p, _ in plan}
     total_steps = sum(steps for _, steps in plan)
-    config = {**vars(args), "plan": plan, "total_steps": total_steps, "global_batch": global_batch,
-              "weight_dtype": str(weight_dtype), "autocast_dtype": str(autocast_dtype), "device": str(device)}
-
-    metrics_path = out / "metrics.jsonl"
+    phase_of_step = [(p, s) for p, steps in plan for s in range(steps)]  # step k+1 -> (phase, phase step)
     if is_main:
-        out.mkdir(parents=True, exist_ok=True)
-        write_json(out / "config.json", config)
-        kept = []  # a resumed run rewrites the steps after its checkpoint: no gaps, no duplicates
-        if resuming and metrics_path.exists():
-            kept = [json.loads(line) for line in metrics_path.read_text().splitlines() if line.strip()]
-            kept = [m for m in kept if m["step"] <= start_step]
-        write_jsonl(metrics_path, kept)
+        write_config(out, {**vars(args), "plan": plan, "total_steps": total_steps, "global_batch": global_batch,
+                           "weight_dtype": str(weight_dtype), "autocast_dtype": str(autocast_dtype),
+                           "device": str(device)})
+    metrics = JsonlLog(out / "metrics.jsonl", keep_until_step=start_step if resuming else None)
+    if is_main:
+        metrics.flush()  # a resumed run drops the lines written after its checkpoint right away
 
-    def state_of(step):
-        return {"step": step, "config": {k: config[k] for k in RESUME_MUST_MATCH}}
+    def save_checkpoint(step):
+        rng = gather_objects(rng_state(), world_size)
+        if is_main:
+            save_model(checkpoint, model, tokenizer, {"step": step, "optimizer": optimizer.state_dict(), "rng": rng},
+                       resume_config)
+        if world_size > 1:
+            dist.barrier()
 
     from tqdm import tqdm
     bar = tqdm(total=total_steps, initial=start_step, disable=not is_main, desc="sft", dynamic_ncols=True)
-    step, slowest_step, stop_early = start_step, 0.0, False
-    phase_of_step = [(p, s) for p, steps in plan for s in range(steps)]  # step k+1 -> (phase, phase step)
-    while step < total_steps:
-        if args.time_budget_minutes is not None:
-            # Stop while a step, the saves (~1 min for 135M) and a margin still fit in the budget.
-            left = args.time_budget_minutes * 60 - (time.time() - started)
-            stop = torch.tensor(float(left < 1.5 * slowest_step + 60), device=device)
-            if world_size > 1:
-                dist.broadcast(stop, src=0)
-            if stop.item():
-                stop_early = True
-                break
+    step = start_step
+    while step < total_steps and not all_ranks_any(budget.exhausted(), device):
         tick = time.time()
         step += 1
         phase, phase_step = phase_of_step[step - 1]
@@ -470,7 +369,7 @@ def train(args, on_step=None):
                 sums[key] = sums.get(key, 0) + value.detach().float()
             sums["all_tokens"] = sums.get("all_tokens", 0) + batch["attention_mask"].sum().float()
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.max_grad_norm)
-        lr = learning_rate(step, args.lr, args.warmup_steps)
+        lr = warmup_lr(step, args.lr, args.warmup_steps)
         for group in optimizer.param_groups:
             group["lr"] = lr
         optimizer.step()
@@ -482,38 +381,32 @@ def train(args, on_step=None):
             dist.all_reduce(totals)
         totals = dict(zip(keys, totals.tolist()))
         elapsed = time.time() - tick
-        slowest_step = max(slowest_step, elapsed)
+        budget.record_step(elapsed)
         if is_main:
             ratio = lambda a, b: totals[a] / totals[b] if totals[b] else None
-            record = {"step": step, "phase": phase, "loss": ratio("nll", "tokens"),
-                      "loss_reasoning": ratio("reasoning_nll", "reasoning_tokens"),
-                      "loss_answer": ratio("answer_nll", "answer_tokens"), "lr": lr,
-                      "grad_norm": float(grad_norm), "tokens_per_s": totals["all_tokens"] / elapsed,
-                      "truncated": len(data[phase].truncated), "elapsed_s": round(time.time() - started, 1)}
+            line = {"step": step, "phase": phase, "loss": ratio("nll", "tokens"),
+                    "loss_reasoning": ratio("reasoning_nll", "reasoning_tokens"),
+                    "loss_answer": ratio("answer_nll", "answer_tokens"), "lr": lr,
+                    "grad_norm": float(grad_norm), "tokens_per_s": totals["all_tokens"] / elapsed,
+                    "truncated": len(data[phase].truncated), "elapsed_s": round(budget.elapsed_s(), 1)}
             if step % args.log_every == 0 or step == total_steps:
-                with open(metrics_path, "a", encoding="utf-8") as f:
-                    f.write(json.dumps(record) + "\n")
-            bar.set_postfix(phase=phase, loss=f"{record['loss']:.3f}")
+                metrics.append(line)
+            bar.set_postfix(phase=phase, loss=f"{line['loss']:.3f}")
             bar.update(1)
         if step % args.save_every == 0 and step < total_steps:
-            if is_main:
-                save_model(checkpoint, model, tokenizer, optimizer, state_of(step))
-            if world_size > 1:
-                dist.barrier()
-        if on_step is not None:
-            on_step(step)
+            save_checkpoint(step)
     bar.close()
 
+    save_checkpoint(step)
     if is_main:
         for p, phase_data in data.items():
             if phase_data.truncated or phase_data.skipped:
                 print(f"warning: phase {p}: {len(phase_data.truncated)} of {len(phase_data.cache)} examples "
-                      f"lost old turns outside H* to fit --max-length {args.max_length}; "
+                      f"lost old turns to fit --max-length {args.max_length}; "
                       f"{len(phase_data.skipped)} could not fit and were replaced", flush=True)
-        if stop_early:
-            print(f"time budget of {args.time_budget_minutes} min reached: stopping at step {step} "
-                  f"of {total_steps}; --resume continues", flush=True)
-        save_model(checkpoint, model, tokenizer, optimizer, state_of(step))
+        if step < total_steps:
+            print(f"WARNING: time budget of {args.time_budget_minutes} min reached: stopped at step {step} of "
+                  f"{total_steps} ({total_steps - step} steps missing); --resume continues", flush=True)
         save_model(out / "final", model, tokenizer)
         print(f"saved {out / 'final'} (step {step})", flush=True)
     if world_size > 1:
@@ -526,25 +419,16 @@ def train(args, on_step=None):
 # --------------------------------------------------------------------------------------------
 # Optional final check: does the model now write the SRT format on held-out queries?
 # --------------------------------------------------------------------------------------------
-@torch.no_grad()
-def evaluate_format(model, tokenizer, args, device, autocast_dtype, batch_size=4) -> dict | None:
-    try:
-        from reward import is_valid_format
-    except ImportError:
-        print("note: reward.py not found; skipping the format check", flush=True)
-        return None
+def evaluate_format(model, tokenizer, args, device, autocast_dtype, batch_size=4) -> dict:
+    from reward import is_valid_format
     records = read_jsonl(args.eval_data)[:args.eval_limit]
-    model.eval()
-    tokenizer.padding_side = "left"  # generation continues from the right end of every row
     budget = args.max_length - args.eval_max_new_tokens
     completions = []
     for start in range(0, len(records), batch_size):
         # At test time H* is unknown: drop the oldest turns, whatever they are.
         prompts = [fit_history(tokenizer, r, r["history"], budget)[1] for r in records[start:start + batch_size]]
-        inputs = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False).to(device)
-        with autocast(device, autocast_dtype):
-            output = model.generate(**inputs, max_new_tokens=args.eval_max_new_tokens, do_sample=False)
-        completions += tokenizer.batch_decode(output[:, inputs["input_ids"].shape[1]:], skip_special_tokens=True)
+        completions += generate(model, tokenizer, prompts, args.eval_max_new_tokens, greedy=True,
+                                autocast_dtype=autocast_dtype)["texts"]
     valid = [bool(is_valid_format(c)) for c in completions]
     result = {"format_valid": sum(valid) / max(len(valid), 1), "n": len(valid),
               "samples": [{"id": r["id"], "completion": c, "valid": v}
@@ -554,15 +438,14 @@ def evaluate_format(model, tokenizer, args, device, autocast_dtype, batch_size=4
     return result
 
 
-def main(argv=None):
+def main(argv=None) -> None:
     args = parse_args(argv)
     try:
         train(args)
     except (DataError, FileNotFoundError) as e:
         sys.exit(f"error: {e}")
     finally:
-        if dist.is_available() and dist.is_initialized():
-            dist.destroy_process_group()
+        teardown_distributed()
 
 
 if __name__ == "__main__":

@@ -19,20 +19,15 @@ DDP all-reduces the gradients, rank 0 alone logs and saves):
     torchrun --nproc_per_node=8 stage2_grpo.py --model runs/paper/sft/final --data ... --preset paper
 
 Outputs under --out: config.json, metrics.jsonl (one line per step), samples.jsonl (what the policy
-writes as it learns), checkpoint/ (resumable: weights, tokenizer, trainer_state.pt), final/ (weights
-and tokenizer), eval_before.json / eval_after.json (with --eval-data), summary.json.
-
-Run `python stage2_grpo.py --help`.
+writes as it learns), checkpoint/ (resumable), final/ (save_pretrained), eval_before.json /
+eval_after.json (with --eval-data), summary.json. Run `python stage2_grpo.py --help`.
 """
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import math
-import os
 import random
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -42,111 +37,87 @@ import torch
 import torch.distributed as dist
 from tqdm.auto import tqdm
 
+from checkpoint import JsonlLog, has_trainer_state, load_trainer_state, rng_state, save_model, set_rng_state
+from cli import parse_config, require, write_config
+from data_io import DataError, read_jsonl, write_json
+from modeling import (all_ranks_any, autocast, gather_objects, generate, load_model_and_tokenizer,
+                      parameter_digest, resolve_dtype, setup_distributed, teardown_distributed)
 from reward import compute_rewards
-from stage0_build import DataError, read_jsonl, render_prompt, write_json, write_jsonl
-from modeling import autocast, load_model_and_tokenizer, resolve_dtype, setup_distributed
+from stage0_build import render_prompt
+from training import TimeBudget, seed_everything, warmup_lr
 
 # --------------------------------------------------------------------------------------------
-# Configuration: working defaults, two presets, explicit flags win over both.
+# Configuration: argparse defaults that work, presets, explicit flags win.
 # --------------------------------------------------------------------------------------------
-DEFAULTS = dict(
-    model="runs/demo/sft/final", data="runs/data/train.jsonl", out="runs/demo/grpo", seed=0, resume=False,
-    max_steps=100,               # GRPO steps; each is one sample batch and mu * sample_ratio AdamW updates
-    prompts_per_step=1,          # prompts per rank per step; each gives one group of K completions
-    num_generations=8,           # K, the rollout size of §4.1
-    temperature=1.0, top_p=1.0, max_new_tokens=256, max_prompt_length=1024,
-    lr=1e-6, warmup_steps=2, weight_decay=0.0, max_grad_norm=1.0,
-    beta=0.04,                   # KL weight; the paper uses a KL term but does not print beta
-    clip_eps=0.2, mu=1, loss_norm="seq",
-    sample_ratio=4,              # sample batch / backprop minibatch (§4.1)
-    dtype="auto", gradient_checkpointing=False,
-    sample_every=5, save_every=10, time_budget_minutes=None,
-    eval_data=None, eval_limit=40, eval_batch_size=8, eval_max_new_tokens=None,
-)
 PRESETS = {
     # §4.1 where the paper gives a value (lr 3e-7, K = 8, ratio 4, AdamW, KL to the SFT policy);
     # the rest is ours, sized for 8 x A100-80GB.
     "paper": dict(lr=3e-7, num_generations=8, sample_ratio=4, beta=0.04, clip_eps=0.2, mu=1,
                   prompts_per_step=8, max_new_tokens=1024, max_prompt_length=4096, warmup_steps=10,
-                  max_steps=1000, save_every=50, sample_every=10, dtype="auto", gradient_checkpointing=True),
-    # SmolLM2-135M after SFT on an idle 2-core CPU, evaluation before and after included: one group
-    # of 4 a step (about 25 s under bf16 autocast on an AMX CPU: ~12 s generating, ~12 s training;
-    # twice that in fp32), two AdamW updates per group. The time budget ends the run. Learning rate
-    # chosen on 40 dev queries after the 90-step SFT (Jaccard / F1: SFT 38.1% / 75.8): lr 1e-5 drifts
-    # (39.0% / 64.8, K = 8: 33.9% / 67.1), lr 3e-6 recalls better (47.3% / 68.7).
+                  max_steps=1000, save_every=50, sample_every=10, gradient_checkpointing=True),
+    # SmolLM2-135M after SFT on a 2-core CPU: one group of 4 a step (about 25 s under bf16 autocast
+    # on an AMX CPU: ~12 s generating, ~12 s training; twice that in fp32), two AdamW updates per
+    # group. Learning rate chosen on 40 dev queries after the 90-step SFT (Jaccard / F1: SFT
+    # 38.1% / 75.8): lr 1e-5 drifts (39.0% / 64.8, K = 8: 33.9% / 67.1), lr 3e-6 recalls better
+    # (47.3% / 68.7).
     "cpu-demo": dict(num_generations=4, prompts_per_step=1, sample_ratio=2, mu=1, lr=3e-6, warmup_steps=1,
-                     beta=0.04, max_new_tokens=160, max_prompt_length=700, gradient_checkpointing=False,
-                     max_steps=40, sample_every=1, save_every=4, time_budget_minutes=19.0,
-                     eval_limit=40, eval_batch_size=8, dtype="auto"),
+                     beta=0.04, max_new_tokens=160, max_prompt_length=700, max_steps=30, sample_every=1,
+                     save_every=4, eval_limit=40, eval_batch_size=8),
 }
 
 
 def build_parser() -> argparse.ArgumentParser:
-    d = DEFAULTS
-    p = argparse.ArgumentParser(description="Stage 2 of SRT: GRPO with the verifiable recall reward (§3.4).",
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     add = p.add_argument
-    add("--model", help=f"the SFT policy to start from; also the frozen KL reference (default {d['model']})")
-    add("--data", help=f"training records, JSONL (default {d['data']})")
-    add("--out", help=f"output folder (default {d['out']})")
-    add("--seed", type=int, help=f"(default {d['seed']})")
-    add("--preset", choices=sorted(PRESETS), help="paper (§4.1) or cpu-demo (a 2-core laptop, ~20 min)")
-    add("--resume", action="store_true", default=None,
-        help="continue from <out>/checkpoint (policy, optimizer, step, RNG, data position); "
-             "without one, start from scratch; a finished run is left as it is")
-    add("--max-steps", type=int, help=f"stop after N GRPO steps (default {d['max_steps']})")
-    add("--num-generations", "-K", type=int, help=f"K completions per prompt (default {d['num_generations']})")
-    add("--prompts-per-step", type=int, help=f"prompts per rank per step (default {d['prompts_per_step']})")
-    add("--temperature", type=float, help=f"sampling temperature (default {d['temperature']})")
-    add("--top-p", type=float, help=f"nucleus sampling (default {d['top_p']})")
-    add("--max-new-tokens", type=int, help=f"completion length cap (default {d['max_new_tokens']})")
-    add("--max-prompt-length", type=int,
-        help=f"prompt tokens; a longer prompt is re-rendered with the pruned + recent turns, then "
-             f"skipped (default {d['max_prompt_length']}; 0 = no cap)")
-    add("--lr", type=float, help=f"AdamW learning rate after warm-up (default {d['lr']})")
-    add("--warmup-steps", type=int, help=f"linear warm-up, in GRPO steps (default {d['warmup_steps']})")
-    add("--weight-decay", type=float, help=f"(default {d['weight_decay']})")
-    add("--max-grad-norm", type=float, help=f"gradient clipping (default {d['max_grad_norm']})")
-    add("--beta", type=float, help=f"KL weight of Eq. (9); 0 skips the reference model (default {d['beta']})")
-    add("--clip-eps", type=float, help=f"epsilon of the clipped ratio in Eq. (9) (default {d['clip_eps']})")
-    add("--mu", type=int, help=f"passes over each sample batch (default {d['mu']})")
-    add("--loss-norm", choices=["seq", "token"],
-        help=f"seq: Eq. (9) as written; token: mean over all tokens (DAPO) (default {d['loss_norm']})")
-    add("--sample-ratio", type=int, help=f"sample batch / backprop minibatch (default {d['sample_ratio']})")
-    add("--dtype", choices=["auto", "float32", "bfloat16"],
-        help=f"auto: fp32 weights with bf16 autocast on a GPU or an AMX CPU, plain fp32 elsewhere (default {d['dtype']})")
-    add("--gradient-checkpointing", action=argparse.BooleanOptionalAction, default=None,
-        help=f"(default {d['gradient_checkpointing']})")
-    add("--sample-every", type=int, help=f"write sampled completions every N steps (default {d['sample_every']})")
-    add("--save-every", type=int, help=f"write <out>/checkpoint every N steps (default {d['save_every']})")
-    add("--time-budget-minutes", type=float,
-        help="stop cleanly (and save) when the next step and the final evaluation would not fit")
-    add("--eval-data", help="held-out records: greedy evaluation before step 1 and after the last step "
-                            "(cpu-demo: dev.jsonl beside --data, when it exists)")
-    add("--eval-limit", type=int,
-        help=f"evaluate on this many records; 0 = no evaluation (default {d['eval_limit']})")
-    add("--eval-batch-size", type=int, help=f"(default {d['eval_batch_size']})")
-    add("--eval-max-new-tokens", type=int, help="(default: --max-new-tokens)")
+    add("--model", default="runs/demo/sft/final", help="the SFT policy to start from; also the frozen KL reference")
+    add("--data", default="runs/data/train.jsonl", help="training records, JSONL")
+    add("--out", default="runs/demo/grpo", help="output folder")
+    add("--seed", type=int, default=0, help="random seed")
+    add("--resume", action="store_true", help="continue from <out>/checkpoint (policy, optimizer, step, RNG, "
+        "data position); a finished run is left as it is")
+    add("--max-steps", type=int, default=100, help="GRPO steps; each is one sample batch")
+    add("--num-generations", "-K", type=int, default=8, help="K completions per prompt (§4.1: 8)")
+    add("--prompts-per-step", type=int, default=1, help="prompts per rank per step")
+    add("--temperature", type=float, default=1.0, help="sampling temperature")
+    add("--top-p", type=float, default=1.0, help="nucleus sampling")
+    add("--max-new-tokens", type=int, default=256, help="completion length cap")
+    add("--max-prompt-length", type=int, default=1024,
+        help="prompt tokens; a longer prompt is re-rendered with the pruned + recent turns, then skipped (0 = no cap)")
+    add("--lr", type=float, default=1e-6, help="AdamW learning rate after warm-up (paper: 3e-7)")
+    add("--warmup-steps", type=int, default=2, help="linear warm-up, in GRPO steps")
+    add("--weight-decay", type=float, default=0.0, help="AdamW weight decay")
+    add("--max-grad-norm", type=float, default=1.0, help="gradient clipping")
+    add("--beta", type=float, default=0.04, help="KL weight of Eq. (9), not printed in the paper; 0 skips pi_ref")
+    add("--clip-eps", type=float, default=0.2, help="epsilon of the clipped ratio in Eq. (9)")
+    add("--mu", type=int, default=1, help="passes over each sample batch")
+    add("--loss-norm", choices=["seq", "token"], default="seq",
+        help="seq: Eq. (9) as written; token: mean over all tokens (DAPO)")
+    add("--sample-ratio", type=int, default=4, help="sample batch / backprop minibatch (§4.1: 4)")
+    add("--dtype", choices=["auto", "float32", "bfloat16"], default="auto",
+        help="auto: fp32 weights with bf16 autocast on a GPU or an AMX CPU, plain fp32 elsewhere")
+    add("--gradient-checkpointing", action=argparse.BooleanOptionalAction, default=False, help="trade compute for memory")
+    add("--sample-every", type=int, default=5, help="write sampled completions every N steps")
+    add("--save-every", type=int, default=10, help="write <out>/checkpoint every N steps")
+    add("--time-budget-minutes", type=float, default=None,
+        help="stop early (saved, resumable) when the next step and the final evaluation would overrun this")
+    add("--eval-data", default=None, help="held-out records: greedy evaluation before step 1 and after the "
+        "last (cpu-demo: dev.jsonl beside --data)")
+    add("--eval-limit", type=int, default=40, help="evaluate on this many records; 0 = no evaluation")
+    add("--eval-batch-size", type=int, default=8, help="greedy evaluation batch")
+    add("--eval-max-new-tokens", type=int, default=None, help="(default: --max-new-tokens)")
     return p
 
 
-def resolve_config(argv=None) -> argparse.Namespace:
-    """DEFAULTS, then the preset, then the flags given on the command line."""
-    args = build_parser().parse_args(argv)
-    config = dict(DEFAULTS)
-    if args.preset:
-        config.update(PRESETS[args.preset])
-    config.update({k: v for k, v in vars(args).items() if v is not None})
-    config.setdefault("preset", None)
-    if config["preset"] == "cpu-demo" and args.eval_data is None:  # the demo shows its before / after
-        dev = Path(config["data"]).parent / "dev.jsonl"
-        config["eval_data"] = str(dev) if dev.exists() else None
-    if config["eval_max_new_tokens"] is None:
-        config["eval_max_new_tokens"] = config["max_new_tokens"]
-    for name in ("num_generations", "prompts_per_step", "max_new_tokens", "mu", "sample_ratio"):
-        if config[name] < 1:
-            raise SystemExit(f"error: --{name.replace('_', '-')} must be at least 1")
-    return argparse.Namespace(**config)
+def parse_args(argv=None) -> argparse.Namespace:
+    cfg = parse_config(build_parser(), PRESETS, argv)
+    if cfg.preset == "cpu-demo" and cfg.eval_data is None:  # the demo shows its before / after
+        dev = Path(cfg.data).parent / "dev.jsonl"
+        cfg.eval_data = str(dev) if dev.exists() else None
+    cfg.eval_max_new_tokens = cfg.eval_max_new_tokens or cfg.max_new_tokens
+    for name in ("num_generations", "prompts_per_step", "max_new_tokens", "mu", "sample_ratio", "max_steps"):
+        require(getattr(cfg, name) >= 1, f"--{name.replace('_', '-')} must be at least 1")
+    return cfg
 
 
 # --------------------------------------------------------------------------------------------
@@ -209,55 +180,6 @@ class PromptStream:
     def load_state_dict(self, state):
         self.epoch, self.cursor, self.skipped = state["epoch"], state["cursor"], state["skipped"]
         self._order = self._permutation()
-
-
-# --------------------------------------------------------------------------------------------
-# Sampling from pi_old: all K completions of all prompts in one batched generate with a KV cache.
-# --------------------------------------------------------------------------------------------
-def stop_token_ids(model, tokenizer) -> list[int]:
-    ids = model.generation_config.eos_token_id
-    ids = [] if ids is None else ([ids] if isinstance(ids, int) else list(ids))
-    return list(dict.fromkeys(ids + ([tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else [])))
-
-
-def completion_mask(completion_ids, stop_ids) -> torch.Tensor:
-    """1 up to and including the first stop token (the model must learn to stop), 0 after it:
-    generate pads finished rows, and those pads are no part of o_i. |o_i| = mask.sum(1)."""
-    is_stop = torch.isin(completion_ids, torch.tensor(stop_ids, device=completion_ids.device))
-    positions = torch.arange(completion_ids.shape[1], device=completion_ids.device)
-    first_stop = torch.where(is_stop, positions, completion_ids.shape[1]).min(dim=1).values
-    return (positions.unsqueeze(0) <= first_stop.unsqueeze(1)).long()
-
-
-@torch.no_grad()
-def generate(model, tokenizer, prompts, num_generations=1, max_new_tokens=128, temperature=1.0,
-             top_p=1.0, greedy=False, autocast_dtype=None) -> dict:
-    """-> {prompt_ids, prompt_mask, completion_ids, completion_mask, texts}, rows grouped by prompt
-    (prompt j owns rows j*K .. j*K+K-1). Prompts are left padded so every completion starts at the
-    same column."""
-    device = next(model.parameters()).device
-    tokenizer.padding_side = "left"
-    encoded = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False).to(device)
-    prompt_ids = encoded.input_ids.repeat_interleave(num_generations, dim=0)
-    prompt_mask = encoded.attention_mask.repeat_interleave(num_generations, dim=0)
-    stop_ids = stop_token_ids(model, tokenizer)
-    if greedy:
-        sampling = dict(do_sample=False, temperature=None, top_p=None, top_k=None)
-    else:  # top_k=0: no hidden top-k cut, so pi_old is exactly softmax(logits / T) (up to top-p)
-        sampling = dict(do_sample=True, temperature=temperature, top_p=top_p, top_k=0)
-    was_training = model.training
-    model.eval()
-    with autocast(device, autocast_dtype):
-        sequences = model.generate(input_ids=prompt_ids, attention_mask=prompt_mask, max_new_tokens=max_new_tokens,
-                                   eos_token_id=stop_ids, pad_token_id=tokenizer.pad_token_id, use_cache=True,
-                                   **sampling)
-    model.train(was_training)
-    completion_ids = sequences[:, prompt_ids.shape[1]:]
-    mask = completion_mask(completion_ids, stop_ids)
-    texts = tokenizer.batch_decode([row[:n] for row, n in zip(completion_ids, mask.sum(1).tolist())],
-                                   skip_special_tokens=True)
-    return dict(prompt_ids=prompt_ids, prompt_mask=prompt_mask, completion_ids=completion_ids,
-                completion_mask=mask, texts=texts)
 
 
 # --------------------------------------------------------------------------------------------
@@ -350,15 +272,6 @@ def grpo_loss(logprobs, old_logprobs, ref_logprobs, advantages, mask, clip_eps=0
 # --------------------------------------------------------------------------------------------
 # One GRPO step.
 # --------------------------------------------------------------------------------------------
-def _all_ranks_any(flag: bool, device) -> bool:
-    """True on every rank if it is true on one: every rank must skip the same optimizer step."""
-    if not (dist.is_available() and dist.is_initialized()):
-        return flag
-    t = torch.tensor([1.0 if flag else 0.0], device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return bool(t.item())
-
-
 def grpo_step(policy, ref_model, tokenizer, optimizer, records, prompts, cfg, reward_fn=None,
               train_model=None, autocast_dtype=None) -> dict:
     """Sample, score, Eq. (8), then mu passes of Eq. (9) updates over the backprop minibatches.
@@ -421,7 +334,7 @@ def grpo_step(policy, ref_model, tokenizer, optimizer, records, prompts, cfg, re
             loss.backward()  # every rank, even with a bad loss: DDP needs every rank in the all-reduce
             grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.max_grad_norm)
             # A non-finite loss or gradient must never reach the weights (nor AdamW's moments).
-            if _all_ranks_any(not (math.isfinite(loss.item()) and math.isfinite(grad_norm.item())), device):
+            if all_ranks_any(not (math.isfinite(loss.item()) and math.isfinite(grad_norm.item())), device):
                 optimizer.zero_grad(set_to_none=True)
                 skipped += 1
                 continue
@@ -487,65 +400,7 @@ def pick_eval_records(records, limit):
 
 
 # --------------------------------------------------------------------------------------------
-# Checkpoints: save_pretrained folders; the trainer state in a weights_only-loadable file.
-# --------------------------------------------------------------------------------------------
-def rng_state() -> dict:
-    state = {"python": random.getstate(), "torch": torch.get_rng_state()}
-    name, keys, pos, has_gauss, cached = np.random.get_state()
-    state["numpy"] = [name, keys.tolist(), pos, has_gauss, cached]  # plain types: weights_only loads it
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def set_rng_state(state: dict) -> None:
-    random.setstate(state["python"])
-    torch.set_rng_state(state["torch"])
-    name, keys, pos, has_gauss, cached = state["numpy"]
-    np.random.set_state((name, np.array(keys, dtype=np.uint32), pos, has_gauss, cached))
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
-def _replace_dir(tmp: Path, target: Path) -> None:
-    """Swap a finished folder in: a crash leaves the old one or the new one, never half of one."""
-    old = target.with_name(target.name + ".old")
-    shutil.rmtree(old, ignore_errors=True)
-    if target.exists():
-        os.rename(target, old)
-    os.rename(tmp, target)
-    shutil.rmtree(old, ignore_errors=True)
-
-
-def save_model(path: Path, policy, tokenizer, trainer_state=None) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    policy.save_pretrained(tmp, safe_serialization=True)
-    tokenizer.save_pretrained(tmp)
-    if trainer_state is not None:
-        torch.save(trainer_state, tmp / "trainer_state.pt")
-    _replace_dir(tmp, path)
-
-
-def gather_objects(obj, world_size):
-    if world_size == 1:
-        return [obj]
-    objects = [None] * world_size
-    dist.all_gather_object(objects, obj)
-    return objects
-
-
-def param_fingerprint(model) -> str:
-    """sha256 of every parameter's bytes: DDP ranks must agree bit for bit."""
-    digest = hashlib.sha256()
-    for name, p in sorted(model.named_parameters()):
-        digest.update(name.encode())
-        digest.update(p.detach().float().cpu().numpy().tobytes())
-    return digest.hexdigest()
-
-
-# --------------------------------------------------------------------------------------------
-# Logging helpers
+# Logging
 # --------------------------------------------------------------------------------------------
 def reward_metrics(scores) -> dict:
     """Mean and std of every reward component over all completions of the step, and mean Jaccard."""
@@ -577,13 +432,6 @@ def sample_lines(step, result, K) -> list[dict]:
     return lines
 
 
-def lr_at(step, cfg) -> float:
-    """Constant learning rate after a linear warm-up (§4.1); `step` counts from 1."""
-    if cfg.warmup_steps and step <= cfg.warmup_steps:
-        return cfg.lr * step / cfg.warmup_steps
-    return cfg.lr
-
-
 def _jsonable(value):
     """NaN and inf are not JSON: they are written as null."""
     return None if isinstance(value, float) and not math.isfinite(value) else value
@@ -594,39 +442,34 @@ def _jsonable(value):
 # --------------------------------------------------------------------------------------------
 SAVE_MARGIN_S = 30  # writing checkpoint/ and final/ at the end of a time-budgeted run
 # Settings that fix the data order and the meaning of a step: a resumed run must match them.
-RESUME_MUST_MATCH = ("seed", "prompts_per_step", "max_prompt_length", "world_size")
+RESUME_MUST_MATCH = ("seed", "prompts_per_step", "max_prompt_length", "world_size", "num_generations",
+                     "sample_ratio", "mu", "lr", "warmup_steps", "beta", "clip_eps", "temperature", "top_p",
+                     "max_new_tokens", "loss_norm", "model")
 
 
-def main(argv=None, reward_fn=None) -> dict:
-    run_start = time.perf_counter()  # the time budget covers everything, model loading included
-    cfg = resolve_config(argv)
+def train(cfg, reward_fn=None) -> dict:
+    """Run stage 2 as configured by `cfg` (see parse_args); -> the summary written to summary.json.
+    `reward_fn(completions, records) -> [{"total": .., <components>}]` defaults to reward.py's."""
     rank, world_size, local_rank, device = setup_distributed()
-    main_process = rank == 0
-    run_config = dict(vars(cfg), world_size=world_size, device=str(device))
-    out = Path(cfg.out)
-    checkpoint_dir = out / "checkpoint"
-    try:
-        records = read_jsonl(cfg.data)
-        eval_records = (pick_eval_records(read_jsonl(cfg.eval_data), cfg.eval_limit)
-                        if cfg.eval_data and cfg.eval_limit > 0 else None)
-    except (DataError, OSError) as e:
-        sys.exit(f"error: {e}")
-    if not records:
-        sys.exit(f"error: {cfg.data} holds no records")
+    cfg.world_size, main_process = world_size, rank == 0
+    budget = TimeBudget(cfg.time_budget_minutes, reserve_s=SAVE_MARGIN_S)
+    out, checkpoint_dir = Path(cfg.out), Path(cfg.out) / "checkpoint"
+    records = read_jsonl(cfg.data)
+    require(len(records) > 0, f"{cfg.data} holds no records")
+    eval_records = (pick_eval_records(read_jsonl(cfg.eval_data), cfg.eval_limit)
+                    if cfg.eval_data and cfg.eval_limit > 0 else None)
     if cfg.resume and (out / "summary.json").exists() and (out / "final").exists():
         done = json.loads((out / "summary.json").read_text())
         if done["steps"] >= cfg.max_steps and (not eval_records or (out / "eval_after.json").exists()):
             if main_process:
                 print(f"{out} already holds a finished run of {done['steps']} steps; nothing to do", flush=True)
-            if world_size > 1:
-                dist.destroy_process_group()
             return done
-    resuming = cfg.resume and (checkpoint_dir / "trainer_state.pt").exists()
+    resuming = cfg.resume and has_trainer_state(checkpoint_dir)
     if cfg.resume and not resuming and main_process:
         print(f"note: no checkpoint in {checkpoint_dir}; starting from scratch", flush=True)
 
-    # Models: the policy (fp32 master weights, bf16 autocast on GPU) and the frozen reference
-    # pi_ref = the SFT model we start from, even when resuming.
+    # The policy (fp32 master weights, bf16 autocast where the hardware has it) and the frozen
+    # reference pi_ref = the SFT model we start from, even when resuming.
     _, autocast_dtype = resolve_dtype(cfg.dtype, device)
     policy, tokenizer = load_model_and_tokenizer(str(checkpoint_dir) if resuming else cfg.model,
                                                  dtype=cfg.dtype, device=device)
@@ -638,33 +481,23 @@ def main(argv=None, reward_fn=None) -> dict:
         policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     optimizer = torch.optim.AdamW(policy.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     stream = PromptStream(records, tokenizer, cfg.max_prompt_length, cfg.seed, rank, world_size)
-
-    # Each rank samples its own completions: its own random stream.
-    random.seed(cfg.seed + rank)
-    np.random.seed(cfg.seed + rank)
-    torch.manual_seed(cfg.seed + rank)
-    start_step, metrics, samples = 0, [], []
+    seed_everything(cfg.seed + rank)  # each rank samples its own completions
+    resume_config = {k: getattr(cfg, k) for k in RESUME_MUST_MATCH}
+    start_step = 0
     if resuming:
-        state = torch.load(checkpoint_dir / "trainer_state.pt", map_location="cpu", weights_only=True)
-        changed = [k for k in RESUME_MUST_MATCH if state["config"].get(k) != run_config[k]]
-        if changed:
-            sys.exit(f"error: --resume with different {', '.join(changed)} than the checkpoint in {checkpoint_dir}")
+        state = load_trainer_state(checkpoint_dir, resume_config)
         optimizer.load_state_dict(state["optimizer"])
-        start_step = state["step"]
         stream.load_state_dict(state["stream"])
         set_rng_state(state["rng"][rank])
-        if main_process:  # the logs continue where the checkpoint left them
-            metrics = [m for m in (read_jsonl(out / "metrics.jsonl", validate=False)
-                                   if (out / "metrics.jsonl").exists() else []) if m["step"] <= start_step]
-            samples = [s for s in (read_jsonl(out / "samples.jsonl", validate=False)
-                                   if (out / "samples.jsonl").exists() else []) if s["step"] <= start_step]
+        start_step = state["step"]
+    metrics = JsonlLog(out / "metrics.jsonl", keep_until_step=start_step if resuming else None)
+    samples = JsonlLog(out / "samples.jsonl", keep_until_step=start_step if resuming else None)
     train_model = policy
     if world_size > 1:
         train_model = torch.nn.parallel.DistributedDataParallel(
             policy, device_ids=[local_rank] if device.type == "cuda" else None)
-
     if main_process:
-        write_json(out / "config.json", run_config)
+        write_config(out, dict(vars(cfg), device=str(device)))
 
     def run_eval(name):
         if main_process:
@@ -676,46 +509,37 @@ def main(argv=None, reward_fn=None) -> dict:
         if world_size > 1:
             dist.barrier()
 
-    eval_seconds = 0.0  # the final evaluation will take about as long as the first
     if eval_records and start_step == 0:
         t = time.perf_counter()
         run_eval("eval_before.json")
-        eval_seconds = time.perf_counter() - t
+        budget.reserve_s += time.perf_counter() - t  # the final evaluation takes about as long
     elif eval_records and (out / "eval_before.json").exists():
-        eval_seconds = json.loads((out / "eval_before.json").read_text()).get("seconds") or 0.0
+        budget.reserve_s += json.loads((out / "eval_before.json").read_text()).get("seconds") or 0.0
 
     def save_checkpoint(step):
         rng = gather_objects(rng_state(), world_size)
         if main_process:
-            save_model(checkpoint_dir, policy, tokenizer, {
-                "step": step, "optimizer": optimizer.state_dict(), "stream": stream.state_dict(), "rng": rng,
-                "config": {k: run_config[k] for k in RESUME_MUST_MATCH}})
+            save_model(checkpoint_dir, policy, tokenizer, {"step": step, "optimizer": optimizer.state_dict(),
+                                                           "stream": stream.state_dict(), "rng": rng}, resume_config)
         if world_size > 1:
             dist.barrier()
 
-    step, step_seconds, stop_reason = start_step, [], "max_steps"
+    step = start_step
     progress = tqdm(total=cfg.max_steps, initial=start_step, desc="grpo", disable=not main_process)
-    while step < cfg.max_steps:
-        # The time budget: stop when another step, the final evaluation and saving would overrun it.
-        if cfg.time_budget_minutes is not None:
-            elapsed = time.perf_counter() - run_start
-            need = (np.mean(step_seconds) if step_seconds else 0.0) + eval_seconds + SAVE_MARGIN_S
-            if _all_ranks_any(elapsed + need > 60 * cfg.time_budget_minutes, device):
-                stop_reason = "time_budget"
-                break
+    while step < cfg.max_steps and not all_ranks_any(budget.exhausted(), device):
         step += 1
-        lr = lr_at(step, cfg)
+        lr = warmup_lr(step, cfg.lr, cfg.warmup_steps)
         for group in optimizer.param_groups:
             group["lr"] = lr
         t = time.perf_counter()
         batch = stream.next_batch(cfg.prompts_per_step)
         result = grpo_step(policy, ref_model, tokenizer, optimizer, [r for r, _ in batch], [p for _, p in batch],
                            cfg, reward_fn=reward_fn, train_model=train_model, autocast_dtype=autocast_dtype)
-        step_seconds.append(time.perf_counter() - t)
+        step_s = time.perf_counter() - t
+        budget.record_step(step_s)
 
         # Every rank's completions and statistics, logged by rank 0.
-        all_results = gather_objects({k: v for k, v in result.items() if k not in ("texts", "records")},
-                                     world_size)
+        all_results = gather_objects({k: v for k, v in result.items() if k not in ("texts", "records")}, world_size)
         if main_process:
             scores = [s for r in all_results for s in r["scores"]]
             avg = lambda key: float(np.nanmean([r[key] for r in all_results]))
@@ -724,17 +548,15 @@ def main(argv=None, reward_fn=None) -> dict:
                     **{k: avg(k) for k in ("kl", "clip_fraction", "ratio", "entropy", "loss", "grad_norm",
                                            "completion_length", "generate_s", "score_s", "train_s")},
                     "lr": lr, "skipped_updates": total("skipped_updates"), "updates": result["updates"],
-                    "tokens_per_s": total("sequence_tokens") / step_seconds[-1],
+                    "tokens_per_s": total("sequence_tokens") / step_s,
                     "generated_tokens_per_s": total("completion_tokens") / max(avg("generate_s"), 1e-9),
-                    "skipped_prompts": stream.skipped, "step_s": step_seconds[-1]}
+                    "skipped_prompts": stream.skipped, "step_s": step_s}
             metrics.append({k: _jsonable(v) for k, v in line.items()})
-            write_jsonl(out / "metrics.jsonl", metrics)
             if result["skipped_updates"]:
                 tqdm.write(f"step {step}: skipped {result['skipped_updates']} update(s) with a non-finite "
                            f"loss or gradient; the weights are unchanged by them")
             if cfg.sample_every and step % cfg.sample_every == 0:
-                samples += sample_lines(step, result, cfg.num_generations)
-                write_jsonl(out / "samples.jsonl", samples)
+                samples.append(*sample_lines(step, result, cfg.num_generations))
             progress.set_postfix(reward=f"{line.get('reward_total_mean', float('nan')):.3f}",
                                  kl=f"{line['kl']:.4f}", len=f"{line['completion_length']:.0f}")
         progress.update(1)
@@ -745,23 +567,31 @@ def main(argv=None, reward_fn=None) -> dict:
     save_checkpoint(step)
     if main_process:
         save_model(out / "final", policy, tokenizer)
+        if step < cfg.max_steps:
+            print(f"WARNING: time budget of {cfg.time_budget_minutes} min reached: stopped at step {step} of "
+                  f"{cfg.max_steps} ({cfg.max_steps - step} steps missing); --resume continues", flush=True)
     if eval_records:
         run_eval("eval_after.json")
-    fingerprints = gather_objects(param_fingerprint(policy), world_size)
-    summary = {"steps": step, "stop_reason": stop_reason, "seconds": time.perf_counter() - run_start,
-               "world_size": world_size, "param_fingerprints": fingerprints,
-               "ranks_in_sync": len(set(fingerprints)) == 1}
+    digests = gather_objects(parameter_digest(policy), world_size)  # DDP ranks must agree bit for bit
+    summary = {"steps": step, "stop_reason": "max_steps" if step >= cfg.max_steps else "time_budget",
+               "seconds": budget.elapsed_s(), "world_size": world_size, "ranks_in_sync": len(set(digests)) == 1}
     if main_process:
         write_json(out / "summary.json", summary)
-        print(f"done: {step} steps ({stop_reason}); model in {out / 'final'}", flush=True)
+        print(f"done: {step} steps ({summary['stop_reason']}); model in {out / 'final'}", flush=True)
     if world_size > 1:
         dist.barrier()
-        dist.destroy_process_group()
     return summary
 
 
-if __name__ == "__main__":
+def main(argv=None) -> None:
+    cfg = parse_args(argv)
     try:
-        main()
-    except DataError as e:  # e.g. no training prompt fits --max-prompt-length
+        train(cfg)
+    except (DataError, FileNotFoundError) as e:  # e.g. no training prompt fits --max-prompt-length
         sys.exit(f"error: {e}")
+    finally:
+        teardown_distributed()
+
+
+if __name__ == "__main__":
+    main()
