@@ -4,6 +4,7 @@ validation, a JSONL reader whose errors name the file, the line and the field, a
 from __future__ import annotations
 
 import json
+import math
 import os
 import tempfile
 from pathlib import Path
@@ -91,6 +92,11 @@ def atomic_write_text(path, text: str) -> None:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def finite_or_none(value):
+    """NaN and inf are not JSON: they are written as null."""
+    return None if isinstance(value, float) and not math.isfinite(value) else value
 
 
 def write_jsonl(path, records) -> None:

@@ -52,11 +52,12 @@ def visible_history(record, phase: int) -> list[dict]:
     return list(record["history"])
 
 
-def fit_history(tokenizer, record, history, budget: int, protected=()) -> tuple[list[dict], str, list[int]]:
-    """Drop the oldest utterances not in `protected` (H*), whole ones, until the rendered prompt
-    has at most `budget` tokens. -> (history kept, prompt text, prompt ids). The query is never
-    cut. The prompt grows monotonically with the turns kept, so a binary search over how many of
-    the droppable turns go finds the fewest drops."""
+def fit_history(tokenizer, record, history, budget: int) -> tuple[list[dict], str, list[int]]:
+    """Drop the oldest utterances, whole ones and whatever they are, until the rendered prompt has
+    at most `budget` tokens. -> (history kept, prompt text, prompt ids). The query is never cut.
+    The prompt grows monotonically with the turns kept, so a binary search over how many of the
+    oldest turns go finds the fewest drops. H* is never protected: at inference time it is
+    unknown, and in training an old turn that survived because it is gold would be a tell."""
     def render(kept):
         text = render_prompt(tokenizer, record, history=kept)
         return text, tokenizer(text, add_special_tokens=False)["input_ids"]
@@ -64,20 +65,14 @@ def fit_history(tokenizer, record, history, budget: int, protected=()) -> tuple[
     text, ids = render(history)
     if len(ids) <= budget:
         return history, text, ids
-    droppable = [k for k, turn in enumerate(history) if turn["label"] not in protected]  # oldest first
-
-    def without_oldest(n):
-        gone = set(droppable[:n])
-        return [turn for k, turn in enumerate(history) if k not in gone]
-
-    lo, hi = 1, len(droppable)  # dropping hi turns is the best we can do
+    lo, hi = 1, len(history)  # dropping every turn is the best we can do
     while lo < hi:
         mid = (lo + hi) // 2
-        if len(render(without_oldest(mid))[1]) <= budget:
+        if len(render(history[mid:])[1]) <= budget:
             hi = mid
         else:
             lo = mid + 1
-    kept = without_oldest(hi)
+    kept = history[hi:]
     text, ids = render(kept)
     return kept, text, ids
 
@@ -95,12 +90,15 @@ def target_ids(tokenizer, target: str) -> tuple[list[int], int]:
 def build_example(tokenizer, record, phase: int, max_length: int, with_reasoning: bool = True) -> dict | None:
     """input_ids = prompt + target + end-of-turn; labels = -100 on every prompt token (Eq. (3)
     conditions on the prompt but does not model it); answer_mask marks a_1..a_L, the rest of
-    the target is r_1..r_M. Too long: drop old turns outside H*; None if even that cannot fit."""
+    the target is r_1..r_M. Too long: drop the oldest turns, as at inference time. None when even
+    that cannot fit, or when a turn of H* had to go: the target would cite a turn the prompt lost
+    (such records are dropped rather than their gold turns protected, so survival is no tell)."""
     target, answer_from = target_ids(tokenizer, format_target(record, with_reasoning=with_reasoning))
     history = visible_history(record, phase)
-    kept, prompt, prompt_ids = fit_history(tokenizer, record, history, max_length - len(target),
-                                           protected=set(record["recall"]))
+    kept, prompt, prompt_ids = fit_history(tokenizer, record, history, max_length - len(target))
     if len(prompt_ids) + len(target) > max_length:
+        return None
+    if with_reasoning and not set(record["recall"]) <= {turn["label"] for turn in kept}:
         return None
     labels = [IGNORE_INDEX] * len(prompt_ids) + target
     answer_mask = [0] * (len(prompt_ids) + answer_from) + [1] * (len(target) - answer_from)
@@ -247,7 +245,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--weight-decay", type=float, default=0.0, help="AdamW weight decay")
     p.add_argument("--max-grad-norm", type=float, default=1.0, help="gradient clipping norm")
     p.add_argument("--max-length", type=int, default=1024,
-                   help="tokens per example; longer histories lose their oldest turns outside H*")
+                   help="tokens per example; longer histories lose their oldest turns (a record whose H* "
+                        "would be cut is replaced by the next one)")
     p.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="auto",
                    help="auto: fp32 weights with bf16 autocast on a GPU or an AMX CPU, plain fp32 elsewhere")
     p.add_argument("--gradient-checkpointing", action=argparse.BooleanOptionalAction, default=False,
@@ -403,7 +402,7 @@ def train(args):
             if phase_data.truncated or phase_data.skipped:
                 print(f"warning: phase {p}: {len(phase_data.truncated)} of {len(phase_data.cache)} examples "
                       f"lost old turns to fit --max-length {args.max_length}; "
-                      f"{len(phase_data.skipped)} could not fit and were replaced", flush=True)
+                      f"{len(phase_data.skipped)} could not fit without losing a turn of H* and were replaced", flush=True)
         if step < total_steps:
             print(f"WARNING: time budget of {args.time_budget_minutes} min reached: stopped at step {step} of "
                   f"{total_steps} ({total_steps - step} steps missing); --resume continues", flush=True)

@@ -39,11 +39,12 @@ from tqdm.auto import tqdm
 
 from checkpoint import JsonlLog, has_trainer_state, load_trainer_state, rng_state, save_model, set_rng_state
 from cli import parse_config, require, write_config
-from data_io import DataError, read_jsonl, write_json
+from data_io import DataError, finite_or_none, read_jsonl, write_json
 from modeling import (all_ranks_any, autocast, gather_objects, generate, load_model_and_tokenizer,
                       parameter_digest, resolve_dtype, setup_distributed, teardown_distributed)
 from reward import compute_rewards
 from stage0_build import render_prompt
+from stage1_sft import fit_history
 from training import TimeBudget, seed_everything, warmup_lr
 
 # --------------------------------------------------------------------------------------------
@@ -83,7 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--top-p", type=float, default=1.0, help="nucleus sampling")
     add("--max-new-tokens", type=int, default=256, help="completion length cap")
     add("--max-prompt-length", type=int, default=1024,
-        help="prompt tokens; a longer prompt is re-rendered with the pruned + recent turns, then skipped (0 = no cap)")
+        help="prompt tokens; a longer prompt loses its oldest utterances, whatever they are (0 = no cap)")
     add("--lr", type=float, default=1e-6, help="AdamW learning rate after warm-up (paper: 3e-7)")
     add("--warmup-steps", type=int, default=2, help="linear warm-up, in GRPO steps")
     add("--weight-decay", type=float, default=0.0, help="AdamW weight decay")
@@ -121,23 +122,19 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 # --------------------------------------------------------------------------------------------
-# Prompts P(Q_t, C_t). A prompt over --max-prompt-length tokens is rendered again with only the
-# dependency-pruned history C~_t (stage 0's Eq. (2) scores, not the teacher's answer) plus the last
-# RECENT_TURNS utterances, the same view phase 1 of SFT trained on; if that is still too long the
-# record is skipped. Cutting tokens off the front would break the chat template.
+# Prompts P(Q_t, C_t) under --max-prompt-length: the oldest utterances go first, whatever they are.
+# H* is unknown at inference time, so it is never protected; a gold turn that falls out is only
+# counted (the prompt is then unanswerable from the history, as it would be for a user).
 # --------------------------------------------------------------------------------------------
-RECENT_TURNS = 4
-
-
-def fit_prompt(tokenizer, record, max_prompt_length) -> str | None:
-    prompt = render_prompt(tokenizer, record)
-    if not max_prompt_length or len(tokenizer(prompt, add_special_tokens=False).input_ids) <= max_prompt_length:
-        return prompt
-    keep = set(record["pruned"]) | {turn["label"] for turn in record["history"][-RECENT_TURNS:]}
-    prompt = render_prompt(tokenizer, record, keep=keep)
-    if len(tokenizer(prompt, add_special_tokens=False).input_ids) <= max_prompt_length:
-        return prompt
-    return None
+def fit_prompt(tokenizer, record, max_prompt_length) -> tuple[str | None, int]:
+    """-> (prompt text, or None when even the query alone does not fit; gold turns cut)."""
+    if not max_prompt_length:
+        return render_prompt(tokenizer, record), 0
+    kept, prompt, ids = fit_history(tokenizer, record, record["history"], max_prompt_length)
+    if len(ids) > max_prompt_length:
+        return None, 0
+    kept_labels = {turn["label"] for turn in kept}
+    return prompt, sum(label not in kept_labels for label in record["recall"])
 
 
 class PromptStream:
@@ -148,7 +145,7 @@ class PromptStream:
     def __init__(self, records, tokenizer, max_prompt_length, seed, rank=0, world_size=1):
         self.records, self.tokenizer, self.max_prompt_length = records, tokenizer, max_prompt_length
         self.seed, self.rank, self.world_size = seed, rank, world_size
-        self.epoch, self.cursor, self.skipped = 0, 0, 0
+        self.epoch, self.cursor, self.skipped, self.gold_cut = 0, 0, 0, 0
         self._order = self._permutation()
 
     def _permutation(self):
@@ -163,8 +160,9 @@ class PromptStream:
                 self._order = self._permutation()
             record = self.records[self._order[self.cursor]]
             self.cursor += 1
-            prompt = fit_prompt(self.tokenizer, record, self.max_prompt_length)
+            prompt, gold_cut = fit_prompt(self.tokenizer, record, self.max_prompt_length)
             if prompt is not None:
+                self.gold_cut += gold_cut
                 return record, prompt
             self.skipped += 1
         raise DataError(f"no training prompt fits --max-prompt-length {self.max_prompt_length}")
@@ -175,10 +173,10 @@ class PromptStream:
         return batch[self.rank * n:(self.rank + 1) * n]
 
     def state_dict(self):
-        return {"epoch": self.epoch, "cursor": self.cursor, "skipped": self.skipped}
+        return {"epoch": self.epoch, "cursor": self.cursor, "skipped": self.skipped, "gold_cut": self.gold_cut}
 
     def load_state_dict(self, state):
-        self.epoch, self.cursor, self.skipped = state["epoch"], state["cursor"], state["skipped"]
+        self.epoch, self.cursor, self.skipped, self.gold_cut = (state[k] for k in ("epoch", "cursor", "skipped", "gold_cut"))
         self._order = self._permutation()
 
 
@@ -371,8 +369,8 @@ def evaluate_policy(model, tokenizer, records, max_new_tokens=160, batch_size=8,
     recall Jaccard, plus how many records were scored and how many skipped (prompt too long)."""
     reward_fn = reward_fn or compute_rewards
     start = time.perf_counter()
-    fitted = [(r, fit_prompt(tokenizer, r, max_prompt_length)) for r in records]
-    kept = [(r, p) for r, p in fitted if p is not None]
+    fitted = [(r, *fit_prompt(tokenizer, r, max_prompt_length)) for r in records]
+    kept = [(r, p) for r, p, _ in fitted if p is not None]
     kept.sort(key=lambda rp: len(rp[1]))  # similar lengths batch with less padding
     completions, examples = [], []
     for i in tqdm(range(0, len(kept), batch_size), desc="eval", disable=not progress, leave=False):
@@ -382,7 +380,7 @@ def evaluate_policy(model, tokenizer, records, max_new_tokens=160, batch_size=8,
         completions += out["texts"]
         examples += [r for r, _ in batch]
     scores = reward_fn(completions, examples) if completions else []
-    result = {"n": len(scores), "skipped": len(records) - len(kept)}
+    result = {"n": len(scores), "skipped": len(records) - len(kept), "gold_turns_cut": sum(c for *_, c in fitted)}
     for key in REWARD_COMPONENTS + ("jaccard",):
         values = [float(s[key]) for s in scores if key in s]
         result[key] = float(np.mean(values)) if values else float("nan")
@@ -428,13 +426,8 @@ def sample_lines(step, result, K) -> list[dict]:
         record, score = result["records"][i], result["scores"][i]
         lines.append({"step": step, "id": record["id"], "query": record["query"], "gold_recall": record["recall"],
                       "gold_answer": record["answer"], "completion": result["texts"][i],
-                      **{k: _jsonable(v) for k, v in score.items() if isinstance(v, (int, float, str, list))}})
+                      **{k: finite_or_none(v) for k, v in score.items() if isinstance(v, (int, float, str, list))}})
     return lines
-
-
-def _jsonable(value):
-    """NaN and inf are not JSON: they are written as null."""
-    return None if isinstance(value, float) and not math.isfinite(value) else value
 
 
 # --------------------------------------------------------------------------------------------
@@ -504,7 +497,7 @@ def train(cfg, reward_fn=None) -> dict:
             result = evaluate_policy(policy, tokenizer, eval_records, cfg.eval_max_new_tokens, cfg.eval_batch_size,
                                      reward_fn=reward_fn, max_prompt_length=cfg.max_prompt_length,
                                      autocast_dtype=autocast_dtype)
-            write_json(out / name, {k: _jsonable(v) for k, v in result.items()})
+            write_json(out / name, {k: finite_or_none(v) for k, v in result.items()})
             tqdm.write(f"{name}: " + ", ".join(f"{k} {result[k]:.3f}" for k in REWARD_COMPONENTS + ("jaccard",)))
         if world_size > 1:
             dist.barrier()
@@ -550,8 +543,8 @@ def train(cfg, reward_fn=None) -> dict:
                     "lr": lr, "skipped_updates": total("skipped_updates"), "updates": result["updates"],
                     "tokens_per_s": total("sequence_tokens") / step_s,
                     "generated_tokens_per_s": total("completion_tokens") / max(avg("generate_s"), 1e-9),
-                    "skipped_prompts": stream.skipped, "step_s": step_s}
-            metrics.append({k: _jsonable(v) for k, v in line.items()})
+                    "skipped_prompts": stream.skipped, "gold_turns_cut": stream.gold_cut, "step_s": step_s}
+            metrics.append({k: finite_or_none(v) for k, v in line.items()})
             if result["skipped_updates"]:
                 tqdm.write(f"step {step}: skipped {result['skipped_updates']} update(s) with a non-finite "
                            f"loss or gradient; the weights are unchanged by them")

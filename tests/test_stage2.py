@@ -188,17 +188,21 @@ def test_generate_groups_k_completions_per_prompt(tiny):
 # ---------------------------------------------------------------------------------------------
 # Prompts and data position
 # ---------------------------------------------------------------------------------------------
-def test_fit_prompt_falls_back_to_pruned_and_recent_turns_then_skips(tiny):
+def test_fit_prompt_drops_oldest_turns_whatever_they_are_and_counts_lost_gold(tiny):
     _, tokenizer = tiny
     record = make_record(0, rounds=12, recall=("Q1",))
     full = render_prompt(tokenizer, record)
     n_full = len(tokenizer(full, add_special_tokens=False).input_ids)
-    assert g.fit_prompt(tokenizer, record, 0) == full
-    assert g.fit_prompt(tokenizer, record, n_full) == full
-    short = g.fit_prompt(tokenizer, record, n_full - 1)
-    assert short is not None and "Q1: user line 1" in short and "A11: agent line 11" in short
-    assert "Q5: user line 5" not in short  # neither pruned nor among the last RECENT_TURNS
-    assert g.fit_prompt(tokenizer, record, 50) is None
+    assert g.fit_prompt(tokenizer, record, 0) == (full, 0)
+    assert g.fit_prompt(tokenizer, record, n_full) == (full, 0)
+    short, gold_cut = g.fit_prompt(tokenizer, record, n_full - 1)
+    # No gold at prompt time: Q1 (H*) is the oldest turn and goes first; the loss is only counted.
+    assert "Q1: user line 1" not in short and "A1: agent line 1" in short and gold_cut == 1
+    assert len(tokenizer(short, add_special_tokens=False).input_ids) <= n_full - 1
+    # The same prompt whatever H* says: fitting never reads the gold recall set.
+    same, _ = g.fit_prompt(tokenizer, {**record, "recall": ["A11"], "pruned": ["A11"]}, n_full - 1)
+    assert same == short
+    assert g.fit_prompt(tokenizer, record, 50) == (None, 0)  # not even the query fits
 
 
 def test_prompt_stream_shards_ranks_and_resumes(tiny):
@@ -214,15 +218,20 @@ def test_prompt_stream_shards_ranks_and_resumes(tiny):
     assert [rec["id"] for _ in range(3) for rec, _ in again.next_batch(2)] == later
 
 
-def test_prompt_stream_skips_prompts_that_do_not_fit(tiny):
+def test_prompt_stream_truncates_long_histories_and_skips_what_cannot_fit(tiny):
     _, tokenizer = tiny
-    short, long = [make_record(i, rounds=2) for i in range(3)], [make_record(10 + i, rounds=12) for i in range(3)]
+    short = [make_record(i, rounds=2) for i in range(3)]
+    long_history = [make_record(10 + i, rounds=12, recall=("Q1",)) for i in range(2)]
+    long_query = [{**make_record(20 + i, rounds=2), "query": "why " * 400} for i in range(2)]
     limit = max(len(tokenizer(render_prompt(tokenizer, r), add_special_tokens=False).input_ids) for r in short)
-    stream = g.PromptStream(short + long, tokenizer, limit, seed=0)
-    ids = [rec["id"] for _ in range(4) for rec, _ in stream.next_batch(2)]
-    assert set(ids) == {r["id"] for r in short} and stream.skipped >= 3
+    stream = g.PromptStream(short + long_history + long_query, tokenizer, limit, seed=0)
+    batches = [stream.next_batch(1)[0] for _ in range(10)]
+    ids = {rec["id"] for rec, _ in batches}
+    assert ids == {r["id"] for r in short + long_history}  # long histories lose old turns, not the record
+    assert stream.skipped >= 2 and stream.gold_cut >= 2  # Q1 of each long history went with the oldest turns
+    assert all(len(tokenizer(p, add_special_tokens=False).input_ids) <= limit for _, p in batches)
     with pytest.raises(g.DataError, match="max-prompt-length"):
-        g.PromptStream(long, tokenizer, limit, seed=0).next_batch(1)
+        g.PromptStream(long_query, tokenizer, limit, seed=0).next_batch(1)
 
 
 # ---------------------------------------------------------------------------------------------
