@@ -34,15 +34,18 @@ import json
 import re
 import sys
 import time
-from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from modeling import CHATML_TEMPLATE, embed, load_embedder
-from stage0_build import (ChatClient, DataError, bucket_of, format_history,
-                          read_jsonl, write_json, write_jsonl)
+import modeling
+from cli import parse_config, write_config
+from data_io import DataError, bucket_of, read_jsonl, write_json, write_jsonl
+from metrics import f1_score, final_answer, recall_metrics
+from modeling import embed, load_embedder, load_model_and_tokenizer, render_chat
+from report import summarize_cuemem
+from stage0_build import ChatClient, format_history
 
 # Defaults, tuned on records of generate_synthetic dialogues under a seed the data splits do not use,
 # so that the rule extractor recalls >= 80% of H* while the evidence prompt stays under 30% of the
@@ -581,9 +584,7 @@ def build_answer_messages(record, evidence_labels, prioritize_recent: bool = Tru
 
 
 # --------------------------------------------------------------------------------------------
-# Measuring (§5.4 efficiency). The answer and evidence metrics are evaluate.py's (F1, final answer,
-# precision/recall/Jaccard against H*); the CLI imports them when it runs, since evaluate.py
-# imports this file for its `cuemem` method.
+# Measuring (§5.4 efficiency) against the full-history setting; F1 and recall come from metrics.py
 # --------------------------------------------------------------------------------------------
 class TokenCounter:
     """Input tokens. With a tokenizer: the prompt rendered through the model's chat template.
@@ -604,48 +605,28 @@ class TokenCounter:
         return self.text("\n".join(m["content"] for m in messages))
 
 
-# --------------------------------------------------------------------------------------------
-# Generation: a local Hugging Face model or an OpenAI-compatible API, both as messages -> str
-# --------------------------------------------------------------------------------------------
-def render_chat(tokenizer, messages) -> str:
-    template = None if getattr(tokenizer, "chat_template", None) else CHATML_TEMPLATE
-    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
-                                         chat_template=template)
-
-
-def hf_generate_fn(model, tokenizer, max_new_tokens: int = 64):
-    """Greedy decoding, one prompt at a time (latency is measured per answer)."""
-    import torch
-
-    device = next(model.parameters()).device
-
-    def generate(messages) -> str:
-        batch = tokenizer(render_chat(tokenizer, messages), return_tensors="pt", add_special_tokens=False).to(device)
-        with torch.no_grad():
-            out = model.generate(**batch, max_new_tokens=max_new_tokens, do_sample=False,
-                                 pad_token_id=tokenizer.pad_token_id)
-        return tokenizer.decode(out[0, batch["input_ids"].shape[1]:], skip_special_tokens=True)
-
-    return generate
+def hf_generate_fn(model, tokenizer, max_new_tokens: int = 64, autocast_dtype=None):
+    """messages -> greedy completion of a local model, one prompt at a time (latency is measured
+    per answer). An OpenAI-compatible API plugs in the same way: ChatClient(...).chat."""
+    def generate_fn(messages) -> str:
+        return modeling.generate(model, tokenizer, [render_chat(tokenizer, messages)], max_new_tokens=max_new_tokens,
+                                 greedy=True, autocast_dtype=autocast_dtype)["texts"][0]
+    return generate_fn
 
 
 # --------------------------------------------------------------------------------------------
-# Command line
+# Command line: evidence metrics over stage0 records, and optionally answers
 # --------------------------------------------------------------------------------------------
-PRESETS = {
-    "cpu-demo": {"limit": 50, "max_new_tokens": 48},
-    "paper": {"limit": None, "max_new_tokens": 256},
-}
+PRESETS = {"cpu-demo": {"limit": 50, "max_new_tokens": 48}, "paper": {"limit": None, "max_new_tokens": 256}}
 
 
-def parse_args(argv=None):
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description="CueMem baseline: cue extraction, turn graph, context "
                                 "reconstruction, and evaluation of its evidence and answers.",
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--data", default="runs/data/test.jsonl", help="stage0 JSONL records")
     p.add_argument("--model", default="smollm2-135m", help="answer model: smollm2-135m, tiny-random, a folder or an HF id")
     p.add_argument("--out", default="runs/demo/cuemem", help="output folder")
-    p.add_argument("--preset", choices=sorted(PRESETS), default=None, help="defaults for a setting; explicit flags win")
     p.add_argument("--limit", type=int, default=None, help="only the first N records")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--resume", action="store_true", help="skip records already in predictions.jsonl")
@@ -672,68 +653,25 @@ def parse_args(argv=None):
     g.add_argument("--capacity", type=int, default=None, help="forgetting: keep only the newest N utterances")
     g.add_argument("--max-age", type=int, default=None, help="forgetting: drop utterances more than N rounds old")
     g.add_argument("--max-new-tokens", type=int, default=64)
-    g.add_argument("--dtype", default="auto")
+    g.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
     g.add_argument("--device", default=None)
-    pre, _ = p.parse_known_args(argv)
-    if pre.preset:
-        p.set_defaults(**PRESETS[pre.preset])
-    return p.parse_args(argv)
-
-
-def _load_model(name, args):
-    from stage1_sft import load_model_and_tokenizer  # only when an LLM is needed
-
-    model, tokenizer = load_model_and_tokenizer(name, dtype=args.dtype, device=args.device)
-    tokenizer.padding_side = "left"
-    model.eval()
-    return model, tokenizer
+    return p
 
 
 def _token_counter(args, tokenizer) -> TokenCounter:
     """The answer model's tokenizer; under --retrieval-only its tokenizer alone when it is on disk
     (the cached smollm2-135m conversion or a local folder), else the proxy."""
-    if tokenizer is not None:
-        return TokenCounter(tokenizer, f"{args.model} tokenizer")
-    source = Path(args.model)
-    if args.model == "smollm2-135m":
-        from stage1_sft import cache_dir
-        source = cache_dir() / "smollm2-135m"
-    if (source / "tokenizer_config.json").exists():
+    if tokenizer is None:
+        source = modeling.cache_dir() / "smollm2-135m" if args.model == "smollm2-135m" else Path(args.model)
+        if not (source / "tokenizer_config.json").exists():
+            return TokenCounter()
         from transformers import AutoTokenizer
-        return TokenCounter(AutoTokenizer.from_pretrained(source), f"{args.model} tokenizer")
-    return TokenCounter()
+        tokenizer = AutoTokenizer.from_pretrained(source)
+    return TokenCounter(tokenizer, f"{args.model} tokenizer")
 
 
-def summarize(rows, counter_name="") -> dict:
-    """Means over queries; token and latency fractions are totals over totals (§5.4: CueMem's
-    input tokens and latency as a fraction of the full-history setting's)."""
-    mean = lambda key, sub=rows: float(np.mean([r[key] for r in sub])) if sub else 0.0
-    total = lambda key, sub=rows: float(sum(r[key] for r in sub))
-    ratio = lambda a, b, sub=rows: total(a, sub) / total(b, sub) if total(b, sub) else 0.0
-    with_gold = [r for r in rows if r["gold_evidence"]]
-    summary = {"n": len(rows), "n_with_evidence": len(with_gold),
-               "recall": mean("recall"), "precision": mean("precision"), "jaccard": mean("jaccard"),
-               "recall_nonempty": mean("recall", with_gold),  # queries whose H* is not empty
-               "evidence_size": mean("evidence_size"),
-               "input_tokens": mean("input_tokens"), "full_input_tokens": mean("full_input_tokens"),
-               "token_fraction": ratio("input_tokens", "full_input_tokens"),
-               "history_token_fraction": ratio("history_tokens", "full_history_tokens"),
-               "token_counter": counter_name}
-    if rows and "f1" in rows[0]:
-        summary.update(f1=mean("f1"), latency_s=mean("latency_s"), build_s=mean("build_s"))
-    if rows and "full_latency_s" in rows[0]:
-        summary.update(full_f1=mean("full_f1"), full_latency_s=mean("full_latency_s"),
-                       latency_fraction=ratio("latency_s", "full_latency_s"))
-    summary["by_bucket"] = {
-        str(b): {"n": len(sub), "recall": mean("recall", sub),
-                 "token_fraction": ratio("input_tokens", "full_input_tokens", sub)}
-        for b in sorted({r["bucket"] for r in rows}) for sub in [[r for r in rows if r["bucket"] == b]]}
-    return summary
-
-
-def main(argv=None):
-    args = parse_args(argv)
-    np.random.seed(args.seed)
+def main(argv=None) -> None:
+    args = parse_config(build_parser(), PRESETS, argv)
     if args.extractor == "llm" and args.api_base and not args.api_model:
         sys.exit("error: --api-base needs --api-model")
     try:
@@ -742,73 +680,68 @@ def main(argv=None):
         sys.exit(f"error: {e}")
     records = records[:args.limit] if args.limit is not None else records
     out = Path(args.out)
-    write_json(out / "config.json", vars(args))
+    write_config(out, args)
     pred_path = out / "predictions.jsonl"
-    rows = []
-    if args.resume and pred_path.exists():
-        try:
-            rows = read_jsonl(pred_path, validate=False)
-        except DataError as e:
-            sys.exit(f"error: cannot resume: {e}")
+    try:
+        rows = read_jsonl(pred_path, validate=False) if args.resume and pred_path.exists() else []
+    except DataError as e:
+        sys.exit(f"error: cannot resume: {e}")
     done = {r["id"] for r in rows}
 
-    model = tokenizer = generate = None
+    autocast_dtype = modeling.resolve_dtype(args.dtype, args.device)[1]
+    load = lambda name: load_model_and_tokenizer(name, dtype=args.dtype, device=args.device)  # noqa: E731
+    model = tokenizer = generate_fn = None
     if not args.retrieval_only:
-        model, tokenizer = _load_model(args.model, args)
-        generate = hf_generate_fn(model, tokenizer, args.max_new_tokens)
+        model, tokenizer = load(args.model)
+        generate_fn = hf_generate_fn(model, tokenizer, args.max_new_tokens, autocast_dtype)
     extractor = rule_extract
     if args.extractor == "llm":
         if args.api_base:
-            extractor = LLMExtractor(ChatClient(args.api_base, args.api_model, key_env=args.api_key_env).chat)
-        elif args.extractor_model in (None, args.model) and generate is not None:
-            extractor = LLMExtractor(hf_generate_fn(model, tokenizer, 128))
+            chat = ChatClient(args.api_base, args.api_model, key_env=args.api_key_env).chat
         else:
-            extractor = LLMExtractor(hf_generate_fn(*_load_model(args.extractor_model or args.model, args), 128))
+            reuse = args.extractor_model in (None, args.model) and model is not None
+            chat = hf_generate_fn(*((model, tokenizer) if reuse else load(args.extractor_model or args.model)),
+                                  128, autocast_dtype)
+        extractor = LLMExtractor(chat)
     count = _token_counter(args, tokenizer)
     memory_options = dict(extractor=extractor, window=args.window, links_per_cue=args.links_per_cue,
                           link_threshold=args.link_threshold, capacity=args.capacity, max_age=args.max_age)
     query_options = dict(top_k=args.top_k, max_evidence=args.max_evidence or None, temporal_decay=args.temporal_decay,
                          min_relative_score=args.min_relative_score, use_graph=not args.no_graph)
-    prioritize = not args.no_priority
 
     from tqdm import tqdm
-    from evaluate import f1_score, final_answer, recall_metrics
     todo = [r for r in records if r["id"] not in done]
     for k, record in enumerate(tqdm(todo, desc="cuemem", disable=not todo), 1):
         start = time.perf_counter()
         memory = build_memory(record, **memory_options)     # offline: not part of query latency
         built = time.perf_counter()
         evidence = [label for label, _ in memory.query(record["query"], **query_options)]
-        messages = build_answer_messages(record, evidence, prioritize)
-        everything = [t["label"] for t in record["history"]]
-        full_messages = build_answer_messages(record, everything, prioritize)
+        messages = build_answer_messages(record, evidence, not args.no_priority)
+        full_messages = build_answer_messages(record, [t["label"] for t in record["history"]], not args.no_priority)
         row = {"id": record["id"], "evidence": evidence, "gold_evidence": record["recall"],
                **recall_metrics(evidence, record["recall"]), "evidence_size": len(evidence),
                "input_tokens": count(messages), "full_input_tokens": count(full_messages),
                "history_tokens": count.text(format_history(record["history"], set(evidence))),
                "full_history_tokens": count.text(format_history(record["history"])),
                "bucket": record["meta"].get("bucket", bucket_of(record["query_turn"])),
-               "build_s": built - start}
-        if generate is not None:
-            completion = generate(messages)
-            row.update(latency_s=time.perf_counter() - built, completion=completion,
-                       answer=final_answer("cuemem", completion),
-                       f1=f1_score(final_answer("cuemem", completion), record["answer"]))
+               "build_s": built - start, "latency_s": time.perf_counter() - built}
+        if generate_fn is not None:  # latency: from the built memory to the answer (§5.4)
+            completion = generate_fn(messages)
+            answer = final_answer("cuemem", completion)
+            row.update(latency_s=time.perf_counter() - built, completion=completion, answer=answer,
+                       f1=f1_score(answer, record["answer"]))
             if args.compare_full:
                 start = time.perf_counter()
-                full_completion = generate(full_messages)
-                row.update(full_latency_s=time.perf_counter() - start, full_answer=final_answer("full", full_completion),
-                           full_f1=f1_score(final_answer("full", full_completion), record["answer"]))
-        else:
-            row["latency_s"] = time.perf_counter() - built
+                full = final_answer("full", generate_fn(full_messages))
+                row.update(full_latency_s=time.perf_counter() - start, full_answer=full,
+                           full_f1=f1_score(full, record["answer"]))
         rows.append(row)
         if k % 25 == 0:
             write_jsonl(pred_path, rows)
     write_jsonl(pred_path, rows)
-    summary = summarize(rows, count.name)
+    summary = summarize_cuemem(rows, count.name)
     write_json(out / "summary.json", summary)
     print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in summary.items() if k != "by_bucket"}))
-    return summary
 
 
 if __name__ == "__main__":

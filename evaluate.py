@@ -3,6 +3,10 @@
     records -> stratified selection -> one answer per record and method -> metrics
             -> <out>/<name>.jsonl, summary.json, report.md (Tables 1-3), PNG plots (Figs. 3-4)
 
+The metrics themselves live in metrics.py (shared with cuemem.py), the tables and plots in
+report.py; this file chooses the examples, builds each method's input, generates, scores and
+aggregates.
+
 Methods (`--method`, or METHOD in `--compare NAME=METHOD:MODEL`):
     full     the whole history, a direct answer, no recall (the "full-history" setting)
     recency  the last k rounds only                                   (--recency-k)
@@ -33,29 +37,25 @@ import json
 import os
 import random
 import re
-import string
+import sys
 import time
-from collections import Counter
 from pathlib import Path
 
-import matplotlib
 import numpy as np
 import torch
 
-matplotlib.use("Agg")  # plots are files; no display needed
-
 import cuemem
+import modeling
+import report
 import reward
-from stage0_build import (BUCKETS, SRT_SYSTEM_PROMPT, ChatClient, DataError,
-                          atomic_write_text, bucket_of, build_messages, format_target,
-                          read_jsonl, render_prompt, write_json)
-from modeling import CHATML_TEMPLATE, autocast, embed, load_embedder, load_model_and_tokenizer, resolve_dtype
+from cli import parse_config, write_config
+from data_io import BUCKETS, DataError, atomic_write_text, bucket_of, read_jsonl
+from metrics import SELF_RECALL_METHODS, accuracy, error_type, f1_score, final_answer, recall_metrics
+from modeling import embed, load_embedder, load_model_and_tokenizer, render_chat, resolve_dtype
+from stage0_build import SRT_SYSTEM_PROMPT, ChatClient, build_messages, format_target
 
 METHODS = ("full", "recency", "rag", "srt-p", "srt", "cuemem")
-SELF_RECALL_METHODS = ("srt", "srt-p")          # the model writes <HIS> tags itself
 FIG4_BUCKETS = tuple(range(8, 33, 4))           # 8, 12, ..., 32 rounds (Fig. 4)
-ERROR_TYPES = ("Missing Recall", "Over Recall", "Wrong Recall", "Failure Answer")  # Table 3 rows
-TABLE2_ROWS = ("SRT", "w/o RL", "w/o CoT", "w/o SFT")
 # Conventional --compare names for Table 2, used when --table2 is not given.
 TABLE2_GUESS = {"SRT": ("grpo", "srt"), "w/o RL": ("sft",), "w/o CoT": ("nocot", "sft-nocot"),
                 "w/o SFT": ("base-srtp", "srt-p", "srtp")}
@@ -68,84 +68,6 @@ PRESETS = {
     "paper": {"limit": None, "batch_size": 16, "max_new_tokens": 512, "max_new_tokens_direct": 64,
               "attention_examples": 8},
 }
-DEFAULTS = {"limit": None, "batch_size": 8, "max_new_tokens": 160, "max_new_tokens_direct": 48,
-            "attention_examples": 2}
-
-
-# --------------------------------------------------------------------------------------------
-# Answer metrics (Table 1: F1; Table 2: accuracy)
-# --------------------------------------------------------------------------------------------
-def normalize_answer(text: str) -> str:
-    """SQuAD normalization: lowercase, drop punctuation and the articles a/an/the, squeeze spaces."""
-    text = text.lower()
-    text = "".join(ch for ch in text if ch not in set(string.punctuation))
-    text = re.sub(r"\b(a|an|the)\b", " ", text)
-    return " ".join(text.split())
-
-
-def f1_score(prediction: str, reference: str) -> float:
-    """SQuAD token F1: harmonic mean of token precision and recall over the bag of normalized tokens.
-    When either side normalizes to nothing, F1 is 1 if both do and 0 otherwise."""
-    pred, ref = normalize_answer(prediction).split(), normalize_answer(reference).split()
-    if not pred or not ref:
-        return float(pred == ref)
-    common = sum((Counter(pred) & Counter(ref)).values())
-    if common == 0:
-        return 0.0
-    precision, recall = common / len(pred), common / len(ref)
-    return 2 * precision * recall / (precision + recall)
-
-
-def _contains(haystack: str, needle: str) -> bool:
-    """Whole-token containment of normalized text: 'yes' is in 'yes it is', not in 'yesterday'."""
-    return f" {needle} " in f" {haystack} "
-
-
-def accuracy(prediction: str, record: dict) -> float:
-    """1 if every answer key is present in the normalized prediction; a record without keys needs
-    the normalized reference answer contained instead."""
-    pred = normalize_answer(prediction)
-    keys = [k for k in (normalize_answer(k) for k in record.get("answer_keys") or []) if k]
-    if not keys:
-        keys = [normalize_answer(record["answer"])]
-    return float(all(_contains(pred, k) for k in keys))
-
-
-def final_answer(method: str, completion: str) -> str:
-    """The text after 'Final answer:' (reward.parse_completion). Direct methods that omit the
-    prefix answer with their whole output; a self-recall chain without it has no answer."""
-    answer = reward.parse_completion(completion).final_answer
-    if answer is not None:
-        return answer
-    return "" if method in SELF_RECALL_METHODS else completion.strip()
-
-
-# --------------------------------------------------------------------------------------------
-# Recall metrics and the error taxonomy (Table 2, Table 3)
-# --------------------------------------------------------------------------------------------
-def recall_metrics(recalled, gold) -> dict:
-    """Precision, recall and Jaccard of H^ against H*, with the conventions of cuemem.py and of
-    the recall reward: an empty H^ is fully precise (it claims nothing false), an empty H* is fully
-    recalled (nothing could be missed), and both empty is Jaccard 1."""
-    recalled, gold = set(recalled), set(gold)
-    hit = len(recalled & gold)
-    return {"precision": hit / len(recalled) if recalled else 1.0,
-            "recall": hit / len(gold) if gold else 1.0,
-            "jaccard": reward.jaccard(recalled, gold)}
-
-
-def error_type(recalled, gold) -> str:
-    """Table 3 taxonomy of a wrong answer, tested in this order (DESIGN.md):
-    H^ = H* -> Failure Answer; H* a proper subset of H^ -> Over Recall;
-    H^ \\ H* non-empty -> Wrong Recall; otherwise (H^ a proper subset of H*) -> Missing Recall."""
-    recalled, gold = set(recalled), set(gold)
-    if recalled == gold:
-        return "Failure Answer"
-    if gold < recalled:
-        return "Over Recall"
-    if recalled - gold:
-        return "Wrong Recall"
-    return "Missing Recall"
 
 
 # --------------------------------------------------------------------------------------------
@@ -233,69 +155,38 @@ def rag_turns(record, k: int) -> list[str]:
     return [history[i]["label"] for i in top]
 
 
-def method_input(method: str, record: dict, options: dict) -> tuple[list[dict], dict, list | None]:
-    """-> (chat messages, render arguments for stage0's render_prompt or None, recalled labels).
-    The recalled set of rag, recency and cuemem is what they selected; srt and srt-p recall by
-    writing <HIS> tags (parsed later); full recalls nothing (its recall metrics are null)."""
+def method_input(method: str, record: dict, options: dict) -> tuple[list[dict], list | None]:
+    """-> (chat messages, recalled labels). The recalled set of rag, recency and cuemem is what
+    they selected; srt and srt-p recall by writing <HIS> tags (parsed later); full recalls nothing
+    (its recall metrics are null). The messages go through the model's own chat template
+    (modeling.render_chat), as stage0's render_prompt does for training."""
     if method == "full":
-        render = {"system": DIRECT_SYSTEM_PROMPT}
-        return build_messages(record, **render), render, None
+        return build_messages(record, system=DIRECT_SYSTEM_PROMPT), None
     if method in ("recency", "rag"):
         keep = (recency_turns(record, options["recency_k"]) if method == "recency"
                 else rag_turns(record, options["rag_k"]))
-        render = {"system": DIRECT_SYSTEM_PROMPT, "keep": set(keep)}
-        return build_messages(record, **render), render, keep
+        return build_messages(record, keep=set(keep), system=DIRECT_SYSTEM_PROMPT), keep
     if method == "srt-p":
-        render = {"system": SRTP_SYSTEM_PROMPT}
-        return build_messages(record, **render), render, None
+        return build_messages(record, system=SRTP_SYSTEM_PROMPT), None
     if method == "srt":
-        return build_messages(record), {}, None  # exactly the prompt SFT and GRPO trained on
+        return build_messages(record), None  # exactly the prompt SFT and GRPO trained on
     if method == "cuemem":
         evidence = list(cuemem.cuemem_evidence(record, **options["cuemem_options"]))
-        return cuemem.build_answer_messages(record, evidence), None, evidence
+        return cuemem.build_answer_messages(record, evidence), evidence
     raise ValueError(f"unknown method {method!r}; choose from {', '.join(METHODS)}")
 
 
-def render_input(tokenizer, record, messages, render) -> str:
-    """The prompt text through the model's own chat template (ChatML when it has none)."""
-    if render is not None:
-        return render_prompt(tokenizer, record, **render)
-    template = None if getattr(tokenizer, "chat_template", None) else CHATML_TEMPLATE
-    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
-                                         chat_template=template)
-
-
 # --------------------------------------------------------------------------------------------
-# Generation: greedy, batched with left padding, stopping at <|im_end|> / eos
+# Generation: greedy, batched (modeling.generate: left padding, stops at <|im_end|> / eos)
 # --------------------------------------------------------------------------------------------
-def stop_ids(model, tokenizer) -> list[int]:
-    ids = model.generation_config.eos_token_id
-    ids = [] if ids is None else ([ids] if isinstance(ids, int) else list(ids))
-    return list(dict.fromkeys(ids + [tokenizer.eos_token_id]))
-
-
-@torch.inference_mode()
 def generate_batch(model, tokenizer, prompts, max_new_tokens, autocast_dtype=None) -> list[dict]:
-    """Greedy completions of a batch of prompt texts -> [{text, input_tokens, generated_tokens}].
-    The prompt text already holds the chat template's special tokens, so none are added."""
-    from transformers import GenerationConfig
-    tokenizer.padding_side = "left"  # every row must end where generation starts
-    batch = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False).to(model.device)
-    stops = stop_ids(model, tokenizer)
-    config = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=stops,
-                              pad_token_id=tokenizer.pad_token_id)
-    with autocast(model.device, autocast_dtype):
-        output = model.generate(**batch, generation_config=config)
-    new_tokens = output[:, batch["input_ids"].shape[1]:].tolist()
-    results = []
-    for ids, n_input in zip(new_tokens, batch["attention_mask"].sum(dim=1).tolist()):
-        # Rows that stopped early are padded to the longest row; count up to the first stop token.
-        length = next((i + 1 for i, t in enumerate(ids) if t in stops), len(ids))
-        results.append({"text": tokenizer.decode(ids[:length], skip_special_tokens=True),
-                        "input_tokens": int(n_input), "generated_tokens": length})
-    return results
-
-
+    """Greedy completions of a batch of chat-templated prompt texts ->
+    [{text, input_tokens, generated_tokens}]; generated_tokens counts up to and including the
+    first stop token."""
+    out = modeling.generate(model, tokenizer, prompts, max_new_tokens=max_new_tokens, greedy=True,
+                            autocast_dtype=autocast_dtype)
+    return [{"text": text, "input_tokens": int(n_in), "generated_tokens": int(n_out)}
+            for text, n_in, n_out in zip(out["texts"], out["input_tokens"], out["generated_tokens"])]
 # --------------------------------------------------------------------------------------------
 # Scoring one prediction
 # --------------------------------------------------------------------------------------------
@@ -349,7 +240,7 @@ def ask(client, messages) -> str:
     try:
         return client.chat(messages)
     except RuntimeError as e:  # ChatClient already retried; what was answered so far is on disk
-        raise SystemExit(f"error: {e} (rerun with --resume to continue)")
+        sys.exit(f"error: {e} (rerun with --resume to continue)")
 
 
 def method_options(args) -> dict:
@@ -387,8 +278,8 @@ def evaluate_variant(variant, records, out_dir, args, model=None, tokenizer=None
         built, build_s = [], []
         for record in batch:
             t0 = time.perf_counter()
-            messages, render, recalled = method_input(method, record, options)
-            prompt = render_input(tokenizer, record, messages, render) if client is None else None
+            messages, recalled = method_input(method, record, options)
+            prompt = render_chat(tokenizer, messages) if client is None else None
             built.append((messages, prompt, recalled))
             build_s.append(time.perf_counter() - t0)
         t0 = time.perf_counter()
@@ -406,12 +297,12 @@ def evaluate_variant(variant, records, out_dir, args, model=None, tokenizer=None
             t0 = time.perf_counter()
             final_answer(method, output["text"])  # the parse an application would run
             parse_s = time.perf_counter() - t0
-            metrics = score_prediction(method, record, output["text"], built[i][2],
+            scores = score_prediction(method, record, output["text"], built[i][2],
                                        rewards[i] if rewards else None)
             rows.append({"id": record["id"], "name": name, "method": method, "model": variant["model"],
                          "num_turns": num_turns(record), "bucket": bucket_of(num_turns(record)),
                          "completion": output["text"], "reference": record["answer"],
-                         "gold_recall": record["recall"], **metrics,
+                         "gold_recall": record["recall"], **scores,
                          "latency_s": build_s[i] + generate_share + parse_s,
                          "input_tokens": output["input_tokens"],
                          "generated_tokens": output["generated_tokens"], "batch_size": len(batch)})
@@ -506,8 +397,8 @@ def attention_analysis(model, tokenizer, method, rows, records_by_id, n_examples
     results = []
     for row in candidates[:n_examples]:
         record = records_by_id[row["id"]]
-        messages, render, _ = method_input(method, record, options)
-        prompt = render_input(tokenizer, record, messages, render)
+        messages, _ = method_input(method, record, options)
+        prompt = render_chat(tokenizer, messages)
         from_model = own_chain(row)
         chain = row["completion"] if from_model else format_target(record)
         answer = final_answer("srt", chain)
@@ -524,51 +415,6 @@ def attention_analysis(model, tokenizer, method, rows, records_by_id, n_examples
     return results
 
 
-# --------------------------------------------------------------------------------------------
-# Aggregation: summary.json
-# --------------------------------------------------------------------------------------------
-METRICS = ("f1", "accuracy", "precision", "recall", "jaccard", "format_valid",
-           "reward_format", "reward_recall", "reward_answer", "reward_total")
-
-
-def describe(values) -> dict | None:
-    values = [v for v in values if v is not None]
-    if not values:
-        return None
-    return {"mean": float(np.mean(values)), "p50": float(np.percentile(values, 50)),
-            "p90": float(np.percentile(values, 90)), "n": len(values)}
-
-
-def mean_metrics(rows) -> dict:
-    out = {"n": len(rows)}
-    for metric in METRICS:
-        values = [r[metric] for r in rows if r.get(metric) is not None]
-        out[metric] = float(np.mean(values)) if values else None
-    return out
-
-
-def error_counts(rows) -> dict:
-    counts = Counter(r["error_type"] for r in rows if r.get("error_type"))
-    return {kind: counts.get(kind, 0) for kind in ERROR_TYPES}
-
-
-def summarize_variant(variant, rows, fine_buckets) -> dict:
-    summary = {"method": variant["method"], "model": variant["model"], **mean_metrics(rows),
-               "latency_s": describe(r["latency_s"] for r in rows),
-               "input_tokens": describe(r["input_tokens"] for r in rows),
-               "generated_tokens": describe(r["generated_tokens"] for r in rows),
-               "by_bucket": {}, "errors_by_bucket": {}}
-    for b in fine_buckets:
-        members = [r for r in rows if bucket_of(r["num_turns"], fine_buckets) == b]
-        summary["by_bucket"][str(b)] = mean_metrics(members)
-    # Fig. 4's "multi-turn buckets (k >= 24)", read off the same bucketing as the columns.
-    long_rows = [r for r in rows if bucket_of(r["num_turns"], fine_buckets) >= 24]
-    summary["by_bucket"][">=24"] = mean_metrics(long_rows)
-    for b in BUCKETS:
-        summary["errors_by_bucket"][str(b)] = error_counts([r for r in rows if r["bucket"] == b])
-    return summary
-
-
 def table2_mapping(spec, names) -> dict:
     """--table2 "SRT=grpo,w/o RL=sft,..." or, without it, the conventional names that are present."""
     if spec:
@@ -576,7 +422,7 @@ def table2_mapping(spec, names) -> dict:
         for item in spec.split(","):
             row, _, name = item.partition("=")
             if name.strip() not in names:
-                raise SystemExit(f"error: --table2 names {name.strip()!r}, which is not a --compare NAME")
+                sys.exit(f"error: --table2 names {name.strip()!r}, which is not a --compare NAME")
             mapping[row.strip()] = name.strip()
         return mapping
     return {row: next(n for n in guesses if n in names)
@@ -596,185 +442,6 @@ def srt_variant_name(variants, table2) -> str | None:
 
 
 # --------------------------------------------------------------------------------------------
-# Report: Tables 1-3, per-bucket tables, plots
-# --------------------------------------------------------------------------------------------
-def _pct(x):
-    return "-" if x is None else f"{100 * x:.1f}"
-
-
-def _num(x, digits=2):
-    return "-" if x is None else f"{x:.{digits}f}"
-
-
-def _stat(d, key="mean", digits=2):
-    return "-" if d is None else f"{d[key]:.{digits}f}"
-
-
-def table1(summary) -> str:
-    lines = ["| Method | Variant | F1 | Acc. (%) | Latency mean (s) | p50 | p90 | Input tokens | Generated tokens |",
-             "|---|---|---|---|---|---|---|---|---|"]
-    for name, s in summary["variants"].items():
-        lines.append(f"| {s['method']} | {name} | {_pct(s['f1'])} | {_pct(s['accuracy'])} | "
-                     f"{_stat(s['latency_s'])} | {_stat(s['latency_s'], 'p50')} | {_stat(s['latency_s'], 'p90')} | "
-                     f"{_stat(s['input_tokens'], digits=0)} | {_stat(s['generated_tokens'], digits=0)} |")
-    return "\n".join(lines)
-
-
-def table2(summary) -> str:
-    lines = ["| Variant | Name | Recall (%) | Acc. (%) | Jaccard (%) |", "|---|---|---|---|---|"]
-    for row in TABLE2_ROWS:
-        name = summary["table2"].get(row)
-        if name in summary["variants"]:
-            s = summary["variants"][name]
-            lines.append(f"| {row} | {name} | {_pct(s['recall'])} | {_pct(s['accuracy'])} | {_pct(s['jaccard'])} |")
-    return "\n".join(lines)
-
-
-def table3(summary) -> str:
-    name = summary["srt_variant"]
-    header = "| Error type | " + " | ".join(str(b) for b in BUCKETS) + " |"
-    lines = [header, "|---|" + "---|" * len(BUCKETS)]
-    if name is None:
-        return "(no srt or srt-p variant was evaluated)"
-    errors = summary["variants"][name]["errors_by_bucket"]
-    totals = {b: sum(errors[str(b)].values()) for b in BUCKETS}
-    for kind in ERROR_TYPES:
-        cells = [f"{100 * errors[str(b)][kind] / totals[b]:.1f}%" if totals[b] else "-" for b in BUCKETS]
-        lines.append(f"| {kind} | " + " | ".join(cells) + " |")
-    lines.append("| wrong answers (n) | " + " | ".join(str(totals[b]) for b in BUCKETS) + " |")
-    return "\n".join(lines)
-
-
-def bucket_table(summary, metric) -> str:
-    keys = [str(b) for b in summary["fine_buckets"]] + [">=24"]
-    lines = ["| Variant | " + " | ".join(keys) + " |", "|---|" + "---|" * len(keys)]
-    for name, s in summary["variants"].items():
-        cells = [_pct(s["by_bucket"][k][metric]) for k in keys]
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    counts = [str(next(iter(summary["variants"].values()))["by_bucket"][k]["n"]) for k in keys]
-    lines.append("| examples (n) | " + " | ".join(counts) + " |")
-    return "\n".join(lines)
-
-
-def recall_table(summary) -> str:
-    lines = ["| Variant | Precision (%) | Recall (%) | Jaccard (%) | Format valid (%) | R_format | R_recall | R_answer | R total |",
-             "|---|---|---|---|---|---|---|---|---|"]
-    for name, s in summary["variants"].items():
-        lines.append(f"| {name} | {_pct(s['precision'])} | {_pct(s['recall'])} | {_pct(s['jaccard'])} | "
-                     f"{_pct(s['format_valid'])} | {_num(s['reward_format'])} | {_num(s['reward_recall'])} | "
-                     f"{_num(s['reward_answer'])} | {_num(s['reward_total'])} |")
-    return "\n".join(lines)
-
-
-def attention_table(summary) -> str:
-    lines = ["| Example | Turns | Chain | Share on H* without recall (%) | Share on H* with self-recall (%) |",
-             "|---|---|---|---|---|"]
-    for e in summary["attention"]:
-        lines.append(f"| {e['id']} | {e['num_turns']} | {e['chain']} | {_pct(e['no_recall_on_gold'])} | "
-                     f"{_pct(e['self_recall_on_gold'])} |")
-    return "\n".join(lines)
-
-
-def write_report(summary, out_dir, plots) -> Path:
-    batched = any(v["batch_size"] > 1 for v in summary["config"]["variants"] if v["model"] != "api")
-    parts = [
-        "# SRT evaluation report",
-        f"Data: `{summary['config']['data']}`, {summary['num_examples']} examples "
-        f"(stratified over the 8/16/24/32-round buckets when limited; seed {summary['config']['seed']}).",
-        "## Table 1: F1 and end-to-end latency",
-        table1(summary),
-        "Latency is wall seconds per answer end to end: prompt build (retrieval included) + generation + parsing."
-        + (" Generation is batched: each answer is charged the batch's wall time divided by the batch size."
-           if batched else ""),
-        "## Table 2: ablations (Recall = |H^ ∩ H*| / |H*|; Acc. = all answer keys present)",
-        table2(summary) if summary["table2"] else "(no Table 2 variants; name them with --table2)",
-        f"## Table 3: error types of wrong answers per dialogue length ({summary['srt_variant'] or 'n/a'})",
-        table3(summary),
-        "## F1 by dialogue length (rounds; Fig. 4 buckets)",
-        bucket_table(summary, "f1"),
-        "## Accuracy by dialogue length",
-        bucket_table(summary, "accuracy"),
-        "## Recall Jaccard by dialogue length",
-        bucket_table(summary, "jaccard"),
-        "## Recall, format validity and reward components (Eqs. (4)-(7))",
-        recall_table(summary),
-    ]
-    if summary["attention"]:
-        parts += [f"## Attention analysis (§4.6, {summary['srt_variant']})", attention_table(summary),
-                  "Share of the answer tokens' attention (averaged over layers and heads) on the turns of H*, "
-                  "normalized over all history turns."]
-    parts += ["## Plots"] + [f"![{Path(p).stem}]({Path(p).name})" for p in plots]
-    path = Path(out_dir) / "report.md"
-    atomic_write_text(path, "\n\n".join(parts) + "\n")
-    return path
-
-
-def _save_figure(fig, path) -> Path:
-    tmp = Path(path).with_name(f".{Path(path).name}.tmp.png")
-    fig.savefig(tmp, dpi=110, bbox_inches="tight")
-    os.replace(tmp, path)
-    return Path(path)
-
-
-def plot_f1_by_length(summary, path) -> Path:
-    import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(6.5, 4))
-    for name, s in summary["variants"].items():
-        xs = [b for b in summary["fine_buckets"] if s["by_bucket"][str(b)]["f1"] is not None]
-        ax.plot(xs, [100 * s["by_bucket"][str(b)]["f1"] for b in xs], marker="o", label=name)
-    ax.set(xlabel="dialogue length (rounds)", ylabel="F1", xticks=list(summary["fine_buckets"]), ylim=(0, 100),
-           title="F1 against dialogue length")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    path = _save_figure(fig, path)
-    plt.close(fig)
-    return path
-
-
-def plot_error_types(summary, path) -> Path:
-    import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(6, 4))
-    name = summary["srt_variant"]
-    errors = summary["variants"][name]["errors_by_bucket"] if name else {}
-    bottom = np.zeros(len(BUCKETS))
-    for kind in ERROR_TYPES:
-        totals = [sum(errors.get(str(b), {}).values()) for b in BUCKETS]
-        shares = np.array([100 * errors[str(b)][kind] / t if t else 0.0 for b, t in zip(BUCKETS, totals)])
-        ax.bar([str(b) for b in BUCKETS], shares, bottom=bottom, label=kind)
-        bottom += shares
-    for x, b in enumerate(BUCKETS):
-        ax.text(x, 101, f"n={sum(errors.get(str(b), {}).values())}", ha="center", va="bottom", fontsize=8)
-    ax.set(xlabel="dialogue length (rounds)", ylabel="share of wrong answers (%)", ylim=(0, 100),
-           title=f"Error types per length bucket ({name or 'n/a'})\n")
-    ax.legend(fontsize=8, loc="upper right")
-    path = _save_figure(fig, path)
-    plt.close(fig)
-    return path
-
-
-def plot_attention(attention, path) -> Path:
-    """Fig. 3 as heat maps: one panel per example, rows = without recall / with self-recall, columns =
-    history turns, values = attention share normalized per row; the turns of H* are marked in red."""
-    import matplotlib.pyplot as plt
-    fig, axes = plt.subplots(len(attention), 1, figsize=(max(6, 0.22 * max(len(e["turns"]) for e in attention)),
-                                                         1.6 * len(attention) + 0.6), squeeze=False)
-    for ax, e in zip(axes[:, 0], attention):
-        grid = np.array([e["no_recall"], e["self_recall"]], dtype=float)
-        grid = grid / np.maximum(grid.sum(axis=1, keepdims=True), 1e-12)
-        image = ax.imshow(grid, aspect="auto", cmap="viridis", vmin=0)
-        ax.set_yticks([0, 1], ["no recall", "self-recall"])
-        ax.set_xticks(range(len(e["turns"])), e["turns"], rotation=90, fontsize=6)
-        for tick, label in zip(ax.get_xticklabels(), e["turns"]):
-            if label in e["gold"]:
-                tick.set_color("red")
-        ax.set_title(f"{e['id']} ({e['num_turns']} rounds, {e['chain']} chain)", fontsize=8)
-        fig.colorbar(image, ax=ax, fraction=0.02)
-    path = _save_figure(fig, path)
-    plt.close(fig)
-    return path
-
-
-# --------------------------------------------------------------------------------------------
 # Command line
 # --------------------------------------------------------------------------------------------
 def parse_variants(args) -> list[dict]:
@@ -788,10 +455,10 @@ def parse_variants(args) -> list[dict]:
         name, _, rest = spec.partition("=")
         method, _, model = rest.partition(":")
         if not name or not model or method not in METHODS:
-            raise SystemExit(f"error: --compare {spec!r} is not NAME=METHOD:MODEL with METHOD one of "
+            sys.exit(f"error: --compare {spec!r} is not NAME=METHOD:MODEL with METHOD one of "
                              f"{', '.join(METHODS)}")
         if name in {v["name"] for v in variants}:
-            raise SystemExit(f"error: --compare names {name!r} twice")
+            sys.exit(f"error: --compare names {name!r} twice")
         variants.append({"name": name, "method": method, "model": model})
     return variants
 
@@ -809,20 +476,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--table2", default=None,
                    help='rows of Table 2, e.g. "SRT=grpo,w/o RL=sft,w/o CoT=nocot,w/o SFT=base-srtp" '
                         "(default: these conventional names where present)")
-    p.add_argument("--preset", choices=sorted(PRESETS))
     p.add_argument("--limit", type=int, default=None,
                    help="evaluate N examples, taken evenly across the 8/16/24/32 buckets (seeded)")
     p.add_argument("--buckets", default=",".join(map(str, FIG4_BUCKETS)),
                    help="length buckets (rounds) of the per-bucket tables and the F1 plot")
-    p.add_argument("--batch-size", type=int, default=None)
-    p.add_argument("--max-new-tokens", type=int, default=None, help="for srt / srt-p (default 160)")
-    p.add_argument("--max-new-tokens-direct", type=int, default=None,
-                   help="for full / recency / rag / cuemem (default 48)")
+    p.add_argument("--batch-size", type=int, default=8, help="prompts per generate call (default: 8)")
+    p.add_argument("--max-new-tokens", type=int, default=160, help="for srt / srt-p (default: 160)")
+    p.add_argument("--max-new-tokens-direct", type=int, default=48, help="for full / recency / rag / cuemem (default: 48)")
     p.add_argument("--recency-k", type=int, default=4, help="rounds kept by `recency`")
     p.add_argument("--rag-k", type=int, default=4, help="utterances retrieved by `rag`")
     p.add_argument("--cuemem-options", type=json.loads, default={},
                    help="JSON keyword arguments for cuemem.cuemem_evidence")
-    p.add_argument("--attention-examples", type=int, default=None,
+    p.add_argument("--attention-examples", type=int, default=2,
                    help="examples in the §4.6 attention analysis (0 turns it off)")
     p.add_argument("--api-base", default=None, help="OpenAI-compatible endpoint, e.g. https://api.openai.com/v1")
     p.add_argument("--api-model", default=None)
@@ -835,42 +500,40 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def resolve_config(args) -> argparse.Namespace:
-    preset = PRESETS.get(args.preset, {})
-    for key, default in DEFAULTS.items():
-        if getattr(args, key) is None:
-            setattr(args, key, preset.get(key, default))
+def resolve_config(argv=None) -> argparse.Namespace:
+    """Flags over the --preset over the defaults; every value checked before any work is done."""
+    args = parse_config(build_parser(), PRESETS, argv)
     try:
         args.buckets = tuple(sorted({int(b) for b in args.buckets.split(",")}))
     except ValueError:
-        raise SystemExit(f"error: --buckets {args.buckets!r} is not a comma-separated list of integers")
+        sys.exit(f"error: --buckets {args.buckets!r} is not a comma-separated list of integers")
     if args.batch_size < 1:
-        raise SystemExit("error: --batch-size must be at least 1")
+        sys.exit("error: --batch-size must be at least 1")
+    if args.api_base and not args.compare and not args.api_model:
+        sys.exit("error: --api-base needs --api-model")
     args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    args.variants = parse_variants(args)
+    if any(v["model"].startswith("api:") for v in args.variants) and not args.api_base:
+        sys.exit("error: a model 'api:NAME' needs --api-base")
+    for v in args.variants:
+        v["batch_size"] = 1 if v["model"].startswith("api:") else args.batch_size
     return args
 
 
-def main(argv=None) -> dict:
-    args = resolve_config(build_parser().parse_args(argv))
-    variants = parse_variants(args)
-    if any(v["model"].startswith("api:") for v in variants) and not args.api_base:
-        raise SystemExit("error: a model 'api:NAME' needs --api-base")
-    if args.api_base and not args.compare and not args.api_model:
-        raise SystemExit("error: --api-base needs --api-model")
+def main(argv=None) -> None:
+    args = resolve_config(argv)
+    variants = args.variants
     try:
         records = read_jsonl(args.data)
     except (DataError, OSError) as e:
-        raise SystemExit(f"error: {e}")
+        sys.exit(f"error: {e}")
     random.seed(args.seed)
     torch.manual_seed(args.seed)
     records = select_examples(records, args.limit, args.seed)
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
-    for v in variants:
-        v["batch_size"] = 1 if v["model"].startswith("api:") else args.batch_size
     config = {k: (list(v) if isinstance(v, tuple) else v) for k, v in vars(args).items()}
-    config["variants"] = variants
-    write_json(out_dir / "config.json", config)
+    write_config(out_dir, config)
 
     names = [v["name"] for v in variants]
     table2 = table2_mapping(args.table2, names)
@@ -899,18 +562,11 @@ def main(argv=None) -> dict:
 
     summary = {"num_examples": len(records), "fine_buckets": list(args.buckets), "table2": table2,
                "srt_variant": srt_name, "config": config, "attention": attention,
-               "variants": {v["name"]: summarize_variant(v, rows_by_name[v["name"]], args.buckets)
+               "variants": {v["name"]: report.summarize_variant(v, rows_by_name[v["name"]], args.buckets)
                             for v in variants}}
-    plots = [plot_f1_by_length(summary, out_dir / "f1_by_length.png"),
-             plot_error_types(summary, out_dir / "error_types.png")]
-    if attention:
-        plots.append(plot_attention(attention, out_dir / "attention.png"))
-    summary["plots"] = [p.name for p in plots]
-    write_json(out_dir / "summary.json", summary)
-    report = write_report(summary, out_dir, plots)
-    print(table1(summary))
-    print(f"\nreport: {report}")
-    return summary
+    path = report.write_outputs(summary, out_dir)
+    print(report.table1(summary))
+    print(f"\nreport: {path}")
 
 
 if __name__ == "__main__":
