@@ -82,6 +82,92 @@ def his_tag(turn) -> str:
 
 
 # --------------------------------------------------------------------------------------------
+# The prompt under a token budget (SFT's --max-length, GRPO's --max-prompt-length): the oldest
+# utterances go first, whatever they are.
+# H* is unknown at inference time, so it is never protected; a gold turn that falls out is only
+# counted (the prompt is then unanswerable from the history, as it would be for a user).
+# --------------------------------------------------------------------------------------------
+def fit_history(tokenizer, record, history, budget: int) -> tuple[list[dict], str, list[int]]:
+    """Drop the oldest utterances, whole ones and whatever they are, until the rendered prompt has
+    at most `budget` tokens. -> (history kept, prompt text, prompt ids). The query is never cut.
+    The prompt grows monotonically with the turns kept, so a binary search over how many of the
+    oldest turns go finds the fewest drops. H* is never protected: at inference time it is
+    unknown, and in training an old turn that survived because it is gold would be a tell."""
+    def render(kept):
+        text = render_prompt(tokenizer, record, history=kept)
+        return text, tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    text, ids = render(history)
+    if len(ids) <= budget:
+        return history, text, ids
+    lo, hi = 1, len(history)  # dropping every turn is the best we can do
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if len(render(history[mid:])[1]) <= budget:
+            hi = mid
+        else:
+            lo = mid + 1
+    kept = history[hi:]
+    text, ids = render(kept)
+    return kept, text, ids
+
+
+
+def fit_prompt(tokenizer, record, max_prompt_length) -> tuple[str | None, int]:
+    """-> (prompt text, or None when even the query alone does not fit; gold turns cut)."""
+    if not max_prompt_length:
+        return render_prompt(tokenizer, record), 0
+    kept, prompt, ids = fit_history(tokenizer, record, record["history"], max_prompt_length)
+    if len(ids) > max_prompt_length:
+        return None, 0
+    kept_labels = {turn["label"] for turn in kept}
+    return prompt, sum(label not in kept_labels for label in record["recall"])
+
+
+class PromptStream:
+    """An endless, seeded walk over the training records, a fresh permutation each epoch. Every rank
+    walks the same order and takes its own slice of each global batch, so ranks never share a prompt.
+    The position (epoch, cursor) is part of the checkpoint."""
+
+    def __init__(self, records, tokenizer, max_prompt_length, seed, rank=0, world_size=1):
+        self.records, self.tokenizer, self.max_prompt_length = records, tokenizer, max_prompt_length
+        self.seed, self.rank, self.world_size = seed, rank, world_size
+        self.epoch, self.cursor, self.skipped, self.gold_cut = 0, 0, 0, 0
+        self._order = self._permutation()
+
+    def _permutation(self):
+        order = list(range(len(self.records)))
+        random.Random(f"grpo-data-{self.seed}-{self.epoch}").shuffle(order)
+        return order
+
+    def _next(self):
+        for _ in range(2 * len(self.records)):  # 2 x N draws in a row hold one whole epoch
+            if self.cursor == len(self._order):
+                self.epoch, self.cursor = self.epoch + 1, 0
+                self._order = self._permutation()
+            record = self.records[self._order[self.cursor]]
+            self.cursor += 1
+            prompt, gold_cut = fit_prompt(self.tokenizer, record, self.max_prompt_length)
+            if prompt is not None:
+                self.gold_cut += gold_cut
+                return record, prompt
+            self.skipped += 1
+        raise DataError(f"no training prompt fits --max-prompt-length {self.max_prompt_length}")
+
+    def next_batch(self, n):
+        """-> this rank's n (record, prompt) pairs of the next global batch of n * world_size."""
+        batch = [self._next() for _ in range(n * self.world_size)]
+        return batch[self.rank * n:(self.rank + 1) * n]
+
+    def state_dict(self):
+        return {"epoch": self.epoch, "cursor": self.cursor, "skipped": self.skipped, "gold_cut": self.gold_cut}
+
+    def load_state_dict(self, state):
+        self.epoch, self.cursor, self.skipped, self.gold_cut = (state[k] for k in ("epoch", "cursor", "skipped", "gold_cut"))
+        self._order = self._permutation()
+
+
+# --------------------------------------------------------------------------------------------
 # The client for OpenAI-compatible chat APIs (the §3.2 teacher; SRT-P on closed models, §4.8)
 # --------------------------------------------------------------------------------------------
 class ChatClient:

@@ -32,7 +32,7 @@ from cli import parse_config, require, write_config
 from data_io import DataError, read_jsonl, write_json
 from modeling import (all_ranks_any, autocast, end_of_turn_id, gather_objects, generate, load_model_and_tokenizer,
                       resolve_dtype, setup_distributed, teardown_distributed)
-from stage0_build import format_target, render_prompt
+from stage0_build import fit_history, format_target
 from training import TimeBudget, seed_everything, warmup_lr
 
 IGNORE_INDEX = -100  # label of a token that carries no loss (the prompt, the padding)
@@ -50,31 +50,6 @@ def visible_history(record, phase: int) -> list[dict]:
         keep = set(record["pruned"])
         return [turn for turn in record["history"] if turn["label"] in keep]
     return list(record["history"])
-
-
-def fit_history(tokenizer, record, history, budget: int) -> tuple[list[dict], str, list[int]]:
-    """Drop the oldest utterances, whole ones and whatever they are, until the rendered prompt has
-    at most `budget` tokens. -> (history kept, prompt text, prompt ids). The query is never cut.
-    The prompt grows monotonically with the turns kept, so a binary search over how many of the
-    oldest turns go finds the fewest drops. H* is never protected: at inference time it is
-    unknown, and in training an old turn that survived because it is gold would be a tell."""
-    def render(kept):
-        text = render_prompt(tokenizer, record, history=kept)
-        return text, tokenizer(text, add_special_tokens=False)["input_ids"]
-
-    text, ids = render(history)
-    if len(ids) <= budget:
-        return history, text, ids
-    lo, hi = 1, len(history)  # dropping every turn is the best we can do
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if len(render(history[mid:])[1]) <= budget:
-            hi = mid
-        else:
-            lo = mid + 1
-    kept = history[hi:]
-    text, ids = render(kept)
-    return kept, text, ids
 
 
 def target_ids(tokenizer, target: str) -> tuple[list[int], int]:

@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import random
 import sys
 import time
 from pathlib import Path
@@ -42,9 +41,9 @@ from cli import parse_config, require, write_config
 from data_io import DataError, finite_or_none, read_jsonl, write_json
 from modeling import (all_ranks_any, autocast, gather_objects, generate, load_model_and_tokenizer,
                       parameter_digest, resolve_dtype, setup_distributed, teardown_distributed)
+from probe import REWARD_COMPONENTS, greedy_probe, pick_eval_records, reward_metrics, sample_lines
 from reward import compute_rewards
-from stage0_build import render_prompt
-from stage1_sft import fit_history
+from stage0_build import PromptStream, fit_prompt
 from training import TimeBudget, seed_everything, warmup_lr
 
 # --------------------------------------------------------------------------------------------
@@ -119,65 +118,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     for name in ("num_generations", "prompts_per_step", "max_new_tokens", "mu", "sample_ratio", "max_steps"):
         require(getattr(cfg, name) >= 1, f"--{name.replace('_', '-')} must be at least 1")
     return cfg
-
-
-# --------------------------------------------------------------------------------------------
-# Prompts P(Q_t, C_t) under --max-prompt-length: the oldest utterances go first, whatever they are.
-# H* is unknown at inference time, so it is never protected; a gold turn that falls out is only
-# counted (the prompt is then unanswerable from the history, as it would be for a user).
-# --------------------------------------------------------------------------------------------
-def fit_prompt(tokenizer, record, max_prompt_length) -> tuple[str | None, int]:
-    """-> (prompt text, or None when even the query alone does not fit; gold turns cut)."""
-    if not max_prompt_length:
-        return render_prompt(tokenizer, record), 0
-    kept, prompt, ids = fit_history(tokenizer, record, record["history"], max_prompt_length)
-    if len(ids) > max_prompt_length:
-        return None, 0
-    kept_labels = {turn["label"] for turn in kept}
-    return prompt, sum(label not in kept_labels for label in record["recall"])
-
-
-class PromptStream:
-    """An endless, seeded walk over the training records, a fresh permutation each epoch. Every rank
-    walks the same order and takes its own slice of each global batch, so ranks never share a prompt.
-    The position (epoch, cursor) is part of the checkpoint."""
-
-    def __init__(self, records, tokenizer, max_prompt_length, seed, rank=0, world_size=1):
-        self.records, self.tokenizer, self.max_prompt_length = records, tokenizer, max_prompt_length
-        self.seed, self.rank, self.world_size = seed, rank, world_size
-        self.epoch, self.cursor, self.skipped, self.gold_cut = 0, 0, 0, 0
-        self._order = self._permutation()
-
-    def _permutation(self):
-        order = list(range(len(self.records)))
-        random.Random(f"grpo-data-{self.seed}-{self.epoch}").shuffle(order)
-        return order
-
-    def _next(self):
-        for _ in range(2 * len(self.records)):  # 2 x N draws in a row hold one whole epoch
-            if self.cursor == len(self._order):
-                self.epoch, self.cursor = self.epoch + 1, 0
-                self._order = self._permutation()
-            record = self.records[self._order[self.cursor]]
-            self.cursor += 1
-            prompt, gold_cut = fit_prompt(self.tokenizer, record, self.max_prompt_length)
-            if prompt is not None:
-                self.gold_cut += gold_cut
-                return record, prompt
-            self.skipped += 1
-        raise DataError(f"no training prompt fits --max-prompt-length {self.max_prompt_length}")
-
-    def next_batch(self, n):
-        """-> this rank's n (record, prompt) pairs of the next global batch of n * world_size."""
-        batch = [self._next() for _ in range(n * self.world_size)]
-        return batch[self.rank * n:(self.rank + 1) * n]
-
-    def state_dict(self):
-        return {"epoch": self.epoch, "cursor": self.cursor, "skipped": self.skipped, "gold_cut": self.gold_cut}
-
-    def load_state_dict(self, state):
-        self.epoch, self.cursor, self.skipped, self.gold_cut = (state[k] for k in ("epoch", "cursor", "skipped", "gold_cut"))
-        self._order = self._permutation()
 
 
 # --------------------------------------------------------------------------------------------
@@ -360,74 +300,14 @@ def grpo_step(policy, ref_model, tokenizer, optimizer, records, prompts, cfg, re
 # --------------------------------------------------------------------------------------------
 # Greedy evaluation on held-out records (the "before / after" check; evaluate.py does the full §4).
 # --------------------------------------------------------------------------------------------
-REWARD_COMPONENTS = ("format", "recall", "answer", "total")
-
-
 def evaluate_policy(model, tokenizer, records, max_new_tokens=160, batch_size=8, reward_fn=None,
                     max_prompt_length=None, autocast_dtype=None, progress=True) -> dict:
-    """Greedy completions for `records` (batched, left padded) -> mean reward components and mean
-    recall Jaccard, plus how many records were scored and how many skipped (prompt too long)."""
-    reward_fn = reward_fn or compute_rewards
-    start = time.perf_counter()
-    fitted = [(r, *fit_prompt(tokenizer, r, max_prompt_length)) for r in records]
-    kept = [(r, p) for r, p, _ in fitted if p is not None]
-    kept.sort(key=lambda rp: len(rp[1]))  # similar lengths batch with less padding
-    completions, examples = [], []
-    for i in tqdm(range(0, len(kept), batch_size), desc="eval", disable=not progress, leave=False):
-        batch = kept[i:i + batch_size]
-        out = generate(model, tokenizer, [p for _, p in batch], max_new_tokens=max_new_tokens, greedy=True,
-                       autocast_dtype=autocast_dtype)
-        completions += out["texts"]
-        examples += [r for r, _ in batch]
-    scores = reward_fn(completions, examples) if completions else []
-    result = {"n": len(scores), "skipped": len(records) - len(kept), "gold_turns_cut": sum(c for *_, c in fitted)}
-    for key in REWARD_COMPONENTS + ("jaccard",):
-        values = [float(s[key]) for s in scores if key in s]
-        result[key] = float(np.mean(values)) if values else float("nan")
-    result["seconds"] = time.perf_counter() - start
-    result["examples"] = [{"id": r["id"], "completion": c, **{k: s.get(k) for k in REWARD_COMPONENTS}}
-                          for r, c, s in list(zip(examples, completions, scores))[:3]]
-    return result
-
-
-def pick_eval_records(records, limit):
-    """A fixed sample (seed 0, whatever --seed): runs with different seeds compare on the same set."""
-    if limit >= len(records):
-        return records
-    return [records[i] for i in sorted(random.Random(0).sample(range(len(records)), limit))]
-
-
-# --------------------------------------------------------------------------------------------
-# Logging
-# --------------------------------------------------------------------------------------------
-def reward_metrics(scores) -> dict:
-    """Mean and std of every reward component over all completions of the step, and mean Jaccard."""
-    metrics = {}
-    for key in REWARD_COMPONENTS:
-        values = np.array([float(s[key]) for s in scores if key in s], dtype=np.float64)
-        if len(values):
-            metrics[f"reward_{key}_mean"], metrics[f"reward_{key}_std"] = float(values.mean()), float(values.std())
-    jaccard = [float(s["jaccard"]) for s in scores if "jaccard" in s]
-    if jaccard:
-        metrics["recall_jaccard_mean"] = float(np.mean(jaccard))
-    return metrics
-
-
-def sample_lines(step, result, K) -> list[dict]:
-    """The best and the worst completion of the first group: what the policy writes, and what the
-    reward prefers."""
-    def total(i):  # NaN (a broken reward) sorts lowest
-        value = float(result["scores"][i]["total"])
-        return value if math.isfinite(value) else -math.inf
-    group = sorted(range(min(K, len(result["texts"]))), key=total)
-    picks = dict.fromkeys([group[-1], group[0]]) if group else {}
-    lines = []
-    for i in picks:
-        record, score = result["records"][i], result["scores"][i]
-        lines.append({"step": step, "id": record["id"], "query": record["query"], "gold_recall": record["recall"],
-                      "gold_answer": record["answer"], "completion": result["texts"][i],
-                      **{k: finite_or_none(v) for k, v in score.items() if isinstance(v, (int, float, str, list))}})
-    return lines
+    """Mean reward components and recall Jaccard of greedy completions, on prompts fitted the way
+    GRPO fits them (oldest turns first; a gold turn cut is counted)."""
+    fitted = [fit_prompt(tokenizer, r, max_prompt_length) for r in records]
+    result = greedy_probe(model, tokenizer, records, [p for p, _ in fitted], reward_fn or compute_rewards,
+                          max_new_tokens, batch_size, autocast_dtype, progress)
+    return dict(result, gold_turns_cut=sum(cut for _, cut in fitted))
 
 
 # --------------------------------------------------------------------------------------------

@@ -294,7 +294,7 @@ def pick_prompts(data: str, model_dir: str, args) -> list[tuple[dict, str]]:
     """The steps * P (record, rendered prompt) pairs stage2_grpo will draw, in its order."""
     from stage0_build import DataError
     from stage1_sft import load_model_and_tokenizer
-    from stage2_grpo import PromptStream
+    from stage0_build import PromptStream
     try:
         records = read_jsonl(data)
         if not records:

@@ -15,8 +15,9 @@ from safetensors.torch import load_file
 
 import modeling
 import stage2_grpo as g
-from stage0_build import read_jsonl, render_prompt, write_jsonl
+from stage0_build import PromptStream, fit_prompt, read_jsonl, render_prompt, write_jsonl
 from records import hand_record
+from probe import sample_lines
 from training import warmup_lr
 from modeling import load_model_and_tokenizer
 
@@ -193,27 +194,27 @@ def test_fit_prompt_drops_oldest_turns_whatever_they_are_and_counts_lost_gold(ti
     record = make_record(0, rounds=12, recall=("Q1",))
     full = render_prompt(tokenizer, record)
     n_full = len(tokenizer(full, add_special_tokens=False).input_ids)
-    assert g.fit_prompt(tokenizer, record, 0) == (full, 0)
-    assert g.fit_prompt(tokenizer, record, n_full) == (full, 0)
-    short, gold_cut = g.fit_prompt(tokenizer, record, n_full - 1)
+    assert fit_prompt(tokenizer, record, 0) == (full, 0)
+    assert fit_prompt(tokenizer, record, n_full) == (full, 0)
+    short, gold_cut = fit_prompt(tokenizer, record, n_full - 1)
     # No gold at prompt time: Q1 (H*) is the oldest turn and goes first; the loss is only counted.
     assert "Q1: user line 1" not in short and "A1: agent line 1" in short and gold_cut == 1
     assert len(tokenizer(short, add_special_tokens=False).input_ids) <= n_full - 1
     # The same prompt whatever H* says: fitting never reads the gold recall set.
-    same, _ = g.fit_prompt(tokenizer, {**record, "recall": ["A11"], "pruned": ["A11"]}, n_full - 1)
+    same, _ = fit_prompt(tokenizer, {**record, "recall": ["A11"], "pruned": ["A11"]}, n_full - 1)
     assert same == short
-    assert g.fit_prompt(tokenizer, record, 50) == (None, 0)  # not even the query fits
+    assert fit_prompt(tokenizer, record, 50) == (None, 0)  # not even the query fits
 
 
 def test_prompt_stream_shards_ranks_and_resumes(tiny):
     _, tokenizer = tiny
     records = [make_record(i) for i in range(7)]
-    streams = [g.PromptStream(records, tokenizer, 0, seed=3, rank=r, world_size=2) for r in range(2)]
+    streams = [PromptStream(records, tokenizer, 0, seed=3, rank=r, world_size=2) for r in range(2)]
     seen = [[rec["id"] for rec, _ in s.next_batch(2)] for s in streams]
     assert not set(seen[0]) & set(seen[1]) and len(set(seen[0] + seen[1])) == 4
     state = streams[0].state_dict()
     later = [rec["id"] for _ in range(3) for rec, _ in streams[0].next_batch(2)]  # crosses an epoch
-    again = g.PromptStream(records, tokenizer, 0, seed=3, rank=0, world_size=2)
+    again = PromptStream(records, tokenizer, 0, seed=3, rank=0, world_size=2)
     again.load_state_dict(state)
     assert [rec["id"] for _ in range(3) for rec, _ in again.next_batch(2)] == later
 
@@ -224,14 +225,14 @@ def test_prompt_stream_truncates_long_histories_and_skips_what_cannot_fit(tiny):
     long_history = [make_record(10 + i, rounds=12, recall=("Q1",)) for i in range(2)]
     long_query = [{**make_record(20 + i, rounds=2), "query": "why " * 400} for i in range(2)]
     limit = max(len(tokenizer(render_prompt(tokenizer, r), add_special_tokens=False).input_ids) for r in short)
-    stream = g.PromptStream(short + long_history + long_query, tokenizer, limit, seed=0)
+    stream = PromptStream(short + long_history + long_query, tokenizer, limit, seed=0)
     batches = [stream.next_batch(1)[0] for _ in range(10)]
     ids = {rec["id"] for rec, _ in batches}
     assert ids == {r["id"] for r in short + long_history}  # long histories lose old turns, not the record
     assert stream.skipped >= 2 and stream.gold_cut >= 2  # Q1 of each long history went with the oldest turns
     assert all(len(tokenizer(p, add_special_tokens=False).input_ids) <= limit for _, p in batches)
     with pytest.raises(g.DataError, match="max-prompt-length"):
-        g.PromptStream(long_query, tokenizer, limit, seed=0).next_batch(1)
+        PromptStream(long_query, tokenizer, limit, seed=0).next_batch(1)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -283,7 +284,7 @@ def test_non_finite_loss_is_skipped_and_leaves_weights_unchanged(tiny):
     assert all(torch.equal(before[k], v) for k, v in policy.state_dict().items())
     assert not optimizer.state  # AdamW's moments untouched too
     assert all(p.grad is None for p in policy.parameters())
-    lines = g.sample_lines(1, result, 4)  # NaN rewards still make readable samples
+    lines = sample_lines(1, result, 4)  # NaN rewards still make readable samples
     assert lines and all(line["total"] is None for line in lines)  # NaN is not JSON: null
 
 
