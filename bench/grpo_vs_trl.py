@@ -47,7 +47,7 @@ Knob mapping (ours -> TRL GRPOConfig)
     --loss-norm seq | token        loss_type = "grpo" (per-completion mean, Eq. (9)) | "bnpo"
     Eq. (8) group std              scale_rewards = "group"
     --dtype auto                   fp32 weights; bf16 = True (autocast) exactly where ours autocasts
-                                   (stage1_sft.resolve_dtype: any GPU, an AMX CPU); use_cpu = no GPU
+                                   (modeling.resolve_dtype: any GPU, an AMX CPU); use_cpu = no GPU
     --gradient-checkpointing       gradient_checkpointing (TRL defaults to True; here both follow the flag)
     --seed                         seed; shuffle_dataset = False (see "prompts")
     no eval, no samples, no saving eval_strategy = "no", save_strategy = "no", report_to = "none",
@@ -103,7 +103,8 @@ WARMUP_STEPS = 1  # GRPO steps left out of the means (the first one pays for laz
 # Command line
 # --------------------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
-    from stage2_grpo import DEFAULTS as D  # the benchmark's defaults are stage 2's own
+    from stage2_grpo import build_parser as stage2_parser
+    D = vars(stage2_parser().parse_args([]))  # the benchmark's defaults are stage 2's own
     p = argparse.ArgumentParser(
         description="GRPO step time and peak memory: stage2_grpo.py vs TRL's GRPOTrainer, side by side.",
         epilog="Set-up and examples: bench/README.md. The knob mapping is in this script's docstring.",
@@ -130,7 +131,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--clip-eps", type=float, default=D["clip_eps"], help="epsilon of the clipped ratio (TRL epsilon)")
     add("--loss-norm", choices=["seq", "token"], default=D["loss_norm"], help="TRL loss_type grpo | bnpo")
     add("--dtype", choices=["auto", "float32", "bfloat16"], default="auto",
-        help="auto: fp32 weights, bf16 autocast on a GPU or an AMX CPU (stage1_sft.resolve_dtype)")
+        help="auto: fp32 weights, bf16 autocast on a GPU or an AMX CPU (modeling.resolve_dtype)")
     add("--gradient-checkpointing", action=argparse.BooleanOptionalAction, default=False,
         help="on both sides (TRL's own default is on, ours off)")
     add("--seed", type=int, default=0, help="data order and sampling seed, both sides")
@@ -275,7 +276,7 @@ def markdown_table(rows: list[dict]) -> str:
 def resolve_model_dir(name: str, out: Path) -> str:
     """A folder both sides load from (TRL builds its reference model from the policy's folder).
     tiny-random is saved once under <out>; smollm2-135m is stage 1's cached conversion."""
-    from stage1_sft import cache_dir, load_model_and_tokenizer
+    from modeling import cache_dir, load_model_and_tokenizer
     if name == "tiny-random":
         target = out / "model-tiny-random"
         model, tokenizer = load_model_and_tokenizer("tiny-random", dtype="float32")
@@ -293,7 +294,7 @@ def resolve_model_dir(name: str, out: Path) -> str:
 def pick_prompts(data: str, model_dir: str, args) -> list[tuple[dict, str]]:
     """The steps * P (record, rendered prompt) pairs stage2_grpo will draw, in its order."""
     from stage0_build import DataError
-    from stage1_sft import load_model_and_tokenizer
+    from modeling import load_model_and_tokenizer
     from stage0_build import PromptStream
     try:
         records = read_jsonl(data)
@@ -375,10 +376,9 @@ def main(argv=None) -> int:
         if args.synthetic:
             import stage0_build
             data_dir = Path(tmp) / "data"
-            if stage0_build.main(["--source", "synthetic", "--num-dialogues", str(args.synthetic),
-                                  "--out", str(data_dir), "--seed", str(args.seed), "--quiet",
-                                  "--dev-fraction", "0", "--test-fraction", "0"]):
-                sys.exit("error: building the synthetic dialogues failed")
+            stage0_build.main(["--source", "synthetic", "--num-dialogues", str(args.synthetic),
+                               "--out", str(data_dir), "--seed", str(args.seed), "--quiet",
+                               "--dev-fraction", "0", "--test-fraction", "0"])
             data = str(data_dir / "train.jsonl")
 
         model_dir = resolve_model_dir(args.model, out)
@@ -424,7 +424,7 @@ def main(argv=None) -> int:
 # --------------------------------------------------------------------------------------------
 def run_ours(spec: dict) -> int:
     import stage2_grpo
-    from stage1_sft import resolve_dtype
+    from modeling import resolve_dtype
     import torch
 
     run_dir = Path(spec["out"]) / "ours"
@@ -448,9 +448,9 @@ def run_ours(spec: dict) -> int:
         marks.append({"prompts": [digest(p) for p in prompts], **memory_mark()})
         return result
 
-    stage2_grpo.grpo_step = marked_grpo_step  # main() looks the name up at call time
+    stage2_grpo.grpo_step = marked_grpo_step  # train() looks the name up at call time
     start = time.perf_counter()
-    stage2_grpo.main(argv)
+    stage2_grpo.train(stage2_grpo.parse_args(argv))
     total = time.perf_counter() - start
 
     metrics = read_jsonl(run_dir / "metrics.jsonl", validate=False)
@@ -480,7 +480,7 @@ def run_trl(spec: dict) -> int:
     except ImportError as e:
         sys.exit(f"error: {e}; set up TRL's venv with: {trl_install_hint()}")
     import torch
-    from stage1_sft import load_model_and_tokenizer, resolve_dtype
+    from modeling import load_model_and_tokenizer, resolve_dtype
 
     cuda = torch.cuda.is_available()
     device = "cuda" if cuda else "cpu"
