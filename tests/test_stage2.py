@@ -173,6 +173,27 @@ def test_logprobs_match_the_sampling_distribution_under_left_padding(tiny):
     assert torch.allclose(entropy[keep], -(full.exp() * full).sum(-1)[keep], atol=1e-4)
 
 
+def test_generate_ignores_a_checkpoints_repetition_penalty_and_top_k():
+    """Qwen2.5-Instruct ships generation_config.json with repetition_penalty 1.05 and top_k 20. The
+    penalty lowers exactly the prompt tokens a verbatim recall copies; GRPO's ratio and KL use
+    plain softmax(logits / T). The shared generate must sample from the latter."""
+    model, tokenizer = load_model_and_tokenizer("tiny-random", dtype="float32")
+    model.generation_config.repetition_penalty, model.generation_config.top_k = 1.05, 20
+    prompts = ["Q1: I need the Chakra Balancing service. A1: It is $180. Q2: and the price?"]
+    torch.manual_seed(7)
+    ours = modeling.generate(model, tokenizer, prompts, max_new_tokens=12, num_generations=4, temperature=0.9)
+    stops = modeling.stop_token_ids(model, tokenizer)
+    def sample(**settings):
+        torch.manual_seed(7)
+        out = model.generate(input_ids=ours["prompt_ids"], attention_mask=ours["prompt_mask"], do_sample=True,
+                             temperature=0.9, top_p=1.0, max_new_tokens=12, eos_token_id=stops,
+                             pad_token_id=tokenizer.pad_token_id, **settings)
+        return out[:, ours["prompt_ids"].shape[1]:]
+    plain = sample(top_k=0, repetition_penalty=1.0)
+    assert torch.equal(ours["completion_ids"], plain)
+    assert not torch.equal(sample(), plain)  # the checkpoint's own settings would have sampled otherwise
+
+
 def test_generate_groups_k_completions_per_prompt(tiny):
     model, tokenizer = tiny
     torch.manual_seed(0)
