@@ -181,17 +181,18 @@ def test_generate_ignores_a_checkpoints_repetition_penalty_and_top_k():
     model.generation_config.repetition_penalty, model.generation_config.top_k = 1.05, 20
     prompts = ["Q1: I need the Chakra Balancing service. A1: It is $180. Q2: and the price?"]
     torch.manual_seed(7)
-    ours = modeling.generate(model, tokenizer, prompts, max_new_tokens=12, num_generations=4, temperature=0.9)
+    ours = modeling.generate(model, tokenizer, prompts, max_new_tokens=24, num_generations=32, temperature=0.9)
     stops = modeling.stop_token_ids(model, tokenizer)
     def sample(**settings):
         torch.manual_seed(7)
         out = model.generate(input_ids=ours["prompt_ids"], attention_mask=ours["prompt_mask"], do_sample=True,
-                             temperature=0.9, top_p=1.0, max_new_tokens=12, eos_token_id=stops,
+                             temperature=0.9, top_p=1.0, max_new_tokens=24, eos_token_id=stops,
                              pad_token_id=tokenizer.pad_token_id, **settings)
         return out[:, ours["prompt_ids"].shape[1]:]
     plain = sample(top_k=0, repetition_penalty=1.0)
     assert torch.equal(ours["completion_ids"], plain)
-    assert not torch.equal(sample(), plain)  # the checkpoint's own settings would have sampled otherwise
+    # Either of the checkpoint's settings alone would have sampled otherwise (the test can fail).
+    assert not torch.equal(sample(top_k=0), plain) and not torch.equal(sample(repetition_penalty=1.0), plain)
 
 
 def test_generate_groups_k_completions_per_prompt(tiny):
