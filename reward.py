@@ -13,7 +13,7 @@ tag matches an utterance only if it reproduces it. Both are compared in `canonic
 case folded, whitespace runs folded to one space, and three tolerances, each a change that states
 no fact: curly and angled quotes fold to straight ones (‘’“”«»: templates and tokenizers swap
 them); one pair of quotes around the whole copy goes (the teacher form `Turn A5: '...'` of §3.2);
-a run of final punctuation (. , ; : ! ?) goes (quoting moves or drops the final period; a comma
+a run of final punctuation (. , ; : ! ? 。 、) goes (quoting moves or drops the final period; a comma
 separates the pieces of a Fig. 1 tag). Nothing else: a changed number, code or name, a dropped
 half, reordered or added words, changed inner punctuation ("$1,800" vs "$1800") match nothing.
 The text decides, the label is a hint: a tag labelled A5 that copies Q1 verbatim recalls Q1 (the
@@ -73,7 +73,7 @@ ANSWER_REWARDS = ("cosine", "keys", "both")
 # ==== 1. Normalisation and parsing a completion into (think, tags, final answer) ====
 _QUOTES = str.maketrans({c: "'" for c in "\u2018\u2019\u201a\u201b\u2032\u2039\u203a`\u00b4"}
                         | {c: '"' for c in "\u201c\u201d\u201e\u201f\u2033\u00ab\u00bb"})
-_TRAILING = ".,;:!? "
+_TRAILING = ".,;:!? 。、"  # NFKC leaves the CJK full stop and comma as they are
 
 
 def normalize(text: str) -> str:
@@ -687,7 +687,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "default: the record's own reference target (the best possible score)")
     parser.add_argument("--completions", default=None, help="JSONL of {'id' or 'index', 'completion'}: print the means")
     parser.add_argument("--answer-reward", choices=ANSWER_REWARDS, default="cosine",
-                        help="Eq. (7): cosine (the paper), keys (answer_keys present), both (keys; cosine ranks complete answers)")
+                        help="Eq. (7): cosine (the paper), keys (answer_keys present), "
+                             "both (keys; the cosine ranks complete answers)")
     parser.add_argument("--out", default=None, help="with --completions: folder for scores.jsonl, summary.json, config.json")
     args = parse_config(parser, PRESETS, argv)
     if not args.gallery and not args.data:
