@@ -204,8 +204,7 @@ def format_problems(text: str) -> list[str]:
             else:
                 problems.append(f"text between {THINK_CLOSE} and '{ANSWER_MARK}': "
                                 f"{_short(tail[:tail.find(ANSWER_MARK)])}")
-        repeats = len(_ANSWER_ANYCASE.findall(tail))
-        if repeats > 1:
+        if (repeats := len(_ANSWER_ANYCASE.findall(tail))) > 1:
             problems.append(f"'{ANSWER_MARK}' appears {repeats} times after {THINK_CLOSE}")
         if anycase is not None:
             answer = tail[anycase.end():]
@@ -436,16 +435,12 @@ def answer_keys(record: dict) -> list[str]:
     return [str(k) for k in record.get("answer_keys") or [] if str(k).strip()]
 
 
-def _check_choice(answer_reward: str) -> None:
-    if answer_reward not in ANSWER_REWARDS:
-        raise ValueError(f"answer_reward must be one of {ANSWER_REWARDS}, got {answer_reward!r}")
-
-
 def answer_rewards(answers: list[str | None], examples: list[dict], answer_reward: str = "cosine") -> list[dict]:
     """The answer component under `answer_reward` (see the module docstring), with its parts:
     answer, answer_cosine (None when not needed: `keys` on a record with keys), answer_keys (None
     without keys), keys_present, extra_numbers."""
-    _check_choice(answer_reward)
+    if answer_reward not in ANSWER_REWARDS:
+        raise ValueError(f"answer_reward must be one of {ANSWER_REWARDS}, got {answer_reward!r}")
     parts = []
     for answer, example in zip(answers, examples):
         keys = answer_keys(example)
@@ -474,7 +469,6 @@ def compute_rewards(completions: list[str], examples: list[dict], answer_reward:
     answer_keys, keys_present, extra_numbers (the parts of the answer component)."""
     if len(completions) != len(examples):
         raise ValueError(f"{len(completions)} completions but {len(examples)} examples")
-    _check_choice(answer_reward)
     indexes = {}  # id(history) -> HistoryIndex: the K rollouts of one prompt share one index
     results, answers = [], []
     for text, example in zip(completions, examples):
@@ -529,9 +523,9 @@ GALLERY_RECORD = {  # the paper's Fig. 1 turn in the record format of DESIGN.md 
 
 
 def gallery_completions() -> list[tuple[str, str, str]]:
-    """(name, kind, completion) rows on GALLERY_RECORD. kind: 'honest'; 'variant' (honest in
-    another form: loses no format or recall); '<component> attack' (loses at least 1.0 in total:
-    answer attacks under `keys`, recall and format attacks under every choice)."""
+    """(name, kind, completion) rows on GALLERY_RECORD. kind: 'honest'; 'variant' (honest in another
+    form: loses no format or recall); '<component> attack' (loses at least 1.0 in total: answer attacks
+    under keys and both, the others under every choice); 'open attack' (loses less: not yet caught)."""
     record, honest = GALLERY_RECORD, format_target(GALLERY_RECORD)
     tag = {l: f"<HIS>{l}: {t}</HIS>" for l, t in _FIG1}
     tags, one_tag = "\n".join(tag[l] for l in _GOLD), " ".join(f"{l}: {_TEXT[l]}" for l in _GOLD)
@@ -579,6 +573,9 @@ def gallery_completions() -> list[tuple[str, str, str]]:
         ("every candidate price listed 'Yes. It is $95, $120, $150 or $180.'", A,
          sub(record["answer"], "Yes. It is $95, $120, $150 or $180.")),
         ("keyword stuffing 'yes no $180'", A, sub(record["answer"], "yes no $180")),
+        ("the query echoed as the answer", A, sub(record["answer"], record["query"])),
+        ("the whole history pasted as the answer", "open attack",
+         sub(record["answer"], " ".join(t["text"] for t in record["history"]))),
     ]
 
 
@@ -676,9 +673,8 @@ PRESETS = {"cpu-demo": {"answer_reward": "cosine"}, "paper": {"answer_reward": "
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        description="SRT composite reward (paper §3.4, Eqs. 4-7): print the reward-hacking gallery, "
-                    "explain the score of one completion, or average the scores of a file of completions.")
+    parser = argparse.ArgumentParser(description="SRT composite reward (paper §3.4, Eqs. 4-7): the reward-hacking "
+                                     "gallery, one completion's score explained, or the mean scores of a file.")
     parser.add_argument("--gallery", action="store_true", help="print the reward-hacking gallery (Markdown)")
     parser.add_argument("--data", default=None, help="stage-0 JSONL (e.g. runs/data/test.jsonl)")
     parser.add_argument("--index", type=int, default=0, help="which record of --data to score (0-based)")

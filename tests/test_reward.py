@@ -423,7 +423,8 @@ def test_gallery_covers_the_attacks_of_issue_12(gallery):
     names = " ".join(s["name"] for s in gallery)
     for phrase in ("price changed ($95)", "Downtown", "Gold Tier", "shuffled", "fact dropped", "empty label piece",
                    "full-width", "next turns after the answer", "hedge", "wrong but similar", "right short answer",
-                   "every history turn", "nothing recalled", "query copied", "repeated", "after </think>"):
+                   "every history turn", "nothing recalled", "query copied", "repeated", "after </think>",
+                   "homoglyph", "two final answers", "query echoed", "every candidate price", "keyword stuffing"):
         assert phrase in names, phrase
     assert gallery[0]["kind"] == "honest"
     assert all(gallery[0]["total"][c] == pytest.approx(3.25, abs=1e-5) for c in ANSWER_REWARDS)
@@ -456,6 +457,16 @@ def test_honest_variants_lose_nothing_under_keys(gallery):
         assert s["margin"]["keys"] == pytest.approx(0.0, abs=1e-9), s["name"]
     short = next(s for s in variants if s["name"].startswith("right short answer"))
     assert short["margin"]["cosine"] > 0.3                 # the cosine pays less for a right answer in other words
+
+
+def test_open_attacks_are_listed_and_still_lose_something(gallery):
+    assert {s["kind"] for s in gallery} == {"honest", "variant", "recall attack", "format attack", "answer attack",
+                                            "open attack"}
+    open_rows = [s for s in gallery if s["kind"] == "open attack"]
+    assert [s["name"] for s in open_rows] == ["the whole history pasted as the answer"]
+    for s in open_rows:    # keys find "yes" (A2) and "$180" (A5) in it; only its extra number "90" costs
+        assert s["format"] == 1.0 and s["recall"] == 1.25
+        assert all(0.2 < s["margin"][c] < 1.0 for c in ANSWER_REWARDS), s["margin"]
 
 
 def test_gallery_cli_prints_a_markdown_table(capsys, gallery):
