@@ -386,8 +386,8 @@ def _number_form(m: re.Match) -> str:
 def _key_form(text: str) -> str:
     """Casefolded, quote- and space-folded text with every number replaced by ⟦canonical⟧, so that
     "$20" (⟦20⟧) is not found in "$207" (⟦207⟧) nor in "20%" (⟦20%⟧)."""
-    t = " ".join(normalize(text).translate(_QUOTES).casefold().split())
-    return _NUMBER.sub(lambda m: f" ⟦{_number_form(m)}⟧ ", t)
+    t = normalize(text).translate(_QUOTES).casefold()
+    return " ".join(_NUMBER.sub(lambda m: f" ⟦{_number_form(m)}⟧ ", t).split())
 
 
 def _contains(haystack: str, key: str) -> bool:
@@ -431,8 +431,9 @@ def answer_cosines(answers: list[str | None], references: list[str]) -> list[flo
 
 
 def answer_keys(record: dict) -> list[str]:
-    """The record's non-empty answer keys (the field is optional, DESIGN.md "Data")."""
-    return [str(k) for k in record.get("answer_keys") or [] if str(k).strip()]
+    """The record's non-empty answer keys (the field is optional, DESIGN.md "Data"; one string is one key)."""
+    keys = record.get("answer_keys") or []
+    return [str(k) for k in ([keys] if isinstance(keys, str) else keys) if str(k).strip()]
 
 
 def answer_rewards(answers: list[str | None], examples: list[dict], answer_reward: str = "cosine") -> list[dict]:
@@ -472,7 +473,8 @@ def compute_rewards(completions: list[str], examples: list[dict], answer_reward:
     indexes = {}  # id(history) -> HistoryIndex: the K rollouts of one prompt share one index
     results, answers = [], []
     for text, example in zip(completions, examples):
-        index = indexes[id(example["history"])] = indexes.get(id(example["history"])) or index_history(example["history"])
+        history_id = id(example["history"])
+        index = indexes[history_id] = indexes.get(history_id) or index_history(example["history"])
         parsed = parse_completion(text)
         problems = format_problems(text)
         matches = match_tags(parsed.tags, index)

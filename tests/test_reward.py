@@ -401,8 +401,10 @@ def test_keys_without_embedder_and_fallback_without_keys(monkeypatch):
     for choice in ANSWER_REWARDS:                                  # RECORD has no answer_keys: the cosine
         r = compute_reward(text, RECORD, choice)
         assert r["answer"] == pytest.approx(cos, abs=1e-6) and r["answer_keys"] is None
+    assert compute_reward(text, {**KEYED, "answer_keys": ["", " "]}, "keys")["answer_keys"] is None  # no keys
     monkeypatch.setattr(reward, "embed", lambda texts: pytest.fail("keys must not embed"))
     assert compute_reward(text, KEYED, "keys")["answer"] == 1.0
+    assert compute_reward(text, {**KEYED, "answer_keys": "$180"}, "keys")["keys_present"] == [True]   # one string
 
 
 def test_missing_final_answer_gets_the_minimum():
