@@ -149,11 +149,12 @@ _TAG_LIKE = re.compile(r"<\s*/?\s*(?:his|think)\s*>|final\s*answer\s*:")
 
 def lookalike_markers(text: str) -> list[str]:
     """Strings that read as a tag of the format but are not one written exactly: <his>, ＜HIS＞,
-    <НIS> (Cyrillic Н), <H\\u200bIS>. An answer mark counts only when NFKC makes it exactly
+    <НIS> (Cyrillic Н), <H\\u200bIS>, <HÍS> (accents go). An answer mark counts only when NFKC makes it exactly
     'Final answer:' (prose like 'my final answer:' inside the think block is left alone)."""
     skeleton, where = [], []
     for i, ch in enumerate(text):
-        s = "" if unicodedata.category(ch) == "Cf" else normalize(ch).translate(_CONFUSABLE).casefold()
+        s = "".join(c for c in unicodedata.normalize("NFKD", ch) if unicodedata.category(c) not in ("Mn", "Cf"))
+        s = s.translate(_CONFUSABLE).casefold()
         skeleton.append(s)
         where += [i] * len(s)
     spans = [(m.group(), text[where[m.start()]: where[m.end() - 1] + 1]) for m in _TAG_LIKE.finditer("".join(skeleton))]

@@ -189,6 +189,7 @@ def test_valid_formats(text):
     ("<think>\ufe64HIS\ufe65Q1: a</HIS></think>\nFinal answer: y", "looks like a marker"),
     ("<think><\u041dIS>Q1: a</\u041dIS></think>\nFinal answer: y", "'<\u041dIS>' looks like a marker"),
     ("<think><H\u200bIS>Q1: a</HIS></think>\nFinal answer: y", "looks like a marker"),
+    ("<think><H\u00cdS>Q1: a</HI\u0301S></think>\nFinal answer: y", "'<H\u00cdS>' looks like a marker"),
     ("<think>a\u3008/think\u3009\nFinal answer: y", "looks like a marker"),
     ("\uff1cthink\uff1ea\uff1c/think\uff1e\nFinal answer: y", "'\uff1cthink\uff1e' looks like a marker"),
     ("<think>a</think>\n\uff26inal answer: y", "'\uff26inal answer:' looks like a marker"),
