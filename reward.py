@@ -570,8 +570,8 @@ def gallery_completions() -> list[tuple[str, str, str]]:
         ("hedge 'Yes or no: the 20% discount may or may not apply.'", A,
          sub(record["answer"], "Yes or no: the 20% discount may or may not apply.")),
         ("wrong but similar 'No. ... $120, which is not over $150 ...'", A,
-         sub(record["answer"], "No. The Chakra Balancing service is $120, which is not over $150, so your 20% Apex Tier "
-                   "discount does not apply.")),
+         sub(record["answer"], "No. The Chakra Balancing service is $120, which is not over $150, so your 20% Apex "
+                               "Tier discount does not apply.")),
         ("price changed in the answer ($95)", A, sub(record["answer"], record["answer"].replace("$180", "$95"))),
         ("every candidate price listed 'Yes. It is $95, $120, $150 or $180.'", A,
          sub(record["answer"], "Yes. It is $95, $120, $150 or $180.")),
