@@ -99,7 +99,9 @@ def gold_is_complete(gold) -> bool:
 # --------------------------------------------------------------------------------------------
 # Reading the teacher's reply: tolerant of markdown, extra prose and quotes; strict on content
 # --------------------------------------------------------------------------------------------
-SECTION = re.compile(r"^[ \t>*#_`-]*(recall|analysis|reasoning|final answer|answer)\b[ \t*_`]*[:：]?[ \t*_`]*",
+# A section starts a line: "ANSWER:", "**Answer:**", "- Final answer:", or a heading alone on its line
+# ("### Reasoning"); a colon is required otherwise, so a reasoning line "Recall that ..." stays reasoning.
+SECTION = re.compile(r"^[ \t>*_`-]*(?:#+[ \t]*)?(recall|analysis|reasoning|final answer|answer)\b[ \t*_`]*(?:[:：]|$)[ \t*_`]*",
                      re.IGNORECASE | re.MULTILINE)
 RECALL_LINE = re.compile(r"(?:turn\s*)?\[?\b([QA])\s*(\d+)\b\]?\s*[:\-–—]\s*(.*)", re.IGNORECASE)
 NO_RECALL = re.compile(r"^\W*(none|no earlier turn|nothing|n/?a|empty)\b", re.IGNORECASE)
