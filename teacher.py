@@ -352,8 +352,10 @@ class APITeacher(LLMTeacher):
                  max_concurrency=4, timeout=120.0, retries=4, backoff_base=1.0, max_backoff=60.0,
                  temperature=0.0, max_tokens=1024, seed=0):
         name = spec[4:] if spec.startswith("api:") else spec
-        super().__init__(f"api:{name}", cache_dir, {"temperature": temperature, "max_tokens": max_tokens,
-                                                    "api_base": api_base.rstrip("/")}, max_concurrency)
+        # the endpoint is not part of the cache key: one model id behind another proxy or port
+        # gives the same replies, and a run moved to a new host must not pay twice
+        super().__init__(f"api:{name}", cache_dir, {"temperature": temperature, "max_tokens": max_tokens},
+                         max_concurrency)
         self.model_name, self.url = name, api_base.rstrip("/") + "/chat/completions"
         self.key_env, self._key = key_env, os.environ.get(key_env, "")
         self.timeout, self.retries = float(timeout), int(retries)
