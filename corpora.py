@@ -236,7 +236,9 @@ def load_locomo(path, max_rounds=32, report=None, seed=0, adversarial="keep", da
     qa[].evidence (list of dia_ids), qa[].category (1-5).
 
     Roles: whoever speaks first in session 1 is the user (Q), the other speaker the assistant (A).
-    Every utterance starts with its speaker's name, because the questions name the speakers.
+    Every utterance starts with its speaker's name, because the questions name the speakers. A
+    conversation that ends on the user's side keeps that last turn (it may be evidence) in a round
+    whose assistant utterance is empty (`trailing_user_kept`).
     Dates: `date_headers='session'` writes "[<session date>]" before the first utterance of each
     session in the window and wherever the session changes ('turn': before every utterance), so
     dates an answer is computed from stay in the text.
@@ -266,6 +268,9 @@ def load_locomo(path, max_rounds=32, report=None, seed=0, adversarial="keep", da
                                  next((t["speaker"] for t in turns if t["speaker"] != user_speaker), ""))
         merged = merge_turns([dict(t, role="user" if t["speaker"] == user_speaker else "assistant") for t in turns],
                              report)
+        if merged and merged[-1]["role"] == "user":  # the conversation ends on the user's side: the
+            merged.append({"role": "assistant", "parts": []})  # turn may be evidence, so it stays, unanswered
+            report["trailing_user_kept"] += 1
         rounds_parts = [(u["parts"], a["parts"]) for u, a in pair_merged(merged, report)]
         where = {}  # dia_id -> (round index, "Q" | "A")
         for r_index, sides in enumerate(rounds_parts):
@@ -342,6 +347,8 @@ def render_locomo_utterance(parts, last_session, dates, date_headers) -> tuple[s
     """'[8 May, 2023] Caroline: text ...' -> (text, session of its last part). A date header goes
     where the session changes ('session'), also before every utterance ('turn'), or nowhere
     ('none')."""
+    if not parts:
+        return "", last_session
     pieces, header = [], None
     for k, part in enumerate(parts):
         if date_headers != "none" and (part["session"] != last_session or (date_headers == "turn" and k == 0)):

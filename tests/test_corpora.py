@@ -27,7 +27,8 @@ def check_form(dialogues):
         assert isinstance(d["id"], str) and d["source"] and d["domain"]
         assert len(d["rounds"]) >= 2
         for t, r in enumerate(d["rounds"], 1):
-            assert isinstance(r["user"], str) and isinstance(r["assistant"], str) and r["user"] and r["assistant"]
+            assert isinstance(r["user"], str) and isinstance(r["assistant"], str) and r["user"]
+            assert r["assistant"] or (d["source"] == "locomo" and t == len(d["rounds"]) - 1)  # an unanswered last turn
             if "gold" in r:
                 assert set(r["gold"]["recall"]) <= set(labelled(d, t))
             if r.get("query") or "gold" in r:
@@ -37,7 +38,8 @@ def check_form(dialogues):
 # ---- LoCoMo ----------------------------------------------------------------------------------
 DATES = {1: "1:56 pm on 8 May, 2023", 2: "1:14 pm on 25 May, 2023", 3: "7:55 pm on 9 June, 2023"}
 PLANTED = {"D1:3": "I went to a LGBTQ support group yesterday.", "D2:4": "I ran a charity race for mental health.",
-           "D3:5": "My dog is called Pip and he loves the beach.", "D3:20": "We painted a sunrise last week."}
+           "D3:5": "My dog is called Pip and he loves the beach.", "D3:20": "We painted a sunrise last week.",
+           "D3:21": "Bye, see you at the lake!"}
 
 
 def locomo_fixture(tmp_path) -> Path:
@@ -54,6 +56,8 @@ def locomo_fixture(tmp_path) -> Path:
             if dia_id != "D2:7":
                 speaker = "Melanie" if speaker == "Caroline" else "Caroline"
         turns[9]["blip_caption"] = "a painted bowl"
+        if s == 3:  # the conversation ends on the user's side, and that last turn is evidence
+            turns.append({"speaker": "Caroline", "dia_id": "D3:21", "text": PLANTED["D3:21"]})
         conversation[f"session_{s}"] = turns
         conversation[f"session_{s}_date_time"] = DATES[s]
     qa = [
@@ -67,6 +71,7 @@ def locomo_fixture(tmp_path) -> Path:
         {"question": "Dangling?", "answer": "x", "evidence": ["D1:3", "D9:99"], "category": 4},                      # no such turn
         {"question": "Bare D?", "answer": "x", "evidence": ["D"], "category": 4},                                    # unreadable
         {"question": "What year?", "answer": 2022, "evidence": [], "category": 3},                                   # number, no evidence
+        {"question": "Where will they meet?", "answer": "the lake", "evidence": ["D3:21"], "category": 4},       # last turn
         {"question": "What did Caroline run for charity?", "adversarial_answer": "a charity race",
          "evidence": ["D2:4"], "category": 5},
     ]
@@ -99,7 +104,7 @@ def test_locomo_blemishes_normalised_or_counted(tmp_path):
     assert questions["Race and sunrise?"]["evidence"] == ["D2:4", "D3:20"]
     assert questions["Odd id?"]["evidence"] == ["D1:3"]
     assert "Dangling?" not in questions and "Bare D?" not in questions
-    assert report["qa_read"] == 10 and report["dialogues"] == 8
+    assert report["qa_read"] == 11 and report["dialogues"] == 9 and report["trailing_user_kept"] == 1
     assert report["qa_skipped_unresolved_evidence"] == 2
     assert report["evidence_ids_dangling"] == 1 and report["evidence_fragments_unreadable"] == 1
     assert report["evidence_ids_normalised"] >= 6  # two leading-zero/colon fixes + two packed pairs
@@ -117,13 +122,13 @@ def test_locomo_answers_categories_dates_and_roles(tmp_path):
     abstain, _ = corpora.load_corpus("locomo", locomo_fixture(tmp_path), adversarial="abstain")
     assert abstain[-1]["rounds"][-1]["assistant"] == corpora.LOCOMO_ABSTAIN
     skip, report = corpora.load_corpus("locomo", locomo_fixture(tmp_path), adversarial="skip")
-    assert len(skip) == 7 and report["qa_skipped_adversarial"] == 1
+    assert len(skip) == 8 and report["qa_skipped_adversarial"] == 1
     for d in dialogues:
         assert d["meta"]["user_speaker"] == "Caroline" and d["meta"]["split_group"] == "conv-1"
         history = d["rounds"][:-1]
         assert all("Caroline: " in r["user"] and "Melanie: " not in r["user"] for r in history)
-        assert all(r["assistant"].split("] ")[-1].startswith("Melanie: ") or r["assistant"].startswith("Melanie: ")
-                   for r in history)
+        assert all(r["assistant"].startswith("Melanie: ") or r["assistant"].split("] ", 1)[-1].startswith("Melanie: ")
+                   or not r["assistant"] for r in history)
         first = history[0]["user"]
         assert first.startswith("[") and any(date in first for date in DATES.values())  # the window opens on its date
     whole = next(d for d in dialogues if d["meta"]["window"]["how"] == "whole")
@@ -135,7 +140,7 @@ def test_locomo_answers_categories_dates_and_roles(tmp_path):
 def test_locomo_window_keeps_evidence_and_at_most_max_rounds(tmp_path):
     for max_rounds in (6, 8, 12, 32):
         dialogues, report = corpora.load_corpus("locomo", locomo_fixture(tmp_path), max_rounds=max_rounds)
-        assert report["dialogues"] == 8  # every resolvable question survives every window size
+        assert report["dialogues"] == 9  # every resolvable question survives every window size
         for d in dialogues:
             gold, window = d["rounds"][-1]["gold"], d["meta"]["window"]
             assert len(d["rounds"]) <= max_rounds
