@@ -133,6 +133,59 @@ def test_a_refused_comparison_prints_no_ratio():
     assert all(r["ratio"] is None for r in other_torch["rows"]) and "refused" in other_torch["table"]
 
 
+def test_hooks_read_the_dtype_of_the_computation_not_a_flag():
+    """Under bf16 autocast the matmuls run in bf16 while the residual stream (the layer's output)
+    stays fp32: the matmul dtype is the one that tells the precision."""
+    import torch
+    from modeling import load_model_and_tokenizer
+    model, _ = load_model_and_tokenizer("tiny-random", dtype="float32")
+    inst = bench.Instruments()
+    inst.hook_precision(model, "policy")
+    ids = torch.tensor([[5, 6, 7, 8]])
+    with torch.no_grad():
+        model(input_ids=ids)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        model(input_ids=ids).logits.sum().backward()
+    inst.generating.on = True
+    with torch.no_grad():
+        model(input_ids=ids)
+    inst.generating.on = False
+    assert inst.observed() == {"logprobs": {"matmul": ["float32"], "layer_output": ["float32"]},
+                               "loss": {"matmul": ["bfloat16"], "layer_output": ["float32"]},
+                               "generate": {"matmul": ["float32"], "layer_output": ["float32"]}}
+
+
+def test_suppressed_stop_tokens_reach_our_generate_and_every_row_runs_to_the_cap(monkeypatch):
+    """Ours is forced to full length through the model's generation_config (modeling.generate
+    leaves suppress_tokens unset, so transformers takes the model's value); the generate wrapper
+    counts the tokens."""
+    import torch
+    from transformers.generation.logits_process import SuppressTokensLogitsProcessor
+    from transformers.generation.utils import GenerationMixin
+    from modeling import generate, load_model_and_tokenizer, stop_token_ids
+    model, tokenizer = load_model_and_tokenizer("tiny-random", dtype="float32")
+    stops = stop_token_ids(model, tokenizer)
+    model.generation_config.suppress_tokens = stops
+    seen = []
+    original = SuppressTokensLogitsProcessor.__call__
+
+    def spy(self, input_ids, scores):
+        out = original(self, input_ids, scores)
+        seen.append(out[:, stops])
+        return out
+    monkeypatch.setattr(SuppressTokensLogitsProcessor, "__call__", spy)
+    monkeypatch.setattr(GenerationMixin, "generate", GenerationMixin.generate)  # restored after the test
+    inst = bench.Instruments()
+    inst.stop_ids = stops
+    inst.wrap_generate()
+    torch.manual_seed(0)
+    out = generate(model, tokenizer, ["hello there"], max_new_tokens=5, num_generations=3)
+    assert len(seen) == 5 and all(torch.isinf(s).all() and (s < 0).all() for s in seen)
+    assert out["generated_tokens"] == [5, 5, 5]
+    call = inst.generate_calls[0]
+    assert call["lengths"] == [5, 5, 5] and call["rows"] == 3 and call["new_width"] == 5
+
+
 # ---------------------------------------------------------------------------------------------
 # Equal work
 # ---------------------------------------------------------------------------------------------
