@@ -714,9 +714,11 @@ def run_ours(spec: dict, run: dict) -> int:
     total = time.perf_counter() - start
 
     metrics = read_jsonl(run_dir / "metrics.jsonl", validate=False)
-    steps = [{"step": m["step"], "seconds": m["step_s"], "generate_s": m["generate_s"], "score_s": m["score_s"],
-              "train_s": m.get("train_s"), "reported_completion_length": m["completion_length"],
-              "updates": m["updates"], **window}
+    if not metrics or "step_s" not in metrics[0]:
+        sys.exit(f"error: {run_dir / 'metrics.jsonl'} has no step_s: stage 2's log changed; update the ours worker")
+    steps = [{"step": m["step"], "seconds": m["step_s"], "generate_s": m.get("generate_s"),
+              "score_s": m.get("score_s"), "train_s": m.get("train_s"),
+              "reported_completion_length": m.get("completion_length"), "updates": m.get("updates"), **window}
              for m, window in zip(metrics, windows)]
     split_steps(steps, instruments)
     for bulky in ("checkpoint", "final"):  # two copies of the weights the benchmark does not need

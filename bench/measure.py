@@ -102,7 +102,16 @@ def resolve_precisions(spec: str) -> list[str]:
 
 
 def peak_rss_gib() -> float:
-    """Peak resident set size of this process so far (Linux reports KiB, macOS bytes)."""
+    """Peak resident set size of this process so far. On Linux, VmHWM of /proc/self/status: the
+    high-water mark of this process's own memory. Not ru_maxrss: Linux carries it across fork and
+    exec, so a worker started by a parent holding a model would report the parent's peak as its own
+    (macOS has no /proc; its ru_maxrss is in bytes)."""
+    try:
+        match = re.search(r"^VmHWM:\s+(\d+)\s+kB", Path("/proc/self/status").read_text(), re.M)
+        if match:
+            return int(match.group(1)) / 2**20
+    except OSError:
+        pass
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak / 2**30 if sys.platform == "darwin" else peak / 2**20
 

@@ -274,6 +274,17 @@ def test_machine_record_names_the_cpu_and_its_bf16_units():
     assert info["cpu"] in measure.machine_line(info)
 
 
+def test_a_workers_peak_memory_is_its_own_not_its_parents():
+    """ru_maxrss survives fork and exec on Linux: a small child of a big parent would report the
+    parent's peak. The peak the workers report must be the child's own."""
+    import resource
+    import subprocess
+    parent_gib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # torch and a model loaded
+    code = f"import sys; sys.path.insert(0, {str(REPO / 'bench')!r}); import measure; print(measure.peak_rss_gib())"
+    child_gib = float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
+    assert 0 < child_gib < parent_gib / 2
+
+
 # ---------------------------------------------------------------------------------------------
 # Argument checks: one line each, before any model, data or TRL is touched
 # ---------------------------------------------------------------------------------------------
