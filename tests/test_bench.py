@@ -1,8 +1,8 @@
 """bench/ without TRL: the reward wrapper TRL would call, the checks that refuse a GRPO ratio
 (precision read from the computation, torch versions, equal work), the median and spread by hand,
 the Markdown rows, the one-line argument errors, and tiny-random smokes of the SFT throughput and
-evaluation latency benchmarks. The GRPO comparison itself (two training subprocesses, TRL in its
-own venv) is run by hand: see bench/README.md."""
+evaluation latency benchmarks. The GRPO comparison itself (grpo_workers.py's two training
+subprocesses, TRL in its own venv) is run by hand: see bench/README.md."""
 import importlib.util
 import json
 import sys
@@ -26,6 +26,7 @@ def load(name):
 
 
 bench = load("grpo_vs_trl")
+workers = load("grpo_workers")
 measure = load("measure")
 sft_bench = load("sft_throughput")
 eval_bench = load("eval_latency")
@@ -45,7 +46,7 @@ def test_trl_reward_wrapper_decodes_records_shares_them_per_group_and_logs():
         return [{"total": len(text) / 10.0} for text in completions[:-1]] + [{"total": float("nan")}]
 
     log = []
-    reward = bench.make_trl_reward(fake_reward, log=log)
+    reward = workers.make_trl_reward(fake_reward, log=log)
     prompts = ["prompt a", "prompt a", "prompt b", "prompt b"]
     records = [json.dumps(a), json.dumps(a), json.dumps(b), json.dumps(b)]
     out = reward(prompts=prompts, completions=["x", "xx", "xxx", "xxxx"], record=records,
@@ -65,7 +66,7 @@ def test_trl_reward_wrapper_gives_compute_rewards_totals():
     completions = [f"<think>\n<HIS>Q1: {text['Q1']}</HIS>\n<HIS>A2: {text['A2']}</HIS>\n</think>",
                    f"<think>\n<HIS>A4: {text['A4']}</HIS>\n</think>"]
     expected = [s["total"] for s in compute_rewards(completions, [record, record])]
-    got = bench.make_trl_reward()(prompts=["p", "p"], completions=completions, record=[json.dumps(record)] * 2)
+    got = workers.make_trl_reward()(prompts=["p", "p"], completions=completions, record=[json.dumps(record)] * 2)
     assert got == pytest.approx(expected)
 
 
@@ -139,7 +140,7 @@ def test_hooks_read_the_dtype_of_the_computation_not_a_flag():
     import torch
     from modeling import load_model_and_tokenizer
     model, _ = load_model_and_tokenizer("tiny-random", dtype="float32")
-    inst = bench.Instruments()
+    inst = workers.Instruments()
     inst.hook_precision(model, "policy")
     ids = torch.tensor([[5, 6, 7, 8]])
     with torch.no_grad():
@@ -175,7 +176,7 @@ def test_suppressed_stop_tokens_reach_our_generate_and_every_row_runs_to_the_cap
         return out
     monkeypatch.setattr(SuppressTokensLogitsProcessor, "__call__", spy)
     monkeypatch.setattr(GenerationMixin, "generate", GenerationMixin.generate)  # restored after the test
-    inst = bench.Instruments()
+    inst = workers.Instruments()
     inst.stop_ids = stops
     inst.wrap_generate()
     torch.manual_seed(0)
@@ -218,14 +219,14 @@ def test_equal_work_flags_prompt_order_missing_rows_self_reports_and_updates():
 
 
 def test_split_steps_assigns_events_to_step_windows():
-    inst = bench.Instruments()
+    inst = workers.Instruments()
     inst.generate_calls = [{"start": 1.0, "seconds": 2.0, "rows": 2, "prompt_width": 9, "new_width": 4, "lengths": [4, 4]},
                            {"start": 11.0, "seconds": 3.0, "rows": 2, "prompt_width": 9, "new_width": 4, "lengths": [4, 3]}]
     inst.timed = [{"start": 3.5, "seconds": 1.0, "kind": "old_logprobs"}, {"start": 4.5, "seconds": 0.5, "kind": "ref_logprobs"},
                   {"start": 5.0, "seconds": 1.5, "kind": "loss_forward"}, {"start": 6.0, "seconds": 1.5, "kind": "loss_forward"}]
     steps = [{"step": 1, "t0": 0.5, "t1": 9.0, "seconds": 9.0, "generate_s": 2.5, "score_s": 0.5},
              {"step": 2, "t0": 10.0, "t1": 20.0, "seconds": 8.0, "generate_s": 3.5, "score_s": 0.5}]
-    bench.split_steps(steps, inst)
+    workers.split_steps(steps, inst)
     first, second = steps
     assert first["decode_s"] == 2.0 and first["completion_lengths"] == [4, 4] and first["longest_completion"] == 4
     assert first["old_logprobs_s"] == 1.0 and first["ref_logprobs_s"] == 0.5 and first["loss_forward_s"] == 3.0
