@@ -93,7 +93,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as `python bench/grpo_vs_trl.py`: the stage files live one level up
     sys.path.insert(0, str(ROOT))
 
-from stage0_build import atomic_write_text, read_jsonl, write_json  # noqa: E402
+from data_io import atomic_write_text, read_jsonl, write_json  # noqa: E402
 
 DEFAULT_TRL_PYTHON = ROOT / ".venv-trl" / "bin" / "python"
 WARMUP_STEPS = 1  # GRPO steps left out of the means (the first one pays for lazy initialisation)
@@ -293,7 +293,7 @@ def resolve_model_dir(name: str, out: Path) -> str:
 
 def pick_prompts(data: str, model_dir: str, args) -> list[tuple[dict, str]]:
     """The steps * P (record, rendered prompt) pairs stage2_grpo will draw, in its order."""
-    from stage0_build import DataError
+    from data_io import DataError
     from modeling import load_model_and_tokenizer
     from stage0_build import PromptStream
     try:
