@@ -1,6 +1,6 @@
 """§4.6 attention analysis (Fig. 3): the share of attention mass flowing from the answer tokens
 onto each history turn's line in the prompt, with and without a self-recall chain before the
-answer. Used by evaluate.py; reads nothing but a model, its tokenizer and texts."""
+answer. A library module used by evaluate.py: it imports no stage."""
 from __future__ import annotations
 
 import re
@@ -9,7 +9,6 @@ import numpy as np
 import torch
 
 from metrics import final_answer
-from stage0_build import format_target
 
 
 @torch.inference_mode()
@@ -83,14 +82,15 @@ def turn_spans(record, prompt_text: str, completion_text: str = "", copies: bool
     return spans
 
 
-def attention_analysis(model, tokenizer, rows, records_by_id, n_examples, build_prompt) -> list[dict]:
+def attention_analysis(model, tokenizer, rows, records_by_id, n_examples, build_prompt, reference_chain) -> list[dict]:
     """Fig. 3: the per-turn attention share of the answer tokens when the model answers after
     recalling (its own chain; the reference chain Z_t where it recalled nothing) against the same
     answer written right after the same prompt, without recall; in both settings the share is
     read on the turns' prompt lines alone (turn_spans). Examples: records with a non-empty
     H*, longest dialogues first, those whose completion recalls and answers first. Memory:
     output_attentions keeps layers x heads x T x T floats, ~2.5 GB for SmolLM2-135M at T = 1500.
-    build_prompt(record) -> the prompt text the variant answered."""
+    build_prompt(record) -> the prompt text the variant answered; reference_chain(record) -> Z_t
+    and A*_t as SFT learns them (stage0_build.format_target)."""
     def own_chain(row):
         return bool(HIS_TAG.search(row["completion"])) and bool(final_answer("srt", row["completion"]))
     candidates = sorted((r for r in rows if records_by_id[r["id"]]["recall"]),
@@ -100,7 +100,7 @@ def attention_analysis(model, tokenizer, rows, records_by_id, n_examples, build_
         record = records_by_id[row["id"]]
         prompt = build_prompt(record)
         from_model = own_chain(row)
-        chain = row["completion"] if from_model else format_target(record)
+        chain = row["completion"] if from_model else reference_chain(record)
         answer = final_answer("srt", chain)
         settings = {"no_recall": f"Final answer: {answer}", "self_recall": chain}
         entry = {"id": record["id"], "num_turns": row["num_turns"], "chain": "model" if from_model else "reference",

@@ -58,7 +58,7 @@ from metrics import (SELF_RECALL_METHODS, accuracy, error_type, f1_score, final_
                      keys_present, recall_metrics)
 from attention import attention_analysis
 from modeling import embed, load_embedder, load_model_and_tokenizer, render_chat, resolve_dtype
-from stage0_build import SRT_SYSTEM_PROMPT, ChatClient, build_messages, format_history
+from stage0_build import SRT_SYSTEM_PROMPT, ChatClient, build_messages, format_history, format_target
 
 METHODS = ("full", "recency", "rag", "srt-p", "srt", "cuemem")
 RETRIEVERS = ("recency", "rag", "cuemem")       # they choose what the model sees
@@ -323,7 +323,7 @@ def record_hash(record) -> str:
 def variant_key(variant, options, args, fingerprint) -> str:
     """Everything that changes a variant's answers or scores: checkpoint, method, instruction,
     retrieval options, token budget, precision, scoring version."""
-    settings = {"fingerprint": fingerprint, "method": variant["method"],
+    settings = {"fingerprint": fingerprint, "method": variant["method"], "answer_reward": args.answer_reward,
                 "system": system_prompt_of(variant["method"], options), "options": options,
                 "max_new_tokens": options["max_new_tokens"], "dtype": args.dtype, "score": SCORE_VERSION}
     return hashlib.sha256(json.dumps(settings, sort_keys=True, default=repr).encode()).hexdigest()[:16]
@@ -393,7 +393,7 @@ class Runner:
         return {"messages": messages, "prompt": prompt, "recalled": recalled, "offline_s": t1 - t0,
                 "build_s": t2 - t1, "history_tokens": shown}
 
-    def generate(self, built) -> list[dict]:
+    def answer(self, built) -> list[dict]:
         if self.client is None:
             return generate_batch(self.model, self.tokenizer, [b["prompt"] for b in built], self.max_new,
                                   self.autocast)
@@ -407,7 +407,7 @@ class Runner:
         if self.method in ("rag", "cuemem"):
             load_embedder()
         if self.client is None:
-            self.generate([self.build(record)])
+            self.answer([self.build(record)])
 
 
 def evaluate_variant(runner, records, out_dir, key, quiet=False) -> list[dict]:
@@ -430,11 +430,11 @@ def evaluate_variant(runner, records, out_dir, key, quiet=False) -> list[dict]:
         batch = pending[start:start + batch_size]
         built = [runner.build(record) for record in batch]
         t0 = time.perf_counter()
-        outputs = runner.generate(built)
+        outputs = runner.answer(built)
         share = (time.perf_counter() - t0) / len(batch)
         rewards = None
         if method in SELF_RECALL_METHODS:  # Eqs. (4)-(7), batched embedding; not part of any timing
-            rewards = reward.compute_rewards([o["text"] for o in outputs], batch)
+            rewards = reward.compute_rewards([o["text"] for o in outputs], batch, runner.args.answer_reward)
         rows = []
         for i, (record, output) in enumerate(zip(batch, outputs)):
             scores = score_prediction(method, record, output["text"], built[i]["recalled"],
@@ -477,7 +477,7 @@ def latency_sample(runner, records, out_dir, key, buckets) -> list[dict]:
             cuemem._VECTORS.clear()  # the batched pass cached this query's embedding: time it afresh
         built = runner.build(record)
         t0 = time.perf_counter()
-        output = runner.generate([built])[0]
+        output = runner.answer([built])[0]
         answer = final_answer(runner.method, output["text"])
         latency = built["build_s"] + time.perf_counter() - t0
         append_rows(path, [{"id": record["id"], "key": key, "record": record_hash(record),
@@ -620,6 +620,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="local model of the llm extractor (default: the variant's answer model)")
     p.add_argument("--cuemem-api-base", default=None, help="OpenAI-compatible endpoint of the llm extractor")
     p.add_argument("--cuemem-api-model", default=None)
+    p.add_argument("--answer-reward", choices=reward.ANSWER_REWARDS, default="cosine",
+                   help="the answer component of the reward columns (reward.py; Eq. (7) is cosine)")
     p.add_argument("--bootstrap", type=int, default=2000, help="paired bootstrap resamples (>= 1000)")
     p.add_argument("--attention-examples", type=int, default=2,
                    help="examples in the §4.6 attention analysis (0 turns it off)")
@@ -708,7 +710,8 @@ def main(argv=None) -> None:
             if variant["name"] == srt_name and model is not None and args.attention_examples > 0:
                 attention = attention_analysis(
                     model, tokenizer, rows_by_name[srt_name], records_by_id, args.attention_examples,
-                    lambda record: render_chat(tokenizer, method_input(variant["method"], record, options)[0]))
+                    lambda record: render_chat(tokenizer, method_input(variant["method"], record, options)[0]),
+                    format_target)
         del model, tokenizer
         gc.collect()
         if torch.cuda.is_available():
