@@ -604,41 +604,92 @@ def test_bad_compare_spec_is_one_line_error(tmp_path):
         evaluate.main(["--data", str(tmp_path / "bad.jsonl"), "--out", str(tmp_path / "o")])
 
 
+class FakeChatAPI:
+    """A local stand-in for an OpenAI-compatible /chat/completions: reply(body) -> the content."""
+
+    def __init__(self, reply):
+        import http.server
+        import threading
+        self.seen = []
+        api = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                api.seen.append((self.path, self.headers.get("Authorization"), body))
+                out = json.dumps({"choices": [{"message": {"content": reply(body)}}]}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(out)))
+                self.end_headers()
+                self.wfile.write(out)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.base = f"http://127.0.0.1:{self.server.server_port}/v1"
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.server.shutdown()
+
+
 def test_srt_p_through_an_openai_compatible_api(tmp_path, monkeypatch):
     """SRT-P on a 'closed model' (§4.8): a local stand-in for /chat/completions that answers with a
     recall chain; the request must carry the SRT-P system prompt and the key from --api-key-env."""
-    import http.server
-    import threading
-    seen = []
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_POST(self):
-            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            seen.append((self.path, self.headers.get("Authorization"), body))
-            chain = f"<think>\n2. Recall History: <HIS>A1: {FACT}</HIS>\n3. Reasoning: so.\n</think>\nFinal answer: $180"
-            reply = json.dumps({"choices": [{"message": {"content": chain}}]}).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(reply)))
-            self.end_headers()
-            self.wfile.write(reply)
-
-        def log_message(self, *args):
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    chain = f"<think>\n2. Recall History: <HIS>A1: {FACT}</HIS>\n3. Reasoning: so.\n</think>\nFinal answer: $180"
     monkeypatch.setenv("FAKE_KEY", "sk-test")
     data = write_records(tmp_path / "d.jsonl", [make_record(0, 8), make_record(1, 16)])
-    try:
-        evaluate.main(["--method", "srt-p", "--latency-per-bucket", "0", "--api-base", f"http://127.0.0.1:{server.server_port}/v1",
+    with FakeChatAPI(lambda body: chain) as api:
+        evaluate.main(["--method", "srt-p", "--latency-per-bucket", "0", "--api-base", api.base,
                        "--api-model", "closed-model", "--api-key-env", "FAKE_KEY", "--data", str(data),
                        "--out", str(tmp_path / "o"), "--quiet"])
-    finally:
-        server.shutdown()
+    seen = api.seen
     summary = json.loads((tmp_path / "o" / "summary.json").read_text())
     assert len(seen) == 2 and seen[0][0] == "/v1/chat/completions" and seen[0][1] == "Bearer sk-test"
     assert seen[0][2]["model"] == "closed-model" and seen[0][2]["messages"][0]["content"] == evaluate.SRTP_SYSTEM_PROMPT
     s = summary["variants"]["srt-p"]
     assert s["model"] == "api:closed-model" and s["accuracy"] == 1.0 and s["jaccard"] == 1.0
     assert s["format_valid"] == 1.0 and s["input_tokens"] is None and s["truncated"] is None
+
+
+def test_cuemem_llm_extractor_through_an_api(tmp_path):
+    """--cuemem-extractor llm with an OpenAI-compatible endpoint: one extraction request per
+    distinct utterance, and the triples it returns are the cues CueMem retrieves by."""
+    def reply(body):
+        utterance = body["messages"][-1]["content"]
+        return '[["Chakra Balancing service", "price", "$180"]]' if "$180" in utterance else "[]"
+    data = write_records(tmp_path / "d.jsonl", [make_record(0, 8), make_record(1, 24)])
+    with FakeChatAPI(reply) as api:
+        evaluate.main(["--method", "cuemem", "--model", "tiny-random", "--cuemem-extractor", "llm",
+                       "--cuemem-api-base", api.base, "--cuemem-api-model", "extractor", "--data", str(data),
+                       "--out", str(tmp_path / "o"), "--attention-examples", "0", "--latency-per-bucket", "0", *FAST])
+    assert api.seen and all(b["messages"][0]["content"] == cuemem.EXTRACT_SYSTEM_PROMPT for _, _, b in api.seen)
+    texts = {b["messages"][-1]["content"] for _, _, b in api.seen}
+    assert len(texts) == len(api.seen)                           # cached: each utterance asked once
+    rows = read_lines(tmp_path / "o" / "cuemem.jsonl")
+    # A1 holds the only cue; the turn graph adds its temporal neighbours (window 1).
+    assert [r["recalled"] for r in rows] == [["Q1", "A1", "Q2"], ["Q1", "A1", "Q2"]]
+
+
+def test_cuemem_llm_extractor_with_a_local_model(tmp_path, monkeypatch):
+    """The same through the answer model itself (modeling.generate); the JSON spelling
+    --cuemem-options '{"extractor": "llm"}' works too (it used to hand a string where a callable goes)."""
+    calls, outputs = [], []
+    real = cuemem.hf_generate_fn
+
+    def spying(model, tokenizer, max_new_tokens=64, autocast_dtype=None):
+        inner = real(model, tokenizer, max_new_tokens, autocast_dtype)   # the loaded answer model
+        return lambda messages: calls.append(messages) or outputs.append(inner(messages)) or outputs[-1]
+    monkeypatch.setattr(cuemem, "hf_generate_fn", spying)
+    data = write_records(tmp_path / "d.jsonl", [make_record(0, 8)])
+    evaluate.main(["--method", "cuemem", "--model", "tiny-random", "--cuemem-options", '{"extractor": "llm"}',
+                   "--data", str(data), "--out", str(tmp_path / "o"), "--attention-examples", "0",
+                   "--latency-per-bucket", "0", *FAST])
+    assert calls and calls[0][0]["content"] == cuemem.EXTRACT_SYSTEM_PROMPT
+    assert len(outputs) == len(calls) and all(isinstance(o, str) for o in outputs)
+    assert len(read_lines(tmp_path / "o" / "cuemem.jsonl")) == 1
