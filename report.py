@@ -34,6 +34,9 @@ COMPARED = ("accuracy", "f1", "key_f1", "recall", "jaccard")
 BREAKDOWNS = {"query_type": "query type", "h_size": "|H*|", "distance_bin": "recall distance (rounds)"}
 DISTANCE_ORDER = ("none", "1-4", "5-9", "10-19", "20+")
 CUTOFF_LIMIT = 0.05  # a token budget that cuts off more answers than this is too tight
+OPTIONS_SHOWN = {"recency": ("recency_k",), "rag": ("rag_k",), "cuemem": ("cuemem",)}
+# Issue 13: Table 2's variants need >= 96 queries, >= 24 per 8/16/24/32-round bucket, to be read.
+MIN_QUERIES, MIN_PER_BUCKET = 96, 24
 
 
 def describe(values) -> dict | None:
@@ -77,8 +80,8 @@ def summarize_variant(variant, rows, latency_rows, fine_buckets) -> dict:
     """One variant's summary: means, the batch-1 latency sample (overall and per Fig. 4 bucket),
     throughput at the batched pass's batch size, offline seconds per query, and the breakdowns."""
     summary = {"method": variant["method"], "model": variant["model"], **mean_metrics(rows),
-               "options": {k: v for k, v in variant.get("options", {}).items() if k != "cuemem" or
-                           variant["method"] == "cuemem"},
+               "options": {k: v for k, v in variant.get("options", {}).items()
+                           if k in OPTIONS_SHOWN.get(variant["method"], ()) + ("limit", "max_new_tokens")},
                "latency_s": describe(r["latency_s"] for r in latency_rows),
                "latency_input_tokens": describe(r["input_tokens"] for r in latency_rows),
                "latency_generated_tokens": describe(r["generated_tokens"] for r in latency_rows),
@@ -101,6 +104,7 @@ def summarize_variant(variant, rows, latency_rows, fine_buckets) -> dict:
     summary["by_bucket"][">=24"] = mean_metrics(long_rows)
     for b in BUCKETS:
         summary["errors_by_bucket"][str(b)] = error_counts([r for r in rows if r["bucket"] == b])
+    summary["n_by_coarse_bucket"] = {str(b): sum(1 for r in rows if r["bucket"] == b) for b in BUCKETS}
     for field in BREAKDOWNS:
         values = sorted({r.get(field) for r in rows}, key=_group_key)
         summary[f"by_{field}"] = {str(v): mean_metrics([r for r in rows if r.get(field) == v]) for v in values}
@@ -310,11 +314,20 @@ def write_report(summary, out_dir, plots) -> Path:
     cut = [f"{n} ({_pct(s['truncated'])}%)" for n, s in summary["variants"].items()
            if s["truncated"] is not None and s["truncated"] >= CUTOFF_LIMIT]
     srt = summary["srt_variant"]
+    size_note = ""
+    if srt:
+        by_coarse = summary["variants"][srt].get("n_by_coarse_bucket", {})
+        small = [b for b, n in by_coarse.items() if n < MIN_PER_BUCKET]
+        size_note = (f"SRT ({srt}) answered {summary['variants'][srt]['n']} queries, per 8/16/24/32-round bucket "
+                     + ", ".join(f"{b}: {n}" for b, n in by_coarse.items()) + ". "
+                     + ("" if summary["variants"][srt]["n"] >= MIN_QUERIES and not small else
+                        f"**Fewer than {MIN_QUERIES} queries or {MIN_PER_BUCKET} per bucket: read the intervals, "
+                        "not the point estimates.**"))
     parts = [
         "# SRT evaluation report",
         f"Data: `{config['data']}`, {summary['num_examples']} queries selected (stratified over the "
         f"8/16/24/32-round buckets when limited; seed {config['seed']})"
-        + ("" if len(counts) <= 1 else f"; variants run on {sorted(counts)} of them (see n)") + ".",
+        + ("" if len(counts) <= 1 else f"; variants run on {sorted(counts)} of them (see n)") + ". " + size_note,
         SCORING_NOTE,
         "## Table 1: answers, latency and throughput",
         table1(summary),
