@@ -688,7 +688,7 @@ def main(argv=None) -> None:
     names = [v["name"] for v in variants]
     table2 = table2_mapping(args.table2, names)
     srt_name = srt_variant_name(variants, table2)
-    records_by_id = {r["id"]: r for r in records}
+    records_by_id = {r["id"]: r for r in all_records}
     rows_by_name, latency_by_name, attention = {}, {}, []
     # Load each distinct model once, run every variant that uses it, free it before the next.
     for model_name in dict.fromkeys(v["model"] for v in variants):

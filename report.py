@@ -203,7 +203,7 @@ def table1(summary) -> str:
 
 def table2(summary) -> str:
     comparisons = summary.get("comparisons", {})
-    lines = ["| Variant | Name | n | Recall (%) | Acc. (%) | Δ Acc. vs SRT [95% CI] | McNemar p (only/SRT only) | "
+    lines = ["| Variant | Name | n | Recall (%) | Acc. (%) | Δ Acc. vs SRT [95% CI] | McNemar p (variant only / SRT only) | "
              "F1 | Δ F1 [95% CI] | key-F1 | Δ key-F1 [95% CI] | Jaccard (%) | Δ Recall [95% CI] |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for row in TABLE2_ROWS:

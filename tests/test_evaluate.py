@@ -103,6 +103,16 @@ def test_keys_present_normalises_numbers_on_word_boundaries(answer, keys, expect
     assert metrics.keys_present(answer, keys) == expected
 
 
+def test_reward_matches_keys_as_metrics_does():
+    """reward.py's answer-key reward and the evaluation's accuracy must agree on what 'the key is
+    present' means (reward.py is to import metrics.keys_present; until then, the same answers)."""
+    cases = [("It comes to $180.00.", ["$180"]), ("That is $207 in total.", ["$20"]), ("I asked yesterday.", ["yes"]),
+             ("Yes or no, it depends.", ["yes"]), ("Seat 21E, ref NU9MH3.", ["21E", "NU9MH3"]), ("20%", ["20 percent"]),
+             ("\u201cMaple Inn\u201d", ['"Maple Inn"']), ("No.", ["no", "$120"])]
+    for answer, keys in cases:
+        assert metrics.keys_present(answer, keys) == reward.keys_present(answer, keys), answer
+
+
 def test_f1_and_key_f1_credit_a_terse_correct_answer():
     assert metrics.normalize_answer("It is $12.50, or 1,800 in all.") == "it is 12.5 or 1800 in all"
     assert metrics.f1_score("$180.00", "180") == 1.0               # SQuAD alone would compare "18000"
