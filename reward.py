@@ -149,11 +149,12 @@ _TAG_LIKE = re.compile(r"<\s*/?\s*(?:his|think)\s*>|final\s*answer\s*:")
 
 def lookalike_markers(text: str) -> list[str]:
     """Strings that read as a tag of the format but are not one written exactly: <his>, ＜HIS＞,
-    <НIS> (Cyrillic Н), <H\\u200bIS>. An answer mark counts only when NFKC makes it exactly
+    <НIS> (Cyrillic Н), <H\\u200bIS>, <HÍS> (accents go). An answer mark counts only when NFKC makes it exactly
     'Final answer:' (prose like 'my final answer:' inside the think block is left alone)."""
     skeleton, where = [], []
     for i, ch in enumerate(text):
-        s = "" if unicodedata.category(ch) == "Cf" else normalize(ch).translate(_CONFUSABLE).casefold()
+        s = "".join(c for c in unicodedata.normalize("NFKD", ch) if unicodedata.category(c) not in ("Mn", "Cf"))
+        s = s.translate(_CONFUSABLE).casefold()
         skeleton.append(s)
         where += [i] * len(s)
     spans = [(m.group(), text[where[m.start()]: where[m.end() - 1] + 1]) for m in _TAG_LIKE.finditer("".join(skeleton))]
@@ -386,8 +387,8 @@ def _number_form(m: re.Match) -> str:
 def _key_form(text: str) -> str:
     """Casefolded, quote- and space-folded text with every number replaced by ⟦canonical⟧, so that
     "$20" (⟦20⟧) is not found in "$207" (⟦207⟧) nor in "20%" (⟦20%⟧)."""
-    t = " ".join(normalize(text).translate(_QUOTES).casefold().split())
-    return _NUMBER.sub(lambda m: f" ⟦{_number_form(m)}⟧ ", t)
+    t = normalize(text).translate(_QUOTES).casefold()
+    return " ".join(_NUMBER.sub(lambda m: f" ⟦{_number_form(m)}⟧ ", t).split())
 
 
 def _contains(haystack: str, key: str) -> bool:
@@ -431,8 +432,9 @@ def answer_cosines(answers: list[str | None], references: list[str]) -> list[flo
 
 
 def answer_keys(record: dict) -> list[str]:
-    """The record's non-empty answer keys (the field is optional, DESIGN.md "Data")."""
-    return [str(k) for k in record.get("answer_keys") or [] if str(k).strip()]
+    """The record's non-empty answer keys (the field is optional, DESIGN.md "Data"; one string is one key)."""
+    keys = record.get("answer_keys") or []
+    return [str(k) for k in ([keys] if isinstance(keys, str) else keys) if str(k).strip()]
 
 
 def answer_rewards(answers: list[str | None], examples: list[dict], answer_reward: str = "cosine") -> list[dict]:
@@ -472,7 +474,8 @@ def compute_rewards(completions: list[str], examples: list[dict], answer_reward:
     indexes = {}  # id(history) -> HistoryIndex: the K rollouts of one prompt share one index
     results, answers = [], []
     for text, example in zip(completions, examples):
-        index = indexes[id(example["history"])] = indexes.get(id(example["history"])) or index_history(example["history"])
+        history_id = id(example["history"])
+        index = indexes[history_id] = indexes.get(history_id) or index_history(example["history"])
         parsed = parse_completion(text)
         problems = format_problems(text)
         matches = match_tags(parsed.tags, index)
@@ -567,8 +570,8 @@ def gallery_completions() -> list[tuple[str, str, str]]:
         ("hedge 'Yes or no: the 20% discount may or may not apply.'", A,
          sub(record["answer"], "Yes or no: the 20% discount may or may not apply.")),
         ("wrong but similar 'No. ... $120, which is not over $150 ...'", A,
-         sub(record["answer"], "No. The Chakra Balancing service is $120, which is not over $150, so your 20% Apex Tier "
-                   "discount does not apply.")),
+         sub(record["answer"], "No. The Chakra Balancing service is $120, which is not over $150, so your 20% Apex "
+                               "Tier discount does not apply.")),
         ("price changed in the answer ($95)", A, sub(record["answer"], record["answer"].replace("$180", "$95"))),
         ("every candidate price listed 'Yes. It is $95, $120, $150 or $180.'", A,
          sub(record["answer"], "Yes. It is $95, $120, $150 or $180.")),

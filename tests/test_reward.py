@@ -189,6 +189,7 @@ def test_valid_formats(text):
     ("<think>\ufe64HIS\ufe65Q1: a</HIS></think>\nFinal answer: y", "looks like a marker"),
     ("<think><\u041dIS>Q1: a</\u041dIS></think>\nFinal answer: y", "'<\u041dIS>' looks like a marker"),
     ("<think><H\u200bIS>Q1: a</HIS></think>\nFinal answer: y", "looks like a marker"),
+    ("<think><H\u00cdS>Q1: a</HI\u0301S></think>\nFinal answer: y", "'<H\u00cdS>' looks like a marker"),
     ("<think>a\u3008/think\u3009\nFinal answer: y", "looks like a marker"),
     ("\uff1cthink\uff1ea\uff1c/think\uff1e\nFinal answer: y", "'\uff1cthink\uff1e' looks like a marker"),
     ("<think>a</think>\n\uff26inal answer: y", "'\uff26inal answer:' looks like a marker"),
@@ -401,8 +402,10 @@ def test_keys_without_embedder_and_fallback_without_keys(monkeypatch):
     for choice in ANSWER_REWARDS:                                  # RECORD has no answer_keys: the cosine
         r = compute_reward(text, RECORD, choice)
         assert r["answer"] == pytest.approx(cos, abs=1e-6) and r["answer_keys"] is None
+    assert compute_reward(text, {**KEYED, "answer_keys": ["", " "]}, "keys")["answer_keys"] is None  # no keys
     monkeypatch.setattr(reward, "embed", lambda texts: pytest.fail("keys must not embed"))
     assert compute_reward(text, KEYED, "keys")["answer"] == 1.0
+    assert compute_reward(text, {**KEYED, "answer_keys": "$180"}, "keys")["keys_present"] == [True]   # one string
 
 
 def test_missing_final_answer_gets_the_minimum():
