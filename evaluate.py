@@ -54,7 +54,7 @@ import report
 import reward
 from cli import parse_config, write_config
 from data_io import BUCKETS, DataError, atomic_write_text, bucket_of, read_jsonl
-from metrics import (SELF_RECALL_METHODS, accuracy, error_type, f1_score, final_answer, key_f1,
+from metrics import (SELF_RECALL_METHODS, accuracy, answer_keys, error_type, f1_score, final_answer, key_f1,
                      keys_present, recall_metrics)
 from attention import attention_analysis
 from modeling import embed, load_embedder, load_model_and_tokenizer, render_chat, resolve_dtype
@@ -261,7 +261,7 @@ def score_prediction(method: str, record: dict, completion: str, recalled, rewar
     1.0 for any silent answer and 0 for a fixed-k retriever by construction. Those queries get
     `silent` instead (self-recall methods: 1 if the answer recalled nothing)."""
     answer = final_answer(method, completion)
-    keys = record.get("answer_keys") or [record["answer"]]
+    keys = answer_keys(record)
     row = {"final_answer": answer, "f1": f1_score(answer, record["answer"]), "key_f1": key_f1(answer, record),
            "accuracy": accuracy(answer, record), "keys_present": keys_present(answer, keys),
            "truncated": truncated}

@@ -86,8 +86,10 @@ def f1_score(prediction: str, reference: str) -> float:
 
 
 def answer_keys(record: dict) -> list[str]:
-    """The record's answer keys; a record without any is scored against its whole reference."""
-    keys = [str(k) for k in record.get("answer_keys") or [] if str(k).strip()]
+    """The record's non-empty answer keys (one string is one key, as in reward.py); a record
+    without any is scored against its whole reference."""
+    keys = record.get("answer_keys") or []
+    keys = [str(k) for k in ([keys] if isinstance(keys, str) else keys) if str(k).strip()]
     return keys or [record["answer"]]
 
 
@@ -101,8 +103,8 @@ def key_f1(prediction: str, record: dict) -> float:
 def _key_form(text: str) -> str:
     """Casefolded, quote- and space-folded text with every number replaced by ⟦canonical⟧, so that
     "$20" (⟦20⟧) is not found in "$207" (⟦207⟧) nor in "20%" (⟦20%⟧)."""
-    t = " ".join(unicodedata.normalize("NFKC", text).translate(_QUOTES).casefold().split())
-    return _NUMBER.sub(lambda m: f" ⟦{_number_form(m)}⟧ ", t)
+    t = unicodedata.normalize("NFKC", text).translate(_QUOTES).casefold()
+    return " ".join(_NUMBER.sub(lambda m: f" ⟦{_number_form(m)}⟧ ", t).split())
 
 
 def _contains(haystack: str, key: str) -> bool:

@@ -82,6 +82,7 @@ def test_accuracy_keys_and_reference():
     no_keys = {"answer": "On Friday at 3 pm", "answer_keys": []}
     assert metrics.accuracy("It is on Friday at 3 pm.", no_keys) == 1.0
     assert metrics.accuracy("Fridays at 3 pm", no_keys) == 0.0
+    assert metrics.accuracy("Room 12", {"answer": "x", "answer_keys": "Room 12"}) == 1.0   # one string, one key
 
 
 @pytest.mark.parametrize("answer, keys, expected", [
@@ -108,7 +109,8 @@ def test_reward_matches_keys_as_metrics_does():
     present' means (reward.py is to import metrics.keys_present; until then, the same answers)."""
     cases = [("It comes to $180.00.", ["$180"]), ("That is $207 in total.", ["$20"]), ("I asked yesterday.", ["yes"]),
              ("Yes or no, it depends.", ["yes"]), ("Seat 21E, ref NU9MH3.", ["21E", "NU9MH3"]), ("20%", ["20 percent"]),
-             ("\u201cMaple Inn\u201d", ['"Maple Inn"']), ("No.", ["no", "$120"])]
+             ("\u201cMaple Inn\u201d", ['"Maple Inn"']), ("No.", ["no", "$120"]), ("$ 180 .", ["$180"]),
+             ("It is $1,800.50!", ["1800.5"])]
     for answer, keys in cases:
         assert metrics.keys_present(answer, keys) == reward.keys_present(answer, keys), answer
 
