@@ -26,9 +26,10 @@ Saved rows carry the fingerprint of the checkpoint's files and of the evaluation
 the hash of their record: --resume reuses a row only when all three match.
 
     python evaluate.py --method srt --model runs/demo/grpo/final --data runs/data/test.jsonl --out runs/demo/eval
-    python evaluate.py --preset cpu-demo --data runs/data/test.jsonl --out runs/demo/eval --compare \\
-        full=full:smollm2-135m base-srtp=srt-p:smollm2-135m nocot=srt:runs/demo/sft-nocot/final \\
-        sft=srt:runs/demo/sft/final grpo=srt:runs/demo/grpo/final
+    python evaluate.py --preset cpu-demo --data runs/data/test.jsonl --out runs/demo/eval --resume --compare \
+        full=full:smollm2-135m base-srtp=srt-p:smollm2-135m nocot=srt:runs/demo/sft-nocot/final \
+        sft=srt:runs/demo/sft/final grpo=srt:runs/demo/grpo/final cuemem-cap16=cuemem:smollm2-135m \
+        --variant-options 'cuemem-cap16={"limit": 48, "cuemem": {"capacity": 16}}'
 
 Run `python evaluate.py --help`.
 """
