@@ -58,6 +58,11 @@ def normalize_number(text: str) -> str | None:
     return _number_form(m) if m else None
 
 
+def numbers_in(text: str) -> set[str]:
+    """The canonical forms of every number a text states."""
+    return {_number_form(m) for m in _NUMBER.finditer(unicodedata.normalize("NFKC", text))}
+
+
 def normalize_answer(text: str) -> str:
     """SQuAD normalization (lowercase, drop punctuation and the articles a/an/the, squeeze spaces)
     with one change: every number is first put in its canonical form and kept whole, so "$180.00"

@@ -56,6 +56,7 @@ import numpy as np
 
 from cli import parse_config, write_config
 from data_io import DataError, read_jsonl, read_lines, write_json, write_jsonl
+from metrics import jaccard, keys_present, numbers_in
 from modeling import embed
 from stage0_build import format_target
 
@@ -356,59 +357,18 @@ def recall_sets(matches: list[TagMatch], history_labels: list[str]) -> tuple[lis
     return recalled, unmatched, set(recalled) | {unmatched_key(t) for t in unmatched}
 
 
-def jaccard(a, b) -> float:
-    """IoU |a n b| / |a u b| of two sets; two empty sets agree perfectly (1.0)."""
-    a, b = set(a), set(b)
-    return len(a & b) / len(a | b) if a | b else 1.0
-
-
 def recall_reward(recalled_set, gold_set) -> float:
     # Eq. (6): R_recall = 2.5 * |H^ n H*| / |H^ u H*| - 1.25
     return RECALL_SCALE * jaccard(recalled_set, gold_set) - RECALL_SHIFT
 
 
 # ==== 4. Eq. (7): the answer reward (cosine, as the paper defines it) and the answer-key alternative ====
-_NUMBER = re.compile(r"(?<![\w.])[$€£¥₹]?\s?(\d{1,3}(?:,\d{3})+|\d+)(?:\.(\d+))?(?!\w)(\s?%|\s?percent\b)?")
-_POLAR = {"yes": "no", "no": "yes"}
-
-
-def normalize_number(text: str) -> str | None:
-    """The canonical form of one number, or None: "$180.00" -> "180", "1,800" -> "1800",
-    "$12.50" -> "12.5", "20 %" -> "20%". Currency signs drop; a percent sign stays (20% is not $20)."""
-    m = _NUMBER.fullmatch(normalize(text).strip())
-    return _number_form(m) if m else None
-
-
-def _number_form(m: re.Match) -> str:
-    whole, fraction = m.group(1).replace(",", ""), (m.group(2) or "").rstrip("0")
-    return whole.lstrip("0").rjust(1, "0") + (f".{fraction}" if fraction else "") + ("%" if m.group(3) else "")
-
-
-def _key_form(text: str) -> str:
-    """Casefolded, quote- and space-folded text with every number replaced by ⟦canonical⟧, so that
-    "$20" (⟦20⟧) is not found in "$207" (⟦207⟧) nor in "20%" (⟦20%⟧)."""
-    t = normalize(text).translate(_QUOTES).casefold()
-    return " ".join(_NUMBER.sub(lambda m: f" ⟦{_number_form(m)}⟧ ", t).split())
-
-
-def _contains(haystack: str, key: str) -> bool:
-    return bool(key) and re.search(rf"(?<!\w){re.escape(key)}(?!\w)", haystack) is not None
-
-
-def keys_present(answer: str | None, keys: list[str]) -> list[bool]:
-    """For each answer key: does the answer state it? Word boundaries, numbers normalised. A 'yes'
-    or 'no' key counts only if the opposite word is absent (a hedge "yes or no" states neither)."""
-    text = _key_form(answer or "")
-    forms = [_key_form(str(key)).strip(" .!") for key in keys]
-    return [_contains(text, k) and not (k in _POLAR and _contains(text, _POLAR[k])) for k in forms]
-
-
 def extra_numbers(answer: str | None, reference: str, keys: list[str]) -> list[str]:
     """Numbers the answer states that neither the reference nor a key contains."""
     if not answer:
         return []
-    allowed = {_number_form(m) for t in [reference, *map(str, keys)] for m in _NUMBER.finditer(normalize(t))}
-    return sorted({_number_form(m) for m in _NUMBER.finditer(normalize(answer))} - allowed)
+    allowed = set().union(*(numbers_in(t) for t in [reference, *map(str, keys)]))
+    return sorted(numbers_in(answer) - allowed)
 
 
 def key_reward(answer: str | None, keys: list[str], reference: str) -> tuple[float, list[bool], list[str]]:

@@ -14,9 +14,10 @@ from hypothesis import strategies as st
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import reward  # noqa: E402
 from modeling import embed  # noqa: E402
+from metrics import normalize_number  # noqa: E402
 from reward import (ANSWER_REWARDS, GALLERY_RECORD, canonical, compute_reward, compute_rewards,  # noqa: E402
                     format_problems, is_valid_format, jaccard, key_reward, keys_present, match_tags,
-                    normalize_number, overlap, parse_completion, recall_reward, split_tag, tokens)
+                    overlap, parse_completion, recall_reward, split_tag, tokens)
 from stage0_build import format_target  # noqa: E402
 
 # The paper's running example (Fig. 1): is the Apex Tier discount valid for Lena's Chakra Balancing?
