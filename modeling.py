@@ -359,8 +359,12 @@ def generate(model, tokenizer, prompts, max_new_tokens=128, num_generations=1, t
         encoder_repetition_penalty=1.0, length_penalty=1.0, num_beams=1, use_cache=True)
     was_training = model.training
     model.eval()
+    # Only a forward pass over still-sharded weights (FSDP outside sharding.full_weights) communicates;
+    # then, and only then, every rank must run as many decode steps (HF's synced_gpus).
+    synced = any(hasattr(p, "to_local") for p in model.parameters())
     with autocast(device, autocast_dtype):
-        sequences = model.generate(input_ids=prompt_ids, attention_mask=prompt_mask, generation_config=config)
+        sequences = model.generate(input_ids=prompt_ids, attention_mask=prompt_mask, generation_config=config,
+                                   synced_gpus=synced)
     model.train(was_training)
     completion_ids = sequences[:, prompt_ids.shape[1]:]
     mask = completion_mask(completion_ids, stop_ids)

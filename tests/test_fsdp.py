@@ -37,7 +37,8 @@ REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 FSDP_DRIVER = r'''
-import json, shutil, sys, zlib
+import faulthandler, json, shutil, sys
+faulthandler.dump_traceback_later(240, exit=True)  # a collective that never matches: fail with the stacks
 from pathlib import Path
 import torch, torch.distributed as dist
 from safetensors.torch import save_file
@@ -147,7 +148,7 @@ def fsdp_run(tmp_path_factory):
     env = dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="", PYTHONPATH=str(REPO))
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
                            str(tmp / "driver.py"), str(tmp)], cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=400)
+                          timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     return tmp, json.loads((tmp / "driver.json").read_text()), proc.stdout
 
@@ -230,7 +231,10 @@ def test_fsdp_grpo_step_equals_one_process_on_fixed_rollouts(fsdp_run, monkeypat
     initial = load_model_and_tokenizer("tiny-random", dtype="float32")[0].state_dict()
     for name, value in policy.state_dict().items():
         assert (value - initial[name]).abs().max() > 1e-3, name  # every tensor moved (two steps)
-        torch.testing.assert_close(fsdp[name] - initial[name], value - initial[name], rtol=0, atol=1e-5, msg=name)
+        # Two AdamW steps of about lr = 1e-2: the second divides by sqrt(v) of two gradients, which
+        # magnifies rounding (fp32 sums in another order) on coordinates whose gradients nearly cancel.
+        torch.testing.assert_close(fsdp[name] - initial[name], value - initial[name], rtol=0, atol=5e-5, msg=name)
+        assert (fsdp[name] - value).abs().mean() < 1e-6, name
     # The global loss and KL are the means of the ranks' (equal numbers of completions each).
     assert sum(r["loss"] for r in result["grpo_stats"]) / 2 == pytest.approx(single["loss"], abs=1e-5)
     assert sum(r["kl"] for r in result["grpo_stats"]) / 2 == pytest.approx(single["kl"], rel=1e-3, abs=1e-9)
@@ -241,7 +245,9 @@ def test_rollouts_gather_the_weights_once_not_at_every_decode_step(fsdp_run, tin
     model, tok = tiny
     assert result["unit_gathers"] == 3  # two decoder layers and the root, one all-gather each
     assert result["decoding_gathers"] == 0
-    assert result["layer_by_layer_gathers"] > 3 * 10  # what FSDP does without full_weights
+    # What FSDP does without full_weights: the root once (it stays gathered after its forward),
+    # each layer again at every one of the 12 decode steps.
+    assert result["layer_by_layer_gathers"] == 1 + 2 * 12
     plain = modeling.generate(model, tok, ["Hello", "Q1: What time is it?"], 12, greedy=True)["texts"]
     assert result["greedy"] == plain and result["per_step_text"] == plain[:1]
 
