@@ -213,3 +213,25 @@ def save_final(path, model, tokenizer, fsdp: bool) -> None:
         save_full(path, model, tokenizer)
     elif not dist.is_initialized() or dist.get_rank() == 0:
         save_model(path, model, tokenizer)
+
+
+def merge_probes(results: list[dict]) -> dict:
+    """Greedy probes (probe.greedy_probe) of the ranks' slices of the held-out records -> one, as if
+    a single process had run them all: counts summed, means weighted by the records scored, the
+    slowest rank's seconds, the first examples."""
+    import math
+    n = sum(r["n"] for r in results)
+    merged = {}
+    for key, value in results[0].items():
+        values = [r[key] for r in results]
+        if key == "seconds":
+            merged[key] = max(values)
+        elif isinstance(value, list):
+            merged[key] = [x for v in values for x in v][:3]
+        elif isinstance(value, int):
+            merged[key] = sum(values)
+        else:
+            scored = [(v, r["n"]) for v, r in zip(values, results) if r["n"] and not math.isnan(v)]
+            merged[key] = sum(v * k for v, k in scored) / sum(k for _, k in scored) if scored else float("nan")
+    merged["n"] = n
+    return merged

@@ -47,7 +47,7 @@ from modeling import (all_ranks_any, autocast, gather_objects, generate, load_mo
 from probe import REWARD_COMPONENTS, greedy_probe, pick_eval_records, reward_metrics, sample_lines
 from reward import compute_rewards
 from sharding import (accumulate, add_scale_flags, check_checkpoint_layout, clip_grad_norm, full_weights,
-                      load_checkpoint, save_checkpoint, save_final, shard_model)
+                      load_checkpoint, merge_probes, save_checkpoint, save_final, shard_model)
 from stage0_build import PromptStream, fit_prompt
 from training import TimeBudget, seed_everything, warmup_lr
 
@@ -399,16 +399,15 @@ def train(cfg, reward_fn=None) -> dict:
     if main_process:
         write_config(out, dict(vars(cfg), device=str(device)))
 
-    def run_eval(name):
-        with full_weights(policy):  # FSDP: every rank gathers, rank 0 generates with no collective
-            if main_process:
-                result = evaluate_policy(policy, tokenizer, eval_records, cfg.eval_max_new_tokens,
-                                         cfg.eval_batch_size, reward_fn=reward_fn,
-                                         max_prompt_length=cfg.max_prompt_length, autocast_dtype=autocast_dtype)
-                write_json(out / name, {k: finite_or_none(v) for k, v in result.items()})
-                tqdm.write(f"{name}: " + ", ".join(f"{k} {result[k]:.3f}" for k in REWARD_COMPONENTS + ("jaccard",)))
-        if world_size > 1:
-            dist.barrier()
+    def run_eval(name):  # each rank its slice of the records, with the weights gathered once (FSDP)
+        with full_weights(policy):
+            mine = evaluate_policy(policy, tokenizer, eval_records[rank::world_size], cfg.eval_max_new_tokens,
+                                   cfg.eval_batch_size, reward_fn=reward_fn, max_prompt_length=cfg.max_prompt_length,
+                                   autocast_dtype=autocast_dtype, progress=main_process)
+        result = merge_probes(gather_objects(mine, world_size))
+        if main_process:
+            write_json(out / name, {k: finite_or_none(v) for k, v in result.items()})
+            tqdm.write(f"{name}: " + ", ".join(f"{k} {result[k]:.3f}" for k in REWARD_COMPONENTS + ("jaccard",)))
 
     if eval_records and start_step == 0:
         t = time.perf_counter()

@@ -46,7 +46,8 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 import modeling, sharding, stage1_sft, stage2_grpo as g
 tmp = Path(sys.argv[1])
 s1 = ["--model", "tiny-random", "--data", str(tmp / "sft.jsonl"), "--dtype", "float32", "--phase", "2",
-      "--lr", "1e-2", "--warmup-steps", "0", "--batch-size", "1", "--grad-accum", "2", "--save-every", "1", "--fsdp"]
+      "--lr", "1e-2", "--warmup-steps", "0", "--batch-size", "1", "--grad-accum", "2", "--save-every", "1", "--fsdp",
+      "--gradient-checkpointing"]
 stage1_sft.train(stage1_sft.parse_args(s1 + ["--out", str(tmp / "s1_a"), "--max-steps", "2"]))
 stage1_sft.train(stage1_sft.parse_args(s1 + ["--out", str(tmp / "s1_b"), "--max-steps", "1"]))
 rank = dist.get_rank()
@@ -91,19 +92,31 @@ per_step = modeling.generate(model, tok, ["Hello"], 12, greedy=True)["texts"]
 layer_by_layer = count[0]
 dist.all_gather_single = real
 
+# bf16 compute over fp32 masters (the GPU set-up), here on gloo: weights and gradients stay fp32.
+model, tok = modeling.load_model_and_tokenizer("tiny-random", dtype="float32")
+model = sharding.shard_model(model, torch.device("cpu"), torch.bfloat16)
+logits = model(input_ids=torch.tensor([tok("Hello there, how are you?").input_ids])).logits
+logits.float().logsumexp(-1).mean().backward()
+mixed = {"logits": str(logits.dtype), "weights": sorted({str(p.dtype) for p in model.parameters()}),
+         "grads": sorted({str(p.grad.dtype) for p in model.parameters()})}
+with sharding.full_weights(model):
+    mixed["gathered"] = sorted({str(p.dtype) for p in model.parameters()})
+    mixed["text"] = modeling.generate(model, tok, ["Hello"], 4, greedy=True)["texts"]
+
 # Stage 2's run under FSDP: sharded checkpoints, resume, final/ export, the evaluation path.
 def length_reward(completions, examples):
     return [{"total": len(t) / 100.0} for t in completions]
 s2 = ["--model", "tiny-random", "--data", str(tmp / "grpo.jsonl"), "--dtype", "float32", "-K", "4",
       "--max-new-tokens", "5", "--lr", "1e-2", "--warmup-steps", "0", "--sample-ratio", "2", "--save-every", "1",
-      "--micro-batch-size", "1", "--seed", "3", "--fsdp", "--eval-data", str(tmp / "grpo.jsonl"),
+      "--micro-batch-size", "1", "--seed", "3", "--fsdp", "--gradient-checkpointing", "--eval-data", str(tmp / "grpo.jsonl"),
       "--eval-limit", "2", "--eval-max-new-tokens", "3"]
 g.train(g.parse_args(s2 + ["--out", str(tmp / "s2_a"), "--max-steps", "2"]), reward_fn=length_reward)
 g.train(g.parse_args(s2 + ["--out", str(tmp / "s2_b"), "--max-steps", "1"]), reward_fn=length_reward)
 g.train(g.parse_args(s2 + ["--out", str(tmp / "s2_b"), "--max-steps", "2", "--resume"]), reward_fn=length_reward)
 if rank == 0:
     (tmp / "driver.json").write_text(json.dumps({"grpo_stats": stats, "greedy": texts, "decoding_gathers": decoding,
-        "unit_gathers": gathered, "layer_by_layer_gathers": layer_by_layer, "per_step_text": per_step}))
+        "unit_gathers": gathered, "layer_by_layer_gathers": layer_by_layer, "per_step_text": per_step,
+        "mixed": mixed}))
 modeling.teardown_distributed()
 '''
 
@@ -261,7 +274,28 @@ def test_fsdp_grpo_run_resumes_and_exports_ordinary_weights(fsdp_run):
         torch.testing.assert_close(a[k], b[k], rtol=1e-5, atol=1e-6, msg=k)
     summary = json.loads((tmp / "s2_b" / "summary.json").read_text())
     assert summary["steps"] == 2 and summary["world_size"] == 2 and summary["ranks_in_sync"] is None
-    assert (tmp / "s2_a" / "eval_after.json").exists() and (tmp / "s2_a" / "checkpoint" / "sharded").is_dir()
+    assert (tmp / "s2_a" / "checkpoint" / "sharded").is_dir()
+    assert json.loads((tmp / "s2_a" / "eval_after.json").read_text())["n"] == 2  # one record per rank
+
+
+def test_bf16_compute_over_fp32_masters_runs_on_gloo(fsdp_run):
+    mixed = fsdp_run[1]["mixed"]
+    assert mixed["logits"] == "torch.bfloat16" and mixed["gathered"] == ["torch.bfloat16"]
+    assert mixed["weights"] == ["torch.float32"] and mixed["grads"] == ["torch.float32"]
+    assert len(mixed["text"]) == 1
+
+
+def test_probes_of_rank_slices_merge_into_the_whole(tiny):
+    from sharding import merge_probes
+    model, tok = tiny
+    records = [hand_record(i, 3, ("A1",), (), price=10 + i) for i in range(3)]
+    reward = lambda completions, examples: [{"total": len(t) / 10, "format": float(len(t) % 2), "jaccard": 0.5}
+                                            for t in completions]
+    probe = lambda rs: g.evaluate_policy(model, tok, rs, 4, 2, reward_fn=reward, progress=False)
+    whole, merged = probe(records), merge_probes([probe(records[0::2]), probe(records[1::2]), probe([])])
+    for key in ("total", "format", "jaccard"):
+        assert merged[key] == pytest.approx(whole[key]), key
+    assert (merged["n"], merged["skipped"], merged["gold_turns_cut"]) == (3, 0, 0) and len(merged["examples"]) == 3
 
 
 # ---------------------------------------------------------------------------------------------
