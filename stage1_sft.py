@@ -369,7 +369,8 @@ def train(args):
                     "loss_reasoning": ratio("reasoning_nll", "reasoning_tokens"),
                     "loss_answer": ratio("answer_nll", "answer_tokens"), "lr": lr,
                     "grad_norm": float(grad_norm), "tokens_per_s": totals["all_tokens"] / elapsed,
-                    "truncated": len(data[phase].truncated), "elapsed_s": round(budget.elapsed_s(), 1)}
+                    "truncated": len(data[phase].truncated), "elapsed_s": round(budget.elapsed_s(), 1), "step_s": elapsed,
+                    "peak_gpu_gb": torch.cuda.max_memory_allocated(device) / 1e9 if device.type == "cuda" else None}
             if step % args.log_every == 0 or step == total_steps:
                 metrics.append(line)
             bar.set_postfix(phase=phase, loss=f"{line['loss']:.3f}")

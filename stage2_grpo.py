@@ -446,7 +446,8 @@ def train(cfg, reward_fn=None) -> dict:
                     "lr": lr, "skipped_updates": total("skipped_updates"), "updates": result["updates"],
                     "tokens_per_s": total("sequence_tokens") / step_s,
                     "generated_tokens_per_s": total("completion_tokens") / max(avg("generate_s"), 1e-9),
-                    "skipped_prompts": stream.skipped, "gold_turns_cut": stream.gold_cut, "step_s": step_s}
+                    "skipped_prompts": stream.skipped, "gold_turns_cut": stream.gold_cut, "step_s": step_s,
+                    "peak_gpu_gb": torch.cuda.max_memory_allocated(device) / 1e9 if device.type == "cuda" else None}
             metrics.append({k: finite_or_none(v) for k, v in line.items()})
             if result["skipped_updates"]:
                 tqdm.write(f"step {step}: skipped {result['skipped_updates']} update(s) with a non-finite "
