@@ -30,7 +30,7 @@ fits when the peak stays under 90% of the GPU's memory (the rest: CUDA context, 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 GB = 1e9
@@ -152,7 +152,6 @@ def fits(peak_bytes: float, gpu_gb: float) -> bool:
 
 def smallest_fsdp_world(shape: Shape, run: Run, gpu_gb: float, most: int = 64) -> int | None:
     """The fewest GPUs on which the same run fits with FSDP, or None up to `most`."""
-    from dataclasses import replace
     for n in range(1, most + 1):
         if fits(plan(shape, replace(run, world_size=n, fsdp=True))["peak"], gpu_gb):
             return n
@@ -167,33 +166,37 @@ def format_plan(name: str, shape: Shape, run: Run, gpu_gb: float) -> str:
     part = f", sharded 1/{N}" if run.fsdp and N > 1 else ""
     layout = f"FSDP over {N} GPU(s)" if run.fsdp else (f"DDP over {N} GPUs (full replicas)" if N > 1 else "one GPU")
     ckpt = "with" if run.gradient_checkpointing else "without"
+    other = plan(shape, replace(run, gradient_checkpointing=not run.gradient_checkpointing))["activations"]
     lines = [f"memory plan per GPU: {'stage 1 (SFT)' if run.stage == 'sft' else 'stage 2 (GRPO)'}, {name} "
              f"({p['parameters'] / 1e9:.2f} B parameters), {layout}, {w} weights, {c} compute (GB = 10^9 bytes)",
-             f"  weights ({w}{part})".ljust(76) + f"{p['weights'] / GB:8.2f}",
-             f"  AdamW moments (2 x {w}{part})".ljust(76) + f"{p['adamw'] / GB:8.2f}"]
+             f"  weights ({w}{part})".ljust(84) + f"{p['weights'] / GB:8.2f}",
+             f"  AdamW moments (2 x {w}{part})".ljust(84) + f"{p['adamw'] / GB:8.2f}"]
     if p["ddp_buckets"]:
-        lines.append(f"  DDP gradient buckets ({w})".ljust(76) + f"{p['ddp_buckets'] / GB:8.2f}")
+        lines.append(f"  DDP gradient buckets ({w})".ljust(84) + f"{p['ddp_buckets'] / GB:8.2f}")
     if "reference" in p:
-        lines.append(f"  reference model pi_ref ({c if run.fsdp else w}{part}, no gradients)".ljust(76)
+        lines.append(f"  reference model pi_ref ({c if run.fsdp else w}{part}, no gradients)".ljust(84)
                      + f"{p['reference'] / GB:8.2f}")
     if run.stage == "grpo":
         lines += [f"  rollout: KV cache ({run.rollouts} x {run.tokens} tokens x {shape.layers} layers x 2 x "
-                  f"{shape.kv_heads} x {shape.dim} x {c})".ljust(76) + f"{p['kv_cache'] / GB:8.2f}",
-                  f"  rollout: sampling logits ({run.rollouts} x {shape.vocab} fp32)".ljust(76)
+                  f"{shape.kv_heads} x {shape.dim} x {c})".ljust(84) + f"{p['kv_cache'] / GB:8.2f}",
+                  f"  rollout: sampling logits ({run.rollouts} x {shape.vocab} fp32)".ljust(84)
                   + f"{p['sampling_logits'] / GB:8.2f}"]
         if p["rollout_weights"]:
-            lines.append(f"  rollout: full {c} weights, gathered once per batch".ljust(76)
+            lines.append(f"  rollout: full {c} weights, gathered once per batch".ljust(84)
                          + f"{p['rollout_weights'] / GB:8.2f}")
-    lines += [f"  training: gradients ({w}{part})".ljust(76) + f"{p['gradients'] / GB:8.2f}",
+    lines += [f"  training: gradients ({w}{part})".ljust(84) + f"{p['gradients'] / GB:8.2f}",
               f"  training: {'gathered FSDP units (root + 2 layers)' if run.fsdp else 'autocast weight copies'} ({c})"
-              .ljust(76) + f"{p['compute_copies'] / GB:8.2f}",
-              f"  training: activations ({run.micro_rows} rows x {run.tokens} tokens, {ckpt} checkpointing)".ljust(76)
+              .ljust(84) + f"{p['compute_copies'] / GB:8.2f}",
+              f"  training: activations ({run.micro_rows} rows x {run.tokens} tokens, {ckpt} checkpointing; "
+              f"{'without' if run.gradient_checkpointing else 'with'}: {other / GB:.2f})".ljust(84)
               + f"{p['activations'] / GB:8.2f}",
-              f"  training: logits and their gradient ({run.micro_rows} x {run.loss_positions} positions)".ljust(76)
+              f"  training: logits and their gradient ({run.micro_rows} x {run.loss_positions} positions)".ljust(84)
               + f"{p['logits'] / GB:8.2f}"]
+    if run.stage == "grpo":
+        lines.append(f"  (rollout phase {p['rollout'] / GB:.2f}, training phase {p['training'] / GB:.2f}: they never overlap)")
     peak_line = "  peak = weights + moments" + (" + buckets" if p["ddp_buckets"] else "") + \
         (" + pi_ref" if "reference" in p else "") + (" + max(rollout, training)" if run.stage == "grpo" else " + training")
-    lines.append(peak_line.ljust(76) + f"{p['peak'] / GB:8.2f}")
+    lines.append(peak_line.ljust(84) + f"{p['peak'] / GB:8.2f}")
     if fits(p["peak"], gpu_gb):
         lines.append(f"fits: {p['peak'] / GB:.1f} GB of {gpu_gb:g} GB per GPU "
                      f"(at most {HEADROOM:.0%}: the rest for the CUDA context and fragmentation)")

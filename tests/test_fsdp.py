@@ -371,6 +371,15 @@ def test_planner_against_a_hand_computation():
     assert memory_plan.SMOLLM2_135M.parameters() == 134_515_008
 
 
+def test_resume_check_covers_every_setting_of_the_objective():
+    assert {"num_generations", "sample_ratio", "mu", "lr", "beta", "temperature", "top_p", "clip_eps", "loss_norm",
+            "max_new_tokens", "max_prompt_length", "weight_decay", "max_grad_norm"} <= set(g.RESUME_MUST_MATCH)
+    assert {"lr", "weight_decay", "max_grad_norm", "max_length", "no_cot", "batch_size", "grad_accum"} <= set(
+        stage1_sft.RESUME_MUST_MATCH)
+    for module in (g, stage1_sft):  # the same update computed in parts or in shards: free to change
+        assert not {"micro_batch_size", "fsdp", "gradient_checkpointing", "dtype"} & set(module.RESUME_MUST_MATCH)
+
+
 def test_dry_run_of_the_paper_configuration_fits_with_fsdp_and_warns_without(capsys):
     g.main(["--preset", "paper", "--model", "Qwen/Qwen2.5-7B-Instruct", "--fsdp", "--dry-run", "--world-size", "8"])
     out = capsys.readouterr().out
