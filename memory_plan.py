@@ -237,7 +237,8 @@ def stage_run(stage: str, args, world_size: int) -> Run:
                args.max_new_tokens + 1, rollouts=rows, with_reference=args.beta > 0)
 
 
-def stage_plan(stage: str, args, world_size: int) -> str:
-    """The plan a stage prints at its start (and alone with --dry-run)."""
-    gpu_gb = gpu_memory_gb(args.gpu_memory_gb)
-    return format_plan(args.model, model_shape(args.model), stage_run(stage, args, world_size), gpu_gb)
+def stage_plan(stage: str, args, world_size: int, config=None) -> str:
+    """The plan a stage prints at its start, from the loaded model's `config`, and alone with
+    --dry-run, from model_shape(--model)."""
+    shape = shape_from_config(config.to_dict()) if config is not None else model_shape(args.model)
+    return format_plan(args.model, shape, stage_run(stage, args, world_size), gpu_memory_gb(args.gpu_memory_gb))

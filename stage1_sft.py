@@ -277,14 +277,14 @@ def train(args):
         print(f"note: no checkpoint in {checkpoint}; starting from scratch", flush=True)
     if resuming:  # before loading weights from it
         check_checkpoint_layout(checkpoint, args.fsdp)
-    if is_main:
-        print(memory_plan.stage_plan("sft", args, world_size), flush=True)
 
     # Under FSDP the weights load on the CPU and each rank moves only its shards to its GPU; the
     # MixedPrecisionPolicy then computes in bf16 where autocast would have.
     weight_dtype, autocast_dtype = resolve_dtype(args.dtype, device)
     model, tokenizer = load_model_and_tokenizer(str(checkpoint) if resuming and not args.fsdp else args.model,
                                                 args.dtype, None if args.fsdp else device, args.trust_remote_code)
+    if is_main:
+        print(memory_plan.stage_plan("sft", args, world_size, model.config), flush=True)
     if args.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.train()

@@ -360,8 +360,6 @@ def train(cfg, reward_fn=None) -> dict:
         print(f"note: no checkpoint in {checkpoint_dir}; starting from scratch", flush=True)
     if resuming:  # before loading weights from it
         check_checkpoint_layout(checkpoint_dir, cfg.fsdp)
-    if main_process:
-        print(memory_plan.stage_plan("grpo", cfg, world_size), flush=True)
 
     # The policy (fp32 master weights, bf16 autocast where the hardware has it) and the frozen
     # reference pi_ref = the SFT model we start from, even when resuming. Under FSDP both load on
@@ -369,6 +367,8 @@ def train(cfg, reward_fn=None) -> dict:
     _, autocast_dtype = resolve_dtype(cfg.dtype, device)
     policy, tokenizer = load_model_and_tokenizer(str(checkpoint_dir) if resuming and not cfg.fsdp else cfg.model,
                                                  dtype=cfg.dtype, device=None if cfg.fsdp else device)
+    if main_process:
+        print(memory_plan.stage_plan("grpo", cfg, world_size, policy.config), flush=True)
     ref_model = None
     if cfg.beta > 0:
         ref_dtype = "bfloat16" if cfg.fsdp and autocast_dtype == torch.bfloat16 else cfg.dtype

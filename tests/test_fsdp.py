@@ -48,7 +48,8 @@ tmp = Path(sys.argv[1])
 s1 = ["--model", "tiny-random", "--data", str(tmp / "sft.jsonl"), "--dtype", "float32", "--phase", "2",
       "--lr", "1e-2", "--warmup-steps", "0", "--batch-size", "1", "--grad-accum", "2", "--save-every", "1", "--fsdp",
       "--gradient-checkpointing"]
-stage1_sft.train(stage1_sft.parse_args(s1 + ["--out", str(tmp / "s1_a"), "--max-steps", "2"]))
+stage1_sft.train(stage1_sft.parse_args(s1 + ["--out", str(tmp / "s1_a"), "--max-steps", "2", "--eval-limit", "2",
+                                             "--eval-data", str(tmp / "sft.jsonl"), "--eval-max-new-tokens", "3"]))
 stage1_sft.train(stage1_sft.parse_args(s1 + ["--out", str(tmp / "s1_b"), "--max-steps", "1"]))
 rank = dist.get_rank()
 if rank == 0:
@@ -212,6 +213,7 @@ def test_sharded_checkpoint_resumes_to_the_same_weights_and_adamw_state_and_expo
         assert final.keys() == {k[len("model."):] for k in state if k.startswith("model.")}
         for name, value in final.items():  # final/ holds exactly the checkpoint's weights
             assert torch.equal(value, state["model." + name]), name
+    assert json.loads((tmp / "s1_a" / "eval_format.json").read_text())["n"] == 2  # rank 0 on gathered weights
     model, _ = load_model_and_tokenizer(str(tmp / "s1_a" / "final"))  # loads without FSDP
     assert not any(hasattr(p, "to_local") for p in model.parameters())
     # A sharded checkpoint is resumed with --fsdp only.
@@ -343,7 +345,7 @@ def test_chunked_logprobs_equal_the_plain_ones_with_their_gradient():
     assert token_logprobs(logits.bfloat16(), targets)[0].dtype == torch.float32
 
 
-def test_planner_against_a_hand_computation():
+def test_planner_against_a_hand_computation(tmp_path):
     shape = memory_plan.Shape(hidden=8, layers=2, heads=2, kv_heads=1, intermediate=16, vocab=32, tied=False)
     # A layer: q 8x8, k and v 8x4 (1 KV head of dim 4), o 8x8, MLP 3 x 8x16, 2 norms of 8.
     layer = 64 + 32 + 32 + 64 + 3 * 128 + 16
@@ -369,6 +371,11 @@ def test_planner_against_a_hand_computation():
     # Published shapes: Qwen2.5-7B has 7.62 B parameters, SmolLM2-135M 135 M (tied embeddings).
     assert memory_plan.QWEN25_7B.parameters() == 7_615_616_512
     assert memory_plan.SMOLLM2_135M.parameters() == 134_515_008
+    # A local folder's config.json, offline (Qwen2.5-7B-Instruct's, as published).
+    (tmp_path / "config.json").write_text(json.dumps({
+        "model_type": "qwen2", "hidden_size": 3584, "num_hidden_layers": 28, "num_attention_heads": 28,
+        "num_key_value_heads": 4, "intermediate_size": 18944, "vocab_size": 152064, "tie_word_embeddings": False}))
+    assert memory_plan.model_shape(str(tmp_path)) == memory_plan.QWEN25_7B
 
 
 def test_resume_check_covers_every_setting_of_the_objective():
