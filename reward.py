@@ -6,16 +6,41 @@ A completion tau = (Z_t, A_t) is scored against the stage-0 annotation (H*_t, A*
 
     format  in {0, 1}          one <think> block, paired <HIS> tags inside it, 'Final answer:'   Eq. (5)
     recall  in [-1.25, 1.25]   2.5 * |H^ n H*| / |H^ u H*| - 1.25                                 Eq. (6)
-    answer  in [-1, 1]         cosine of the all-MiniLM-L6-v2 embeddings of A_t and A*_t          Eq. (7)
+    answer  in [-1, 1]         --answer-reward cosine | keys | both                               Eq. (7)
 
-The file reads in that order: parsing, Eq. (5), the recall set H^ and Eq. (6), Eq. (7), then the
-batched entry point GRPO calls (`compute_rewards`) and a command line that explains a score:
+Eq. (6) alignment. §3.1: a recall action "verbatim-copies a selected historical utterance", so a
+tag matches an utterance only if it reproduces it. Both are compared in `canonical` form: NFKC,
+case folded, whitespace runs folded to one space, and three tolerances, each a change that states
+no fact: curly and angled quotes fold to straight ones (‘’“”«»: templates and tokenizers swap
+them); one pair of quotes around the whole copy goes (the teacher form `Turn A5: '...'` of §3.2);
+a run of final punctuation (. , ; : ! ? 。 、) goes (quoting moves or drops the final period; a comma
+separates the pieces of a Fig. 1 tag). Nothing else: a changed number, code or name, a dropped
+half, reordered or added words, changed inner punctuation ("$1,800" vs "$1800") match nothing.
+The text decides, the label is a hint: a tag labelled A5 that copies Q1 verbatim recalls Q1 (the
+action o_k of Eq. (1) is the copy), so it earns Q1's credit and never A5's; a wrong label costs what
+a wrong choice costs. The label only breaks ties between identical utterances ("Yes." as A1 and
+A4; without it, the earliest). A tag that copies nothing still enters H^ as an element of its own,
+so a hallucinated or altered recall enlarges the union. Several utterances in one tag (Fig. 1)
+split on their labels (`Q1:`, `Turn A5:`); a label with no text is a format error, not a recall.
 
-    python reward.py --data runs/data/test.jsonl --index 3 --completion completion.txt
-    python reward.py --data runs/data/test.jsonl --completions preds.jsonl
+Eq. (7) choices (`answer_reward`, `--answer-reward`), each in [-1, 1]:
+  cosine  (default, the paper) cos of the all-MiniLM-L6-v2 embeddings of A_t and A*_t: pays for
+          wording; it barely tells a right answer from a wrong one that shares its words.
+  keys    pays for the facts: 2 * share - 1, share = |keys present| / (|keys| + |extra numbers|);
+          `answer_keys` matched on word boundaries with numbers normalised ("$180.00" = "$180" =
+          "180"; "$20" is not in "$207"); a yes/no key counts only without the opposite word (a
+          hedge states neither); an extra number is one that neither A*_t nor a key holds (listing
+          candidates is the answer's over-recall).
+  both    the facts gate, the wording ranks: keys while a key is missing (or a number is extra),
+          else the mean of keys (1) and cosine, (1 + cos) / 2 in [0, 1]; with two keys every
+          incomplete answer (<= 0) scores below every complete one (>= 0).
+A record without answer_keys gets the cosine under every choice.
 
 Every function is total: any string, however malformed, gets a score in range and never raises.
-The parser is lenient (it extracts what it can for Eqs. (6) and (7)); the format check is strict.
+
+    python reward.py --gallery                                  # reward-hacking gallery (Markdown)
+    python reward.py --data runs/data/test.jsonl --index 3 --completion completion.txt
+    python reward.py --data runs/data/test.jsonl --completions preds.jsonl --answer-reward keys
 """
 from __future__ import annotations
 
@@ -25,35 +50,52 @@ import re
 import sys
 import unicodedata
 from collections import Counter
-from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
 
-from stage0_build import DataError, embed, format_target, read_jsonl, read_lines, write_json, write_jsonl
+from cli import parse_config, write_config
+from data_io import DataError, read_jsonl, read_lines, write_json, write_jsonl
+from modeling import embed
+from stage0_build import format_target
 
 # The output format of DESIGN.md ("Output format"): the strings the policy learns to write.
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 HIS_OPEN, HIS_CLOSE = "<HIS>", "</HIS>"
 ANSWER_MARK = "Final answer:"
-
-# A tag matches a history utterance only if their overlap (defined below) reaches this value.
-# Why 0.6: a verbatim copy scores 1.0 and a copy that drops or alters a third of its words still
-# scores about 0.67, so honest recalls pass; but two utterances of similar length pasted into one
-# unlabelled piece score at most about 0.5 with either of them, so a paste earns nothing.
-DEFAULT_THRESHOLD = 0.6
+MARKERS = (THINK_OPEN, THINK_CLOSE, HIS_OPEN, HIS_CLOSE, ANSWER_MARK)
 
 # Eq. (6) constants: recall = RECALL_SCALE * IoU - RECALL_SHIFT, in [-1.25, 1.25].
 RECALL_SCALE, RECALL_SHIFT = 2.5, 1.25
+ANSWER_REWARDS = ("cosine", "keys", "both")
 
 
-# --------------------------------------------------------------------------------------------
-# 1. Parsing a completion into (think, tags, final answer)
-# --------------------------------------------------------------------------------------------
-@dataclass
-class Completion:
+# ==== 1. Normalisation and parsing a completion into (think, tags, final answer) ====
+_QUOTES = str.maketrans({c: "'" for c in "\u2018\u2019\u201a\u201b\u2032\u2039\u203a`\u00b4"}
+                        | {c: '"' for c in "\u201c\u201d\u201e\u201f\u2033\u00ab\u00bb"})
+_TRAILING = ".,;:!? 。、"  # NFKC leaves the CJK full stop and comma as they are
+
+
+def normalize(text: str) -> str:
+    """NFKC: the form every parser below reads, so that a full-width ＜HIS＞ is seen as <HIS>."""
+    return unicodedata.normalize("NFKC", text)
+
+
+def canonical(text: str) -> str:
+    """The form in which a copy must equal its utterance (tolerances: see the module docstring)."""
+    t = " ".join(normalize(text).translate(_QUOTES).casefold().split())
+    previous = None
+    while t != previous:  # "'...$180.'," -> "...$180"
+        previous = t
+        t = t.rstrip(_TRAILING)
+        if len(t) >= 2 and t[0] == t[-1] and t[0] in "'\"":
+            t = t[1:-1].strip()
+    return t
+
+
+class Completion(NamedTuple):
     think: str | None            # text inside the first <think>...</think>; None if there is no block
-    tags: list[str]              # contents of the well-formed <HIS>...</HIS> pairs, stripped, non-empty
+    tags: list[str]              # contents of the <HIS>...</HIS> pairs, stripped, non-empty
     final_answer: str | None     # text after 'Final answer:', stripped; None if absent or empty
 
 
@@ -62,10 +104,7 @@ _ANSWER_ANYCASE = re.compile(re.escape(ANSWER_MARK), re.IGNORECASE)
 
 
 def _his_pairs(text: str):
-    """Yield (content_start, content_end) of every <HIS>...</HIS> pair.
-    Lenient on purpose: a <HIS> reopened before it closes drops the earlier one (the innermost pair
-    wins), a stray </HIS> is ignored. The format check reports all of these; recall still counts
-    whatever pairs survive."""
+    """(start, end) of every <HIS>...</HIS> content; lenient (Eq. (5) reports what it forgives)."""
     open_at = None
     for mark in _HIS_MARK.finditer(text):
         if mark.group() == HIS_OPEN:
@@ -76,15 +115,15 @@ def _his_pairs(text: str):
 
 
 def parse_completion(text: str) -> Completion:
-    """Split a completion into its think block, its recall tags and its final answer.
+    """Split the NFKC form of a completion into its think block, its tags and its final answer.
 
     think: between the first <think> and the first </think> after it (an unclosed block runs to the
-    end); with only a </think> (some chat templates open the block in the prompt) everything before it.
-    tags: every <HIS> pair anywhere in the text; tags outside the think block still count as recall
-    actions for Eq. (6), and Eq. (5) is what punishes their position.
-    final_answer: after the last 'Final answer:' (any case) that follows the last </think>; without a
-    </think>, after the last 'Final answer:' anywhere.
+    end); with only a </think> (a chat template may open the block in the prompt) everything before.
+    tags: every <HIS> pair anywhere; tags outside the think block still count for Eq. (6), and
+    Eq. (5) punishes their position. final_answer: after the last 'Final answer:' (any case) that
+    follows the last </think>; without a </think>, after the last one anywhere.
     """
+    text = normalize(text)
     open_at = text.find(THINK_OPEN)
     if open_at >= 0:
         close_at = text.find(THINK_CLOSE, open_at)
@@ -92,13 +131,7 @@ def parse_completion(text: str) -> Completion:
     else:
         close_at = text.find(THINK_CLOSE)
         think = text[:close_at] if close_at >= 0 else None
-
-    tags = []
-    for content_start, content_end in _his_pairs(text):
-        content = text[content_start:content_end].strip()
-        if content:  # an empty tag recalls nothing; Eq. (5) reports it
-            tags.append(content)
-
+    tags = [text[a:b].strip() for a, b in _his_pairs(text) if text[a:b].strip()]
     last_close = text.rfind(THINK_CLOSE)
     tail_start = last_close + len(THINK_CLOSE) if last_close >= 0 else 0
     marks = list(_ANSWER_ANYCASE.finditer(text, tail_start))
@@ -106,11 +139,32 @@ def parse_completion(text: str) -> Completion:
     return Completion(think=think, tags=tags, final_answer=final_answer or None)
 
 
-# --------------------------------------------------------------------------------------------
-# 2. Eq. (5): the format reward, with the reasons a completion fails it
-# --------------------------------------------------------------------------------------------
-_MISSPELLED_TAG = re.compile(r"<\s*/?\s*(?:his|think)\s*>", re.IGNORECASE)
-_LABEL = re.compile(r"\b([QA]\d+)\s*:")
+# ==== 2. Eq. (5): the format reward, with the reasons a completion fails it ====
+# Look-alikes that NFKC leaves alone (a small table, not all of Unicode's confusables): angle
+# brackets, slashes, and Cyrillic, Greek and small-capital letters of "his"/"think"/"final answer".
+_CONFUSABLE = str.maketrans("‹〈《⟨❮˂ᐸ⋖›〉》⟩❯˃ᐳ⋗∕⁄⧸НнҺһΗʜІіΙιıɪЅѕꜱТтΤᴛКкΚκᴋΝɴаАеЕоОрРсСѡᴡԝг",
+                            "<<<<<<<<>>>>>>>>///hhhhhhiiiiiisssttttkkkkknnaaeeooppccwwwr")
+_TAG_LIKE = re.compile(r"<\s*/?\s*(?:his|think)\s*>|final\s*answer\s*:")
+
+
+def lookalike_markers(text: str) -> list[str]:
+    """Strings that read as a tag of the format but are not one written exactly: <his>, ＜HIS＞,
+    <НIS> (Cyrillic Н), <H\\u200bIS>, <HÍS> (accents go). An answer mark counts only when NFKC makes it exactly
+    'Final answer:' (prose like 'my final answer:' inside the think block is left alone)."""
+    skeleton, where = [], []
+    for i, ch in enumerate(text):
+        s = "".join(c for c in unicodedata.normalize("NFKD", ch) if unicodedata.category(c) not in ("Mn", "Cf"))
+        s = s.translate(_CONFUSABLE).casefold()
+        skeleton.append(s)
+        where += [i] * len(s)
+    spans = [(m.group(), text[where[m.start()]: where[m.end() - 1] + 1]) for m in _TAG_LIKE.finditer("".join(skeleton))]
+    return [raw for like, raw in spans if raw not in MARKERS and (like[0] == "<" or normalize(raw) == ANSWER_MARK)]
+
+
+# A new turn after the answer: a history label, a role name, or a chat-template token.
+_NEW_TURN = re.compile(r"^\s*(?:(?:turn\s+)?[QA]\d+\s*:|(?:user|assistant|system|human|customer|agent|bot)\s*:"
+                       r"|#+\s*(?:user|assistant|human)\b)", re.IGNORECASE | re.MULTILINE)
+_CHAT_TOKEN = re.compile(r"<\|[^|<>\n]{1,40}\|>|\[/?INST\]")
 
 
 def _short(s: str, n: int = 40) -> str:
@@ -119,14 +173,12 @@ def _short(s: str, n: int = 40) -> str:
 
 
 def format_problems(text: str) -> list[str]:
-    """Every reason `text` fails Eq. (5), in reading order; an empty list means format = 1.
-
-    Valid means: (optional whitespace) <think> non-empty reasoning </think>, then 'Final answer:'
-    and a non-empty answer; exactly one think block; every <HIS> inside it, each one closed before
-    the next opens (paired, not nested), none empty, and none holding only labels without text.
-    """
-    problems = []
-    body = text.strip()
+    """Every reason `text` fails Eq. (5) ([] means format = 1). Valid: <think> reasoning </think>, then
+    'Final answer:' and an answer that starts no new turn; every <HIS> inside the one think block,
+    closed before the next opens, no label without text; every marker written exactly."""
+    problems = [f"{raw!r} looks like a marker of the format but is not one: write "
+                f"{', '.join(MARKERS)} exactly" for raw in lookalike_markers(text)]
+    body = normalize(text).strip()
     if not body:
         return ["the completion is empty"]
 
@@ -144,23 +196,26 @@ def format_problems(text: str) -> list[str]:
 
     if close_at >= 0:
         tail = body[body.rfind(THINK_CLOSE) + len(THINK_CLOSE):]
-        exact = tail.count(ANSWER_MARK)
         anycase = _ANSWER_ANYCASE.search(tail)
         if not tail.lstrip().startswith(ANSWER_MARK):
             if anycase is None:
                 problems.append(f"no '{ANSWER_MARK}' after {THINK_CLOSE}")
-            elif exact == 0:
+            elif ANSWER_MARK not in tail:
                 problems.append(f"write '{ANSWER_MARK}' exactly (found '{anycase.group()}')")
             else:
                 problems.append(f"text between {THINK_CLOSE} and '{ANSWER_MARK}': "
                                 f"{_short(tail[:tail.find(ANSWER_MARK)])}")
-        repeats = len(_ANSWER_ANYCASE.findall(tail))
-        if repeats > 1:
+        if (repeats := len(_ANSWER_ANYCASE.findall(tail))) > 1:
             problems.append(f"'{ANSWER_MARK}' appears {repeats} times after {THINK_CLOSE}")
-        if anycase is not None and not tail[anycase.end():].strip():
-            problems.append(f"'{ANSWER_MARK}' is followed by no answer")
+        if anycase is not None:
+            answer = tail[anycase.end():]
+            if not answer.strip():
+                problems.append(f"'{ANSWER_MARK}' is followed by no answer")
+            later_lines = answer.partition("\n")[2]
+            for m in list(_NEW_TURN.finditer(later_lines)) + list(_CHAT_TOKEN.finditer(answer)):
+                problems.append(f"the answer goes on to start a new turn: {_short(m.group())}")
 
-    # <HIS> tags: inside the think block, paired, not nested, not empty.
+    # <HIS> tags: inside the think block, paired, not nested, not empty, every label with text.
     depth, content_start, k = 0, 0, 0
     for mark in _HIS_MARK.finditer(body):
         inside = think_span is not None and think_span[0] <= mark.start() < think_span[1]
@@ -177,14 +232,11 @@ def format_problems(text: str) -> list[str]:
             content = body[content_start:mark.start()]
             if not content.strip():
                 problems.append(f"<HIS> tag {k} is empty")
-            elif not any(piece.tokens for piece in split_tag(content)):
-                problems.append(f"<HIS> tag {k} holds labels but no utterance text: {_short(content)}")
+            for piece in split_tag(content):
+                if not piece.body:
+                    problems.append(f"<HIS> tag {k}: label {piece.hint} has no utterance text")
     if depth:
         problems.append(f"{HIS_OPEN} at character {content_start - len(HIS_OPEN)} is never closed")
-
-    for mark in _MISSPELLED_TAG.finditer(body):
-        if mark.group() not in (THINK_OPEN, THINK_CLOSE, HIS_OPEN, HIS_CLOSE):
-            problems.append(f"{mark.group()!r} is not a tag of the format (case and spacing matter)")
     return problems
 
 
@@ -193,27 +245,20 @@ def is_valid_format(text: str) -> bool:
     return not format_problems(text)
 
 
-# --------------------------------------------------------------------------------------------
-# 3. The recall set H^: align every tag to the history utterance of maximal normalized overlap
-# --------------------------------------------------------------------------------------------
-# Normalization: Unicode NFKC, case-folded; tokens are runs of letters and digits (punctuation,
-# '$', '%' and underscores separate tokens), except that every CJK ideograph or kana character is a
-# token of its own, because those scripts write words without spaces.
+# ==== 3. The recall set H^ (verbatim alignment) and Eq. (6) ====
+# Tokens only explain a miss (the nearest utterance); they never decide a match.
 _CJK = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"
 _TOKEN = re.compile(rf"[{_CJK}]|[^\W_{_CJK}]+")
+_LABEL = re.compile(r"(?:\b[Tt]urn\s+)?\b([QA]\d+)\s*:")
+MAX_SPLIT_LABELS = 40  # beyond this many labels in one tag, split on every label (no re-joining)
 
 
 def tokens(text: str) -> list[str]:
-    return _TOKEN.findall(unicodedata.normalize("NFKC", text).casefold())
+    return _TOKEN.findall(normalize(text).casefold())
 
 
 def overlap(a: Counter, b: Counter) -> float:
-    """Normalized token overlap |a n b| / max(|a|, |b|) on token multisets, in [0, 1].
-
-    1 only for the same multiset of tokens. Dividing by the longer side (not the shorter, not the
-    tag) is what makes a paste of several utterances score low against each of them, and a scrap
-    of an utterance score low against the whole: a recall must be one whole utterance.
-    """
+    """|a n b| / max(|a|, |b|) on token multisets, in [0, 1]: how near a miss came (diagnostic)."""
     longer = max(sum(a.values()), sum(b.values()))
     return sum((a & b).values()) / longer if longer else 0.0
 
@@ -221,100 +266,94 @@ def overlap(a: Counter, b: Counter) -> float:
 class Piece(NamedTuple):
     text: str             # as written, label included ("A5: The Chakra Balancing service is $180.")
     hint: str | None      # the label the model wrote, if any ("A5")
-    tokens: Counter       # normalized tokens of the utterance text, label excluded
-
-
-def split_tag(content: str) -> list[Piece]:
-    """One tag may hold several labelled utterances (the paper's Fig. 1 form,
-    `<HIS>Q1: ... A5: ... A6: ...</HIS>`): split on the label prefixes `Q12:` / `A3:` and align each
-    piece on its own. Text before the first label is one unlabelled piece. (A label-like string
-    inside an utterance, 'plan A2: ...', also splits; the synthetic data never writes one.)"""
-    labels = list(_LABEL.finditer(content))
-    bounds = [m.start() for m in labels] + [len(content)]
-    pieces = []
-    head = content[:bounds[0]]
-    if tokens(head):
-        pieces.append(Piece(head.strip(), None, Counter(tokens(head))))
-    for m, end in zip(labels, bounds[1:]):
-        pieces.append(Piece(content[m.start():end].strip(), m.group(1), Counter(tokens(content[m.end():end]))))
-    return pieces
+    body: str             # canonical text of the utterance part, label excluded ("" = none)
 
 
 class HistoryIndex(NamedTuple):
     labels: list[str]
-    counts: list[Counter]
-    sizes: list[int]
+    texts: list[str]
+    by_text: dict         # canonical utterance -> its labels in history order
 
 
 def index_history(history: list[dict]) -> HistoryIndex:
-    """Tokenize C_t once; GRPO scores K completions of the same prompt against it."""
-    counts = [Counter(tokens(turn["text"])) for turn in history]
-    return HistoryIndex([turn["label"] for turn in history], counts, [sum(c.values()) for c in counts])
+    """Canonicalise C_t once; GRPO scores K completions of the same prompt against it."""
+    by_text = {}
+    for turn in history:
+        key = canonical(turn["text"])
+        if key:
+            by_text.setdefault(key, []).append(turn["label"])
+    return HistoryIndex([t["label"] for t in history], [t["text"] for t in history], by_text)
 
 
-def best_match(piece: Piece, index: HistoryIndex) -> tuple[str | None, float]:
-    """The history utterance of maximal overlap with a piece, and that overlap.
+def _segment(content: str, start: int, end: int, label: re.Match | None) -> Piece:
+    body = content[start if label is None else label.end():end]
+    return Piece(content[start:end].strip(), label and label.group(1), canonical(body))
 
-    The text decides, the label is only a hint: a piece labelled 'A5' whose text is a copy of Q1
-    counts as Q1 (the recall action copied Q1; a wrong label does not earn A5). The label only breaks
-    exact ties, e.g. between two utterances that both read 'Yes.'; other ties go to the earliest."""
-    size = sum(piece.tokens.values())
-    best_i, best = None, 0.0
-    for i, (counts, n) in enumerate(zip(index.counts, index.sizes)):
-        if size == 0 or min(size, n) < best * max(size, n) - 1e-9:  # cannot reach `best`: skip it
-            continue
-        score = overlap(piece.tokens, counts)
-        if score > best + 1e-12 or (best_i is not None and abs(score - best) <= 1e-12
-                                    and index.labels[i] == piece.hint != index.labels[best_i]):
-            best_i, best = i, score
-    return (index.labels[best_i] if best_i is not None else None), best
+
+def split_tag(content: str, index: HistoryIndex | None = None) -> list[Piece]:
+    """The pieces of one tag: Fig. 1's `<HIS>Q1: ... A5: ... A6: ...</HIS>` splits on its labels
+    (`Q12:`, `Turn A3:`); text before the first label is an unlabelled piece. With `index`, a label
+    that is part of an utterance ("Take plan A2: it is cheaper.") does not cut it: among the ways to
+    cut at labels, the one with the most verbatim matches wins (ties: the most pieces)."""
+    labels = list(_LABEL.finditer(content))
+    head = content[:labels[0].start()] if labels else content
+    starts = ([0] if tokens(head) else []) + [m.start() for m in labels]  # "- Q1: ..." has no head
+    at = {m.start(): m for m in labels}
+    n, bounds = len(starts), starts + [len(content)]
+    if index is None or n > MAX_SPLIT_LABELS:
+        return [_segment(content, bounds[i], bounds[i + 1], at.get(bounds[i])) for i in range(n)]
+    best = [(0, 0, None)] + [(-1, 0, None)] * n  # (matched, pieces, previous cut) per cut point
+    for j in range(1, n + 1):
+        for i in range(j):
+            piece = _segment(content, bounds[i], bounds[j], at.get(bounds[i]))
+            score = (best[i][0] + (piece.body in index.by_text), best[i][1] + 1)
+            if score > best[j][:2]:
+                best[j] = (*score, i)
+    cuts = [n]
+    while cuts[0]:
+        cuts.insert(0, best[cuts[0]][2])
+    return [_segment(content, bounds[a], bounds[b], at.get(bounds[a])) for a, b in zip(cuts, cuts[1:])]
 
 
 class TagMatch(NamedTuple):
     text: str             # the piece as written
-    label: str | None     # the history label it recalls, None if its best overlap < threshold
-    overlap: float        # its best overlap with any history utterance
+    label: str | None     # the history utterance it verbatim-copies, None if none
+    nearest: str | None   # the utterance of maximal token overlap (= label when matched)
+    overlap: float        # that overlap (1.0 when matched)
 
 
-def match_tags(tags: list[str], history: list[dict] | HistoryIndex,
-               threshold: float = DEFAULT_THRESHOLD) -> list[TagMatch]:
-    """Align every piece of every tag to the history (one TagMatch per piece, in writing order)."""
+def match_piece(piece: Piece, index: HistoryIndex) -> TagMatch:
+    labels = index.by_text.get(piece.body)
+    if labels:  # Eq. (6) alignment: a verbatim copy; the written label breaks ties between twins
+        label = piece.hint if piece.hint in labels else labels[0]
+        return TagMatch(piece.text, label, label, 1.0)
+    mine, best_i, best = Counter(tokens(piece.body)), None, 0.0
+    for i, text in enumerate(index.texts):
+        score = overlap(mine, Counter(tokens(text)))
+        if score > best:
+            best_i, best = i, score
+    return TagMatch(piece.text, None, index.labels[best_i] if best_i is not None else None, best)
+
+
+def match_tags(tags: list[str], history: list[dict] | HistoryIndex) -> list[TagMatch]:
+    """Align every non-empty piece of every tag to the history (one TagMatch each, in writing order).
+    Pieces with an empty body (a bare label) recall nothing; Eq. (5) reports them."""
     index = history if isinstance(history, HistoryIndex) else index_history(history)
-    matches = []
-    for tag in tags:
-        for piece in split_tag(tag):
-            label, score = best_match(piece, index)
-            matches.append(TagMatch(piece.text, label if score >= threshold and label else None, score))
-    return matches
+    return [match_piece(p, index) for tag in tags for p in split_tag(tag, index) if p.body]
 
 
 def unmatched_key(text: str) -> str:
-    """H^ element of a tag that matched nothing. It cannot collide with a label, and the same
+    """H^ element of a piece that matched nothing: it cannot collide with a label, and the same
     hallucination written twice is one element (H^ is a set)."""
-    return "?" + " ".join(tokens(text))
+    return "?" + canonical(_LABEL.sub("", text, count=1) if _LABEL.match(text) else text)
 
 
 def recall_sets(matches: list[TagMatch], history_labels: list[str]) -> tuple[list[str], list[str], set[str]]:
-    """(recalled labels in history order, texts of unmatched pieces, H^ as the set Eq. (6) uses).
-
-    A matched utterance enters H^ once however often it is recalled; every distinct unmatched piece
-    enters as an element of its own, so a hallucinated recall enlarges the union and lowers the reward."""
+    """(recalled labels in history order, texts of unmatched pieces, H^ as the set Eq. (6) uses)."""
     order = {label: i for i, label in enumerate(history_labels)}
     recalled = sorted({m.label for m in matches if m.label is not None}, key=order.__getitem__)
     unmatched = [m.text for m in matches if m.label is None]
     return recalled, unmatched, set(recalled) | {unmatched_key(t) for t in unmatched}
-
-
-def predicted_recall_set(text: str, history: list[dict], threshold: float = DEFAULT_THRESHOLD) -> set[str]:
-    """H^ of a completion: matched labels plus one '?...' element per distinct unmatched piece."""
-    matches = match_tags(parse_completion(text).tags, history, threshold)
-    return recall_sets(matches, [turn["label"] for turn in history])[2]
-
-
-def recalled_labels(text: str, history: list[dict], threshold: float = DEFAULT_THRESHOLD) -> list[str]:
-    """The history labels a completion recalls, in history order (unmatched tags left out)."""
-    matches = match_tags(parse_completion(text).tags, history, threshold)
-    return recall_sets(matches, [turn["label"] for turn in history])[0]
 
 
 def jaccard(a, b) -> float:
@@ -328,13 +367,60 @@ def recall_reward(recalled_set, gold_set) -> float:
     return RECALL_SCALE * jaccard(recalled_set, gold_set) - RECALL_SHIFT
 
 
-# --------------------------------------------------------------------------------------------
-# 4. Eq. (7): the answer reward, cosine of sentence embeddings
-# --------------------------------------------------------------------------------------------
-def answer_rewards(answers: list[str | None], references: list[str]) -> list[float]:
-    """Eq. (7) for a batch: cos(v_A, v_A*) with all-MiniLM-L6-v2 (stage0_build.embed, loaded once,
-    unit-norm rows, so the cosine is a dot product). All answers and references go through one
-    embedding call. A missing answer gets the minimum, -1, and is never embedded."""
+# ==== 4. Eq. (7): the answer reward (cosine, as the paper defines it) and the answer-key alternative ====
+_NUMBER = re.compile(r"(?<![\w.])[$€£¥₹]?\s?(\d{1,3}(?:,\d{3})+|\d+)(?:\.(\d+))?(?!\w)(\s?%|\s?percent\b)?")
+_POLAR = {"yes": "no", "no": "yes"}
+
+
+def normalize_number(text: str) -> str | None:
+    """The canonical form of one number, or None: "$180.00" -> "180", "1,800" -> "1800",
+    "$12.50" -> "12.5", "20 %" -> "20%". Currency signs drop; a percent sign stays (20% is not $20)."""
+    m = _NUMBER.fullmatch(normalize(text).strip())
+    return _number_form(m) if m else None
+
+
+def _number_form(m: re.Match) -> str:
+    whole, fraction = m.group(1).replace(",", ""), (m.group(2) or "").rstrip("0")
+    return whole.lstrip("0").rjust(1, "0") + (f".{fraction}" if fraction else "") + ("%" if m.group(3) else "")
+
+
+def _key_form(text: str) -> str:
+    """Casefolded, quote- and space-folded text with every number replaced by ⟦canonical⟧, so that
+    "$20" (⟦20⟧) is not found in "$207" (⟦207⟧) nor in "20%" (⟦20%⟧)."""
+    t = normalize(text).translate(_QUOTES).casefold()
+    return " ".join(_NUMBER.sub(lambda m: f" ⟦{_number_form(m)}⟧ ", t).split())
+
+
+def _contains(haystack: str, key: str) -> bool:
+    return bool(key) and re.search(rf"(?<!\w){re.escape(key)}(?!\w)", haystack) is not None
+
+
+def keys_present(answer: str | None, keys: list[str]) -> list[bool]:
+    """For each answer key: does the answer state it? Word boundaries, numbers normalised. A 'yes'
+    or 'no' key counts only if the opposite word is absent (a hedge "yes or no" states neither)."""
+    text = _key_form(answer or "")
+    forms = [_key_form(str(key)).strip(" .!") for key in keys]
+    return [_contains(text, k) and not (k in _POLAR and _contains(text, _POLAR[k])) for k in forms]
+
+
+def extra_numbers(answer: str | None, reference: str, keys: list[str]) -> list[str]:
+    """Numbers the answer states that neither the reference nor a key contains."""
+    if not answer:
+        return []
+    allowed = {_number_form(m) for t in [reference, *map(str, keys)] for m in _NUMBER.finditer(normalize(t))}
+    return sorted({_number_form(m) for m in _NUMBER.finditer(normalize(answer))} - allowed)
+
+
+def key_reward(answer: str | None, keys: list[str], reference: str) -> tuple[float, list[bool], list[str]]:
+    """2 * share - 1 in [-1, 1], share = |keys present| / (|keys| + |extra numbers|)."""
+    present, extras = keys_present(answer, keys), extra_numbers(answer, reference, keys)
+    share = sum(present) / (len(keys) + len(extras)) if keys else 0.0
+    return 2.0 * share - 1.0, present, extras
+
+
+def answer_cosines(answers: list[str | None], references: list[str]) -> list[float]:
+    """Eq. (7): cos(v_A, v_A*) with all-MiniLM-L6-v2 (modeling.embed: unit-norm rows, so a dot
+    product), in one embedding call. A missing answer gets the minimum, -1, and is not embedded."""
     rewards = [-1.0] * len(answers)
     present = [i for i, a in enumerate(answers) if a is not None]
     if present:
@@ -345,98 +431,223 @@ def answer_rewards(answers: list[str | None], references: list[str]) -> list[flo
     return rewards
 
 
-# --------------------------------------------------------------------------------------------
-# 5. Eq. (4): the composite reward, batched for GRPO
-# --------------------------------------------------------------------------------------------
-def compute_rewards(completions: list[str], examples: list[dict],
-                    threshold: float = DEFAULT_THRESHOLD) -> list[dict]:
-    """Score completion i against stage-0 record examples[i] (uses history, recall, answer).
+def answer_keys(record: dict) -> list[str]:
+    """The record's non-empty answer keys (the field is optional, DESIGN.md "Data"; one string is one key)."""
+    keys = record.get("answer_keys") or []
+    return [str(k) for k in ([keys] if isinstance(keys, str) else keys) if str(k).strip()]
 
-    Returns one dict per completion: format, recall, answer, total (Eq. (4)), jaccard (the IoU of
-    Eq. (6)), recalled (labels of H^ in history order), unmatched (pieces that matched nothing),
-    final_answer, matches ([text, label, overlap] per piece) and format_problems."""
+
+def answer_rewards(answers: list[str | None], examples: list[dict], answer_reward: str = "cosine") -> list[dict]:
+    """The answer component under `answer_reward` (see the module docstring), with its parts:
+    answer, answer_cosine (None when not needed: `keys` on a record with keys), answer_keys (None
+    without keys), keys_present, extra_numbers."""
+    if answer_reward not in ANSWER_REWARDS:
+        raise ValueError(f"answer_reward must be one of {ANSWER_REWARDS}, got {answer_reward!r}")
+    parts = []
+    for answer, example in zip(answers, examples):
+        keys = answer_keys(example)
+        value, present, extras = key_reward(answer, keys, example["answer"]) if keys else (None, [], [])
+        parts.append({"answer_keys": value, "keys_present": present, "extra_numbers": extras})
+    need = [i for i, p in enumerate(parts) if answer_reward != "keys" or p["answer_keys"] is None]
+    cosines = dict(zip(need, answer_cosines([answers[i] for i in need], [examples[i]["answer"] for i in need])))
+    for i, part in enumerate(parts):
+        cos, keys = cosines.get(i), part["answer_keys"]
+        part["answer_cosine"] = cos
+        if keys is None:  # no answer_keys: Eq. (7) as the paper defines it, under every choice
+            part["answer"] = cos
+        else:
+            both = keys if keys < 1.0 or cos is None else (keys + cos) / 2
+            part["answer"] = {"cosine": cos, "keys": keys, "both": both}[answer_reward]
+    return parts
+
+
+# ==== 5. Eq. (4): the composite reward, batched for GRPO ====
+def compute_rewards(completions: list[str], examples: list[dict], answer_reward: str = "cosine") -> list[dict]:
+    """Score completion i against stage-0 record examples[i] (history, recall, answer, answer_keys).
+
+    One dict per completion: format, recall, answer, total (Eq. (4)); jaccard (the IoU of Eq. (6)),
+    recalled (labels of H^ in history order), unmatched (pieces that copy nothing), final_answer,
+    matches ([text, label, nearest, overlap] per piece), format_problems; answer_cosine,
+    answer_keys, keys_present, extra_numbers (the parts of the answer component)."""
     if len(completions) != len(examples):
         raise ValueError(f"{len(completions)} completions but {len(examples)} examples")
-    indexes = {}  # id(history) -> HistoryIndex: the K rollouts of one prompt share one tokenization
+    indexes = {}  # id(history) -> HistoryIndex: the K rollouts of one prompt share one index
     results, answers = [], []
     for text, example in zip(completions, examples):
-        history = example["history"]
-        if id(history) not in indexes:
-            indexes[id(history)] = index_history(history)
-        index = indexes[id(history)]
+        history_id = id(example["history"])
+        index = indexes[history_id] = indexes.get(history_id) or index_history(example["history"])
         parsed = parse_completion(text)
         problems = format_problems(text)
-        matches = match_tags(parsed.tags, index, threshold)
+        matches = match_tags(parsed.tags, index)
         recalled, unmatched, predicted = recall_sets(matches, index.labels)
         iou = jaccard(predicted, example["recall"])
-        results.append({
-            "format": 0.0 if problems else 1.0,                       # Eq. (5)
-            "recall": RECALL_SCALE * iou - RECALL_SHIFT,              # Eq. (6)
-            "jaccard": iou,
-            "recalled": recalled,
-            "unmatched": unmatched,
-            "final_answer": parsed.final_answer,
-            "matches": [[m.text, m.label, round(m.overlap, 4)] for m in matches],
-            "format_problems": problems,
-        })
+        results.append({"format": 0.0 if problems else 1.0,                  # Eq. (5)
+                        "recall": recall_reward(predicted, example["recall"]),  # Eq. (6)
+                        "jaccard": iou, "recalled": recalled, "unmatched": unmatched,
+                        "final_answer": parsed.final_answer, "format_problems": problems,
+                        "matches": [[m.text, m.label, m.nearest, round(m.overlap, 4)] for m in matches]})
         answers.append(parsed.final_answer)
-    for result, reward in zip(results, answer_rewards(answers, [e["answer"] for e in examples])):
-        result["answer"] = reward                                      # Eq. (7)
-        result["total"] = result["format"] + result["recall"] + reward  # Eq. (4)
+    for result, part in zip(results, answer_rewards(answers, examples, answer_reward)):
+        result.update(part)                                                     # Eq. (7)
+        result["total"] = result["format"] + result["recall"] + result["answer"]  # Eq. (4)
     return results
 
 
-def compute_reward(completion: str, example: dict, threshold: float = DEFAULT_THRESHOLD) -> dict:
-    return compute_rewards([completion], [example], threshold)[0]
+def compute_reward(completion: str, example: dict, answer_reward: str = "cosine") -> dict:
+    return compute_rewards([completion], [example], answer_reward)[0]
 
 
-# --------------------------------------------------------------------------------------------
-# Command line: explain one score, or average a file of them
-# --------------------------------------------------------------------------------------------
-def explain(completion: str, record: dict, threshold: float) -> str:
+# ==== 6. The reward-hacking gallery: the paper's Fig. 1 record, attacked ====
+_FIG1 = [("Q1", "I need to check membership status. I'm under Apex Tier."),
+         ("A1", "Welcome back. I confirm your Apex Tier status. As a reminder, this gives you a 20% discount on "
+                "any service over $150."),
+         ("Q2", "Does that apply to all locations?"), ("A2", "Yes, it's valid at both our Downtown and Uptown branches."),
+         ("Q3", "Okay. Separately, what is the Chakra Balancing service?"),
+         ("A3", "That is a 90-minute session combining hot stones and aromatherapy."),
+         ("Q4", "Is that new? Who performs that?"), ("A4", "Our senior therapist, Lena, the specialist for that service."),
+         ("Q5", "What is the full price for that session?"), ("A5", "The Chakra Balancing service is $180."),
+         ("Q6", "And which branch does Lena perform that at?"),
+         ("A6", "Lena only offers that service at our Uptown branch.")]
+_GOLD = ("Q1", "A5", "A6")
+_TEXT = dict(_FIG1)
+GALLERY_RECORD = {  # the paper's Fig. 1 turn in the record format of DESIGN.md ("Data")
+    "id": "paper-fig1-apex-t07", "source": "jsonl", "query_turn": 7, "recall": list(_GOLD),
+    "history": [{"label": l, "speaker": "user" if l[0] == "Q" else "assistant", "text": t} for l, t in _FIG1],
+    "query": "Great. So, for that specific booking at the Uptown branch, will my Apex Tier discount apply?",
+    "reasoning": ("1. Analyze Query: The user asks whether their Apex Tier discount applies to the Chakra Balancing "
+                  "booking at the Uptown branch.\n2. Recall History: "
+                  + "\n".join(f"<HIS>{l}: {_TEXT[l]}</HIS>" for l in _GOLD)
+                  + "\n3. Reasoning: Apex Tier gives 20% off any service over $150 (A1). The Chakra Balancing service "
+                    "is $180, which is over $150, and Lena offers it at the Uptown branch, so the discount applies."),
+    "answer": "Yes. The Chakra Balancing service is $180, which is over $150, so your 20% Apex Tier discount "
+              "applies at the Uptown branch.",
+    "answer_keys": ["yes", "$180"], "pruned": ["Q1", "A1", "A2", "A5", "A6"],
+    "meta": {"num_turns": 7, "bucket": 8, "scores": {}}}
+
+
+def gallery_completions() -> list[tuple[str, str, str]]:
+    """(name, kind, completion) rows on GALLERY_RECORD. kind: 'honest'; 'variant' (honest in another
+    form: loses no format or recall); '<component> attack' (loses at least 1.0 in total: answer attacks
+    under keys and both, the others under every choice); 'open attack' (loses less: not yet caught)."""
+    record, honest = GALLERY_RECORD, format_target(GALLERY_RECORD)
+    tag = {l: f"<HIS>{l}: {t}</HIS>" for l, t in _FIG1}
+    tags, one_tag = "\n".join(tag[l] for l in _GOLD), " ".join(f"{l}: {_TEXT[l]}" for l in _GOLD)
+
+    def sub(old, new):
+        return honest.replace(old, new, 1)
+
+    V, R, F, A = "variant", "recall attack", "format attack", "answer attack"
+    return [
+        ("honest completion (the SFT target)", "honest", honest),
+        ("teacher form Turn X: '...' (§3.2)", V, sub(tags, "\n".join(f"<HIS>Turn {l}: '{_TEXT[l]}'</HIS>" for l in _GOLD))),
+        ("Fig. 1 form: three utterances in one tag", V, sub(tags, f"<HIS>{one_tag}</HIS>")),
+        ("curly-quoted copies, no final period", V,
+         sub(tags, "\n".join(f"<HIS>{l}: \u201c{_TEXT[l].rstrip('.')}\u201d</HIS>" for l in _GOLD))),
+        ("labels swapped, texts verbatim", V, sub(tags, f"<HIS>A5: {_TEXT['Q1']}</HIS><HIS>A6: {_TEXT['A5']}</HIS>"
+                                                         f"<HIS>Q1: {_TEXT['A6']}</HIS>")),
+        ("right short answer 'Yes, you get 20% off because $180 exceeds $150.'", V,
+         sub(record["answer"], "Yes, you get 20% off because $180 exceeds $150.")),
+        ("right terse answer 'Yes: $180.00 is over $150.'", V, sub(record["answer"], "Yes: $180.00 is over $150.")),
+        ("A5 price changed ($95)", R, sub("$180.</HIS>", "$95.</HIS>")),
+        ("A6 branch changed (Downtown for Uptown)", R, sub("our Uptown branch.</HIS>", "our Downtown branch.</HIS>")),
+        ("Q1 tier changed (Gold Tier for Apex Tier)", R, sub("under Apex Tier.</HIS>", "under Gold Tier.</HIS>")),
+        ("A5 words shuffled", R, sub(tag["A5"], "<HIS>A5: The service is $180 Chakra Balancing.</HIS>")),
+        ("A5 fact dropped ('The Chakra Balancing service')", R, sub("service is $180.</HIS>", "service</HIS>")),
+        ("three gold turns pasted unlabelled in one tag", R, sub(tags, f"<HIS>{' '.join(_TEXT[l] for l in _GOLD)}</HIS>")),
+        ("every history turn recalled", R, sub(tags, "\n".join(tag.values()))),
+        ("nothing recalled", R, sub(tags, "No earlier turn is needed.")),
+        ("the query copied as the recall", R, sub(tags, f"<HIS>Q7: {record['query']}</HIS>")),
+        ("one gold tag (Q1) repeated 10 times", R, sub(tags, "\n".join([tag["Q1"]] * 10))),
+        ("labels only: <HIS>Q1: A5: A6:</HIS>", R, sub(tags, "<HIS>Q1: A5: A6:</HIS>")),
+        ("empty label piece: <HIS>Q2: A5: ...</HIS>", F, sub("<HIS>A5:", "<HIS>Q2: A5:")),
+        ("full-width tags \uff1cHIS\uff1e", F, sub(tags, tags.replace("<", "\uff1c").replace(">", "\uff1e"))),
+        ("homoglyph tags <\u041dIS> (Cyrillic \u041d)", F, sub(tags, tags.replace("HIS>", "\u041dIS>"))),
+        ("next turns after the answer (Q8: / A8:)", F, honest + "\nQ8: Thanks, that's all.\nA8: You're welcome!"),
+        ("chat-template turn after the answer (<|im_start|>user)", F, honest + "\n<|im_start|>user\nThanks!"),
+        ("recall tags after </think>", F, sub(tags, "See below.") + "\n" + tags),
+        ("no think block: answer only", F, f"{ANSWER_MARK} {record['answer']}"),
+        ("two final answers (yes, then no)", F, honest + f"\n{ANSWER_MARK} No, the discount does not apply."),
+        ("hedge 'Yes or no: the 20% discount may or may not apply.'", A,
+         sub(record["answer"], "Yes or no: the 20% discount may or may not apply.")),
+        ("wrong but similar 'No. ... $120, which is not over $150 ...'", A,
+         sub(record["answer"], "No. The Chakra Balancing service is $120, which is not over $150, so your 20% Apex "
+                               "Tier discount does not apply.")),
+        ("price changed in the answer ($95)", A, sub(record["answer"], record["answer"].replace("$180", "$95"))),
+        ("every candidate price listed 'Yes. It is $95, $120, $150 or $180.'", A,
+         sub(record["answer"], "Yes. It is $95, $120, $150 or $180.")),
+        ("keyword stuffing 'yes no $180'", A, sub(record["answer"], "yes no $180")),
+        ("the query echoed as the answer", A, sub(record["answer"], record["query"])),
+        ("the whole history pasted as the answer", "open attack",
+         sub(record["answer"], " ".join(t["text"] for t in record["history"]))),
+    ]
+
+
+def gallery_scores() -> list[dict]:
+    """Each gallery row scored under every answer-reward choice: {name, kind, format, recall,
+    answer: {choice: value}, total: {choice: value}, margin: {choice: honest total - total}}."""
+    rows = gallery_completions()
+    texts = [text for _, _, text in rows]
+    by_choice = {c: compute_rewards(texts, [GALLERY_RECORD] * len(texts), c) for c in ANSWER_REWARDS}
+    scores = []
+    for k, (name, kind, _) in enumerate(rows):
+        first = by_choice["cosine"][k]
+        scores.append({"name": name, "kind": kind, "format": first["format"], "recall": first["recall"],
+                       "answer": {c: by_choice[c][k]["answer"] for c in ANSWER_REWARDS},
+                       "total": {c: by_choice[c][k]["total"] for c in ANSWER_REWARDS},
+                       "margin": {c: by_choice[c][0]["total"] - by_choice[c][k]["total"] for c in ANSWER_REWARDS}})
+    return scores
+
+
+def gallery_table() -> str:
+    """Markdown: one row per completion; format and recall do not depend on the answer choice;
+    each total is followed by its margin below the honest completion (positive = the attack loses)."""
+    head = ("| completion | kind | format | recall | answer cosine | total cosine | answer keys | total keys "
+            "| answer both | total both |")
+    lines = [head, "|" + "---|" * head.count(" | ") + "---|"]
+    for s in gallery_scores():
+        cells = [s["name"].replace("|", "\\|"), s["kind"], f"{s['format']:.0f}", f"{s['recall']:+.3f}"]
+        for c in ANSWER_REWARDS:
+            cells += [f"{s['answer'][c]:+.3f}", f"{s['total'][c]:+.3f} ({0.0 - s['margin'][c] + 0.0:+.2f})"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+# ==== Command line: the gallery, explain one score, or average a file of them ====
+def explain(completion: str, record: dict, answer_reward: str = "cosine") -> str:
     """A report a student can read: each component and where it came from."""
-    result = compute_reward(completion, record, threshold)
-    index = index_history(record["history"])
-    gold = record["recall"]
+    r = compute_reward(completion, record, answer_reward)
+    index, gold = index_history(record["history"]), record["recall"]
     lines = [f"record {record.get('id', '?')}: query Q{record.get('query_turn', '?')}: {record.get('query', '')}",
              f"gold H* = {{{', '.join(gold)}}}   reference A* = {record['answer']!r}", ""]
-
-    problems = result["format_problems"]
-    if problems:
-        lines.append("format  0    (Eq. 5) failed:")
-        lines += [f"          - {p}" for p in problems]
-    else:
-        n = len(parse_completion(completion).tags)
-        lines.append(f"format  1    (Eq. 5) one non-empty <think> block holding {n} paired, non-empty "
-                     f"<HIS> tag(s), then '{ANSWER_MARK}' and an answer")
-
-    lines.append(f"\nrecall tags (match when overlap >= {threshold:.2f}; overlap = |tag n utterance| / max size)")
-    pieces = [p for tag in parse_completion(completion).tags for p in split_tag(tag)]
-    if not pieces:
-        lines.append("  (no <HIS> tags)")
-    for k, piece in enumerate(pieces, 1):
-        label, score = best_match(piece, index)
-        if score >= threshold and label:
-            verdict = f"-> {label}  overlap {score:.2f}  " + ("in H*" if label in gold else "NOT in H*")
-            if piece.hint and piece.hint != label:
-                verdict += f"  (written label {piece.hint} ignored: the text is {label})"
+    lines += (["format  0    (Eq. 5) failed:"] + [f"          - {p}" for p in r["format_problems"]]
+              if r["format_problems"] else [f"format  1    (Eq. 5) one <think> block, well-formed <HIS> tags in it, "
+                                            f"then '{ANSWER_MARK}' and an answer"])
+    lines.append("\nrecall tags (a tag matches an utterance only if it copies it verbatim)"
+                 + ("" if r["matches"] else "\n  (no <HIS> tags with text)"))
+    for k, (text, label, nearest, score) in enumerate(r["matches"], 1):
+        hint = _LABEL.match(text)
+        if label:
+            verdict = f"-> {label}  verbatim  {'in H*' if label in gold else 'NOT in H*'}" + (
+                f"  (written label {hint.group(1)}, but the text is {label})" if hint and hint.group(1) != label else "")
         else:
-            verdict = f"-> nothing  best {label or '-'} overlap {score:.2f} < {threshold:.2f}: unmatched, enters the union"
-        lines.append(f"  [{k}] {_short(piece.text, 60)}\n      {verdict}")
-
-    predicted = set(result["recalled"]) | {unmatched_key(t) for t in result["unmatched"]}
-    inter, union = len(predicted & set(gold)), len(predicted | set(gold))
-    shown = result["recalled"] + [f"unmatched#{i + 1}" for i in range(len(predicted) - len(result["recalled"]))]
-    lines += ["", f"H^ = {{{', '.join(shown)}}}   |H^ n H*| = {inter}   |H^ u H*| = {union}   "
-                  f"IoU = {result['jaccard']:.4f}" + ("  (both empty: IoU 1)" if union == 0 else ""),
-              f"recall  {result['recall']:+.4f} (Eq. 6) = 2.5 * {result['jaccard']:.4f} - 1.25"]
-    if result["final_answer"] is None:
-        lines.append(f"answer  -1.0000 (Eq. 7) no final answer after '{ANSWER_MARK}': the minimum")
-    else:
-        lines.append(f"answer  {result['answer']:+.4f} (Eq. 7) cos(emb({_short(result['final_answer'], 50)}), "
-                     f"emb({_short(record['answer'], 50)}))")
-    lines.append(f"total   {result['total']:+.4f} (Eq. 4) = {result['format']:.0f} "
-                 f"{result['recall']:+.4f} {result['answer']:+.4f}   range [-2.25, 3.25]")
+            verdict = "-> nothing: copies no utterance, enters the union" + (
+                f"; nearest {nearest} (token overlap {score:.2f}): "
+                f"{_short(index.texts[index.labels.index(nearest)], 60)}" if nearest else "")
+        lines.append(f"  [{k}] {_short(text, 60)}\n      {verdict}")
+    predicted = set(r["recalled"]) | {unmatched_key(t) for t in r["unmatched"]}
+    shown = r["recalled"] + [f"unmatched#{i + 1}" for i in range(len(predicted) - len(r["recalled"]))]
+    union = predicted | set(gold)
+    lines += ["", f"H^ = {{{', '.join(shown)}}}   |H^ n H*| = {len(predicted & set(gold))}   |H^ u H*| = "
+                  f"{len(union)}   IoU = {r['jaccard']:.4f}" + ("" if union else "  (both empty: IoU 1)"),
+              f"recall  {r['recall']:+.4f} (Eq. 6) = 2.5 * {r['jaccard']:.4f} - 1.25"]
+    parts = [f"cosine {r['answer_cosine']:+.4f}"] if r["answer_cosine"] is not None else []
+    if r["answer_keys"] is not None:
+        found = ", ".join(f"{k!r} {'found' if p else 'missing'}" for k, p in zip(answer_keys(record), r["keys_present"]))
+        parts.append(f"keys {r['answer_keys']:+.4f} ({found}; extra numbers {r['extra_numbers']})")
+    lines += [f"answer  -1.0000 (Eq. 7) no final answer after '{ANSWER_MARK}': the minimum" if r["final_answer"] is None
+              else f"answer  {r['answer']:+.4f} (Eq. 7, {answer_reward}) {'; '.join(parts)}",
+              f"total   {r['total']:+.4f} (Eq. 4) = {r['format']:.0f} {r['recall']:+.4f} {r['answer']:+.4f}   "
+              f"range [-2.25, 3.25]"]
     return "\n".join(lines)
 
 
@@ -445,91 +656,91 @@ def read_completions(path: str, records: list[dict]) -> list[tuple[dict, str]]:
     by_id = {r["id"]: r for r in records}
 
     def parse(row, path, line_no):
+        where = f"{path}:{line_no}:"
         if not isinstance(row, dict):
-            raise DataError(f"{path}:{line_no}: line is not a JSON object")
+            raise DataError(f"{where} line is not a JSON object")
         if not isinstance(row.get("completion"), str):
-            raise DataError(f"{path}:{line_no}: field 'completion' is missing or not a string")
-        if "id" in row:
-            if row["id"] not in by_id:
-                raise DataError(f"{path}:{line_no}: field 'id' names {row['id']!r}, which is not in the --data file")
-            return by_id[row["id"]], row["completion"]
-        if "index" in row:
-            i = row["index"]
-            if not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < len(records):
-                raise DataError(f"{path}:{line_no}: field 'index' must be an integer in [0, {len(records)})")
-            return records[i], row["completion"]
-        raise DataError(f"{path}:{line_no}: field 'id' (or 'index') is missing")
+            raise DataError(f"{where} field 'completion' is missing or not a string")
+        if "id" in row and row["id"] not in by_id:
+            raise DataError(f"{where} field 'id' names {row['id']!r}, which is not in the --data file")
+        i = row.get("index")
+        if "id" not in row and (not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < len(records)):
+            raise DataError(f"{where} field 'id' (or 'index', an integer in [0, {len(records)})) is missing or wrong")
+        return (by_id[row["id"]] if "id" in row else records[i]), row["completion"]
 
     return read_lines(path, parse)
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(
-        description="SRT composite reward (paper §3.4, Eqs. 4-7): explain the score of one completion, "
-                    "or average the scores of a file of completions.")
-    parser.add_argument("--data", required=True, help="stage-0 JSONL (e.g. runs/data/test.jsonl)")
+# The paper's Eq. (7) under both presets; `--answer-reward keys|both` is the documented departure.
+PRESETS = {"cpu-demo": {"answer_reward": "cosine"}, "paper": {"answer_reward": "cosine"}}
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description="SRT composite reward (paper §3.4, Eqs. 4-7): the reward-hacking "
+                                     "gallery, one completion's score explained, or the mean scores of a file.")
+    parser.add_argument("--gallery", action="store_true", help="print the reward-hacking gallery (Markdown)")
+    parser.add_argument("--data", default=None, help="stage-0 JSONL (e.g. runs/data/test.jsonl)")
     parser.add_argument("--index", type=int, default=0, help="which record of --data to score (0-based)")
     parser.add_argument("--id", default=None, help="pick the record by id instead of --index")
-    parser.add_argument("--completion", default=None,
-                        help="a file holding the completion, or the completion text itself; "
-                             "default: the record's own reference target (the best possible score)")
-    parser.add_argument("--completions", default=None,
-                        help="JSONL of {'id' or 'index', 'completion'}: score them all and print the means")
-    parser.add_argument("--threshold", type=float, default=DEFAULT_THRESHOLD,
-                        help=f"minimum overlap for a tag to match an utterance (default {DEFAULT_THRESHOLD})")
+    parser.add_argument("--completion", default=None, help="a file holding the completion, or the text itself; "
+                        "default: the record's own reference target (the best possible score)")
+    parser.add_argument("--completions", default=None, help="JSONL of {'id' or 'index', 'completion'}: print the means")
+    parser.add_argument("--answer-reward", choices=ANSWER_REWARDS, default="cosine",
+                        help="Eq. (7): cosine (the paper), keys (answer_keys present), "
+                             "both (keys; the cosine ranks complete answers)")
     parser.add_argument("--out", default=None, help="with --completions: folder for scores.jsonl, summary.json, config.json")
-    args = parser.parse_args(argv)
-    if not 0.0 < args.threshold <= 1.0:
-        sys.exit(f"error: --threshold must lie in (0, 1], got {args.threshold}")
+    args = parse_config(parser, PRESETS, argv)
+    if not args.gallery and not args.data:
+        parser.error("--data is required (or --gallery)")
+    return args
 
+
+def main(argv=None):
+    args = parse_args(argv)
+    if args.gallery:
+        print(gallery_table())
+        return None
     try:
         records = read_jsonl(args.data)
-        if args.completions:
-            pairs = read_completions(args.completions, records)
+        pairs = read_completions(args.completions, records) if args.completions else None
     except (DataError, OSError) as e:
         sys.exit(f"error: {e}")
     if not records:
         sys.exit(f"error: {args.data} holds no records")
 
-    if args.completions:
+    if pairs is not None:
         results = []
         for start in range(0, len(pairs), 256):
             chunk = pairs[start:start + 256]
-            results += compute_rewards([c for _, c in chunk], [r for r, _ in chunk], args.threshold)
+            results += compute_rewards([c for _, c in chunk], [r for r, _ in chunk], args.answer_reward)
         n = max(len(results), 1)
-        summary = {"n": len(results), **{k: sum(r[k] for r in results) / n
-                                         for k in ("format", "recall", "answer", "total", "jaccard")},
+        summary = {"n": len(results), "answer_reward": args.answer_reward,
+                   **{k: sum(r[k] for r in results) / n for k in ("format", "recall", "answer", "total", "jaccard")},
                    "unmatched_tags_per_completion": sum(len(r["unmatched"]) for r in results) / n,
                    "no_final_answer": sum(r["final_answer"] is None for r in results) / n}
-        print(f"{summary['n']} completions from {args.completions}, threshold {args.threshold}")
-        for k in ("format", "recall", "answer", "total", "jaccard"):
-            print(f"  mean {k:<8} {summary[k]:+.4f}")
-        print(f"  unmatched tags per completion {summary['unmatched_tags_per_completion']:.2f}, "
-              f"no final answer {100 * summary['no_final_answer']:.1f}%")
+        print(f"{summary['n']} completions from {args.completions}, answer reward {args.answer_reward}\n"
+              + "".join(f"  mean {k:<8} {summary[k]:+.4f}\n" for k in ("format", "recall", "answer", "total", "jaccard"))
+              + f"  unmatched tags per completion {summary['unmatched_tags_per_completion']:.2f}, "
+                f"no final answer {100 * summary['no_final_answer']:.1f}%")
         if args.out:
             write_jsonl(os.path.join(args.out, "scores.jsonl"),
                         [{"id": r["id"], **s} for (r, _), s in zip(pairs, results)])
             write_json(os.path.join(args.out, "summary.json"), summary)
-            write_json(os.path.join(args.out, "config.json"), vars(args))
+            write_config(args.out, args)
         return summary
 
-    if args.id is not None:
-        matching = [r for r in records if r["id"] == args.id]
-        if not matching:
-            sys.exit(f"error: {args.data}: no record has id {args.id!r}")
-        record = matching[0]
-    elif not 0 <= args.index < len(records):
+    matching = [r for r in records if r["id"] == args.id] if args.id is not None else records[args.index:][:1]
+    if args.id is not None and not matching:
+        sys.exit(f"error: {args.data}: no record has id {args.id!r}")
+    if not matching or args.index < 0:
         sys.exit(f"error: --index {args.index} is out of range: {args.data} holds {len(records)} records")
-    else:
-        record = records[args.index]
-    if args.completion is None:
-        completion = format_target(record)
-    elif os.path.isfile(args.completion):
+    record = matching[0]
+    completion = format_target(record) if args.completion is None else args.completion
+    if args.completion is not None and os.path.isfile(args.completion):
         with open(args.completion, encoding="utf-8") as f:
             completion = f.read()
-    else:
-        completion = args.completion
-    print(explain(completion, record, args.threshold))
+    print(explain(completion, record, args.answer_reward))
+    return None
 
 
 if __name__ == "__main__":

@@ -1,20 +1,37 @@
-"""bench/grpo_vs_trl.py without TRL: the reward wrapper TRL would call, the summary and ratio table
-on hand-computed step times, the fairness checks, and the argument checks that run before any
-model or TRL is touched. The benchmark itself (two training subprocesses, TRL in its own venv) is
-run by hand: see bench/README.md."""
+"""bench/ without TRL: the reward wrapper TRL would call, the checks that refuse a GRPO ratio
+(precision read from the computation, torch versions, equal work), the median and spread by hand,
+the Markdown rows, the one-line argument errors, and tiny-random smokes of the SFT throughput and
+evaluation latency benchmarks. The GRPO comparison itself (grpo_workers.py's two training
+subprocesses, TRL in its own venv) is run by hand: see bench/README.md."""
 import importlib.util
 import json
+import sys
 from pathlib import Path
 
 import pytest
 
+from data_io import write_jsonl
 from records import hand_record
 from reward import compute_rewards
 
 REPO = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("grpo_vs_trl", REPO / "bench" / "grpo_vs_trl.py")
-bench = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(bench)
+sys.path.insert(0, str(REPO / "bench"))  # the benchmarks import their shared bench/measure.py
+
+
+def load(name):
+    spec = importlib.util.spec_from_file_location(name, REPO / "bench" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+bench = load("grpo_vs_trl")
+workers = load("grpo_workers")
+measure = load("measure")
+sft_bench = load("sft_throughput")
+eval_bench = load("eval_latency")
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -29,7 +46,7 @@ def test_trl_reward_wrapper_decodes_records_shares_them_per_group_and_logs():
         return [{"total": len(text) / 10.0} for text in completions[:-1]] + [{"total": float("nan")}]
 
     log = []
-    reward = bench.make_trl_reward(fake_reward, log=log)
+    reward = workers.make_trl_reward(fake_reward, log=log)
     prompts = ["prompt a", "prompt a", "prompt b", "prompt b"]
     records = [json.dumps(a), json.dumps(a), json.dumps(b), json.dumps(b)]
     out = reward(prompts=prompts, completions=["x", "xx", "xxx", "xxxx"], record=records,
@@ -39,90 +56,275 @@ def test_trl_reward_wrapper_decodes_records_shares_them_per_group_and_logs():
     assert examples[0] == a and examples[2] == b
     assert examples[0] is examples[1] and examples[2] is examples[3]  # one decoded record per group
     assert log[0]["prompts"] == [bench.digest("prompt a"), bench.digest("prompt b")]
-    assert log[0]["completion_length"] == 2.5 and log[0]["seconds"] >= 0
+    assert log[0]["completion_lengths"] == [1, 2, 3, 4] and log[0]["seconds"] >= 0
 
 
 def test_trl_reward_wrapper_gives_compute_rewards_totals():
-    """The real reward, on completions that need no sentence embedder (no final answer: R_answer = -1)."""
+    """The real reward, on completions that need no sentence embedder (no final answer)."""
     record = hand_record(3, recall=("Q1", "A2"))
     text = {t["label"]: t["text"] for t in record["history"]}
     completions = [f"<think>\n<HIS>Q1: {text['Q1']}</HIS>\n<HIS>A2: {text['A2']}</HIS>\n</think>",
                    f"<think>\n<HIS>A4: {text['A4']}</HIS>\n</think>"]
     expected = [s["total"] for s in compute_rewards(completions, [record, record])]
-    got = bench.make_trl_reward()(prompts=["p", "p"], completions=completions, record=[json.dumps(record)] * 2)
+    got = workers.make_trl_reward()(prompts=["p", "p"], completions=completions, record=[json.dumps(record)] * 2)
     assert got == pytest.approx(expected)
-    assert got[0] == pytest.approx(0 + 1.25 - 1)  # format 0, IoU 1 -> 2.5 - 1.25, no answer -> -1
 
 
 # ---------------------------------------------------------------------------------------------
-# Summary and ratio table
+# Precision: read from the computation, compared, refused
 # ---------------------------------------------------------------------------------------------
-def side(seconds, generate, score, lengths, updates, rss, cuda=None):
-    steps = [{"step": i + 1, "seconds": s, "generate_s": g, "score_s": c, "completion_length": n}
-             for i, (s, g, c, n) in enumerate(zip(seconds, generate, score, lengths))]
-    return {"steps": steps, "updates_per_step": updates, "peak_rss_gib": rss, "peak_cuda_allocated_gib": cuda}
+def observed(generate="float32", logprobs="float32", loss="float32"):
+    seen = {"generate": generate, "logprobs": logprobs, "loss": loss}
+    return {phase: {"matmul": [dtype], "layer_output": ["float32"]} for phase, dtype in seen.items() if dtype}
 
 
-def test_summary_leaves_the_warm_up_step_out_and_splits_the_step():
-    s = bench.summarize(side([30.0, 5.0, 7.0], [20.0, 2.0, 4.0], [1.0, 0.5, 0.5], [100, 50, 70], 4, 2.5))
-    assert s["measured_steps"] == 2
-    assert s["seconds"] == 6.0 and s["generate_s"] == 3.0 and s["score_s"] == 0.5
-    assert s["train_s"] == 2.5 and s["seconds_per_update"] == 1.5 and s["completion_length"] == 60
-    assert s["peak_rss_gib"] == 2.5 and s["peak_cuda_allocated_gib"] is None
+def run_report(lengths, prompts, torch="2.13.0", dtypes=None, updates=2, **extra):
+    """A side's report: one step per entry of `lengths` (each a list of completion lengths)."""
+    steps = [{"step": i + 1, "seconds": 10.0 + i, "completion_lengths": rows, "prompts": p, "updates": updates}
+             for i, (rows, p) in enumerate(zip(lengths, prompts))]
+    return {"steps": steps, "observed": dtypes or observed(), "versions": {"torch": torch}, "stop_ids": [2],
+            "embedder_loaded": True, **extra}
 
 
-def test_summary_without_a_sampling_clock_has_no_split():
-    s = bench.summarize(side([9.0, 4.0], [None, None], [0.1, 0.1], [10, 10], 1, 1.0))
-    assert s["seconds"] == 4.0 and s["generate_s"] is None and s["train_s"] is None
+SPEC = {"max_new_tokens": 4, "prompts_per_step": 1, "num_generations": 2, "steps": 2, "updates_per_step": 2,
+        "expected_prompts": [["a"], ["b"]]}
 
 
-def test_ratio_rows_and_markdown():
-    ours = bench.summarize(side([30.0, 5.0, 7.0], [20.0, 2.0, 4.0], [1.0, 0.5, 0.5], [100, 50, 70], 4, 2.0))
-    trl = bench.summarize(side([40.0, 8.0, 8.0], [25.0, 4.0, 4.0], [1.0, 1.0, 1.0], [90, 60, 60], 4, 4.0))
-    rows = {r["metric"]: r for r in bench.ratio_rows(ours, trl)}
-    assert "peak_cuda_allocated_gib" not in rows  # neither side ran on a GPU
-    assert rows["seconds"]["ours"] == 6.0 and rows["seconds"]["trl"] == 8.0 and rows["seconds"]["ratio"] == 0.75
-    assert rows["generate_s"]["ratio"] == 0.75 and rows["train_s"]["ratio"] == 2.5 / 3.0
-    assert rows["seconds_per_update"]["ratio"] == 0.75 and rows["peak_rss_gib"]["ratio"] == 0.5
-    table = bench.markdown_table(bench.ratio_rows(ours, trl))
-    assert "| GRPO step, s (mean, warm-up left out) | 6 | 8 | 0.75 |" in table
-    assert "| peak RSS, GiB | 2 | 4 | 0.50 |" in table
+def test_precision_check_passes_when_both_sides_computed_alike():
+    ours = run_report([[4, 4], [4, 4]], [["a"], ["b"]])
+    trl = run_report([[4, 4], [4, 4]], [["a"], ["b"]])
+    assert bench.precision_problems(ours, trl, "fp32") == []
+    bf16 = observed("bfloat16", "bfloat16", "bfloat16")
+    assert bench.precision_problems(dict(ours, observed=bf16), dict(trl, observed=bf16), "bf16") == []
 
 
-def test_ratio_is_undefined_where_a_side_has_no_value():
-    rows = bench.ratio_rows({"seconds": 3.0, "peak_cuda_allocated_gib": 1.0}, {"seconds": 0.0})
-    by = {r["metric"]: r for r in rows}
-    assert by["seconds"]["ratio"] is None and by["peak_cuda_allocated_gib"]["ratio"] is None
-    assert "| peak CUDA allocated, GiB | 1 | n/a | n/a |" in bench.markdown_table(rows)
+@pytest.mark.parametrize("trl_dtypes, message", [
+    (observed(loss="bfloat16"), "loss: ours computed in float32, TRL in bfloat16"),
+    (observed(generate="bfloat16"), "generate: ours computed in float32, TRL in bfloat16"),
+    (observed(logprobs="bfloat16"), "logprobs: ours computed in float32, TRL in bfloat16"),
+    (observed(generate=None), "generate: precision not observed on TRL"),
+])
+def test_precision_check_refuses_differing_or_unobserved_dtypes(trl_dtypes, message):
+    ours = run_report([[4, 4]], [["a"]])
+    trl = run_report([[4, 4]], [["a"]], dtypes=trl_dtypes)
+    assert message in bench.precision_problems(ours, trl, "fp32")
 
 
-def test_compare_reports_prompt_order_tokenization_and_versions():
-    spec = {"expected_prompts": [["a"], ["b"]], "updates_per_step": 2}
-    v = {"torch": "2.13.0", "transformers": "5.24.0"}
-    ours = {"steps": [{"prompts": ["a"], "updates": 2}, {"prompts": ["b"], "updates": 2}], "versions": v,
-            "device": "cpu", "autocast": None}
-    trl = {"steps": [{"prompts": ["b"], "updates": 2}, {"prompts": ["a"], "updates": 2}],
-           "versions": dict(v, transformers="5.25.0"), "device": "cpu", "autocast": None,
-           "prompt_tokens_identical": False}
-    notes = bench.compare(ours, trl, spec)
-    assert ("ours: trained on the expected prompts in the expected order: True; "
-            "optimizer updates per GRPO step: 2 (expected 2)") in notes
-    assert any(n.startswith("TRL: trained on the expected prompts in the expected order: False") for n in notes)
-    assert any("tokenization" in n for n in notes) and any("transformers differs" in n for n in notes)
+def test_precision_check_refuses_the_wrong_precision_on_both_sides_and_differing_torch():
+    ours = run_report([[4, 4]], [["a"]])
+    trl = run_report([[4, 4]], [["a"]], torch="2.14.1")
+    problems = bench.precision_problems(ours, trl, "bf16")
+    assert any(p.startswith("torch differs: ours 2.13.0, TRL venv 2.14.1") for p in problems)
+    assert "loss: both computed in float32, not the bfloat16 asked for" in problems
+
+
+def test_a_refused_comparison_prints_no_ratio():
+    """The refusal itself: with differing dtypes every ratio is None and the table says refused."""
+    spec = dict(SPEC)
+    ours = [run_report([[4, 4], [4, 4]], [["a"], ["b"]], peak_rss_gib=1.0)]
+    fair = [run_report([[4, 4], [4, 4]], [["a"], ["b"]], peak_rss_gib=2.0)]
+    unfair = [run_report([[4, 4], [4, 4]], [["a"], ["b"]], peak_rss_gib=2.0,
+                         dtypes=observed("bfloat16", "bfloat16", "bfloat16"))]
+    ok = bench.compare_precision(ours, fair, spec, "fp32", warmup=1)
+    assert ok["problems"] == [] and "| peak RSS, GiB (embedder loaded on both) | 1 | 2 | 0.50 |" in ok["table"]
+    refused = bench.compare_precision(ours, unfair, spec, "fp32", warmup=1)
+    assert refused["problems"] and all(r["ratio"] is None for r in refused["rows"])
+    assert "refused" in refused["table"] and "0.50" not in refused["table"]
+    other_torch = bench.compare_precision(ours, [dict(fair[0], versions={"torch": "2.14.1"})], spec, "fp32", 1)
+    assert all(r["ratio"] is None for r in other_torch["rows"]) and "refused" in other_torch["table"]
+
+
+def test_hooks_read_the_dtype_of_the_computation_not_a_flag():
+    """Under bf16 autocast the matmuls run in bf16 while the residual stream (the layer's output)
+    stays fp32: the matmul dtype is the one that tells the precision."""
+    import torch
+    from modeling import load_model_and_tokenizer
+    model, _ = load_model_and_tokenizer("tiny-random", dtype="float32")
+    inst = workers.Instruments()
+    inst.hook_precision(model, "policy")
+    ids = torch.tensor([[5, 6, 7, 8]])
+    with torch.no_grad():
+        model(input_ids=ids)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        model(input_ids=ids).logits.sum().backward()
+    inst.generating.on = True
+    with torch.no_grad():
+        model(input_ids=ids)
+    inst.generating.on = False
+    assert inst.observed() == {"logprobs": {"matmul": ["float32"], "layer_output": ["float32"]},
+                               "loss": {"matmul": ["bfloat16"], "layer_output": ["float32"]},
+                               "generate": {"matmul": ["float32"], "layer_output": ["float32"]}}
+
+
+def test_suppressed_stop_tokens_reach_our_generate_and_every_row_runs_to_the_cap(monkeypatch):
+    """Ours is forced to full length through the model's generation_config (modeling.generate
+    leaves suppress_tokens unset, so transformers takes the model's value); the generate wrapper
+    counts the tokens."""
+    import torch
+    from transformers.generation.logits_process import SuppressTokensLogitsProcessor
+    from transformers.generation.utils import GenerationMixin
+    from modeling import generate, load_model_and_tokenizer, stop_token_ids
+    model, tokenizer = load_model_and_tokenizer("tiny-random", dtype="float32")
+    stops = stop_token_ids(model, tokenizer)
+    model.generation_config.suppress_tokens = stops
+    seen = []
+    original = SuppressTokensLogitsProcessor.__call__
+
+    def spy(self, input_ids, scores):
+        out = original(self, input_ids, scores)
+        seen.append(out[:, stops])
+        return out
+    monkeypatch.setattr(SuppressTokensLogitsProcessor, "__call__", spy)
+    monkeypatch.setattr(GenerationMixin, "generate", GenerationMixin.generate)  # restored after the test
+    inst = workers.Instruments()
+    inst.stop_ids = stops
+    inst.wrap_generate()
+    torch.manual_seed(0)
+    out = generate(model, tokenizer, ["hello there"], max_new_tokens=5, num_generations=3)
+    assert len(seen) == 5 and all(torch.isinf(s).all() and (s < 0).all() for s in seen)
+    assert out["generated_tokens"] == [5, 5, 5]
+    call = inst.generate_calls[0]
+    assert call["lengths"] == [5, 5, 5] and call["rows"] == 3 and call["new_width"] == 5
 
 
 # ---------------------------------------------------------------------------------------------
-# Argument checks (before any model, data or TRL is touched)
+# Equal work
+# ---------------------------------------------------------------------------------------------
+def test_equal_work_passes_on_forced_lengths_same_prompts_same_updates():
+    ours = run_report([[4, 4], [4, 4]], [["a"], ["b"]])
+    trl = run_report([[4, 4], [4, 4]], [["a"], ["b"]], prompt_tokens_identical=True)
+    assert bench.equal_work_problems(ours, trl, SPEC) == []
+
+
+def test_equal_work_flags_unequal_completion_lengths():
+    ours = run_report([[4, 4], [4, 4]], [["a"], ["b"]])
+    trl = run_report([[4, 4], [4, 3]], [["a"], ["b"]])
+    problems = bench.equal_work_problems(ours, trl, SPEC)
+    assert problems == ["TRL step 2: 1 of 2 completions are not 4 tokens long (lengths [3])"]
+    assert bench.compare_precision([ours], [trl], SPEC, "fp32", 1)["problems"] == problems
+
+
+def test_equal_work_flags_prompt_order_missing_rows_self_reports_and_updates():
+    ours = run_report([[4, 4], [4]], [["b"], ["a"]])
+    ours["steps"][0]["reported_completion_length"] = 3.5
+    trl = run_report([[4, 4], [4, 4]], [["a"], ["b"]], updates=1, prompt_tokens_identical=False)
+    trl["steps"][0]["reported_completion_lengths"] = [4, 2]
+    problems = bench.equal_work_problems(ours, trl, SPEC)
+    assert "ours: did not train on the expected prompts in the expected order" in problems
+    assert "ours step 2: 1 completions counted, 2 expected" in problems
+    assert "ours step 1: reports a mean completion length of 3.5, not 4" in problems
+    assert "TRL step 1: the side's own token counts differ from the generate count" in problems
+    assert "TRL step 1: 1 optimizer updates, 2 expected" in problems
+    assert any("tokenizes the prompts differently" in p for p in problems)
+
+
+def test_split_steps_assigns_events_to_step_windows():
+    inst = workers.Instruments()
+    inst.generate_calls = [{"start": 1.0, "seconds": 2.0, "rows": 2, "prompt_width": 9, "new_width": 4, "lengths": [4, 4]},
+                           {"start": 11.0, "seconds": 3.0, "rows": 2, "prompt_width": 9, "new_width": 4, "lengths": [4, 3]}]
+    inst.timed = [{"start": 3.5, "seconds": 1.0, "kind": "old_logprobs"}, {"start": 4.5, "seconds": 0.5, "kind": "ref_logprobs"},
+                  {"start": 5.0, "seconds": 1.5, "kind": "loss_forward"}, {"start": 6.0, "seconds": 1.5, "kind": "loss_forward"}]
+    steps = [{"step": 1, "t0": 0.5, "t1": 9.0, "seconds": 9.0, "generate_s": 2.5, "score_s": 0.5},
+             {"step": 2, "t0": 10.0, "t1": 20.0, "seconds": 8.0, "generate_s": 3.5, "score_s": 0.5}]
+    workers.split_steps(steps, inst)
+    first, second = steps
+    assert first["decode_s"] == 2.0 and first["completion_lengths"] == [4, 4] and first["longest_completion"] == 4
+    assert first["old_logprobs_s"] == 1.0 and first["ref_logprobs_s"] == 0.5 and first["loss_forward_s"] == 3.0
+    assert first["rest_s"] == pytest.approx(9.0 - 2.5 - 0.5 - 1.0 - 0.5 - 3.0)
+    assert second["completion_lengths"] == [4, 3] and second["completion_length"] == 3.5
+    assert second["loss_forward_s"] == 0 and second["rest_s"] == pytest.approx(4.0)
+
+
+# ---------------------------------------------------------------------------------------------
+# Median and spread, by hand; the pooled summary; Markdown rows
+# ---------------------------------------------------------------------------------------------
+def test_describe_median_quartiles_and_range_by_hand():
+    # sorted 1, 2, 3, 10: median (2 + 3) / 2; quartiles at positions 0.75 and 2.25 of 0..3
+    assert measure.describe([3, 1, None, 2, 10, float("nan")]) == {
+        "median": 2.5, "min": 1.0, "max": 10.0, "q1": 1.75, "q3": 4.75, "n": 4}
+    assert measure.describe([7]) == {"median": 7.0, "min": 7.0, "max": 7.0, "q1": 7.0, "q3": 7.0, "n": 1}
+    assert measure.describe([None]) is None
+
+
+def test_summary_pools_the_measured_steps_of_every_run():
+    def run(seconds, rss):
+        return {"steps": [{"step": i + 1, "seconds": s, "updates": 2, "completion_lengths": [4, 4]}
+                          for i, s in enumerate(seconds)], "peak_rss_gib": rss}
+    s = bench.summarize([run([100.0, 6.0, 8.0], 1.0), run([90.0, 10.0, 4.0], 3.0)], warmup=1)
+    assert s["measured_steps"] == 4 and s["runs"] == 2
+    assert s["seconds"]["median"] == 7.0 and (s["seconds"]["min"], s["seconds"]["max"]) == (4.0, 10.0)
+    assert s["seconds_per_update"]["median"] == 3.5
+    assert s["completion_length"]["median"] == 4 and s["completion_length"]["n"] == 8
+    assert s["peak_rss_gib"]["median"] == 2.0 and s["decode_s"] is None
+
+
+def test_markdown_rows():
+    rows = bench.ratio_rows({"seconds": measure.describe([5, 6, 7])}, {"seconds": measure.describe([8])}, [])
+    table = bench.render_table(rows, refused=False)
+    assert table.splitlines()[:2] == ["| median (min-max) | ours | TRL | ours / TRL |", "|---|---:|---:|---:|"]
+    assert "| GRPO step, s | 6 (5-7) | 8 | 0.75 |" in table
+    assert measure.markdown_table(["a", "b"], [["x", 1234.5], ["y", None]]).splitlines() == [
+        "| a | b |", "|---|---:|", "| x | 1234 |", "| y | n/a |"]
+    assert measure.fmt_stat(None) == "n/a" and measure.fmt_stat(measure.describe([0.5, 0.25])) == "0.375 (0.25-0.5)"
+
+
+def test_machine_record_names_the_cpu_and_its_bf16_units():
+    info = measure.machine()
+    assert info["cpu"] and info["torch"] and info["torch_threads"] >= 1
+    assert isinstance(info["bf16_matmul_units"], bool)
+    assert info["cpu"] in measure.machine_line(info)
+
+
+def test_a_workers_peak_memory_is_its_own_not_its_parents():
+    """ru_maxrss survives fork and exec on Linux: a small child of a big parent would report the
+    parent's peak. The peak the workers report must be the child's own."""
+    import resource
+    import subprocess
+    parent_gib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # torch and a model loaded
+    code = f"import sys; sys.path.insert(0, {str(REPO / 'bench')!r}); import measure; print(measure.peak_rss_gib())"
+    child_gib = float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
+    assert 0 < child_gib < parent_gib / 2
+
+
+# ---------------------------------------------------------------------------------------------
+# Argument checks: one line each, before any model, data or TRL is touched
 # ---------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("argv, message", [
-    (["--steps", "1"], "at least 2"),
+    (["--steps", "1"], "more than --warmup"),
+    (["--repeats", "0"], "--repeats must be at least 1"),
     (["-K", "1", "--sample-ratio", "1"], "-K must be at least 2"),
     (["-K", "3", "--sample-ratio", "2"], "equal minibatches"),
     (["-K", "2", "--sample-ratio", "2", "--data", "no/such/train.jsonl"], "--synthetic N"),
+    (["-K", "2", "--sample-ratio", "2", "--synthetic", "3", "--precisions", "fp16"], "--precisions 'fp16'"),
+    (["-K", "2", "--sample-ratio", "2", "--synthetic", "3", "--trl-python", "no/such/python"], "not found"),
 ])
-def test_bad_arguments_stop_with_one_line(argv, message, tmp_path):
+def test_grpo_bad_arguments_stop_with_one_line(argv, message, tmp_path):
     with pytest.raises(SystemExit) as stop:
         bench.main(argv + ["--out", str(tmp_path)])
+    assert message in str(stop.value) and "\n" not in str(stop.value)
+
+
+def test_bf16_without_bf16_units_stops_with_one_line(monkeypatch):
+    monkeypatch.setattr(measure, "bf16_available", lambda: False)
+    assert measure.resolve_precisions("auto") == ["fp32"]
+    with pytest.raises(SystemExit) as stop:
+        measure.resolve_precisions("fp32,bf16")
+    assert "needs a GPU or a CPU with AMX" in str(stop.value) and "\n" not in str(stop.value)
+    monkeypatch.setattr(measure, "bf16_available", lambda: True)
+    assert measure.resolve_precisions("auto") == ["fp32", "bf16"]
+
+
+@pytest.mark.parametrize("module, argv, message", [
+    ("sft", ["--phases", "3"], "--phases '3'"),
+    ("sft", ["--steps", "1", "--warmup", "1"], "more than --warmup"),
+    ("sft", ["--data", "no/such.jsonl"], "--synthetic N"),
+    ("eval", ["--methods", "full,oracle"], "--methods 'full,oracle'"),
+    ("eval", ["--per-bucket", "0"], "--per-bucket must be at least 1"),
+    ("eval", ["--data", "no/such.jsonl"], "--synthetic N"),
+])
+def test_sft_and_eval_bad_arguments_stop_with_one_line(module, argv, message):
+    with pytest.raises(SystemExit) as stop:
+        (sft_bench if module == "sft" else eval_bench).main(argv)
     assert message in str(stop.value) and "\n" not in str(stop.value)
 
 
@@ -130,7 +332,59 @@ def test_help_lists_the_flags(capsys):
     with pytest.raises(SystemExit):
         bench.main(["--help"])
     text = capsys.readouterr().out
-    for flag in ("--model", "--data", "--synthetic", "--steps", "-K", "--max-new-tokens", "--max-prompt-length",
-                 "--out", "--trl-python"):
+    for flag in ("--model", "--data", "--synthetic", "--steps", "--repeats", "--precisions", "-K",
+                 "--max-new-tokens", "--out", "--trl-python"):
         assert flag in text
     assert "--worker" not in text
+
+
+# ---------------------------------------------------------------------------------------------
+# Smokes on the tiny random model (seconds)
+# ---------------------------------------------------------------------------------------------
+def records_file(tmp_path, rounds=(6, 6, 14, 14, 22, 30)):
+    path = tmp_path / "records.jsonl"
+    write_jsonl(path, [hand_record(i, rounds=r) for i, r in enumerate(rounds)])
+    return str(path)
+
+
+def test_sft_throughput_smoke(tmp_path, capsys):
+    out = tmp_path / "sft"
+    sft_bench.main(["--model", "tiny-random", "--data", records_file(tmp_path), "--out", str(out), "--steps", "2",
+                    "--batch-size", "2", "--max-length", "512", "--precisions", "fp32", "--padding-batches", "2"])
+    result = json.loads((out / "results.json").read_text())
+    for phase in ("1", "2"):
+        for order in ("grouped", "ungrouped"):
+            steps = result["results"]["fp32"]["phases"][phase][order]["steps"]
+            assert len(steps) == 2 and all(s["real_tokens"] <= s["padded_tokens"] for s in steps)
+            assert result["summary"]["fp32"][phase][order]["tokens_per_s"]["n"] == 1
+    assert "| fp32 | 2 | ungrouped | 1 |" in (out / "results.md").read_text()
+    assert result["machine"]["cpu"]
+
+
+def test_ungrouped_order_is_phase_data_shuffle_without_the_sort(tiny):
+    from stage1_sft import PhaseData
+    _, tokenizer = tiny
+    records = [hand_record(i, rounds=r) for i, r in enumerate((4, 12, 6, 20, 8, 3, 16))]
+    data = PhaseData(tokenizer, records, 2, 512, True, 0, 2)
+    grouped = [sorted(data.batch_indices(k)) for k in range(data.batches_per_epoch)]
+    ungrouped = [sorted(b) for b in sft_bench.ungrouped_batches(data)]
+    assert sorted(i for b in grouped for i in b) == sorted(i for b in ungrouped for i in b)  # the same examples
+    assert len(ungrouped) == data.batches_per_epoch and all(len(b) == 2 for b in ungrouped)
+    assert sft_bench.padding([{"input_ids": [1, 2, 3]}, {"input_ids": [1]}])["padding_share"] == pytest.approx(1 / 3)
+
+
+def test_eval_latency_smoke(tmp_path):
+    out = tmp_path / "eval"
+    eval_bench.main(["--model", "tiny-random", "--data", records_file(tmp_path), "--out", str(out),
+                     "--methods", "full,recency,srt", "--per-bucket", "1", "--batch-size", "2",
+                     "--max-new-tokens", "3", "--max-new-tokens-direct", "2", "--dtype", "float32"])
+    result = json.loads((out / "results.json").read_text())
+    buckets = {r["bucket"] for r in result["requests"]}
+    assert buckets == {8, 16, 24, 32}
+    assert len(result["requests"]) == 3 * 4  # one query per bucket, three methods
+    assert all(r["latency_s"] > 0 and r["input_tokens"] > 0 and 1 <= r["generated_tokens"] <= 3
+               for r in result["requests"])
+    rows = {(r["method"], r["bucket"]): r for r in result["rows"]}
+    assert rows[("full", "all")]["input_vs_full"] == 1.0 and rows[("recency", 32)]["input_vs_full"] < 1.0
+    assert rows[("srt", 8)]["batch_rows"] == 2 and rows[("srt", 32)]["batch_rows"] == 1
+    assert "| recency | 32 | 1 |" in (out / "results.md").read_text()

@@ -17,7 +17,8 @@ import cuemem  # noqa: E402
 from cuemem import CueMemory, Triple  # noqa: E402
 from data_io import bucket_of  # noqa: E402
 from metrics import recall_metrics  # noqa: E402
-from stage0_build import generate_synthetic, utterances  # noqa: E402
+from stage0_build import utterances  # noqa: E402
+from synthetic import generate_synthetic  # noqa: E402
 
 
 # ---------------------------------------------------------------------------------------------

@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 
 import stage0_build as s0
+from data_io import DataError, bucket_of, read_jsonl, validate_record, write_jsonl
+from synthetic import generate_synthetic
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -17,8 +19,8 @@ ROOT = Path(__file__).resolve().parent.parent
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     out = tmp_path_factory.mktemp("data")
-    assert s0.main(["--num-dialogues", "60", "--seed", "3", "--out", str(out), "--quiet"]) == 0
-    records = {split: s0.read_jsonl(out / f"{split}.jsonl") for split in ("train", "dev", "test")}
+    s0.main(["--num-dialogues", "60", "--seed", "3", "--out", str(out), "--quiet"])
+    records = {split: read_jsonl(out / f"{split}.jsonl") for split in ("train", "dev", "test")}
     return out, records
 
 
@@ -52,15 +54,15 @@ def test_pruned_is_scored_turns_plus_recall(built):
 
 # ---- the synthetic corpus --------------------------------------------------------------------
 def test_same_seed_same_bytes_other_seed_other_dialogues(tmp_path):
-    a, b = s0.generate_synthetic(30, seed=5), s0.generate_synthetic(30, seed=5)
+    a, b = generate_synthetic(30, seed=5), generate_synthetic(30, seed=5)
     assert json.dumps(a) == json.dumps(b)
-    c = s0.generate_synthetic(30, seed=6)
+    c = generate_synthetic(30, seed=6)
     assert json.dumps(a) != json.dumps(c)
 
 
 def test_records_valid_and_recall_holds_planted_facts(built):
     for r in all_records(built):
-        s0.validate_record(r)
+        validate_record(r)
         labels = {u["label"] for u in r["history"]}
         assert set(r["recall"]) <= labels
         assert len(r["history"]) == 2 * (r["query_turn"] - 1)
@@ -69,11 +71,11 @@ def test_records_valid_and_recall_holds_planted_facts(built):
             if r["recall"] and key.lower() not in ("yes", "no"):
                 assert key.lower() in evidence, (r["id"], key)
         assert s0.verify_record(r) is None
-        assert r["meta"]["bucket"] == s0.bucket_of(r["query_turn"])
+        assert r["meta"]["bucket"] == bucket_of(r["query_turn"])
 
 
 def test_long_range_confusers_and_updates_occur():
-    dialogues = s0.generate_synthetic(300, seed=0)
+    dialogues = generate_synthetic(300, seed=0)
     far, updates_used, confusers, empty, multi = 0, 0, 0, 0, 0
     for d in dialogues:
         kinds = [r["kind"] for r in d["rounds"]]
@@ -95,7 +97,7 @@ def test_long_range_confusers_and_updates_occur():
 
 
 def test_four_domains_and_varied_phrasing():
-    dialogues = s0.generate_synthetic(200, seed=1)
+    dialogues = generate_synthetic(200, seed=1)
     assert {d["domain"] for d in dialogues} == {"spa", "shop", "travel", "telecom"}
     order_questions = {r["user"] for d in dialogues for r in d["rounds"]
                        if r.get("gold", {}).get("query_type") == "single" and "order number" in r["user"]}
@@ -147,7 +149,7 @@ def test_verification_drops_tampered_records(built):
 
 # ---- deduplication ---------------------------------------------------------------------------
 def test_dedup_merges_near_identical_dialogues():
-    dialogues = s0.generate_synthetic(20, seed=2)
+    dialogues = generate_synthetic(20, seed=2)
     twin = copy.deepcopy(dialogues[4])
     twin["id"] = "twin"
     twin["rounds"][-1]["assistant"] += " Thanks!"  # one utterance differs
@@ -160,7 +162,7 @@ def test_dedup_merges_near_identical_dialogues():
 # ---- bad input -------------------------------------------------------------------------------
 def test_malformed_source_names_file_line_field(tmp_path):
     src = tmp_path / "raw.jsonl"
-    good = s0.generate_synthetic(12, seed=0)
+    good = generate_synthetic(12, seed=0)
     bad = copy.deepcopy(good[0])
     del bad["rounds"][2]["assistant"]
     src.write_text("\n".join(json.dumps(d) for d in good[:5] + [bad] + good[5:]) + "\n")
@@ -169,10 +171,10 @@ def test_malformed_source_names_file_line_field(tmp_path):
     (out / "train.jsonl").write_text("precious\n")
     proc = subprocess.run([sys.executable, str(ROOT / "stage0_build.py"), "--source", "jsonl", "--input", str(src),
                            "--out", str(out), "--quiet"], capture_output=True, text=True)
-    assert proc.returncode == 2
+    assert proc.returncode == 1 and len(proc.stderr.strip().splitlines()) == 1
     assert f"{src}:6: field 'rounds[2].assistant'" in proc.stderr
     assert (out / "train.jsonl").read_text() == "precious\n"  # nothing already written is lost
-    assert s0.main(["--source", "jsonl", "--input", str(src), "--out", str(out), "--on-error", "skip", "--quiet"]) == 0
+    s0.main(["--source", "jsonl", "--input", str(src), "--out", str(out), "--on-error", "skip", "--quiet"])
     stats = json.loads((out / "stats.json").read_text())
     assert stats["dropped"]["malformed"] == 1 and stats["dialogues_in"] == 13
 
@@ -180,15 +182,15 @@ def test_malformed_source_names_file_line_field(tmp_path):
 def test_read_jsonl_errors_name_the_field(tmp_path):
     path = tmp_path / "x.jsonl"
     path.write_text('{"id": "a"}\n')
-    with pytest.raises(s0.DataError, match=r"x.jsonl:1: field 'source' is missing"):
-        s0.read_jsonl(path)
+    with pytest.raises(DataError, match=r"x.jsonl:1: field 'source' is missing"):
+        read_jsonl(path)
     path.write_text("{not json\n")
-    with pytest.raises(s0.DataError, match=r"x.jsonl:1: not valid JSON"):
-        s0.read_jsonl(path)
+    with pytest.raises(DataError, match=r"x.jsonl:1: not valid JSON"):
+        read_jsonl(path)
 
 
 def test_atomic_write_leaves_no_temp_files(tmp_path):
-    s0.write_jsonl(tmp_path / "a.jsonl", [{"x": 1}])
+    write_jsonl(tmp_path / "a.jsonl", [{"x": 1}])
     assert [p.name for p in tmp_path.iterdir()] == ["a.jsonl"]
 
 
@@ -202,3 +204,11 @@ def test_prompt_and_target_format(built):
     target = s0.format_target(r)
     assert target.startswith("<think>\n1. Analyze Query:") and "</think>\nFinal answer: " in target
     assert s0.format_target(r, with_reasoning=False) == f"Final answer: {r['answer']}"
+
+
+def test_preset_defaults_and_explicit_flags_win(built):
+    assert s0.parse_args(["--preset", "cpu-demo"]).num_dialogues == 600
+    assert s0.parse_args(["--preset", "cpu-demo", "--num-dialogues", "7"]).num_dialogues == 7
+    assert s0.parse_args([]).num_dialogues == 2000
+    config = json.loads((built[0] / "config.json").read_text())
+    assert config["num_dialogues"] == 60 and config["seed"] == 3 and "quiet" not in config

@@ -13,7 +13,8 @@ from safetensors.torch import load_file
 
 import modeling
 import stage1_sft
-from stage0_build import format_target, render_prompt, write_jsonl
+from data_io import write_jsonl
+from stage0_build import format_target, render_prompt
 from records import hand_record
 from stage1_sft import IGNORE_INDEX, build_example, collate, load_model_and_tokenizer, sft_loss_sums
 

@@ -15,7 +15,8 @@ from safetensors.torch import load_file
 
 import modeling
 import stage2_grpo as g
-from stage0_build import PromptStream, fit_prompt, read_jsonl, render_prompt, write_jsonl
+from data_io import read_jsonl, write_jsonl
+from stage0_build import PromptStream, fit_prompt, render_prompt
 from records import hand_record
 from probe import sample_lines
 from training import warmup_lr

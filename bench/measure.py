@@ -1,0 +1,172 @@
+"""What the three benchmarks share: the machine they ran on, the median and spread of repeated
+timings, Markdown tables, and the results folder (runs/bench/). Imported by grpo_vs_trl.py,
+sft_throughput.py and eval_latency.py, which put bench/ and the repository root on sys.path."""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import re
+import resource
+import statistics
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+# --------------------------------------------------------------------------------------------
+# The machine
+# --------------------------------------------------------------------------------------------
+def cpu_model() -> str:
+    """lscpu's "Model name", else /proc/cpuinfo's "model name", else platform's guess."""
+    try:
+        text = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
+        match = re.search(r"^Model name:\s*(.+)$", text, re.M)
+        if match:
+            return match.group(1).strip()
+    except (OSError, subprocess.SubprocessError):
+        pass
+    try:
+        match = re.search(r"^model name\s*:\s*(.+)$", Path("/proc/cpuinfo").read_text(), re.M)
+        if match:
+            return match.group(1).strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def cpu_flags() -> set[str]:
+    try:
+        match = re.search(r"^flags\s*:\s*(.+)$", Path("/proc/cpuinfo").read_text(), re.M)
+        return set(match.group(1).split()) if match else set()
+    except OSError:
+        return set()
+
+
+def machine() -> dict:
+    """Everything a reader needs to judge whether a table applies to their machine. bf16 units:
+    avx512_bf16 only converts and dots; the matmul speed-up the repository measured needs AMX
+    (amx_bf16), which modeling.cpu_has_bf16_matmul probes, so both are recorded."""
+    import torch
+    from modeling import cpu_has_bf16_matmul
+    flags = cpu_flags()
+    info = {"cpu": cpu_model(), "logical_cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+            "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"), "torch": torch.__version__,
+            "transformers": _version("transformers"), "python": platform.python_version(),
+            "avx512_bf16": "avx512_bf16" in flags, "amx_bf16": "amx_bf16" in flags,
+            "bf16_matmul_units": cpu_has_bf16_matmul(), "gpu": None}
+    if torch.cuda.is_available():
+        info["gpu"] = torch.cuda.get_device_name(0)
+        info["bf16_matmul_units"] = True
+    return info
+
+
+def machine_line(info: dict) -> str:
+    where = info["gpu"] or f"{info['cpu']}, {info['logical_cpus']} logical CPUs"
+    bf16 = "has bf16 matmul units" if info["bf16_matmul_units"] else "no bf16 matmul units (fp32 only)"
+    return (f"{where}; {bf16}; torch {info['torch']}, {info['torch_threads']} threads, "
+            f"transformers {info['transformers']}")
+
+
+def _version(name: str):
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def bf16_available() -> bool:
+    """Where bf16 autocast pays: a GPU or an AMX CPU (modeling.resolve_dtype's rule)."""
+    import torch
+    from modeling import cpu_has_bf16_matmul
+    return torch.cuda.is_available() or cpu_has_bf16_matmul()
+
+
+def resolve_precisions(spec: str) -> list[str]:
+    """--precisions auto|fp32|bf16|fp32,bf16 -> the list to measure. auto: fp32 always, bf16 only
+    where the hardware has it (emulated bf16 is slower than fp32 and says nothing about either
+    implementation). Asking for bf16 on hardware without it stops with one line."""
+    if spec == "auto":
+        return ["fp32", "bf16"] if bf16_available() else ["fp32"]
+    wanted = [p.strip() for p in spec.split(",") if p.strip()]
+    unknown = [p for p in wanted if p not in ("fp32", "bf16")]
+    if unknown or not wanted:
+        sys.exit(f"error: --precisions {spec!r}: use auto, fp32, bf16 or fp32,bf16")
+    if "bf16" in wanted and not bf16_available():
+        sys.exit("error: --precisions bf16 needs a GPU or a CPU with AMX bf16 units; this machine has neither "
+                 "(use --precisions fp32)")
+    return list(dict.fromkeys(wanted))
+
+
+def peak_rss_gib() -> float:
+    """Peak resident set size of this process so far. On Linux, VmHWM of /proc/self/status: the
+    high-water mark of this process's own memory. Not ru_maxrss: Linux carries it across fork and
+    exec, so a worker started by a parent holding a model would report the parent's peak as its own
+    (macOS has no /proc; its ru_maxrss is in bytes)."""
+    try:
+        match = re.search(r"^VmHWM:\s+(\d+)\s+kB", Path("/proc/self/status").read_text(), re.M)
+        if match:
+            return int(match.group(1)) / 2**20
+    except OSError:
+        pass
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / 2**30 if sys.platform == "darwin" else peak / 2**20
+
+
+# --------------------------------------------------------------------------------------------
+# Repeated measurements: median and spread
+# --------------------------------------------------------------------------------------------
+def describe(values) -> dict | None:
+    """{median, min, max, q1, q3, n} of the finite values, None when there are none. The median
+    rather than the mean: on a shared 2-core machine one step slowed by another process would
+    move a mean; min-max shows how noisy the run was, q1-q3 what a typical step did."""
+    values = sorted(float(v) for v in values if v is not None and v == v)
+    if not values:
+        return None
+    if len(values) == 1:
+        q1 = q3 = values[0]
+    else:
+        q1, _, q3 = statistics.quantiles(values, n=4, method="inclusive")
+    return {"median": statistics.median(values), "min": values[0], "max": values[-1], "q1": q1, "q3": q3,
+            "n": len(values)}
+
+
+def fmt(value, digits: int = 3) -> str:
+    if value is None:
+        return "n/a"
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    return f"{value:.{digits}g}" if abs(value) < 1000 else f"{value:.0f}"
+
+
+def fmt_stat(stat: dict | None, digits: int = 3) -> str:
+    """'12.3 (11.9-13.0)': median (min-max); just the value when every sample agrees."""
+    if stat is None:
+        return "n/a"
+    if stat["min"] == stat["max"]:
+        return fmt(stat["median"], digits)
+    return f"{fmt(stat['median'], digits)} ({fmt(stat['min'], digits)}-{fmt(stat['max'], digits)})"
+
+
+def markdown_table(header: list[str], rows: list[list], align: str | None = None) -> str:
+    """header ['metric', 'ours', ...]; rows of cells (strings or numbers); align: one letter per
+    column, l or r (default: first left, the rest right)."""
+    align = align or "l" + "r" * (len(header) - 1)
+    cell = lambda v: v if isinstance(v, str) else fmt(v)
+    lines = ["| " + " | ".join(header) + " |",
+             "|" + "|".join("---" if a == "l" else "---:" for a in align) + "|"]
+    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def write_results(out: Path, name: str, payload: dict, markdown: str) -> tuple[Path, Path]:
+    """<out>/<name>.json and <out>/<name>.md, written atomically."""
+    from data_io import atomic_write_text
+    out.mkdir(parents=True, exist_ok=True)
+    json_path, md_path = out / f"{name}.json", out / f"{name}.md"
+    atomic_write_text(json_path, json.dumps(payload, indent=2, default=str) + "\n")
+    atomic_write_text(md_path, markdown if markdown.endswith("\n") else markdown + "\n")
+    return json_path, md_path
