@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # A few SFT and GRPO steps of the embedded default (SmolLM2-135M) on this machine's GPUs, in bf16
 # compute over fp32 master weights (autocast without FSDP, FSDP's MixedPrecisionPolicy with it),
-# with and without --fsdp. Prints, per run: steps per second and tokens per second (the first step,
-# a warm-up, not counted), the peak GPU memory of rank 0, and the memory planner's estimate for the
-# same settings (memory_plan.py), so the two can be compared.
+# with and without --fsdp ("plain": one process, or DDP over 2+ GPUs). Prints, per run: steps per
+# second and tokens per second (the first step, a warm-up, not counted), the peak GPU memory of
+# rank 0, and the memory planner's estimate for the same settings (memory_plan.py, printed by each
+# stage at its start), so the two can be compared.
 #
 #   bash bench/gpu_check.sh                    # all visible GPUs, 6 steps per run
 #   NGPU=1 STEPS=4 bash bench/gpu_check.sh     # one GPU (FSDP over one process still runs)
@@ -32,12 +33,12 @@ GRPO_ARGS="--data $WORK/data/train.jsonl --max-steps $STEPS -K 8 --prompts-per-s
            --max-prompt-length 1024 --sample-ratio 2 --micro-batch-size 4 --gradient-checkpointing
            --eval-limit 0 --save-every 0 --warmup-steps 1"
 
-for mode in ddp fsdp; do
+for mode in plain fsdp; do
     flag=$([ $mode = fsdp ] && echo --fsdp || true)
     echo "== stage 1 (SFT), $NGPU GPU(s), $mode"
     $RUN stage1_sft.py $SFT_ARGS $flag --out "$WORK/sft_$mode" 2>&1 | grep -v "it/s"
     echo "== stage 2 (GRPO), $NGPU GPU(s), $mode"
-    $RUN stage2_grpo.py --model "$WORK/sft_ddp/final" $GRPO_ARGS $flag --out "$WORK/grpo_$mode" 2>&1 \
+    $RUN stage2_grpo.py --model "$WORK/sft_plain/final" $GRPO_ARGS $flag --out "$WORK/grpo_$mode" 2>&1 \
         | grep -v "it/s"
 done
 
@@ -47,7 +48,7 @@ import json, sys
 from pathlib import Path
 work, ngpu = Path(sys.argv[1]), sys.argv[2]
 print(f"{'run':<12}{'GPUs':>5}{'steps/s':>10}{'tokens/s':>12}{'peak GB (rank 0)':>18}")
-for name in ("sft_ddp", "sft_fsdp", "grpo_ddp", "grpo_fsdp"):
+for name in ("sft_plain", "sft_fsdp", "grpo_plain", "grpo_fsdp"):
     path = work / name / "metrics.jsonl"
     if not path.exists():
         print(f"{name:<12} no metrics (failed?)")
