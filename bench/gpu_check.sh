@@ -36,10 +36,11 @@ GRPO_ARGS="--data $WORK/data/train.jsonl --max-steps $STEPS -K 8 --prompts-per-s
 for mode in plain fsdp; do
     flag=$([ $mode = fsdp ] && echo --fsdp || true)
     echo "== stage 1 (SFT), $NGPU GPU(s), $mode"
-    $RUN stage1_sft.py $SFT_ARGS $flag --out "$WORK/sft_$mode" 2>&1 | grep -v "it/s"
+    rm -rf "$WORK/sft_$mode" "$WORK/grpo_$mode"  # a failed run must not show an older one's metrics
+    $RUN stage1_sft.py $SFT_ARGS $flag --out "$WORK/sft_$mode" 2>&1 | grep -v "it/s" || echo "FAILED: sft $mode"
     echo "== stage 2 (GRPO), $NGPU GPU(s), $mode"
     $RUN stage2_grpo.py --model "$WORK/sft_plain/final" $GRPO_ARGS $flag --out "$WORK/grpo_$mode" 2>&1 \
-        | grep -v "it/s"
+        | grep -v "it/s" || echo "FAILED: grpo $mode"
 done
 
 echo "== summary (first step not counted)"
