@@ -56,6 +56,9 @@ if rank == 0:
     shutil.copytree(tmp / "s1_b" / "final", tmp / "s1_b_step1")
 dist.barrier()
 stage1_sft.train(stage1_sft.parse_args(s1 + ["--out", str(tmp / "s1_b"), "--max-steps", "2", "--resume"]))
+# SmolLM2 ties lm_head to the embeddings: one parameter in the root unit, two names in final/.
+stage1_sft.train(stage1_sft.parse_args(s1[:1] + [str(tmp / "tied")] + s1[2:] + ["--out", str(tmp / "s1_tied"),
+                                                                              "--max-steps", "1"]))
 
 # Stage 2, grpo_step on fixed rollouts (see the test module's docstring).
 exec(open(tmp / "rollouts.py").read())
@@ -148,6 +151,19 @@ def toy_reward(completions, examples):
 '''
 
 
+def write_tied_model(folder):
+    """tiny-random with lm_head tied to the embeddings, as SmolLM2's, as a save_pretrained folder."""
+    from transformers import LlamaForCausalLM
+    model, tok = load_model_and_tokenizer("tiny-random", dtype="float32")
+    config = model.config
+    config.tie_word_embeddings = True
+    torch.manual_seed(0)
+    tied = LlamaForCausalLM(config)
+    assert tied.lm_head.weight is tied.model.embed_tokens.weight
+    tied.save_pretrained(folder)
+    tok.save_pretrained(folder)
+
+
 def sft_records():
     return [hand_record(i, 3 + i, ("Q1", "A2"), ("Q4",) if 3 + i >= 4 else ()) for i in range(4)]
 
@@ -158,6 +174,7 @@ def fsdp_run(tmp_path_factory):
     write_jsonl(tmp / "sft.jsonl", sft_records())
     write_jsonl(tmp / "grpo.jsonl", [hand_record(i, 4, ("A1",), (), price=10 + i) for i in range(4)])
     (tmp / "rollouts.py").write_text(ROLLOUTS)
+    write_tied_model(tmp / "tied")
     (tmp / "driver.py").write_text(FSDP_DRIVER)
     env = dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="", PYTHONPATH=str(REPO))
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
@@ -198,6 +215,23 @@ def test_fsdp_sft_step_equals_one_process_on_the_same_global_batch(fsdp_run, tmp
         torch.testing.assert_close(fsdp[name] - initial[name], value - initial[name], rtol=0, atol=1e-5, msg=name)
         moved += (value - initial[name]).abs().max().item() > 1e-3
     assert moved > 10
+
+
+def test_tied_embeddings_under_fsdp_equal_one_process(fsdp_run, tmp_path):
+    tmp, _, _ = fsdp_run
+    single = stage1_sft.train(stage1_sft.parse_args([
+        "--model", str(tmp / "tied"), "--data", str(tmp / "sft.jsonl"), "--out", str(tmp_path / "one"),
+        "--dtype", "float32", "--phase", "2", "--max-steps", "1", "--lr", "1e-2", "--warmup-steps", "0",
+        "--batch-size", "4"]))
+    reloaded, _ = load_model_and_tokenizer(str(tmp / "s1_tied" / "final"))
+    assert reloaded.lm_head.weight is reloaded.model.embed_tokens.weight  # still tied after the export
+    initial = load_model_and_tokenizer(str(tmp / "tied"))[0].state_dict()
+    for name, value in single.state_dict().items():
+        # Adam's first step is lr * g / (|g| + 1e-8): where |g| is near 1e-8 the rounding of g (sums
+        # in another order) shows; a few such coordinates, the rest agree to 1e-7.
+        update = reloaded.state_dict()[name] - initial[name]
+        torch.testing.assert_close(update, value - initial[name], rtol=0, atol=5e-5, msg=name)
+        assert (update - (value - initial[name])).abs().mean() < 1e-7, name
 
 
 def test_sharded_checkpoint_resumes_to_the_same_weights_and_adamw_state_and_exports_them(fsdp_run, tmp_path):
