@@ -1,11 +1,12 @@
 """Evaluation of SRT and its baselines (paper §4).
 
-    records -> stratified selection -> one answer per record and method -> metrics
-            -> <out>/<name>.jsonl, summary.json, report.md (Tables 1-3), PNG plots (Figs. 3-4)
+    records -> stratified selection -> one answer per record and variant (batched: throughput)
+            -> a batch-1 latency sample per length bucket after a warm-up (Table 1, Fig. 4)
+            -> metrics -> paired intervals against SRT
+            -> <out>/<name>.jsonl, <name>.latency.jsonl, summary.json, report.md, PNG plots
 
-The metrics themselves live in metrics.py (shared with cuemem.py), the tables and plots in
-report.py; this file chooses the examples, builds each method's input, generates, scores and
-aggregates.
+The metrics live in metrics.py (shared with cuemem.py and reward.py), the tables and plots in
+report.py; this file chooses the examples, builds each method's input, generates, scores.
 
 Methods (`--method`, or METHOD in `--compare NAME=METHOD:MODEL`):
     full     the whole history, a direct answer, no recall (the "full-history" setting)
@@ -13,19 +14,22 @@ Methods (`--method`, or METHOD in `--compare NAME=METHOD:MODEL`):
     rag      the top-k history turns by embedding similarity, in chronological order (§2.1; --rag-k)
     srt-p    the pluggable self-recall prompt of §4.8: instruction + worked <HIS> example, no training;
              also on an OpenAI-compatible chat API (--api-base, as the paper applies it to closed models)
-    srt      a trained checkpoint writing the SRT chain (stage1/stage2 output)
+    srt      a trained checkpoint writing the SRT chain (stage1/stage2 output; also the
+             `stage1_sft.py --no-cot` checkpoint, Table 2's "w/o CoT", which answers directly)
     cuemem   CueMem's reconstructed evidence (cuemem.py), answered from the evidence alone
 
-Metrics: SQuAD-style token F1 and key accuracy of the final answer (Table 1, Table 2); precision,
-recall and Jaccard of the recalled set H^ against H* (Table 2); the error taxonomy of every wrong
-answer per length bucket (Table 3); every metric per bucket 8, 12, ..., 32 (Fig. 4); format
-validity and the reward components of reward.py (Eqs. (4)-(7)); latency per answer (Table 1); and
-the attention analysis of §4.6 (Fig. 3).
+Every method gets the same instruction: answer the current query from the history, newer
+information overrides older, reply 'Final answer: ...'. Offline work (RAG's embedding of the
+history, CueMem's index build) is timed apart from the query latency (`offline_s`).
+
+Saved rows carry the fingerprint of the checkpoint's files and of the evaluation settings, and
+the hash of their record: --resume reuses a row only when all three match.
 
     python evaluate.py --method srt --model runs/demo/grpo/final --data runs/data/test.jsonl --out runs/demo/eval
-    python evaluate.py --data runs/data/test.jsonl --out runs/demo/eval --compare \\
-        base-srtp=srt-p:smollm2-135m full=full:smollm2-135m rag=rag:smollm2-135m \\
-        sft=srt:runs/demo/sft/final grpo=srt:runs/demo/grpo/final
+    python evaluate.py --preset cpu-demo --data runs/data/test.jsonl --out runs/demo/eval --resume --compare \
+        full=full:smollm2-135m base-srtp=srt-p:smollm2-135m nocot=srt:runs/demo/sft-nocot/final \
+        sft=srt:runs/demo/sft/final grpo=srt:runs/demo/grpo/final cuemem-cap16=cuemem:smollm2-135m \
+        --variant-options 'cuemem-cap16={"limit": 48, "cuemem": {"capacity": 16}}'
 
 Run `python evaluate.py --help`.
 """
@@ -33,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import hashlib
 import json
 import os
 import random
@@ -50,23 +55,32 @@ import report
 import reward
 from cli import parse_config, write_config
 from data_io import BUCKETS, DataError, atomic_write_text, bucket_of, read_jsonl
-from metrics import SELF_RECALL_METHODS, accuracy, error_type, f1_score, final_answer, recall_metrics
+from metrics import (SELF_RECALL_METHODS, accuracy, answer_keys, error_type, f1_score, final_answer, key_f1,
+                     keys_present, recall_metrics)
+from attention import attention_analysis
 from modeling import embed, load_embedder, load_model_and_tokenizer, render_chat, resolve_dtype
-from stage0_build import SRT_SYSTEM_PROMPT, ChatClient, build_messages, format_target
+from stage0_build import SRT_SYSTEM_PROMPT, ChatClient, build_messages, format_history, format_target
 
 METHODS = ("full", "recency", "rag", "srt-p", "srt", "cuemem")
+RETRIEVERS = ("recency", "rag", "cuemem")       # they choose what the model sees
 FIG4_BUCKETS = tuple(range(8, 33, 4))           # 8, 12, ..., 32 rounds (Fig. 4)
 # Conventional --compare names for Table 2, used when --table2 is not given.
 TABLE2_GUESS = {"SRT": ("grpo", "srt"), "w/o RL": ("sft",), "w/o CoT": ("nocot", "sft-nocot"),
-                "w/o SFT": ("base-srtp", "srt-p", "srtp")}
+                "w/o SFT": ("base-srtp", "srt-p", "srtp"), "Full history": ("full",)}
+# Bumped whenever a stored row's scores would change: old rows are then not reused by --resume.
+SCORE_VERSION = 2
+# Per-variant settings (--variant-options NAME=JSON) and what they override.
+VARIANT_KEYS = ("limit", "recency_k", "rag_k", "cuemem", "max_new_tokens")
+CUEMEM_MEMORY_KEYS = ("extractor", "window", "links_per_cue", "link_threshold", "capacity", "max_age")
+CUEMEM_QUERY_KEYS = ("top_k", "use_graph", "max_evidence", "temporal_decay", "min_relative_score")
 
 PRESETS = {
-    # `make demo`: 32 test queries (8 per length bucket, stratified) for each of six variants on
-    # 2 CPU cores with SmolLM2-135M; the 24- and 32-round cells hold 8 queries each.
-    "cpu-demo": {"limit": 32, "batch_size": 8, "attention_examples": 2},
+    # `make demo`: 96 test queries (24 per 8/16/24/32-round bucket, stratified) per variant on 2 CPU
+    # cores with SmolLM2-135M, throughput at batch 8, one batch-1 latency request per Fig. 4 bucket.
+    "cpu-demo": {"limit": 96, "batch_size": 8, "latency_per_bucket": 1, "attention_examples": 2},
     # The paper's scale: the whole test split, longer chains, a GPU.
-    "paper": {"limit": None, "batch_size": 16, "max_new_tokens": 512, "max_new_tokens_direct": 64,
-              "attention_examples": 8},
+    "paper": {"limit": None, "batch_size": 16, "max_new_tokens": 512, "max_new_tokens_direct": 128,
+              "latency_per_bucket": 8, "attention_examples": 8},
 }
 
 
@@ -81,7 +95,8 @@ def select_examples(records, limit=None, seed=0, buckets=BUCKETS) -> list[dict]:
     """The default selection rule: with a limit, take examples evenly across the Table 3 length
     buckets (round robin 8 -> 16 -> 24 -> 32 over a seeded shuffle of each bucket) so the long
     buckets are represented however the file is ordered; a bucket that runs dry passes its share
-    on. The chosen records keep their order in the file."""
+    on. The chosen records keep their order in the file. Under one seed a smaller limit picks a
+    subset of a larger one, so variants run on fewer queries still pair with the others."""
     if limit is None or limit >= len(records):
         return list(records)
     rng = random.Random(seed)
@@ -98,12 +113,27 @@ def select_examples(records, limit=None, seed=0, buckets=BUCKETS) -> list[dict]:
     return [records[i] for i in sorted(chosen)]
 
 
+def recall_distance(record) -> int | None:
+    """Rounds between the query and the oldest turn of H* (None when H* is empty)."""
+    rounds = [round_of(label, 0) for label in record["recall"]]
+    return record["query_turn"] - min(rounds) if rounds else None
+
+
+def distance_bin(distance) -> str:
+    """The bins of stage0's stats.json."""
+    if distance is None:
+        return "none"
+    return "1-4" if distance < 5 else "5-9" if distance < 10 else "10-19" if distance < 20 else "20+"
+
+
 # --------------------------------------------------------------------------------------------
 # The methods: what each one shows the model, and which turns it counts as recalled
 # --------------------------------------------------------------------------------------------
+# The instruction every direct method gets: SRT's task and its recency rule, without the chain.
 DIRECT_SYSTEM_PROMPT = (
     "You are a customer-service assistant in a long conversation. Answer the current query from the "
-    "dialogue history. Do not explain. Reply with one line: 'Final answer:' followed by a short answer."
+    "dialogue history; newer information overrides older. Do not explain. Reply with one line: "
+    "'Final answer:' followed by a short answer."
 )
 
 # §4.8 SRT-P: the self-recall strategy as a prompt, an instruction plus one short worked example.
@@ -143,37 +173,62 @@ def recency_turns(record, k: int) -> list[str]:
     return [turn["label"] for turn, r in zip(record["history"], rounds) if r in last]
 
 
-def rag_turns(record, k: int) -> list[str]:
+def rag_turns(record, k: int, history_vectors=None) -> list[str]:
     """Labels of the k history utterances most similar to the query (cosine of unit-norm sentence
-    embeddings, the vector retrieval of §2.1), returned in chronological order."""
+    embeddings, the vector retrieval of §2.1), returned in chronological order. history_vectors
+    is the offline index (embed of the history texts); only the query is embedded here."""
     history = record["history"]
     if not history or k <= 0:
         return []
-    vectors = embed([record["query"]] + [turn["text"] for turn in history])
-    scores = vectors[1:] @ vectors[0]
+    if history_vectors is None:
+        history_vectors = embed([turn["text"] for turn in history])
+    scores = history_vectors @ embed([record["query"]])[0]
     top = sorted(np.argsort(-scores, kind="stable")[:k])
     return [history[i]["label"] for i in top]
 
 
-def method_input(method: str, record: dict, options: dict) -> tuple[list[dict], list | None]:
+def offline_state(method: str, record: dict, options: dict):
+    """The work a deployed system does before the query arrives, timed apart from query latency:
+    RAG's embedding of the history, CueMem's memory (cue extraction, embedding, turn graph and
+    the forgetting policy as of the query round, §4.4 of CueMem)."""
+    if method == "rag":
+        return embed([turn["text"] for turn in record["history"]]) if record["history"] else None
+    if method == "cuemem":
+        memory = {k: v for k, v in options["cuemem"].items() if k in CUEMEM_MEMORY_KEYS}
+        return cuemem.build_memory(record, **memory)
+    return None
+
+
+def method_input(method: str, record: dict, options: dict, state=None) -> tuple[list[dict], list | None]:
     """-> (chat messages, recalled labels). The recalled set of rag, recency and cuemem is what
     they selected; srt and srt-p recall by writing <HIS> tags (parsed later); full recalls nothing
-    (its recall metrics are null). The messages go through the model's own chat template
-    (modeling.render_chat), as stage0's render_prompt does for training."""
+    (its recall metrics are null). `state` is offline_state's result (built here when None). The
+    messages go through the model's own chat template (modeling.render_chat)."""
     if method == "full":
         return build_messages(record, system=DIRECT_SYSTEM_PROMPT), None
     if method in ("recency", "rag"):
         keep = (recency_turns(record, options["recency_k"]) if method == "recency"
-                else rag_turns(record, options["rag_k"]))
+                else rag_turns(record, options["rag_k"], state))
         return build_messages(record, keep=set(keep), system=DIRECT_SYSTEM_PROMPT), keep
     if method == "srt-p":
         return build_messages(record, system=SRTP_SYSTEM_PROMPT), None
     if method == "srt":
         return build_messages(record), None  # exactly the prompt SFT and GRPO trained on
     if method == "cuemem":
-        evidence = list(cuemem.cuemem_evidence(record, **options["cuemem_options"]))
-        return cuemem.build_answer_messages(record, evidence), evidence
+        memory = offline_state(method, record, options) if state is None else state
+        query = {k: v for k, v in options["cuemem"].items() if k in CUEMEM_QUERY_KEYS}
+        evidence = [label for label, _ in memory.query(record["query"], **query)]
+        return (cuemem.build_answer_messages(record, evidence, options["cuemem"].get("prioritize_recent", True)),
+                evidence)
     raise ValueError(f"unknown method {method!r}; choose from {', '.join(METHODS)}")
+
+
+def system_prompt_of(method: str, options: dict) -> str:
+    """The instruction text a method is run with (part of the resume key)."""
+    if method == "cuemem":
+        return cuemem.ANSWER_SYSTEM_PROMPT + (cuemem.PRIORITY_INSTRUCTION
+                                              if options["cuemem"].get("prioritize_recent", True) else "")
+    return {"srt": SRT_SYSTEM_PROMPT, "srt-p": SRTP_SYSTEM_PROMPT}.get(method, DIRECT_SYSTEM_PROMPT)
 
 
 # --------------------------------------------------------------------------------------------
@@ -181,22 +236,36 @@ def method_input(method: str, record: dict, options: dict) -> tuple[list[dict], 
 # --------------------------------------------------------------------------------------------
 def generate_batch(model, tokenizer, prompts, max_new_tokens, autocast_dtype=None) -> list[dict]:
     """Greedy completions of a batch of chat-templated prompt texts ->
-    [{text, input_tokens, generated_tokens}]; generated_tokens counts up to and including the
-    first stop token."""
+    [{text, input_tokens, generated_tokens, truncated}]; generated_tokens counts up to and
+    including the first stop token; truncated: the completion reached max_new_tokens without one."""
     out = modeling.generate(model, tokenizer, prompts, max_new_tokens=max_new_tokens, greedy=True,
                             autocast_dtype=autocast_dtype)
-    return [{"text": text, "input_tokens": int(n_in), "generated_tokens": int(n_out)}
-            for text, n_in, n_out in zip(out["texts"], out["input_tokens"], out["generated_tokens"])]
+    stops = torch.tensor(modeling.stop_token_ids(model, tokenizer), device=out["completion_ids"].device)
+    rows = []
+    for i, (text, n_in, n_out) in enumerate(zip(out["texts"], out["input_tokens"], out["generated_tokens"])):
+        stopped = bool(torch.isin(out["completion_ids"][i, :n_out], stops).any())
+        rows.append({"text": text, "input_tokens": int(n_in), "generated_tokens": int(n_out),
+                     "truncated": not stopped and n_out >= max_new_tokens})
+    return rows
+
+
 # --------------------------------------------------------------------------------------------
 # Scoring one prediction
 # --------------------------------------------------------------------------------------------
-def score_prediction(method: str, record: dict, completion: str, recalled, reward_info=None) -> dict:
+def score_prediction(method: str, record: dict, completion: str, recalled, reward_info=None,
+                     truncated: bool = False) -> dict:
     """All per-example metrics. For srt / srt-p, H^ is the set of Eq. (6) (reward.py): the history
     labels their <HIS> tags matched plus one '?...' element per distinct tag that matched nothing,
-    so a hallucinated recall costs precision and Jaccard exactly as it costs the recall reward."""
+    so a hallucinated recall costs precision and Jaccard exactly as it costs the recall reward.
+
+    Precision, recall and Jaccard exist only where H* is non-empty: with an empty H* they would be
+    1.0 for any silent answer and 0 for a fixed-k retriever by construction. Those queries get
+    `silent` instead (self-recall methods: 1 if the answer recalled nothing)."""
     answer = final_answer(method, completion)
-    row = {"final_answer": answer, "f1": f1_score(answer, record["answer"]),
-           "accuracy": accuracy(answer, record)}
+    keys = answer_keys(record)
+    row = {"final_answer": answer, "f1": f1_score(answer, record["answer"]), "key_f1": key_f1(answer, record),
+           "accuracy": accuracy(answer, record), "keys_present": keys_present(answer, keys),
+           "truncated": truncated}
     if reward_info is not None:
         unmatched = dict.fromkeys(reward.unmatched_key(t) for t in reward_info["unmatched"])
         recalled = list(reward_info["recalled"]) + list(unmatched)
@@ -204,19 +273,68 @@ def score_prediction(method: str, record: dict, completion: str, recalled, rewar
                     "reward_format": reward_info["format"], "reward_recall": reward_info["recall"],
                     "reward_answer": reward_info["answer"], "reward_total": reward_info["total"]})
     row["recalled"] = recalled
-    if recalled is None:  # full history: no recalled set, no taxonomy
-        row.update({"precision": None, "recall": None, "jaccard": None, "error_type": None})
-    else:
-        row.update(recall_metrics(recalled, record["recall"]))
-        row["error_type"] = None if row["accuracy"] else error_type(recalled, record["recall"])
+    gold = record["recall"]
+    row.update({"precision": None, "recall": None, "jaccard": None, "silent": None, "error_type": None})
+    if recalled is not None and gold:
+        row.update(recall_metrics(recalled, gold))
+    if not gold and method in SELF_RECALL_METHODS:
+        row["silent"] = float(not recalled)
+    if recalled is not None and not row["accuracy"]:
+        row["error_type"] = error_type(recalled, gold, truncated)
     return row
 
 
+def record_facts(record) -> dict:
+    """What the breakdowns group by: length bucket, query type, |H*|, recall distance."""
+    return {"id": record["id"], "num_turns": num_turns(record), "bucket": bucket_of(num_turns(record)),
+            "query_type": record.get("meta", {}).get("query_type", "unknown"), "h_size": len(record["recall"]),
+            "distance": recall_distance(record), "distance_bin": distance_bin(recall_distance(record))}
+
+
 # --------------------------------------------------------------------------------------------
-# One variant (NAME=METHOD:MODEL) over the selected records, appended per batch, resumable
+# What a saved row belongs to: the checkpoint's files, the evaluation settings, the record
 # --------------------------------------------------------------------------------------------
-def read_rows(path) -> dict:
-    """Rows already written, by id; a line cut short by a killed run is ignored (and redone)."""
+def model_fingerprint(name: str, api_base: str | None = None) -> str:
+    """sha256 naming the weights a variant answers with. A folder (a trained checkpoint, or the
+    converted smollm2-135m): its config, tokenizer and weight files' bytes (files above 2 GiB in
+    all: their names, sizes and modification times, to stay fast on 7B checkpoints). tiny-random
+    is built from a fixed seed and an HF id names a fixed snapshot: their name alone."""
+    digest = hashlib.sha256(name.encode())
+    folder = modeling.cache_dir() / "smollm2-135m" if name == "smollm2-135m" else Path(name)
+    if name.startswith("api:"):
+        digest.update(str(api_base).encode())
+    elif folder.is_dir():
+        files = sorted(p for p in folder.iterdir() if p.is_file())
+        by_bytes = sum(p.stat().st_size for p in files) <= 2 << 30
+        for p in files:
+            digest.update(p.name.encode())
+            if by_bytes:
+                with open(p, "rb") as f:
+                    for block in iter(lambda: f.read(1 << 24), b""):
+                        digest.update(block)
+            else:
+                digest.update(f"{p.stat().st_size}:{p.stat().st_mtime_ns}".encode())
+    return digest.hexdigest()
+
+
+def record_hash(record) -> str:
+    return hashlib.sha256(json.dumps(record, sort_keys=True, ensure_ascii=False).encode()).hexdigest()[:16]
+
+
+def variant_key(variant, options, args, fingerprint) -> str:
+    """Everything that changes a variant's answers or scores: checkpoint, method, instruction,
+    retrieval options, token budget, precision, scoring version (not --limit: a row's answer does
+    not depend on how many others were asked)."""
+    options = {k: v for k, v in options.items() if k != "limit"}
+    settings = {"fingerprint": fingerprint, "method": variant["method"], "answer_reward": args.answer_reward,
+                "system": system_prompt_of(variant["method"], options), "options": options,
+                "max_new_tokens": options["max_new_tokens"], "dtype": args.dtype, "score": SCORE_VERSION}
+    return hashlib.sha256(json.dumps(settings, sort_keys=True, default=repr).encode()).hexdigest()[:16]
+
+
+def read_rows(path, key=None) -> dict:
+    """Rows already written, by id; a line cut short by a killed run is ignored (and redone), and
+    so is a row written under another key (another checkpoint or other settings)."""
     rows = {}
     if Path(path).exists():
         for line in Path(path).read_text(encoding="utf-8").splitlines():
@@ -224,7 +342,7 @@ def read_rows(path) -> dict:
                 row = json.loads(line)
             except json.JSONDecodeError:
                 continue
-            if isinstance(row, dict) and "id" in row:
+            if isinstance(row, dict) and "id" in row and (key is None or row.get("key") == key):
                 rows[row["id"]] = row
     return rows
 
@@ -236,6 +354,15 @@ def append_rows(path, rows) -> None:
         os.fsync(f.fileno())
 
 
+def open_rows(path, records, key, resume) -> dict:
+    """The reusable rows of `path` (same key, same record content), with the file rewritten to
+    hold exactly those, so appends start on a fresh line and no stale row survives."""
+    hashes = {r["id"]: record_hash(r) for r in records}
+    done = {i: r for i, r in read_rows(path, key).items() if r.get("record") == hashes.get(i)} if resume else {}
+    atomic_write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in done.values()))
+    return done
+
+
 def ask(client, messages) -> str:
     try:
         return client.chat(messages)
@@ -243,176 +370,126 @@ def ask(client, messages) -> str:
         sys.exit(f"error: {e} (rerun with --resume to continue)")
 
 
-def method_options(args) -> dict:
-    return {"recency_k": args.recency_k, "rag_k": args.rag_k, "cuemem_options": args.cuemem_options}
+# --------------------------------------------------------------------------------------------
+# One variant (NAME=METHOD:MODEL): the batched pass, then the batch-1 latency sample
+# --------------------------------------------------------------------------------------------
+class Runner:
+    """A variant's model (or API client) and settings: builds inputs, generates, times."""
+
+    def __init__(self, variant, args, options, model=None, tokenizer=None, client=None):
+        self.variant, self.method, self.args, self.options = variant, variant["method"], args, options
+        self.model, self.tokenizer, self.client = model, tokenizer, client
+        self.max_new = options["max_new_tokens"]
+        self.autocast = resolve_dtype(args.dtype, model.device)[1] if model is not None else None
+
+    def build(self, record) -> dict:
+        """Offline state, then the online prompt build (retrieval query included), each timed."""
+        t0 = time.perf_counter()
+        state = offline_state(self.method, record, self.options)
+        t1 = time.perf_counter()
+        messages, recalled = method_input(self.method, record, self.options, state)
+        prompt = render_chat(self.tokenizer, messages) if self.client is None else None
+        t2 = time.perf_counter()
+        shown = None if self.tokenizer is None else len(self.tokenizer(
+            format_history(record["history"], None if recalled is None else set(recalled)),
+            add_special_tokens=False)["input_ids"])
+        return {"messages": messages, "prompt": prompt, "recalled": recalled, "offline_s": t1 - t0,
+                "build_s": t2 - t1, "history_tokens": shown}
+
+    def answer(self, built) -> list[dict]:
+        if self.client is None:
+            return generate_batch(self.model, self.tokenizer, [b["prompt"] for b in built], self.max_new,
+                                  self.autocast)
+        # ChatClient reports neither token counts nor whether the reply hit max_tokens.
+        return [{"text": ask(self.client, b["messages"]), "input_tokens": None, "generated_tokens": None,
+                 "truncated": None} for b in built]
+
+    def warm_up(self, record) -> None:
+        """One untimed request first, so that no variant's numbers absorb one-time costs (lazy
+        kernels, allocator growth, the embedder's first call)."""
+        if self.method in ("rag", "cuemem"):
+            load_embedder()
+        if self.client is None:
+            self.answer([self.build(record)])
 
 
-def evaluate_variant(variant, records, out_dir, args, model=None, tokenizer=None, client=None) -> list[dict]:
-    """Answer every record with one variant and write <out>/<name>.jsonl. Latency is end to end per
-    answer: this example's prompt build (retrieval included) + its share of the batch's generation
-    wall time (batch wall / batch size) + parsing."""
-    name, method = variant["name"], variant["method"]
+def evaluate_variant(runner, records, out_dir, key, quiet=False) -> list[dict]:
+    """Answer every record in batches of --batch-size and write <out>/<name>.jsonl. Each row holds
+    its share of its batch's generation wall time (generate_share_s), from which the report
+    computes throughput; per-request latency comes from latency_sample."""
+    name, method = runner.variant["name"], runner.method
     path = Path(out_dir) / f"{name}.jsonl"
-    done = read_rows(path) if args.resume else {}
-    if not args.resume:
-        atomic_write_text(path, "")
-    elif done:  # rewrite without any cut-short line, so appends start on a fresh line
-        atomic_write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in done.values()))
+    done = open_rows(path, records, key, runner.args.resume)
     pending = [r for r in records if r["id"] not in done]
     # Similar lengths in one batch waste less padding.
     pending.sort(key=lambda r: sum(len(t["text"]) for t in r["history"]))
-    options = method_options(args)
-    max_new = args.max_new_tokens if method in SELF_RECALL_METHODS else args.max_new_tokens_direct
-    batch_size = 1 if client is not None else args.batch_size
-    autocast_dtype = resolve_dtype(args.dtype, model.device)[1] if model is not None else None
-    if client is not None:
-        client.max_tokens = max_new
-    if method in ("rag", "cuemem"):
-        load_embedder()  # a one-time load, not part of any answer's latency
+    batch_size = 1 if runner.client is not None else runner.args.batch_size
+    if pending:
+        runner.warm_up(pending[0])
 
     from tqdm import tqdm
-    progress = tqdm(total=len(records), initial=len(records) - len(pending), desc=name, unit="ex",
-                    disable=args.quiet)
+    progress = tqdm(total=len(records), initial=len(records) - len(pending), desc=name, unit="ex", disable=quiet)
     for start in range(0, len(pending), batch_size):
         batch = pending[start:start + batch_size]
-        built, build_s = [], []
-        for record in batch:
-            t0 = time.perf_counter()
-            messages, recalled = method_input(method, record, options)
-            prompt = render_chat(tokenizer, messages) if client is None else None
-            built.append((messages, prompt, recalled))
-            build_s.append(time.perf_counter() - t0)
+        built = [runner.build(record) for record in batch]
         t0 = time.perf_counter()
-        if client is None:
-            outputs = generate_batch(model, tokenizer, [p for _, p, _ in built], max_new, autocast_dtype)
-        else:  # an API reports no token counts through ChatClient
-            outputs = [{"text": ask(client, m), "input_tokens": None, "generated_tokens": None}
-                       for m, _, _ in built]
-        generate_share = (time.perf_counter() - t0) / len(batch)
+        outputs = runner.answer(built)
+        share = (time.perf_counter() - t0) / len(batch)
         rewards = None
-        if method in SELF_RECALL_METHODS:  # Eqs. (4)-(7), batched embedding; not part of latency
-            rewards = reward.compute_rewards([o["text"] for o in outputs], batch)
+        if method in SELF_RECALL_METHODS:  # Eqs. (4)-(7), batched embedding; not part of any timing
+            rewards = reward.compute_rewards([o["text"] for o in outputs], batch, runner.args.answer_reward)
         rows = []
         for i, (record, output) in enumerate(zip(batch, outputs)):
-            t0 = time.perf_counter()
-            final_answer(method, output["text"])  # the parse an application would run
-            parse_s = time.perf_counter() - t0
-            scores = score_prediction(method, record, output["text"], built[i][2],
-                                       rewards[i] if rewards else None)
-            rows.append({"id": record["id"], "name": name, "method": method, "model": variant["model"],
-                         "num_turns": num_turns(record), "bucket": bucket_of(num_turns(record)),
-                         "completion": output["text"], "reference": record["answer"],
-                         "gold_recall": record["recall"], **scores,
-                         "latency_s": build_s[i] + generate_share + parse_s,
-                         "input_tokens": output["input_tokens"],
-                         "generated_tokens": output["generated_tokens"], "batch_size": len(batch)})
+            scores = score_prediction(method, record, output["text"], built[i]["recalled"],
+                                      rewards[i] if rewards else None, bool(output["truncated"]))
+            if output["truncated"] is None:
+                scores["truncated"] = None
+            rows.append({**record_facts(record), "key": key, "record": record_hash(record), "name": name,
+                         "method": method, "model": runner.variant["model"], "completion": output["text"],
+                         "reference": record["answer"], "gold_recall": record["recall"], **scores,
+                         "input_tokens": output["input_tokens"], "generated_tokens": output["generated_tokens"],
+                         "history_tokens": built[i]["history_tokens"], "offline_s": built[i]["offline_s"],
+                         "build_s": built[i]["build_s"], "generate_share_s": share, "batch_size": len(batch)})
         append_rows(path, rows)
         progress.update(len(batch))
     progress.close()
-    rows = read_rows(path)
+    rows = read_rows(path, key)
     return [rows[r["id"]] for r in records if r["id"] in rows]
 
 
-# --------------------------------------------------------------------------------------------
-# §4.6 attention analysis (Fig. 3): attention mass from answer tokens onto each history turn
-# --------------------------------------------------------------------------------------------
-@torch.inference_mode()
-def attention_share(model, tokenizer, prompt_text: str, completion_text: str, spans) -> np.ndarray:
-    """Share of attention mass flowing from the answer tokens (the completion after its last
-    'Final answer:', or the whole completion without one) onto each span, averaged over answer
-    tokens, heads and layers. spans[j] is a list of (start, end) character ranges in
-    prompt_text + completion_text, e.g. a turn's line in the prompt and its <HIS> copy in the
-    completion. Every value lies in [0, 1], and for disjoint spans they sum to at most 1.
-
-    Attention weights exist only in the eager implementation, so the model is switched to
-    attn_implementation="eager" for this forward pass (output_attentions=True) and switched back
-    afterwards; no second copy of the weights is loaded. The text is tokenized piece by piece
-    between span boundaries so that every token belongs to exactly one piece."""
-    text = prompt_text + completion_text
-    cut = completion_text.rfind("Final answer:")
-    answer_start = len(prompt_text) + (cut + len("Final answer:") if cut >= 0 else 0)
-    bounds = sorted({0, len(text), answer_start} | {b for ranges in spans for r in ranges for b in r})
-    ids, starts = [], []
-    for a, b in zip(bounds, bounds[1:]):
-        piece = tokenizer(text[a:b], add_special_tokens=False)["input_ids"]
-        ids += piece
-        starts += [a] * len(piece)
-    starts = np.array(starts)
-    rows = torch.from_numpy(np.flatnonzero(starts >= answer_start))
-    if len(rows) == 0:  # an empty answer: read the attention of the last token instead
-        rows = torch.tensor([len(ids) - 1])
-
-    def tokens_in(ranges):
-        inside = np.zeros(len(ids), dtype=bool)
-        for s, e in ranges:
-            inside |= (starts >= s) & (starts < e)
-        return torch.from_numpy(np.flatnonzero(inside))
-    columns = [tokens_in(ranges) for ranges in spans]
-    previous = model.config._attn_implementation
-    model.set_attn_implementation("eager")
-    try:
-        output = model(input_ids=torch.tensor([ids], device=model.device), output_attentions=True)
-    finally:
-        model.set_attn_implementation(previous)
-    share = np.zeros(len(spans))
-    for layer in output.attentions:  # (1, heads, T, T); each row sums to 1 over keys
-        from_answer = layer[0][:, rows.to(layer.device), :].float()
-        for j, cols in enumerate(columns):
-            if len(cols):
-                share[j] += from_answer[:, :, cols.to(layer.device)].sum(-1).mean().item()
-    return np.clip(share / len(output.attentions), 0.0, 1.0)
+def latency_picks(records, per_bucket: int, buckets) -> list[dict]:
+    """The first `per_bucket` selected records of each Fig. 4 length bucket."""
+    picks = []
+    for b in buckets:
+        picks += [r for r in records if bucket_of(num_turns(r), buckets) == b][:per_bucket]
+    return picks
 
 
-HIS_TAG = re.compile(r"<HIS>\s*([QA]\d+)\s*:(.*?)</HIS>", re.S)
-
-
-def turn_spans(record, prompt_text: str, completion_text: str) -> list[list[tuple[int, int]]]:
-    """For each history turn: where its line sits in the prompt, plus every <HIS> tag of the
-    completion that names its label (offsets in prompt_text + completion_text)."""
-    spans, cursor = [], 0
-    for turn in record["history"]:
-        line = f"{turn['label']}: {turn['text']}"
-        at = prompt_text.find(line, cursor)
-        ranges = [] if at < 0 else [(at, at + len(line))]
-        cursor = cursor if at < 0 else at + len(line)
-        spans.append(ranges)
-    index = {turn["label"]: j for j, turn in enumerate(record["history"])}
-    for match in HIS_TAG.finditer(completion_text):
-        if match.group(1) in index:
-            spans[index[match.group(1)]].append((len(prompt_text) + match.start(),
-                                                 len(prompt_text) + match.end()))
-    return spans
-
-
-def attention_analysis(model, tokenizer, method, rows, records_by_id, n_examples, options) -> list[dict]:
-    """Fig. 3: the per-turn attention share of the answer tokens when the model answers after
-    recalling (its own chain; the reference chain Z_t where it recalled nothing) against the same
-    answer written right after the same prompt, without recall. Examples: records with a non-empty
-    H*, longest dialogues first, those whose completion recalls and answers first. Memory:
-    output_attentions keeps layers x heads x T x T floats, ~2.5 GB for SmolLM2-135M at T = 1500."""
-    def own_chain(row):
-        return bool(HIS_TAG.search(row["completion"])) and bool(final_answer("srt", row["completion"]))
-    candidates = sorted((r for r in rows if records_by_id[r["id"]]["recall"]),
-                        key=lambda r: (not own_chain(r), -r["num_turns"], r["id"]))
-    results = []
-    for row in candidates[:n_examples]:
-        record = records_by_id[row["id"]]
-        messages, _ = method_input(method, record, options)
-        prompt = render_chat(tokenizer, messages)
-        from_model = own_chain(row)
-        chain = row["completion"] if from_model else format_target(record)
-        answer = final_answer("srt", chain)
-        settings = {"no_recall": f"Final answer: {answer}", "self_recall": chain}
-        entry = {"id": record["id"], "num_turns": row["num_turns"], "chain": "model" if from_model else "reference",
-                 "turns": [t["label"] for t in record["history"]], "gold": record["recall"]}
-        for setting, completion in settings.items():
-            share = attention_share(model, tokenizer, prompt, completion, turn_spans(record, prompt, completion))
-            entry[setting] = share.tolist()
-            total = share.sum()
-            entry[f"{setting}_on_gold"] = float(sum(s for t, s in zip(entry["turns"], share)
-                                                    if t in record["recall"]) / total) if total > 0 else 0.0
-        results.append(entry)
-    return results
+def latency_sample(runner, records, out_dir, key, buckets) -> list[dict]:
+    """Table 1 / Fig. 4 latency: per request at batch size 1, after a warm-up request, end to end
+    from the query to the parsed answer (online prompt build with any retrieval query,
+    generation, parsing); offline work is timed beside it (offline_s), never inside it."""
+    picks = latency_picks(records, runner.args.latency_per_bucket, buckets)
+    path = Path(out_dir) / f"{runner.variant['name']}.latency.jsonl"
+    done = open_rows(path, records, key, runner.args.resume)
+    pending = [r for r in picks if r["id"] not in done]
+    if pending:
+        runner.warm_up(pending[0])
+    for record in pending:
+        if runner.method == "cuemem":
+            cuemem._VECTORS.clear()  # the batched pass cached this query's embedding: time it afresh
+        built = runner.build(record)
+        t0 = time.perf_counter()
+        output = runner.answer([built])[0]
+        answer = final_answer(runner.method, output["text"])
+        latency = built["build_s"] + time.perf_counter() - t0
+        append_rows(path, [{"id": record["id"], "key": key, "record": record_hash(record),
+                            "num_turns": num_turns(record), "fine_bucket": bucket_of(num_turns(record), buckets),
+                            "latency_s": latency, "offline_s": built["offline_s"], "final_answer": answer,
+                            "input_tokens": output["input_tokens"], "generated_tokens": output["generated_tokens"],
+                            "truncated": output["truncated"], "batch_size": 1}])
+    rows = read_rows(path, key)
+    return [rows[r["id"]] for r in picks if r["id"] in rows]
 
 
 def table2_mapping(spec, names) -> dict:
@@ -456,11 +533,57 @@ def parse_variants(args) -> list[dict]:
         method, _, model = rest.partition(":")
         if not name or not model or method not in METHODS:
             sys.exit(f"error: --compare {spec!r} is not NAME=METHOD:MODEL with METHOD one of "
-                             f"{', '.join(METHODS)}")
+                     f"{', '.join(METHODS)}")
         if name in {v["name"] for v in variants}:
             sys.exit(f"error: --compare names {name!r} twice")
         variants.append({"name": name, "method": method, "model": model})
     return variants
+
+
+def parse_variant_options(specs, names) -> dict:
+    """--variant-options NAME=JSON ...: per-variant overrides of VARIANT_KEYS, e.g.
+    'cuemem-cap={"cuemem": {"capacity": 16}}' or 'rag={"limit": 48}'."""
+    out = {}
+    for spec in specs or []:
+        name, _, text = spec.partition("=")
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError as e:
+            sys.exit(f"error: --variant-options {spec!r}: {e}")
+        if name not in names or not isinstance(value, dict) or set(value) - set(VARIANT_KEYS):
+            sys.exit(f"error: --variant-options {spec!r} is not NAME=JSON with NAME a variant and keys "
+                     f"among {', '.join(VARIANT_KEYS)}")
+        out[name] = value
+    return out
+
+
+def variant_options(variant, args) -> dict:
+    """The settings one variant runs with: the flags, then its --variant-options."""
+    own = args.variant_options.get(variant["name"], {})
+    options = {"recency_k": args.recency_k, "rag_k": args.rag_k, "limit": args.limit,
+               "max_new_tokens": args.max_new_tokens if variant["method"] in SELF_RECALL_METHODS
+               else args.max_new_tokens_direct,
+               "cuemem": {"extractor": args.cuemem_extractor, **args.cuemem_options}}
+    options.update({k: v for k, v in own.items() if k != "cuemem"})
+    options["cuemem"].update(own.get("cuemem", {}))
+    return options
+
+
+def cuemem_extractor(args, spec, model=None, tokenizer=None):
+    """The cue extractor a CueMem variant names: 'rule', or 'llm' through an OpenAI-compatible
+    API (--cuemem-api-base) or a local model (--cuemem-extractor-model, else the answer model)."""
+    if spec == "rule" or spec is None:
+        return cuemem.rule_extract
+    if spec != "llm":
+        sys.exit(f"error: cuemem extractor {spec!r} is neither 'rule' nor 'llm'")
+    if args.cuemem_api_base:
+        return cuemem.LLMExtractor(ChatClient(args.cuemem_api_base, args.cuemem_api_model,
+                                              key_env=args.api_key_env, max_tokens=128).chat)
+    if args.cuemem_extractor_model or model is None:
+        model, tokenizer = load_model_and_tokenizer(args.cuemem_extractor_model or "smollm2-135m",
+                                                    dtype=args.dtype, device=args.device)
+    autocast_dtype = resolve_dtype(args.dtype, model.device)[1]
+    return cuemem.LLMExtractor(cuemem.hf_generate_fn(model, tokenizer, 128, autocast_dtype))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -473,20 +596,39 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="runs/demo/eval")
     p.add_argument("--compare", nargs="+", metavar="NAME=METHOD:MODEL",
                    help="evaluate several variants in one report (MODEL 'api:NAME' uses --api-base)")
+    p.add_argument("--variant-options", nargs="+", metavar="NAME=JSON", default=[],
+                   help=f"per-variant overrides, keys {', '.join(VARIANT_KEYS)}; e.g. a CueMem row under a "
+                        "capacity limit: 'cuemem-cap16={\"cuemem\": {\"capacity\": 16}}'")
     p.add_argument("--table2", default=None,
-                   help='rows of Table 2, e.g. "SRT=grpo,w/o RL=sft,w/o CoT=nocot,w/o SFT=base-srtp" '
-                        "(default: these conventional names where present)")
+                   help='rows of Table 2, e.g. "SRT=grpo,w/o RL=sft,w/o CoT=nocot,w/o SFT=base-srtp,'
+                        'Full history=full" (default: these conventional names where present)')
     p.add_argument("--limit", type=int, default=None,
                    help="evaluate N examples, taken evenly across the 8/16/24/32 buckets (seeded)")
     p.add_argument("--buckets", default=",".join(map(str, FIG4_BUCKETS)),
-                   help="length buckets (rounds) of the per-bucket tables and the F1 plot")
-    p.add_argument("--batch-size", type=int, default=8, help="prompts per generate call (default: 8)")
-    p.add_argument("--max-new-tokens", type=int, default=160, help="for srt / srt-p (default: 160)")
-    p.add_argument("--max-new-tokens-direct", type=int, default=48, help="for full / recency / rag / cuemem (default: 48)")
+                   help="length buckets (rounds) of the per-bucket tables, the plots and the latency sample")
+    p.add_argument("--batch-size", type=int, default=8, help="prompts per generate call; the throughput column")
+    p.add_argument("--latency-per-bucket", type=int, default=1,
+                   help="requests per length bucket timed alone at batch size 1 after a warm-up (0: none)")
+    # Reference chains (format_target) of the synthetic data run to ~210 SmolLM2 tokens and the
+    # reference answers to ~40; the caps leave room so that < 5% of answers are cut off (the
+    # report prints each variant's cut-off rate and flags any at 5% or more).
+    p.add_argument("--max-new-tokens", type=int, default=256, help="for srt / srt-p (default: 256)")
+    p.add_argument("--max-new-tokens-direct", type=int, default=128,
+                   help="for full / recency / rag / cuemem (default: 128)")
     p.add_argument("--recency-k", type=int, default=4, help="rounds kept by `recency`")
     p.add_argument("--rag-k", type=int, default=4, help="utterances retrieved by `rag`")
     p.add_argument("--cuemem-options", type=json.loads, default={},
-                   help="JSON keyword arguments for cuemem.cuemem_evidence")
+                   help="JSON keyword arguments of cuemem.build_memory and CueMemory.query, plus "
+                        "prioritize_recent (e.g. '{\"capacity\": 16}')")
+    p.add_argument("--cuemem-extractor", choices=["rule", "llm"], default="rule",
+                   help="CueMem's cue extractor (§4.1): rules, or a model prompted for triples")
+    p.add_argument("--cuemem-extractor-model", default=None,
+                   help="local model of the llm extractor (default: the variant's answer model)")
+    p.add_argument("--cuemem-api-base", default=None, help="OpenAI-compatible endpoint of the llm extractor")
+    p.add_argument("--cuemem-api-model", default=None)
+    p.add_argument("--answer-reward", choices=reward.ANSWER_REWARDS, default="cosine",
+                   help="the answer component of the reward columns (reward.py; Eq. (7) is cosine)")
+    p.add_argument("--bootstrap", type=int, default=2000, help="paired bootstrap resamples (>= 1000)")
     p.add_argument("--attention-examples", type=int, default=2,
                    help="examples in the §4.6 attention analysis (0 turns it off)")
     p.add_argument("--api-base", default=None, help="OpenAI-compatible endpoint, e.g. https://api.openai.com/v1")
@@ -495,7 +637,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
     p.add_argument("--device", default=None, help="default: cuda when available, else cpu")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--resume", action="store_true", help="skip examples already in <out>/<name>.jsonl")
+    p.add_argument("--resume", action="store_true",
+                   help="reuse rows of <out>/<name>.jsonl written by the same checkpoint and settings")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     return p
 
@@ -509,14 +652,22 @@ def resolve_config(argv=None) -> argparse.Namespace:
         sys.exit(f"error: --buckets {args.buckets!r} is not a comma-separated list of integers")
     if args.batch_size < 1:
         sys.exit("error: --batch-size must be at least 1")
+    if args.bootstrap < 1000:
+        sys.exit("error: --bootstrap needs at least 1000 resamples for a 95% interval")
     if args.api_base and not args.compare and not args.api_model:
         sys.exit("error: --api-base needs --api-model")
+    if args.cuemem_api_base and not args.cuemem_api_model:
+        sys.exit("error: --cuemem-api-base needs --cuemem-api-model")
+    if not isinstance(args.cuemem_options, dict):
+        sys.exit("error: --cuemem-options must be a JSON object")
     args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     args.variants = parse_variants(args)
     if any(v["model"].startswith("api:") for v in args.variants) and not args.api_base:
         sys.exit("error: a model 'api:NAME' needs --api-base")
+    args.variant_options = parse_variant_options(args.variant_options, {v["name"] for v in args.variants})
     for v in args.variants:
         v["batch_size"] = 1 if v["model"].startswith("api:") else args.batch_size
+        v["options"] = variant_options(v, args)
     return args
 
 
@@ -524,12 +675,12 @@ def main(argv=None) -> None:
     args = resolve_config(argv)
     variants = args.variants
     try:
-        records = read_jsonl(args.data)
+        all_records = read_jsonl(args.data)
     except (DataError, OSError) as e:
         sys.exit(f"error: {e}")
     random.seed(args.seed)
     torch.manual_seed(args.seed)
-    records = select_examples(records, args.limit, args.seed)
+    records = select_examples(all_records, args.limit, args.seed)
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     config = {k: (list(v) if isinstance(v, tuple) else v) for k, v in vars(args).items()}
@@ -538,23 +689,35 @@ def main(argv=None) -> None:
     names = [v["name"] for v in variants]
     table2 = table2_mapping(args.table2, names)
     srt_name = srt_variant_name(variants, table2)
-    records_by_id = {r["id"]: r for r in records}
-    rows_by_name, attention = {}, []
+    records_by_id = {r["id"]: r for r in all_records}
+    rows_by_name, latency_by_name, attention = {}, {}, []
     # Load each distinct model once, run every variant that uses it, free it before the next.
     for model_name in dict.fromkeys(v["model"] for v in variants):
         group = [v for v in variants if v["model"] == model_name]
         model = tokenizer = client = None
         if model_name.startswith("api:"):
-            client = ChatClient(args.api_base, model_name[4:], key_env=args.api_key_env,
-                                max_tokens=max(args.max_new_tokens, args.max_new_tokens_direct))
+            client = ChatClient(args.api_base, model_name[4:], key_env=args.api_key_env)
         else:
             model, tokenizer = load_model_and_tokenizer(model_name, dtype=args.dtype, device=args.device)
+        fingerprint = model_fingerprint(model_name, args.api_base)
         for variant in group:
-            rows_by_name[variant["name"]] = evaluate_variant(variant, records, out_dir, args,
-                                                              model, tokenizer, client)
+            options = dict(variant["options"])
+            if variant["method"] == "cuemem":  # a callable, resolved here: JSON can only name it
+                spec = options["cuemem"].get("extractor")
+                options["cuemem"] = {**options["cuemem"], "extractor": cuemem_extractor(args, spec, model, tokenizer)}
+            key = variant_key(variant, {**options, "cuemem": variant["options"]["cuemem"]}, args, fingerprint)
+            if client is not None:
+                client.max_tokens = options["max_new_tokens"]
+            runner = Runner(variant, args, options, model, tokenizer, client)
+            chosen = select_examples(all_records, options["limit"], args.seed)
+            rows_by_name[variant["name"]] = evaluate_variant(runner, chosen, out_dir, key, args.quiet)
+            latency_by_name[variant["name"]] = (latency_sample(runner, chosen, out_dir, key, args.buckets)
+                                                if args.latency_per_bucket > 0 else [])
             if variant["name"] == srt_name and model is not None and args.attention_examples > 0:
-                attention = attention_analysis(model, tokenizer, variant["method"], rows_by_name[srt_name],
-                                               records_by_id, args.attention_examples, method_options(args))
+                attention = attention_analysis(
+                    model, tokenizer, rows_by_name[srt_name], records_by_id, args.attention_examples,
+                    lambda record: render_chat(tokenizer, method_input(variant["method"], record, options)[0]),
+                    format_target)
         del model, tokenizer
         gc.collect()
         if torch.cuda.is_available():
@@ -562,8 +725,10 @@ def main(argv=None) -> None:
 
     summary = {"num_examples": len(records), "fine_buckets": list(args.buckets), "table2": table2,
                "srt_variant": srt_name, "config": config, "attention": attention,
-               "variants": {v["name"]: report.summarize_variant(v, rows_by_name[v["name"]], args.buckets)
-                            for v in variants}}
+               "variants": {v["name"]: report.summarize_variant(v, rows_by_name[v["name"]],
+                                                                latency_by_name[v["name"]], args.buckets)
+                            for v in variants},
+               "comparisons": report.compare_variants(rows_by_name, srt_name, args.bootstrap, args.seed)}
     path = report.write_outputs(summary, out_dir)
     print(report.table1(summary))
     print(f"\nreport: {path}")

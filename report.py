@@ -1,6 +1,7 @@
-"""summary.json, report.md and the plots of an evaluation run (paper §4): the means per variant
-and per length bucket, Tables 1-3 as Markdown, F1 against dialogue length (Fig. 4), the error
-types per bucket (Table 3) and the attention heat maps of §4.6 (Fig. 3).
+"""summary.json, report.md and the plots of an evaluation run (paper §4): the means per variant,
+per length bucket, per query type, |H*| and recall distance; every variant paired against SRT
+(bootstrap intervals, McNemar); Tables 1-3 as Markdown; F1 and batch-1 latency against dialogue
+length (Fig. 4), the error types per bucket (Table 3) and the attention heat maps of §4.6 (Fig. 3).
 
 Also the summary of cuemem.py's own runs (§5.4 of the CueMem paper: evidence recall, and input
 tokens and latency as a fraction of the full-history setting's).
@@ -17,15 +18,25 @@ from pathlib import Path
 import numpy as np
 
 from data_io import BUCKETS, atomic_write_text, bucket_of, write_json
-from metrics import ERROR_TYPES
+from metrics import ERROR_TYPES, mcnemar_exact, paired_bootstrap
 
-TABLE2_ROWS = ("SRT", "w/o RL", "w/o CoT", "w/o SFT")
+TABLE2_ROWS = ("SRT", "w/o RL", "w/o CoT", "w/o SFT", "Full history")
 
 # --------------------------------------------------------------------------------------------
 # Aggregation: summary.json
 # --------------------------------------------------------------------------------------------
-METRICS = ("f1", "accuracy", "precision", "recall", "jaccard", "format_valid",
-           "reward_format", "reward_recall", "reward_answer", "reward_total")
+# Means over the rows where the metric exists: precision / recall / jaccard on queries with a
+# non-empty H*, silent on queries with an empty H* (self-recall methods), truncated where known.
+METRICS = ("f1", "key_f1", "accuracy", "precision", "recall", "jaccard", "silent", "truncated",
+           "format_valid", "reward_format", "reward_recall", "reward_answer", "reward_total")
+# Paired against SRT, item by item (Table 2's intervals).
+COMPARED = ("accuracy", "f1", "key_f1", "recall", "jaccard")
+BREAKDOWNS = {"query_type": "query type", "h_size": "|H*|", "distance_bin": "recall distance (rounds)"}
+DISTANCE_ORDER = ("none", "1-4", "5-9", "10-19", "20+")
+CUTOFF_LIMIT = 0.05  # a token budget that cuts off more answers than this is too tight
+OPTIONS_SHOWN = {"recency": ("recency_k",), "rag": ("rag_k",), "cuemem": ("cuemem",)}
+# Issue 13: Table 2's variants need >= 96 queries, >= 24 per 8/16/24/32-round bucket, to be read.
+MIN_QUERIES, MIN_PER_BUCKET = 96, 24
 
 
 def describe(values) -> dict | None:
@@ -39,8 +50,10 @@ def describe(values) -> dict | None:
 def mean_metrics(rows) -> dict:
     out = {"n": len(rows)}
     for metric in METRICS:
-        values = [r[metric] for r in rows if r.get(metric) is not None]
+        values = [float(r[metric]) for r in rows if r.get(metric) is not None]
         out[metric] = float(np.mean(values)) if values else None
+        if metric in ("recall", "silent"):
+            out[f"n_{metric}"] = len(values)
     return out
 
 
@@ -49,22 +62,74 @@ def error_counts(rows) -> dict:
     return {kind: counts.get(kind, 0) for kind in ERROR_TYPES}
 
 
-def summarize_variant(variant, rows, fine_buckets) -> dict:
+def throughput(rows) -> dict | None:
+    """Answers and generated tokens per second of generation wall time in the batched pass."""
+    wall = sum(r["generate_share_s"] for r in rows if r.get("generate_share_s") is not None)
+    if not rows or wall <= 0:
+        return None
+    tokens = [r["generated_tokens"] for r in rows if r.get("generated_tokens") is not None]
+    return {"requests_per_s": len(rows) / wall, "tokens_per_s": sum(tokens) / wall if tokens else None,
+            "batch_size": max(r.get("batch_size", 1) for r in rows)}
+
+
+def _group_key(value):
+    return (DISTANCE_ORDER.index(value) if value in DISTANCE_ORDER else len(DISTANCE_ORDER), str(value))
+
+
+def summarize_variant(variant, rows, latency_rows, fine_buckets) -> dict:
+    """One variant's summary: means, the batch-1 latency sample (overall and per Fig. 4 bucket),
+    throughput at the batched pass's batch size, offline seconds per query, and the breakdowns."""
     summary = {"method": variant["method"], "model": variant["model"], **mean_metrics(rows),
-               "latency_s": describe(r["latency_s"] for r in rows),
+               "options": {k: v for k, v in variant.get("options", {}).items()
+                           if k in OPTIONS_SHOWN.get(variant["method"], ()) + ("limit", "max_new_tokens")},
+               "latency_s": describe(r["latency_s"] for r in latency_rows),
+               "latency_input_tokens": describe(r["input_tokens"] for r in latency_rows),
+               "latency_generated_tokens": describe(r["generated_tokens"] for r in latency_rows),
+               "offline_s": describe(r.get("offline_s") for r in rows if variant["method"] in ("rag", "cuemem")),
+               "throughput": throughput(rows),
                "input_tokens": describe(r["input_tokens"] for r in rows),
                "generated_tokens": describe(r["generated_tokens"] for r in rows),
-               "by_bucket": {}, "errors_by_bucket": {}}
+               "history_tokens": describe(r.get("history_tokens") for r in rows),
+               "by_bucket": {}, "latency_by_bucket": {}, "errors_by_bucket": {}}
     for b in fine_buckets:
         members = [r for r in rows if bucket_of(r["num_turns"], fine_buckets) == b]
         summary["by_bucket"][str(b)] = mean_metrics(members)
+        timed = [r for r in latency_rows if bucket_of(r["num_turns"], fine_buckets) == b]
+        summary["latency_by_bucket"][str(b)] = {
+            "latency_s": describe(r["latency_s"] for r in timed),
+            "input_tokens": describe(r["input_tokens"] for r in timed),
+            "generated_tokens": describe(r["generated_tokens"] for r in timed)}
     # Fig. 4's "multi-turn buckets (k >= 24)", read off the same bucketing as the columns.
     long_rows = [r for r in rows if bucket_of(r["num_turns"], fine_buckets) >= 24]
     summary["by_bucket"][">=24"] = mean_metrics(long_rows)
     for b in BUCKETS:
         summary["errors_by_bucket"][str(b)] = error_counts([r for r in rows if r["bucket"] == b])
+    summary["n_by_coarse_bucket"] = {str(b): sum(1 for r in rows if r["bucket"] == b) for b in BUCKETS}
+    for field in BREAKDOWNS:
+        values = sorted({r.get(field) for r in rows}, key=_group_key)
+        summary[f"by_{field}"] = {str(v): mean_metrics([r for r in rows if r.get(field) == v]) for v in values}
     return summary
 
+
+def compare_variants(rows_by_name, reference, resamples=2000, seed=0) -> dict:
+    """Every variant against `reference` (Table 2's SRT) on the queries both answered: the paired
+    bootstrap interval of the mean difference (variant - reference) for each metric of COMPARED,
+    on the items where both have it, and the exact McNemar test of accuracy."""
+    if reference is None or reference not in rows_by_name:
+        return {}
+    base = {r["id"]: r for r in rows_by_name[reference]}
+    out = {}
+    for name, rows in rows_by_name.items():
+        if name == reference:
+            continue
+        pairs = [(base[r["id"]], r) for r in rows if r["id"] in base]
+        entry = {"n": len(pairs), "against": reference}
+        for metric in COMPARED:
+            both = [(a[metric], b[metric]) for a, b in pairs if a.get(metric) is not None and b.get(metric) is not None]
+            entry[metric] = paired_bootstrap([a for a, _ in both], [b for _, b in both], resamples, seed)
+        entry["mcnemar"] = mcnemar_exact([a["accuracy"] for a, _ in pairs], [b["accuracy"] for _, b in pairs])
+        out[name] = entry
+    return out
 
 
 def summarize_cuemem(rows, counter_name="") -> dict:
@@ -109,23 +174,55 @@ def _stat(d, key="mean", digits=2):
     return "-" if d is None else f"{d[key]:.{digits}f}"
 
 
+def _ci(c, digits=1):
+    """'+2.1 [-3.1, +7.3]' in percentage points, from a paired_bootstrap result."""
+    if not c or c["diff"] is None:
+        return "-"
+    return f"{100 * c['diff']:+.{digits}f} [{100 * c['low']:+.{digits}f}, {100 * c['high']:+.{digits}f}]"
+
+
+def _p(m):
+    return "-" if not m else f"{m['p']:.3f} ({m['b_only']}/{m['a_only']})"
+
+
 def table1(summary) -> str:
-    lines = ["| Method | Variant | F1 | Acc. (%) | Latency mean (s) | p50 | p90 | Input tokens | Generated tokens |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| Method | Variant | n | F1 | key-F1 | Acc. (%) | Latency b=1 mean (s) | p50 | p90 | Input tokens | "
+             "Generated tokens | Throughput (req/s) | Offline per query (s) | Cut off (%) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, s in summary["variants"].items():
-        lines.append(f"| {s['method']} | {name} | {_pct(s['f1'])} | {_pct(s['accuracy'])} | "
-                     f"{_stat(s['latency_s'])} | {_stat(s['latency_s'], 'p50')} | {_stat(s['latency_s'], 'p90')} | "
-                     f"{_stat(s['input_tokens'], digits=0)} | {_stat(s['generated_tokens'], digits=0)} |")
+        t = s.get("throughput")
+        rate = "-" if not t else f"{t['requests_per_s']:.2f}"
+        lines.append(f"| {s['method']} | {name} | {s['n']} | {_pct(s['f1'])} | {_pct(s['key_f1'])} | "
+                     f"{_pct(s['accuracy'])} | {_stat(s['latency_s'])} | {_stat(s['latency_s'], 'p50')} | "
+                     f"{_stat(s['latency_s'], 'p90')} | {_stat(s['latency_input_tokens'], digits=0)} | "
+                     f"{_stat(s['latency_generated_tokens'], digits=0)} | "
+                     f"{rate} | {_stat(s['offline_s'], digits=3)} | "
+                     f"{_pct(s['truncated'])} |")
     return "\n".join(lines)
 
 
 def table2(summary) -> str:
-    lines = ["| Variant | Name | Recall (%) | Acc. (%) | Jaccard (%) |", "|---|---|---|---|---|"]
+    comparisons = summary.get("comparisons", {})
+    lines = ["| Variant | Name | n | Recall (%) | Acc. (%) | Δ Acc. vs SRT [95% CI] | McNemar p (variant only / SRT only) | "
+             "F1 | Δ F1 [95% CI] | key-F1 | Δ key-F1 [95% CI] | Jaccard (%) | Δ Recall [95% CI] |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for row in TABLE2_ROWS:
         name = summary["table2"].get(row)
-        if name in summary["variants"]:
-            s = summary["variants"][name]
-            lines.append(f"| {row} | {name} | {_pct(s['recall'])} | {_pct(s['accuracy'])} | {_pct(s['jaccard'])} |")
+        if name not in summary["variants"]:
+            continue
+        s, c = summary["variants"][name], comparisons.get(name, {})
+        lines.append(f"| {row} | {name} | {s['n']} | {_pct(s['recall'])} | {_pct(s['accuracy'])} | "
+                     f"{_ci(c.get('accuracy'))} | {_p(c.get('mcnemar'))} | {_pct(s['f1'])} | {_ci(c.get('f1'))} | "
+                     f"{_pct(s['key_f1'])} | {_ci(c.get('key_f1'))} | {_pct(s['jaccard'])} | {_ci(c.get('recall'))} |")
+    return "\n".join(lines)
+
+
+def comparison_table(summary) -> str:
+    lines = ["| Variant | Paired n | Δ Acc. [95% CI] | McNemar p | Δ F1 [95% CI] | Δ key-F1 [95% CI] | Δ Recall [95% CI] | Δ Jaccard [95% CI] |",
+             "|---|---|---|---|---|---|---|---|"]
+    for name, c in summary.get("comparisons", {}).items():
+        lines.append(f"| {name} | {c['n']} | {_ci(c['accuracy'])} | {_p(c['mcnemar'])} | {_ci(c['f1'])} | "
+                     f"{_ci(c['key_f1'])} | {_ci(c['recall'])} | {_ci(c['jaccard'])} |")
     return "\n".join(lines)
 
 
@@ -144,24 +241,44 @@ def table3(summary) -> str:
     return "\n".join(lines)
 
 
-def bucket_table(summary, metric) -> str:
-    keys = [str(b) for b in summary["fine_buckets"]] + [">=24"]
+def bucket_table(summary, metric, key="by_bucket", extra=(">=24",)) -> str:
+    first = next(iter(summary["variants"].values()))
+    keys = ([str(b) for b in summary["fine_buckets"]] + list(extra) if key == "by_bucket"
+            else sorted({k for s in summary["variants"].values() for k in s[key]}, key=_group_key))
     lines = ["| Variant | " + " | ".join(keys) + " |", "|---|" + "---|" * len(keys)]
     for name, s in summary["variants"].items():
-        cells = [_pct(s["by_bucket"][k][metric]) for k in keys]
+        cells = [_pct(s[key][k][metric]) if k in s[key] else "-" for k in keys]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    counts = [str(next(iter(summary["variants"].values()))["by_bucket"][k]["n"]) for k in keys]
-    lines.append("| examples (n) | " + " | ".join(counts) + " |")
+    counts = [str(first[key][k]["n"]) if k in first[key] else "-" for k in keys]
+    lines.append(f"| queries (n, {next(iter(summary['variants']))}) | " + " | ".join(counts) + " |")
+    return "\n".join(lines)
+
+
+def latency_table(summary) -> str:
+    """Fig. 4's latency panel: mean batch-1 latency (s) per bucket, with mean input / generated tokens."""
+    keys = [str(b) for b in summary["fine_buckets"]]
+    lines = ["| Variant | " + " | ".join(keys) + " |", "|---|" + "---|" * len(keys)]
+    for name, s in summary["variants"].items():
+        cells = []
+        for k in keys:
+            d = s["latency_by_bucket"][k]
+            cells.append("-" if d["latency_s"] is None else
+                         f"{d['latency_s']['mean']:.2f} ({_stat(d['input_tokens'], digits=0)}/"
+                         f"{_stat(d['generated_tokens'], digits=0)})")
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
 def recall_table(summary) -> str:
-    lines = ["| Variant | Precision (%) | Recall (%) | Jaccard (%) | Format valid (%) | R_format | R_recall | R_answer | R total |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| Variant | H* non-empty (n) | Precision (%) | Recall / coverage (%) | Jaccard (%) | H* empty (n) | "
+             "Silence (%) | History tokens passed | Format valid (%) | R_format | R_recall | R_answer | R total |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, s in summary["variants"].items():
-        lines.append(f"| {name} | {_pct(s['precision'])} | {_pct(s['recall'])} | {_pct(s['jaccard'])} | "
-                     f"{_pct(s['format_valid'])} | {_num(s['reward_format'])} | {_num(s['reward_recall'])} | "
-                     f"{_num(s['reward_answer'])} | {_num(s['reward_total'])} |")
+        lines.append(f"| {name} | {s['n_recall']} | {_pct(s['precision'])} | {_pct(s['recall'])} | "
+                     f"{_pct(s['jaccard'])} | {s['n_silent']} | {_pct(s['silent'])} | "
+                     f"{_stat(s['history_tokens'], digits=0)} | {_pct(s['format_valid'])} | "
+                     f"{_num(s['reward_format'])} | {_num(s['reward_recall'])} | {_num(s['reward_answer'])} | "
+                     f"{_num(s['reward_total'])} |")
     return "\n".join(lines)
 
 
@@ -174,34 +291,84 @@ def attention_table(summary) -> str:
     return "\n".join(lines)
 
 
+SCORING_NOTE = (
+    "How answers are scored. **Acc.**: every answer key of the record is present in the final answer "
+    "(metrics.keys_present: word boundaries, case folded, numbers normalised so \"$180.00\" = \"$180\" = "
+    "\"180\" while \"$20\" is not in \"$207\"; a yes/no key counts only when the opposite word is absent); "
+    "answers of any length are credited. **F1**: the paper's SQuAD-style token F1 against the reference "
+    "sentence (numbers kept whole), which a terse correct answer scores low against a templated reference. "
+    "**key-F1**: the same F1 against the answer keys joined, which credits a terse correct answer and "
+    "still charges extra words. Recall, precision and Jaccard count only queries whose H* is non-empty; "
+    "on queries with an empty H*, **Silence** is the share of self-recall answers that recalled nothing. "
+    "For the retrievers (recency, rag, cuemem) recall is the coverage of H* by what they passed on.")
+
+
+def _options_note(summary) -> str:
+    notes = [f"`{n}`: {s['options']}" for n, s in summary["variants"].items() if s.get("options")]
+    return "Settings per variant: " + "; ".join(notes) if notes else ""
+
+
 def write_report(summary, out_dir, plots) -> Path:
-    batched = any(v["batch_size"] > 1 for v in summary["config"]["variants"] if v["model"] != "api")
+    config = summary["config"]
+    counts = {s["n"] for s in summary["variants"].values()}
+    cut = [f"{n} ({_pct(s['truncated'])}%)" for n, s in summary["variants"].items()
+           if s["truncated"] is not None and s["truncated"] >= CUTOFF_LIMIT]
+    srt = summary["srt_variant"]
+    size_note = ""
+    if srt:
+        by_coarse = summary["variants"][srt].get("n_by_coarse_bucket", {})
+        small = [b for b, n in by_coarse.items() if n < MIN_PER_BUCKET]
+        size_note = (f"SRT ({srt}) answered {summary['variants'][srt]['n']} queries, per 8/16/24/32-round bucket "
+                     + ", ".join(f"{b}: {n}" for b, n in by_coarse.items()) + ". "
+                     + ("" if summary["variants"][srt]["n"] >= MIN_QUERIES and not small else
+                        f"**Fewer than {MIN_QUERIES} queries or {MIN_PER_BUCKET} per bucket: read the intervals, "
+                        "not the point estimates.**"))
     parts = [
         "# SRT evaluation report",
-        f"Data: `{summary['config']['data']}`, {summary['num_examples']} examples "
-        f"(stratified over the 8/16/24/32-round buckets when limited; seed {summary['config']['seed']}).",
-        "## Table 1: F1 and end-to-end latency",
+        f"Data: `{config['data']}`, {summary['num_examples']} queries selected (stratified over the "
+        f"8/16/24/32-round buckets when limited; seed {config['seed']})"
+        + ("" if len(counts) <= 1 else f"; variants run on {sorted(counts)} of them (see n)") + ". " + size_note,
+        SCORING_NOTE,
+        "## Table 1: answers, latency and throughput",
         table1(summary),
-        "Latency is wall seconds per answer end to end: prompt build (retrieval included) + generation + parsing."
-        + (" Generation is batched: each answer is charged the batch's wall time divided by the batch size."
-           if batched else ""),
-        "## Table 2: ablations (Recall = |H^ ∩ H*| / |H*|; Acc. = all answer keys present)",
+        f"Latency: seconds per request at batch size 1 after one warm-up request, end to end from the query to "
+        f"the parsed answer (retrieval query included), on {config.get('latency_per_bucket')} request(s) per "
+        f"length bucket; its token columns are that sample's. Throughput: answers per second of generation "
+        f"wall time in the batched pass (batch {config['batch_size']}). Offline: RAG's embedding of the history "
+        f"and CueMem's memory build per query, never inside the latency. Cut off: answers that reached the "
+        f"token cap ({config['max_new_tokens']} for srt / srt-p, {config['max_new_tokens_direct']} otherwise) "
+        f"without a stop token.",
+        ("**Cut-off rate at or above 5%:** " + ", ".join(cut) + "; raise the token cap before reading their "
+         "scores.") if cut else "Every variant stops before the token cap on more than 95% of its answers.",
+        f"## Table 2: ablations, each against SRT ({srt or 'n/a'}) on the same queries",
         table2(summary) if summary["table2"] else "(no Table 2 variants; name them with --table2)",
-        f"## Table 3: error types of wrong answers per dialogue length ({summary['srt_variant'] or 'n/a'})",
+        f"Δ: variant minus SRT in points, mean over paired queries, with a {config.get('bootstrap')}-resample "
+        "seeded paired bootstrap 95% interval; McNemar: exact two-sided test of paired accuracy (queries only "
+        "the variant / only SRT got right). Recall is that of the <HIS> tags: a w/o CoT model writes none, so its "
+        "recall is 0 by construction here (the paper does not say how it measured recall for that variant).",
+        "## Every variant against SRT (paired)",
+        comparison_table(summary) or "-",
+        f"## Table 3: error types of wrong answers per dialogue length ({srt or 'n/a'})",
         table3(summary),
-        "## F1 by dialogue length (rounds; Fig. 4 buckets)",
-        bucket_table(summary, "f1"),
-        "## Accuracy by dialogue length",
-        bucket_table(summary, "accuracy"),
-        "## Recall Jaccard by dialogue length",
-        bucket_table(summary, "jaccard"),
-        "## Recall, format validity and reward components (Eqs. (4)-(7))",
+        "Truncated: a chain cut off by the token cap (no answer), kept apart from the paper's four types.",
+        "## Recall, silence, coverage and reward components (Eqs. (4)-(7))",
         recall_table(summary),
+        "## Latency by dialogue length (Fig. 4 latency panel; s at batch 1, (input/generated tokens))",
+        latency_table(summary),
+        "## F1 by dialogue length (rounds; Fig. 4 buckets)", bucket_table(summary, "f1"),
+        "## Accuracy by dialogue length", bucket_table(summary, "accuracy"),
+        "## key-F1 by dialogue length", bucket_table(summary, "key_f1"),
     ]
+    for field, title in BREAKDOWNS.items():
+        parts += [f"## Accuracy by {title}", bucket_table(summary, "accuracy", f"by_{field}")]
+    parts += ["## Recall (non-empty H*) by recall distance", bucket_table(summary, "recall", "by_distance_bin")]
+    if _options_note(summary):
+        parts.append(_options_note(summary))
     if summary["attention"]:
-        parts += [f"## Attention analysis (§4.6, {summary['srt_variant']})", attention_table(summary),
-                  "Share of the answer tokens' attention (averaged over layers and heads) on the turns of H*, "
-                  "normalized over all history turns."]
+        parts += [f"## Attention analysis (§4.6, {srt})", attention_table(summary),
+                  "Share of the answer tokens' attention (averaged over layers and heads) on the prompt lines of "
+                  "the turns of H*, normalized over all history turns' prompt lines, in both settings: the "
+                  "<HIS> copies in the chain are not counted, so the comparison is not won by construction."]
     parts += ["## Plots"] + [f"![{Path(p).stem}]({Path(p).name})" for p in plots]
     path = Path(out_dir) / "report.md"
     atomic_write_text(path, "\n\n".join(parts) + "\n")
@@ -232,6 +399,23 @@ def plot_f1_by_length(summary, path) -> Path:
         ax.plot(xs, [100 * s["by_bucket"][str(b)]["f1"] for b in xs], marker="o", label=name)
     ax.set(xlabel="dialogue length (rounds)", ylabel="F1", xticks=list(summary["fine_buckets"]), ylim=(0, 100),
            title="F1 against dialogue length")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    path = _save_figure(fig, path)
+    plt.close(fig)
+    return path
+
+
+def plot_latency_by_length(summary, path) -> Path:
+    """Fig. 4's latency panel: batch-1 seconds per request against dialogue length."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    for name, s in summary["variants"].items():
+        xs = [b for b in summary["fine_buckets"] if s["latency_by_bucket"][str(b)]["latency_s"] is not None]
+        ax.plot(xs, [s["latency_by_bucket"][str(b)]["latency_s"]["mean"] for b in xs], marker="o", label=name)
+    ax.set(xlabel="dialogue length (rounds)", ylabel="latency per request, batch 1 (s)",
+           xticks=list(summary["fine_buckets"]), title="Latency against dialogue length")
+    ax.set_ylim(bottom=0)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     path = _save_figure(fig, path)
@@ -289,6 +473,8 @@ def write_outputs(summary, out_dir) -> Path:
     out_dir = Path(out_dir)
     plots = [plot_f1_by_length(summary, out_dir / "f1_by_length.png"),
              plot_error_types(summary, out_dir / "error_types.png")]
+    if any(s["latency_s"] for s in summary["variants"].values()):
+        plots.append(plot_latency_by_length(summary, out_dir / "latency_by_length.png"))
     if summary["attention"]:
         plots.append(plot_attention(summary["attention"], out_dir / "attention.png"))
     summary["plots"] = [p.name for p in plots]
