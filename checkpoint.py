@@ -4,7 +4,8 @@ checkpoints with their trainer state, and the JSONL logs that continue where a c
 A checkpoint folder holds the weights and the tokenizer in save_pretrained form (safetensors),
 plus `trainer_state.json` (step, the settings a resumed run must share) and `trainer_state.pt`
 (optimizer, random states, data position), which is read back with weights_only=True: nothing
-in it is unpickled as code.
+in it is unpickled as code. A checkpoint of an FSDP run keeps the same two trainer files, but its
+weights and optimizer state are sharded (sharding.py: `sharded/`, torch.distributed.checkpoint).
 """
 from __future__ import annotations
 
@@ -29,7 +30,6 @@ def publish_dir(target: Path, write, replace: bool = True) -> None:
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.tmp."))
-    old = target.parent / f".{target.name}.old"
     try:
         write(tmp)
         os.chmod(tmp, 0o755)
@@ -40,13 +40,19 @@ def publish_dir(target: Path, write, replace: bool = True) -> None:
                 if not (target / "config.json").exists():
                     raise
             return
-        shutil.rmtree(old, ignore_errors=True)
-        if target.exists():
-            os.rename(target, old)
-        os.rename(tmp, target)
-        shutil.rmtree(old, ignore_errors=True)
+        swap_in(tmp, target)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def swap_in(tmp: Path, target: Path) -> None:
+    """Replace `target` by the finished folder `tmp` (two renames: a kill leaves one of them)."""
+    old = target.parent / f".{target.name}.old"
+    shutil.rmtree(old, ignore_errors=True)
+    if target.exists():
+        os.rename(target, old)
+    os.rename(tmp, target)
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def rng_state() -> dict:

@@ -16,6 +16,7 @@ import importlib.util
 import os
 import sys
 from contextlib import nullcontext
+from datetime import timedelta
 from pathlib import Path
 
 import numpy as np
@@ -28,8 +29,16 @@ from checkpoint import publish_dir
 # --------------------------------------------------------------------------------------------
 # Distributed set-up: torchrun sets RANK, WORLD_SIZE and LOCAL_RANK; without it, one process.
 # --------------------------------------------------------------------------------------------
-def setup_distributed():
-    """-> (rank, world_size, local_rank, device). nccl on GPUs, gloo on CPUs."""
+DEFAULT_TIMEOUT_MINUTES = 60.0
+
+
+def setup_distributed(timeout_minutes: float | None = None, always: bool = False):
+    """-> (rank, world_size, local_rank, device). nccl on GPUs, gloo on CPUs. Under torchrun a
+    process group is made when there are 2+ processes, or always (`always`, FSDP on one process).
+
+    The collective timeout (`timeout_minutes`, else $SRT_DIST_TIMEOUT_MINUTES, else 60) bounds
+    every barrier: while rank 0 writes a 7B checkpoint (about 91 GB with AdamW's moments, minutes
+    on a network disk) the others wait at one, and torch's default (10 minutes) would kill them."""
     rank = int(os.environ.get("RANK", 0))
     world_size = int(os.environ.get("WORLD_SIZE", 1))
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
@@ -38,8 +47,12 @@ def setup_distributed():
         torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")
-    if world_size > 1 and not dist.is_initialized():
-        dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
+    if timeout_minutes is None:
+        timeout_minutes = float(os.environ.get("SRT_DIST_TIMEOUT_MINUTES", DEFAULT_TIMEOUT_MINUTES))
+    under_torchrun = "MASTER_ADDR" in os.environ
+    if (world_size > 1 or (always and under_torchrun)) and not dist.is_initialized():
+        dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo",
+                                timeout=timedelta(minutes=timeout_minutes))
     return rank, world_size, local_rank, device
 
 
@@ -71,10 +84,12 @@ def all_ranks_any(flag: bool, device) -> bool:
 
 
 def parameter_digest(model) -> str:
-    """sha256 of every parameter's bytes: DDP ranks that stay in sync agree bit for bit."""
+    """sha256 of every parameter's bytes: DDP ranks that stay in sync agree bit for bit. Of an
+    FSDP model, the digest of this rank's shards."""
     digest = hashlib.sha256()
     for name, p in sorted(model.named_parameters()):
         digest.update(name.encode())
+        p = p.to_local() if hasattr(p, "to_local") else p
         digest.update(p.detach().float().cpu().numpy().tobytes())
     return digest.hexdigest()
 
@@ -114,6 +129,35 @@ def autocast(device, autocast_dtype):
     if autocast_dtype is None:
         return nullcontext()
     return torch.autocast(device_type=torch.device(device).type, dtype=autocast_dtype)
+
+
+# --------------------------------------------------------------------------------------------
+# Log-probabilities of chosen tokens without full-vocabulary fp32 copies
+# --------------------------------------------------------------------------------------------
+def token_logprobs(logits, targets, temperature=1.0, chunk_size=256, with_entropy=False):
+    """logits [B, C, V] (any dtype), targets [B, C] -> (log softmax(logits / T)[target] [B, C] fp32,
+    entropy [B, C] or None). Computed `chunk_size` positions at a time as the chosen token's logit
+    minus a log-sum-exp: the fp32 copy of one chunk is the only full-vocabulary temporary. Under
+    autograd each chunk is recomputed in backward (activation checkpointing) instead of kept, so
+    memory holds the logits in their own dtype (bf16 on a GPU) and one fp32 chunk, where
+    `log_softmax(logits.float())` kept two fp32 copies of all of them (~10 GB each for 16 rows
+    of 1024 tokens over Qwen2.5's 152k vocabulary). The entropy is a no-grad diagnostic."""
+    def chosen_minus_lse(x, t):
+        x = x.float() / temperature
+        return x.gather(-1, t.unsqueeze(-1)).squeeze(-1) - x.logsumexp(-1)
+
+    logprobs, entropy = [], []
+    for x, t in zip(logits.split(chunk_size, dim=1), targets.split(chunk_size, dim=1)):
+        if torch.is_grad_enabled() and x.requires_grad:
+            from torch.utils.checkpoint import checkpoint
+            logprobs.append(checkpoint(chosen_minus_lse, x, t, use_reentrant=False))
+        else:
+            logprobs.append(chosen_minus_lse(x, t))
+        if with_entropy:
+            with torch.no_grad():  # H = lse - sum_v p_v z_v, with z = logits / T
+                z = x.float() / temperature
+                entropy.append(z.logsumexp(-1) - (z.softmax(-1) * z).sum(-1))
+    return torch.cat(logprobs, dim=1), (torch.cat(entropy, dim=1) if with_entropy else None)
 
 
 # --------------------------------------------------------------------------------------------
@@ -315,8 +359,12 @@ def generate(model, tokenizer, prompts, max_new_tokens=128, num_generations=1, t
         encoder_repetition_penalty=1.0, length_penalty=1.0, num_beams=1, use_cache=True)
     was_training = model.training
     model.eval()
+    # Only a forward pass over still-sharded weights (FSDP outside sharding.full_weights) communicates;
+    # then, and only then, every rank must run as many decode steps (HF's synced_gpus).
+    synced = any(hasattr(p, "to_local") for p in model.parameters())
     with autocast(device, autocast_dtype):
-        sequences = model.generate(input_ids=prompt_ids, attention_mask=prompt_mask, generation_config=config)
+        sequences = model.generate(input_ids=prompt_ids, attention_mask=prompt_mask, generation_config=config,
+                                   synced_gpus=synced)
     model.train(was_training)
     completion_ids = sequences[:, prompt_ids.shape[1]:]
     mask = completion_mask(completion_ids, stop_ids)

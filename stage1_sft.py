@@ -8,7 +8,8 @@ answer tokens a_1..a_L given the prompt; prompt tokens carry no loss. AdamW with
 rate after a linear warm-up (§4.1). One optimizer and one step counter run across both phases.
 
     python stage1_sft.py --preset cpu-demo                        # SmolLM2-135M on a laptop CPU
-    torchrun --nproc_per_node=8 stage1_sft.py --model Qwen/Qwen2.5-7B-Instruct --preset paper
+    torchrun --nproc_per_node=8 stage1_sft.py --model Qwen/Qwen2.5-7B-Instruct --preset paper --fsdp
+    python stage1_sft.py --model Qwen/Qwen2.5-7B-Instruct --preset paper --fsdp --dry-run --world-size 8
 
 Outputs under --out: config.json, metrics.jsonl (one line per step), checkpoint/ (resumable),
 final/ (save_pretrained), eval_format.json (with --eval-limit). Run `python stage1_sft.py --help`.
@@ -17,21 +18,23 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 import time
-from contextlib import nullcontext
 from pathlib import Path
 
 import numpy as np
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
-from checkpoint import JsonlLog, has_trainer_state, load_trainer_state, rng_state, save_model, set_rng_state
+import memory_plan
+from checkpoint import JsonlLog, has_trainer_state, rng_state, set_rng_state
 from cli import parse_config, require, write_config
 from data_io import DataError, read_jsonl, write_json
 from modeling import (all_ranks_any, autocast, end_of_turn_id, gather_objects, generate, load_model_and_tokenizer,
-                      resolve_dtype, setup_distributed, teardown_distributed)
+                      resolve_dtype, setup_distributed, teardown_distributed, token_logprobs)
+from sharding import (accumulate, add_scale_flags, check_checkpoint_layout, clip_grad_norm, full_weights,
+                      load_checkpoint, save_checkpoint, save_final, shard_model)
 from stage0_build import fit_history, format_target
 from training import TimeBudget, seed_everything, warmup_lr
 
@@ -159,12 +162,11 @@ def sft_loss_sums(model, batch, autocast_dtype=None) -> dict:
     with autocast(device, autocast_dtype):
         logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
                        logits_to_keep=keep).logits
-    # Token k predicts token k+1.
-    logits, labels = logits[:, :-1].float(), batch["labels"][:, width - keep + 1:]
+    # Token k predicts token k+1; log-probs in chunks, without an fp32 copy of every logit.
+    labels = batch["labels"][:, width - keep + 1:]
     answer = batch["answer_mask"][:, width - keep + 1:].bool()
     target = labels.ne(IGNORE_INDEX)
-    nll = F.cross_entropy(logits.reshape(-1, logits.size(-1)), labels.reshape(-1),
-                          ignore_index=IGNORE_INDEX, reduction="none").view_as(labels)
+    nll = -token_logprobs(logits[:, :-1], labels.clamp(min=0))[0] * target
     reasoning = target & ~answer
     return {"nll": nll.sum(), "reasoning_nll": nll[reasoning].sum(), "answer_nll": nll[answer].sum(),
             "tokens": target.sum(), "reasoning_tokens": reasoning.sum(), "answer_tokens": answer.sum()}
@@ -237,6 +239,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="generate on N held-out records at the end and report format validity")
     p.add_argument("--eval-max-new-tokens", type=int, default=256, help="tokens per held-out completion")
     p.add_argument("--trust-remote-code", action="store_true", help="allow model code from the hub")
+    add_scale_flags(p)
     return p
 
 
@@ -250,8 +253,9 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 # Settings that fix the data order and the meaning of a step: a resumed run must match them.
+# Not --fsdp: the same update, computed in shards (a checkpoint's layout is checked apart).
 RESUME_MUST_MATCH = ("seed", "phase", "phase1_fraction", "batch_size", "grad_accum", "world_size",
-                     "max_length", "no_cot", "epochs", "lr", "warmup_steps", "weight_decay", "model")
+                     "max_length", "no_cot", "epochs", "lr", "warmup_steps", "weight_decay", "max_grad_norm", "model")
 
 
 # --------------------------------------------------------------------------------------------
@@ -259,7 +263,7 @@ RESUME_MUST_MATCH = ("seed", "phase", "phase1_fraction", "batch_size", "grad_acc
 # --------------------------------------------------------------------------------------------
 def train(args):
     """Run stage 1 as configured by `args` (see parse_args). Returns the trained model."""
-    rank, world_size, _, device = setup_distributed()
+    rank, world_size, _, device = setup_distributed(args.dist_timeout_minutes, always=args.fsdp)
     args.world_size = world_size
     is_main = rank == 0
     budget = TimeBudget(args.time_budget_minutes)
@@ -271,23 +275,31 @@ def train(args):
     resuming = args.resume and has_trainer_state(checkpoint)
     if args.resume and not resuming and is_main:
         print(f"note: no checkpoint in {checkpoint}; starting from scratch", flush=True)
+    if resuming:  # before loading weights from it
+        check_checkpoint_layout(checkpoint, args.fsdp)
 
+    # Under FSDP the weights load on the CPU and each rank moves only its shards to its GPU; the
+    # MixedPrecisionPolicy then computes in bf16 where autocast would have.
     weight_dtype, autocast_dtype = resolve_dtype(args.dtype, device)
-    model, tokenizer = load_model_and_tokenizer(str(checkpoint) if resuming else args.model, args.dtype,
-                                                device, args.trust_remote_code)
+    model, tokenizer = load_model_and_tokenizer(str(checkpoint) if resuming and not args.fsdp else args.model,
+                                                args.dtype, None if args.fsdp else device, args.trust_remote_code)
+    if is_main:
+        print(memory_plan.stage_plan("sft", args, world_size, model.config), flush=True)
     if args.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.train()
     wrapped = model
-    if world_size > 1:
+    if args.fsdp:
+        model = wrapped = shard_model(model, device, autocast_dtype)
+        autocast_dtype = None
+    elif world_size > 1:
         from torch.nn.parallel import DistributedDataParallel
         wrapped = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
     resume_config = {k: getattr(args, k) for k in RESUME_MUST_MATCH}
     start_step = 0
     if resuming:
-        state = load_trainer_state(checkpoint, resume_config)
-        optimizer.load_state_dict(state["optimizer"])
+        state = load_checkpoint(checkpoint, model, optimizer, resume_config, args.fsdp)
         set_rng_state(state["rng"][rank])
         start_step = state["step"]
         if is_main:
@@ -307,13 +319,9 @@ def train(args):
     if is_main:
         metrics.flush()  # a resumed run drops the lines written after its checkpoint right away
 
-    def save_checkpoint(step):
-        rng = gather_objects(rng_state(), world_size)
-        if is_main:
-            save_model(checkpoint, model, tokenizer, {"step": step, "optimizer": optimizer.state_dict(), "rng": rng},
-                       resume_config)
-        if world_size > 1:
-            dist.barrier()
+    def save(step):  # FSDP: every rank writes its shards (sharding.py); else rank 0 the whole state
+        state = {"step": step, "rng": gather_objects(rng_state(), world_size)}
+        save_checkpoint(checkpoint, model, optimizer, tokenizer, state, resume_config, args.fsdp)
 
     from tqdm import tqdm
     bar = tqdm(total=total_steps, initial=start_step, disable=not is_main, desc="sft", dynamic_ncols=True)
@@ -335,14 +343,13 @@ def train(args):
         sums = {}
         for micro, examples in enumerate(mine):
             batch = {k: v.to(device) for k, v in collate(examples, tokenizer.pad_token_id).items()}
-            sync = micro == args.grad_accum - 1 or world_size == 1
-            with (nullcontext() if sync else wrapped.no_sync()):
+            with accumulate(wrapped, sync=micro == args.grad_accum - 1 or world_size == 1):
                 part = sft_loss_sums(wrapped, batch, autocast_dtype)
                 (part["nll"] * world_size / global_tokens).backward()
             for key, value in part.items():
                 sums[key] = sums.get(key, 0) + value.detach().float()
             sums["all_tokens"] = sums.get("all_tokens", 0) + batch["attention_mask"].sum().float()
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.max_grad_norm)
+        grad_norm = clip_grad_norm(model.parameters(), args.max_grad_norm)
         lr = warmup_lr(step, args.lr, args.warmup_steps)
         for group in optimizer.param_groups:
             group["lr"] = lr
@@ -362,16 +369,18 @@ def train(args):
                     "loss_reasoning": ratio("reasoning_nll", "reasoning_tokens"),
                     "loss_answer": ratio("answer_nll", "answer_tokens"), "lr": lr,
                     "grad_norm": float(grad_norm), "tokens_per_s": totals["all_tokens"] / elapsed,
-                    "truncated": len(data[phase].truncated), "elapsed_s": round(budget.elapsed_s(), 1)}
+                    "truncated": len(data[phase].truncated), "elapsed_s": round(budget.elapsed_s(), 1), "step_s": elapsed,
+                    "peak_gpu_gb": torch.cuda.max_memory_allocated(device) / 1e9 if device.type == "cuda" else None}
             if step % args.log_every == 0 or step == total_steps:
                 metrics.append(line)
             bar.set_postfix(phase=phase, loss=f"{line['loss']:.3f}")
             bar.update(1)
         if step % args.save_every == 0 and step < total_steps:
-            save_checkpoint(step)
+            save(step)
     bar.close()
 
-    save_checkpoint(step)
+    save(step)
+    save_final(out / "final", model, tokenizer, args.fsdp)  # save_pretrained form, also under FSDP
     if is_main:
         for p, phase_data in data.items():
             if phase_data.truncated or phase_data.skipped:
@@ -381,12 +390,13 @@ def train(args):
         if step < total_steps:
             print(f"WARNING: time budget of {args.time_budget_minutes} min reached: stopped at step {step} of "
                   f"{total_steps} ({total_steps - step} steps missing); --resume continues", flush=True)
-        save_model(out / "final", model, tokenizer)
         print(f"saved {out / 'final'} (step {step})", flush=True)
     if world_size > 1:
         dist.barrier()
-    if is_main and args.eval_limit > 0:  # after the barrier: the other ranks need not wait for it
-        evaluate_format(model, tokenizer, args, device, autocast_dtype)
+    if args.eval_limit > 0:  # FSDP: every rank gathers the weights once, rank 0 generates alone
+        with full_weights(model):
+            if is_main:
+                evaluate_format(model, tokenizer, args, device, autocast_dtype)
     return model
 
 
@@ -414,6 +424,9 @@ def evaluate_format(model, tokenizer, args, device, autocast_dtype, batch_size=4
 
 def main(argv=None) -> None:
     args = parse_args(argv)
+    if args.dry_run:  # the plan alone, for a machine this need not be: nothing is loaded or downloaded
+        print(memory_plan.stage_plan("sft", args, args.world_size or int(os.environ.get("WORLD_SIZE", 1))))
+        return
     try:
         train(args)
     except (DataError, FileNotFoundError) as e:

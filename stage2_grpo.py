@@ -16,7 +16,8 @@ DDP all-reduces the gradients, rank 0 alone logs and saves):
 
     python stage2_grpo.py --model runs/demo/sft/final --data runs/data/train.jsonl --out runs/demo/grpo \\
         --preset cpu-demo --eval-data runs/data/dev.jsonl
-    torchrun --nproc_per_node=8 stage2_grpo.py --model runs/paper/sft/final --data ... --preset paper
+    torchrun --nproc_per_node=8 stage2_grpo.py --model runs/paper/sft/final --data ... --preset paper --fsdp
+    python stage2_grpo.py --preset paper --model Qwen/Qwen2.5-7B-Instruct --fsdp --dry-run --world-size 8
 
 Outputs under --out: config.json, metrics.jsonl (one line per step), samples.jsonl (what the policy
 writes as it learns), checkpoint/ (resumable), final/ (save_pretrained), eval_before.json /
@@ -27,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -36,13 +38,16 @@ import torch
 import torch.distributed as dist
 from tqdm.auto import tqdm
 
-from checkpoint import JsonlLog, has_trainer_state, load_trainer_state, rng_state, save_model, set_rng_state
+import memory_plan
+from checkpoint import JsonlLog, has_trainer_state, rng_state, set_rng_state
 from cli import parse_config, require, write_config
 from data_io import DataError, finite_or_none, read_jsonl, write_json
 from modeling import (all_ranks_any, autocast, gather_objects, generate, load_model_and_tokenizer,
-                      parameter_digest, resolve_dtype, setup_distributed, teardown_distributed)
+                      parameter_digest, resolve_dtype, setup_distributed, teardown_distributed, token_logprobs)
 from probe import REWARD_COMPONENTS, greedy_probe, pick_eval_records, reward_metrics, sample_lines
 from reward import compute_rewards
+from sharding import (accumulate, add_scale_flags, check_checkpoint_layout, clip_grad_norm, full_weights,
+                      load_checkpoint, merge_probes, save_checkpoint, save_final, shard_model)
 from stage0_build import PromptStream, fit_prompt
 from training import TimeBudget, seed_everything, warmup_lr
 
@@ -51,10 +56,10 @@ from training import TimeBudget, seed_everything, warmup_lr
 # --------------------------------------------------------------------------------------------
 PRESETS = {
     # §4.1 where the paper gives a value (lr 3e-7, K = 8, ratio 4, AdamW, KL to the SFT policy);
-    # the rest is ours, sized for 8 x A100-80GB.
+    # the rest is ours, sized for 8 x A100-80GB with --fsdp (memory_plan.py: about 50 GB per GPU).
     "paper": dict(lr=3e-7, num_generations=8, sample_ratio=4, beta=0.04, clip_eps=0.2, mu=1,
                   prompts_per_step=8, max_new_tokens=1024, max_prompt_length=4096, warmup_steps=10,
-                  max_steps=1000, save_every=50, sample_every=10, gradient_checkpointing=True),
+                  max_steps=1000, save_every=50, sample_every=10, gradient_checkpointing=True, micro_batch_size=2),
     # SmolLM2-135M after SFT on a 2-core CPU: one group of 4 a step (about 25 s under bf16 autocast
     # on an AMX CPU: ~12 s generating, ~12 s training; twice that in fp32), two AdamW updates per
     # group. Learning rate chosen on 40 dev queries after the 90-step SFT (Jaccard / F1: SFT
@@ -94,6 +99,8 @@ def build_parser() -> argparse.ArgumentParser:
     add("--loss-norm", choices=["seq", "token"], default="seq",
         help="seq: Eq. (9) as written; token: mean over all tokens (DAPO)")
     add("--sample-ratio", type=int, default=4, help="sample batch / backprop minibatch (§4.1: 4)")
+    add("--micro-batch-size", type=int, default=0, help="rows per forward and backward inside a backprop "
+        "minibatch, gradients accumulated (the update is unchanged); 0 = the whole minibatch at once")
     add("--dtype", choices=["auto", "float32", "bfloat16"], default="auto",
         help="auto: fp32 weights with bf16 autocast on a GPU or an AMX CPU, plain fp32 elsewhere")
     add("--gradient-checkpointing", action=argparse.BooleanOptionalAction, default=False, help="trade compute for memory")
@@ -106,6 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--eval-limit", type=int, default=40, help="evaluate on this many records; 0 = no evaluation")
     add("--eval-batch-size", type=int, default=8, help="greedy evaluation batch")
     add("--eval-max-new-tokens", type=int, default=None, help="(default: --max-new-tokens)")
+    add_scale_flags(p)
     return p
 
 
@@ -117,6 +125,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     cfg.eval_max_new_tokens = cfg.eval_max_new_tokens or cfg.max_new_tokens
     for name in ("num_generations", "prompts_per_step", "max_new_tokens", "mu", "sample_ratio", "max_steps"):
         require(getattr(cfg, name) >= 1, f"--{name.replace('_', '-')} must be at least 1")
+    require(cfg.micro_batch_size >= 0, "--micro-batch-size must be at least 0")
     return cfg
 
 
@@ -153,15 +162,8 @@ def completion_logprobs(model, input_ids, attention_mask, completion_length, tem
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
     logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                    use_cache=False, logits_to_keep=completion_length + 1).logits
-    logits = logits[:, :-1].float() / temperature  # position t predicts token t + 1
-    logprobs_all = logits.log_softmax(dim=-1)
-    targets = input_ids[:, -completion_length:]
-    logprobs = logprobs_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-    entropy = None
-    if with_entropy:
-        with torch.no_grad():
-            entropy = -(logprobs_all.exp() * logprobs_all).sum(-1)
-    return logprobs, entropy
+    # Position t predicts token t + 1; chosen logit minus log-sum-exp, in chunks (no fp32 vocab copy).
+    return token_logprobs(logits[:, :-1], input_ids[:, -completion_length:], temperature, with_entropy=with_entropy)
 
 
 # --------------------------------------------------------------------------------------------
@@ -215,8 +217,8 @@ def grpo_step(policy, ref_model, tokenizer, optimizer, records, prompts, cfg, re
     """Sample, score, Eq. (8), then mu passes of Eq. (9) updates over the backprop minibatches.
     `reward_fn(completions, examples) -> [{"total": ..., <components>}]` defaults to
     reward.compute_rewards. `train_model` is the DDP wrapper when there is one (backward through it
-    all-reduces the gradients); `policy` is the plain module, used to generate. Returns this rank's
-    statistics and its scored completions."""
+    all-reduces the gradients); `policy` is the plain module (or the FSDP one), used to generate.
+    Returns this rank's statistics and its scored completions."""
     reward_fn = reward_fn or compute_rewards
     train_model = train_model if train_model is not None else policy
     device = next(policy.parameters()).device
@@ -224,8 +226,9 @@ def grpo_step(policy, ref_model, tokenizer, optimizer, records, prompts, cfg, re
 
     # Sample K completions per prompt from pi_old (the current weights, before this step's updates).
     t0 = time.perf_counter()
-    rollout = generate(policy, tokenizer, prompts, num_generations=K, max_new_tokens=cfg.max_new_tokens,
-                       temperature=cfg.temperature, top_p=cfg.top_p, autocast_dtype=autocast_dtype)
+    with full_weights(policy):  # FSDP: gathered once for the whole batch, freed after (sharding.py)
+        rollout = generate(policy, tokenizer, prompts, num_generations=K, max_new_tokens=cfg.max_new_tokens,
+                           temperature=cfg.temperature, top_p=cfg.top_p, autocast_dtype=autocast_dtype)
     t1 = time.perf_counter()
 
     # Score with the verifiable reward R = format + recall + answer (Eqs. (4)-(7)).
@@ -251,34 +254,48 @@ def grpo_step(policy, ref_model, tokenizer, optimizer, records, prompts, cfg, re
             return completion_logprobs(model, input_ids[rows], attention_mask[rows], C, cfg.temperature,
                                        with_entropy)
 
+    # Micro-batches of --micro-batch-size rows: the unit of every forward pass (memory_plan.py).
+    micro_of = lambda rows: rows.split(cfg.micro_batch_size or len(rows))
+    no_grad_logprobs = lambda model: torch.cat([logprobs_of(model, part)[0] for rows in minibatches
+                                                for part in micro_of(rows)])
     policy.eval()
     with torch.no_grad():  # old log-probs once per sample batch; pi_ref frozen
-        old_logprobs = None if on_policy else torch.cat([logprobs_of(policy, rows)[0] for rows in minibatches])
-        ref_logprobs = (torch.cat([logprobs_of(ref_model, rows)[0] for rows in minibatches])
-                        if cfg.beta > 0 and ref_model is not None else None)
+        old_logprobs = None if on_policy else no_grad_logprobs(policy)
+        ref_logprobs = no_grad_logprobs(ref_model) if cfg.beta > 0 and ref_model is not None else None
 
     policy.train()  # gradient checkpointing works only in train mode; the models have no dropout
     stats, entropies, skipped, updates = [], [], 0, 0
     for epoch in range(cfg.mu):
         for rows in minibatches:
-            logprobs, entropy = logprobs_of(train_model, rows, with_entropy=epoch == 0)
-            if entropy is not None:
-                entropies.append(((entropy * mask[rows]).sum() / mask[rows].sum()).item())
-            loss, loss_stats = grpo_loss(
-                logprobs, logprobs.detach() if on_policy else old_logprobs[rows],
-                None if ref_logprobs is None else ref_logprobs[rows],
-                advantages[rows], mask[rows], cfg.clip_eps, cfg.beta, cfg.loss_norm)
             optimizer.zero_grad(set_to_none=True)
-            loss.backward()  # every rank, even with a bad loss: DDP needs every rank in the all-reduce
-            grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.max_grad_norm)
+            tokens, parts = mask[rows].sum().clamp(min=1).item(), micro_of(rows)
+            loss, loss_stats, entropy_sum = 0.0, {}, 0.0
+            for i, part in enumerate(parts):
+                # DDP all-reduces after the last micro-batch only; every rank has as many (same rows).
+                with accumulate(train_model, sync=i == len(parts) - 1):
+                    logprobs, entropy = logprobs_of(train_model, part, with_entropy=epoch == 0)
+                    part_loss, part_stats = grpo_loss(
+                        logprobs, logprobs.detach() if on_policy else old_logprobs[part],
+                        None if ref_logprobs is None else ref_logprobs[part],
+                        advantages[part], mask[part], cfg.clip_eps, cfg.beta, cfg.loss_norm)
+                    # Eq. (9) averages over the minibatch's completions (seq) or tokens (token): weigh
+                    # each micro-batch by its share, so the summed gradient is the unbatched one.
+                    share = len(part) / len(rows) if cfg.loss_norm == "seq" else mask[part].sum().item() / tokens
+                    (part_loss * share).backward()  # every rank, even a bad loss: DDP/FSDP need all ranks
+                loss += part_loss.item() * share
+                for key, value in part_stats.items():  # token means: weigh by tokens
+                    loss_stats[key] = loss_stats.get(key, 0.0) + value * mask[part].sum().item() / tokens
+                entropy_sum += 0.0 if entropy is None else (entropy * mask[part]).sum().item()
+            entropies += [entropy_sum / tokens] if epoch == 0 else []
+            grad_norm = clip_grad_norm(policy.parameters(), cfg.max_grad_norm)
             # A non-finite loss or gradient must never reach the weights (nor AdamW's moments).
-            if all_ranks_any(not (math.isfinite(loss.item()) and math.isfinite(grad_norm.item())), device):
+            if all_ranks_any(not (math.isfinite(loss) and math.isfinite(grad_norm.item())), device):
                 optimizer.zero_grad(set_to_none=True)
                 skipped += 1
                 continue
             optimizer.step()
             updates += 1
-            stats.append(dict(loss_stats, loss=loss.item(), grad_norm=grad_norm.item()))
+            stats.append(dict(loss_stats, loss=loss, grad_norm=grad_norm.item()))
     optimizer.zero_grad(set_to_none=True)
     policy.eval()
     t3 = time.perf_counter()
@@ -315,15 +332,16 @@ def evaluate_policy(model, tokenizer, records, max_new_tokens=160, batch_size=8,
 # --------------------------------------------------------------------------------------------
 SAVE_MARGIN_S = 30  # writing checkpoint/ and final/ at the end of a time-budgeted run
 # Settings that fix the data order and the meaning of a step: a resumed run must match them.
+# Not --micro-batch-size nor --fsdp: the same update in parts or shards (layout: check_checkpoint_layout).
 RESUME_MUST_MATCH = ("seed", "prompts_per_step", "max_prompt_length", "world_size", "num_generations",
-                     "sample_ratio", "mu", "lr", "warmup_steps", "beta", "clip_eps", "temperature", "top_p",
-                     "max_new_tokens", "loss_norm", "model")
+                     "sample_ratio", "mu", "lr", "warmup_steps", "weight_decay", "max_grad_norm", "beta", "clip_eps",
+                     "temperature", "top_p", "max_new_tokens", "loss_norm", "model")
 
 
 def train(cfg, reward_fn=None) -> dict:
     """Run stage 2 as configured by `cfg` (see parse_args); -> the summary written to summary.json.
     `reward_fn(completions, records) -> [{"total": .., <components>}]` defaults to reward.py's."""
-    rank, world_size, local_rank, device = setup_distributed()
+    rank, world_size, local_rank, device = setup_distributed(cfg.dist_timeout_minutes, always=cfg.fsdp)
     cfg.world_size, main_process = world_size, rank == 0
     budget = TimeBudget(cfg.time_budget_minutes, reserve_s=SAVE_MARGIN_S)
     out, checkpoint_dir = Path(cfg.out), Path(cfg.out) / "checkpoint"
@@ -340,47 +358,56 @@ def train(cfg, reward_fn=None) -> dict:
     resuming = cfg.resume and has_trainer_state(checkpoint_dir)
     if cfg.resume and not resuming and main_process:
         print(f"note: no checkpoint in {checkpoint_dir}; starting from scratch", flush=True)
+    if resuming:  # before loading weights from it
+        check_checkpoint_layout(checkpoint_dir, cfg.fsdp)
 
     # The policy (fp32 master weights, bf16 autocast where the hardware has it) and the frozen
-    # reference pi_ref = the SFT model we start from, even when resuming.
+    # reference pi_ref = the SFT model we start from, even when resuming. Under FSDP both load on
+    # the CPU and each rank moves only its shards to its GPU; pi_ref, which never trains, in bf16.
     _, autocast_dtype = resolve_dtype(cfg.dtype, device)
-    policy, tokenizer = load_model_and_tokenizer(str(checkpoint_dir) if resuming else cfg.model,
-                                                 dtype=cfg.dtype, device=device)
+    policy, tokenizer = load_model_and_tokenizer(str(checkpoint_dir) if resuming and not cfg.fsdp else cfg.model,
+                                                 dtype=cfg.dtype, device=None if cfg.fsdp else device)
+    if main_process:
+        print(memory_plan.stage_plan("grpo", cfg, world_size, policy.config), flush=True)
     ref_model = None
     if cfg.beta > 0:
-        ref_model, _ = load_model_and_tokenizer(cfg.model, dtype=cfg.dtype, device=device)
+        ref_dtype = "bfloat16" if cfg.fsdp and autocast_dtype == torch.bfloat16 else cfg.dtype
+        ref_model, _ = load_model_and_tokenizer(cfg.model, dtype=ref_dtype, device=None if cfg.fsdp else device)
         ref_model.eval().requires_grad_(False)
     if cfg.gradient_checkpointing:
         policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if cfg.fsdp:  # the MixedPrecisionPolicy computes in bf16 where autocast would have
+        policy = shard_model(policy, device, autocast_dtype)
+        ref_model = shard_model(ref_model, device) if ref_model is not None else None
+        autocast_dtype = None
     optimizer = torch.optim.AdamW(policy.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     stream = PromptStream(records, tokenizer, cfg.max_prompt_length, cfg.seed, rank, world_size)
     seed_everything(cfg.seed + rank)  # each rank samples its own completions
     resume_config = {k: getattr(cfg, k) for k in RESUME_MUST_MATCH}
     start_step = 0
     if resuming:
-        state = load_trainer_state(checkpoint_dir, resume_config)
-        optimizer.load_state_dict(state["optimizer"])
+        state = load_checkpoint(checkpoint_dir, policy, optimizer, resume_config, cfg.fsdp)
         stream.load_state_dict(state["stream"])
         set_rng_state(state["rng"][rank])
         start_step = state["step"]
     metrics = JsonlLog(out / "metrics.jsonl", keep_until_step=start_step if resuming else None)
     samples = JsonlLog(out / "samples.jsonl", keep_until_step=start_step if resuming else None)
     train_model = policy
-    if world_size > 1:
+    if world_size > 1 and not cfg.fsdp:
         train_model = torch.nn.parallel.DistributedDataParallel(
             policy, device_ids=[local_rank] if device.type == "cuda" else None)
     if main_process:
         write_config(out, dict(vars(cfg), device=str(device)))
 
-    def run_eval(name):
+    def run_eval(name):  # each rank its slice of the records, with the weights gathered once (FSDP)
+        with full_weights(policy):
+            mine = evaluate_policy(policy, tokenizer, eval_records[rank::world_size], cfg.eval_max_new_tokens,
+                                   cfg.eval_batch_size, reward_fn=reward_fn, max_prompt_length=cfg.max_prompt_length,
+                                   autocast_dtype=autocast_dtype, progress=main_process)
+        result = merge_probes(gather_objects(mine, world_size))
         if main_process:
-            result = evaluate_policy(policy, tokenizer, eval_records, cfg.eval_max_new_tokens, cfg.eval_batch_size,
-                                     reward_fn=reward_fn, max_prompt_length=cfg.max_prompt_length,
-                                     autocast_dtype=autocast_dtype)
             write_json(out / name, {k: finite_or_none(v) for k, v in result.items()})
             tqdm.write(f"{name}: " + ", ".join(f"{k} {result[k]:.3f}" for k in REWARD_COMPONENTS + ("jaccard",)))
-        if world_size > 1:
-            dist.barrier()
 
     if eval_records and start_step == 0:
         t = time.perf_counter()
@@ -389,13 +416,9 @@ def train(cfg, reward_fn=None) -> dict:
     elif eval_records and (out / "eval_before.json").exists():
         budget.reserve_s += json.loads((out / "eval_before.json").read_text()).get("seconds") or 0.0
 
-    def save_checkpoint(step):
-        rng = gather_objects(rng_state(), world_size)
-        if main_process:
-            save_model(checkpoint_dir, policy, tokenizer, {"step": step, "optimizer": optimizer.state_dict(),
-                                                           "stream": stream.state_dict(), "rng": rng}, resume_config)
-        if world_size > 1:
-            dist.barrier()
+    def save(step):  # FSDP: every rank writes its shards (sharding.py); else rank 0 the whole state
+        state = {"step": step, "stream": stream.state_dict(), "rng": gather_objects(rng_state(), world_size)}
+        save_checkpoint(checkpoint_dir, policy, optimizer, tokenizer, state, resume_config, cfg.fsdp)
 
     step = start_step
     progress = tqdm(total=cfg.max_steps, initial=start_step, desc="grpo", disable=not main_process)
@@ -423,7 +446,8 @@ def train(cfg, reward_fn=None) -> dict:
                     "lr": lr, "skipped_updates": total("skipped_updates"), "updates": result["updates"],
                     "tokens_per_s": total("sequence_tokens") / step_s,
                     "generated_tokens_per_s": total("completion_tokens") / max(avg("generate_s"), 1e-9),
-                    "skipped_prompts": stream.skipped, "gold_turns_cut": stream.gold_cut, "step_s": step_s}
+                    "skipped_prompts": stream.skipped, "gold_turns_cut": stream.gold_cut, "step_s": step_s,
+                    "peak_gpu_gb": torch.cuda.max_memory_allocated(device) / 1e9 if device.type == "cuda" else None}
             metrics.append({k: finite_or_none(v) for k, v in line.items()})
             if result["skipped_updates"]:
                 tqdm.write(f"step {step}: skipped {result['skipped_updates']} update(s) with a non-finite "
@@ -434,12 +458,12 @@ def train(cfg, reward_fn=None) -> dict:
                                  kl=f"{line['kl']:.4f}", len=f"{line['completion_length']:.0f}")
         progress.update(1)
         if cfg.save_every and step % cfg.save_every == 0 and step < cfg.max_steps:
-            save_checkpoint(step)
+            save(step)
     progress.close()
 
-    save_checkpoint(step)
+    save(step)
+    save_final(out / "final", policy, tokenizer, cfg.fsdp)  # save_pretrained form, also under FSDP
     if main_process:
-        save_model(out / "final", policy, tokenizer)
         if step < cfg.max_steps:
             print(f"WARNING: time budget of {cfg.time_budget_minutes} min reached: stopped at step {step} of "
                   f"{cfg.max_steps} ({cfg.max_steps - step} steps missing); --resume continues", flush=True)
@@ -447,7 +471,8 @@ def train(cfg, reward_fn=None) -> dict:
         run_eval("eval_after.json")
     digests = gather_objects(parameter_digest(policy), world_size)  # DDP ranks must agree bit for bit
     summary = {"steps": step, "stop_reason": "max_steps" if step >= cfg.max_steps else "time_budget",
-               "seconds": budget.elapsed_s(), "world_size": world_size, "ranks_in_sync": len(set(digests)) == 1}
+               "seconds": budget.elapsed_s(), "world_size": world_size,
+               "ranks_in_sync": None if cfg.fsdp else len(set(digests)) == 1}  # FSDP ranks hold different shards
     if main_process:
         write_json(out / "summary.json", summary)
         print(f"done: {step} steps ({summary['stop_reason']}); model in {out / 'final'}", flush=True)
@@ -458,6 +483,9 @@ def train(cfg, reward_fn=None) -> dict:
 
 def main(argv=None) -> None:
     cfg = parse_args(argv)
+    if cfg.dry_run:  # the plan alone, for a machine this need not be: nothing is loaded or downloaded
+        print(memory_plan.stage_plan("grpo", cfg, cfg.world_size or int(os.environ.get("WORLD_SIZE", 1))))
+        return
     try:
         train(cfg)
     except (DataError, FileNotFoundError) as e:  # e.g. no training prompt fits --max-prompt-length

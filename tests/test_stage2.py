@@ -422,7 +422,8 @@ def test_torchrun_two_ranks_stay_identical(tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(driver),
          "--model", "tiny-random", "--data", str(data), "--out", str(out), "--dtype", "float32", "--max-steps", "1",
-         "-K", "4", "--max-new-tokens", "6", "--lr", "1e-2", "--warmup-steps", "0", "--sample-ratio", "2"],
+         "-K", "4", "--max-new-tokens", "6", "--lr", "1e-2", "--warmup-steps", "0", "--sample-ratio", "2",
+         "--micro-batch-size", "1"],  # 2 micro-batches per minibatch: DDP's no_sync on the first
         cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())

@@ -1,0 +1,237 @@
+"""FSDP for models that do not fit one GPU (the paper's 7B backbone on 8 x A100-80GB, §4.1), and
+the checkpoints of sharded runs. PyTorch's own FSDP2 (`torch.distributed.fsdp.fully_shard`), no
+framework beyond torch.
+
+- `shard_model`: one FSDP unit per decoder layer plus the root (embeddings, final norm, lm_head).
+  Each rank keeps 1/N of the fp32 master weights, of the gradients and, since AdamW is built on
+  the sharded parameters, of AdamW's two moments. On a GPU a MixedPrecisionPolicy all-gathers bf16
+  copies for compute and reduce-scatters gradients in fp32.
+- `full_weights`: every unit gathered once for a whole `generate` call (rollouts, evaluation).
+- `accumulate`: the gradient-accumulation context (DDP's no_sync; nothing under FSDP).
+- checkpoints: `save_sharded` / `load_sharded` write and read every rank's shards with
+  torch.distributed.checkpoint (DCP) beside the usual trainer_state files; `save_full` gathers the
+  full state dict to rank 0 and writes an ordinary save_pretrained folder (final/) that
+  evaluate.py and the other stages load without FSDP.
+"""
+from __future__ import annotations
+
+import argparse
+import shutil
+from contextlib import contextmanager, nullcontext
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from checkpoint import publish_dir, swap_in
+from data_io import write_json
+
+SHARDED_DIR = "sharded"  # the DCP folder inside a checkpoint of an FSDP run
+
+
+def add_scale_flags(parser: argparse.ArgumentParser) -> None:
+    """The flags both training stages share for running at scale, and for planning a run."""
+    add = parser.add_argument
+    add("--fsdp", action="store_true", help="shard weights, gradients and AdamW state over the ranks (FSDP2); "
+        "run under torchrun (also with one process)")
+    add("--dist-timeout-minutes", type=float, default=None,
+        help="timeout of every collective and barrier (default: $SRT_DIST_TIMEOUT_MINUTES or 60)")
+    add("--dry-run", action="store_true", help="print the per-GPU memory plan and exit; downloads nothing")
+    add("--world-size", type=int, default=None, help="GPUs to plan for with --dry-run (default: this run's)")
+    add("--gpu-memory-gb", type=float, default=None,
+        help="memory per GPU the plan must fit (default: this GPU's, else 80 as on an A100-80GB)")
+
+
+def is_fsdp(model) -> bool:
+    from torch.distributed.fsdp import FSDPModule
+    return isinstance(model, FSDPModule)
+
+
+def decoder_layers(model):
+    """The repeated blocks of a causal LM (Llama, Qwen2, SmolLM2: model.model.layers)."""
+    return model.get_decoder().layers
+
+
+def shard_model(model, device, compute_dtype=None):
+    """fully_shard on each decoder layer, then on the root. compute_dtype bf16: the units gather bf16
+    copies for forward and backward and reduce gradients in fp32 (the weights stay as they are,
+    fp32 masters). None: compute in the weights' own dtype (the CPU tests, so results compare
+    exactly with one process). Returns the model, now an FSDPModule whose parameters are DTensors."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    if not dist.is_initialized():
+        raise SystemExit("error: --fsdp needs torchrun (e.g. torchrun --nproc_per_node=8 ...; "
+                         "--nproc_per_node=1 on one GPU)")
+    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+    policy = (MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
+              if compute_dtype is not None else MixedPrecisionPolicy())
+    for layer in decoder_layers(model):
+        fully_shard(layer, mesh=mesh, mp_policy=policy)
+    fully_shard(model, mesh=mesh, mp_policy=policy)
+    return model
+
+
+@contextmanager
+def full_weights(model):
+    """Inside: every FSDP unit unsharded (one all-gather each) and kept so for every forward pass,
+    so that `generate`'s decode steps run with no collective at all; on exit the full copies are
+    freed. Without this, FSDP would all-gather each layer at every decode step: 28 all-gathers of
+    ~0.5 GB per new token of a 7B model. Cost: a full copy of the weights in the compute dtype on
+    every rank while inside (2 bytes per parameter in bf16: 15.2 GB for Qwen2.5-7B), next to the
+    rollouts' KV cache; memory_plan.py counts it. Since no forward pass communicates, ranks may also
+    decode for different numbers of steps. A plain module passes through."""
+    from torch.distributed.fsdp import FSDPModule
+    units = [m for m in model.modules() if isinstance(m, FSDPModule)]
+    if not units:
+        yield model
+        return
+    for unit in units:
+        unit.unshard()
+    model.set_reshard_after_forward(False)
+    try:
+        yield model
+    finally:
+        for unit in units:
+            unit.reshard()
+        model.set_reshard_after_forward(True)
+        model.set_reshard_after_forward(False, recurse=False)  # FSDP's own choice for the root
+
+
+def accumulate(model, sync: bool):
+    """The context of a backward pass that should not yet all-reduce (gradient accumulation):
+    DDP's no_sync. FSDP reduce-scatters after every micro-batch instead, which keeps the gradients
+    sharded (skipping the reduction would hold unsharded fp32 gradients, 4 bytes per parameter)."""
+    if sync or not hasattr(model, "no_sync"):
+        return nullcontext()
+    return model.no_sync()
+
+
+def clip_grad_norm(parameters, max_norm: float) -> torch.Tensor:
+    """clip_grad_norm_ that returns a plain tensor also for FSDP's DTensor gradients."""
+    norm = torch.nn.utils.clip_grad_norm_(parameters, max_norm)
+    return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+
+
+# --------------------------------------------------------------------------------------------
+# Checkpoints of sharded runs
+# --------------------------------------------------------------------------------------------
+def is_sharded_checkpoint(path) -> bool:
+    return (Path(path) / SHARDED_DIR).is_dir()
+
+
+def check_checkpoint_layout(path, fsdp: bool) -> None:
+    """A checkpoint is resumed in the layout it was written in: --fsdp writes shards, a plain run
+    a save_pretrained folder. Not part of the objective (RESUME_MUST_MATCH), only of the files."""
+    if is_sharded_checkpoint(path) != fsdp:
+        written = "with --fsdp" if is_sharded_checkpoint(path) else "without --fsdp"
+        raise SystemExit(f"error: {path} was written {written}; resume it the same way")
+
+
+def save_sharded(path, model, optimizer, tokenizer, trainer_state: dict, resume_config: dict) -> None:
+    """Every rank writes its shards of the weights and of AdamW's state (DCP) into a folder beside
+    `path`; rank 0 adds config, tokenizer and the trainer files, then swaps it in for `path`. A
+    collective: every rank calls it. No rank holds more than its shards at any point."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+    path = Path(path)
+    tmp = path.parent / f".{path.name}.tmp.sharded"
+    main = dist.get_rank() == 0
+    if main:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    dist.barrier()
+    model_state, optimizer_state = get_state_dict(model, optimizer)
+    dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=str(tmp / SHARDED_DIR))
+    dist.barrier()
+    if main:
+        model.config.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        torch.save(trainer_state, tmp / "trainer_state.pt")
+        write_json(tmp / "trainer_state.json", {"step": trainer_state["step"], "config": resume_config})
+        swap_in(tmp, path)
+    dist.barrier()
+
+
+def load_sharded(path, model, optimizer) -> None:
+    """Read this rank's shards of the weights and of AdamW's state from `path` into the sharded
+    model and optimizer (get_state_dict creates AdamW's lazily made state first, so DCP has
+    tensors to load into)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    model_state, optimizer_state = get_state_dict(model, optimizer)
+    state = {"model": model_state, "optimizer": optimizer_state}
+    dcp.load(state, checkpoint_id=str(Path(path) / SHARDED_DIR))
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+
+
+def save_full(path, model, tokenizer) -> None:
+    """final/ of an FSDP run: the full state dict gathered to rank 0's host memory (4 bytes per
+    parameter: 30 GB for a 7B model) and written as an ordinary save_pretrained folder. A
+    collective: every rank calls it."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+    full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if dist.get_rank() == 0:
+        def write(tmp):
+            model.save_pretrained(tmp, state_dict=full, safe_serialization=True)
+            tokenizer.save_pretrained(tmp)
+        publish_dir(Path(path), write)
+    dist.barrier()
+
+
+# --------------------------------------------------------------------------------------------
+# What the stages call: one path for sharded and plain runs
+# --------------------------------------------------------------------------------------------
+def save_checkpoint(path, model, optimizer, tokenizer, state: dict, resume_config: dict, fsdp: bool) -> None:
+    """checkpoint/: sharded (every rank writes its shards) or plain (rank 0 writes save_pretrained
+    weights and the whole optimizer state). Every rank calls it."""
+    from checkpoint import save_model
+    if fsdp:
+        save_sharded(path, model, optimizer, tokenizer, state, resume_config)
+    elif not dist.is_initialized() or dist.get_rank() == 0:
+        save_model(path, model, tokenizer, dict(state, optimizer=optimizer.state_dict()), resume_config)
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def load_checkpoint(path, model, optimizer, resume_config: dict, fsdp: bool) -> dict:
+    """The trainer state of checkpoint/ (after the resume check) with the optimizer state, and under
+    FSDP the weights too, loaded into `model` and `optimizer`."""
+    from checkpoint import load_trainer_state
+    check_checkpoint_layout(path, fsdp)
+    state = load_trainer_state(path, resume_config)
+    if fsdp:
+        load_sharded(path, model, optimizer)
+    else:
+        optimizer.load_state_dict(state["optimizer"])
+    return state
+
+
+def save_final(path, model, tokenizer, fsdp: bool) -> None:
+    """final/: an ordinary save_pretrained folder either way (gathered to rank 0 under FSDP)."""
+    from checkpoint import save_model
+    if fsdp:
+        save_full(path, model, tokenizer)
+    elif not dist.is_initialized() or dist.get_rank() == 0:
+        save_model(path, model, tokenizer)
+
+
+def merge_probes(results: list[dict]) -> dict:
+    """Greedy probes (probe.greedy_probe) of the ranks' slices of the held-out records -> one, as if
+    a single process had run them all: counts summed, means weighted by the records scored, the
+    slowest rank's seconds, the first examples."""
+    import math
+    n = sum(r["n"] for r in results)
+    merged = {}
+    for key, value in results[0].items():
+        values = [r[key] for r in results]
+        if key == "seconds":
+            merged[key] = max(values)
+        elif isinstance(value, list):
+            merged[key] = [x for v in values for x in v][:3]
+        elif isinstance(value, int):
+            merged[key] = sum(values)
+        else:
+            scored = [(v, r["n"]) for v, r in zip(values, results) if r["n"] and not math.isnan(v)]
+            merged[key] = sum(v * k for v, k in scored) / sum(k for _, k in scored) if scored else float("nan")
+    merged["n"] = n
+    return merged
