@@ -335,7 +335,7 @@ def completion_mask(completion_ids, stop_ids) -> torch.Tensor:
 
 @torch.no_grad()
 def generate(model, tokenizer, prompts, max_new_tokens=128, num_generations=1, temperature=1.0,
-             top_p=1.0, greedy=False, autocast_dtype=None) -> dict:
+             top_p=1.0, greedy=False, autocast_dtype=None, prefill_once=True) -> dict:
     """Completions of prompt texts (already chat-templated) -> {prompt_ids, prompt_mask,
     completion_ids, completion_mask, texts, input_tokens, generated_tokens}, rows grouped by
     prompt (prompt j owns rows j*K .. j*K+K-1). Prompts are left padded so every completion starts
@@ -354,17 +354,27 @@ def generate(model, tokenizer, prompts, max_new_tokens=128, num_generations=1, t
     stop_ids = stop_token_ids(model, tokenizer)
     config = GenerationConfig(
         max_new_tokens=max_new_tokens, eos_token_id=stop_ids, pad_token_id=tokenizer.pad_token_id,
-        do_sample=not greedy, temperature=1.0 if greedy else temperature, top_p=1.0 if greedy else top_p,
-        top_k=0, min_p=None, typical_p=1.0, repetition_penalty=1.0, no_repeat_ngram_size=0,
-        encoder_repetition_penalty=1.0, length_penalty=1.0, num_beams=1, use_cache=True)
+        do_sample=not greedy, repetition_penalty=1.0, no_repeat_ngram_size=0, encoder_repetition_penalty=1.0,
+        length_penalty=1.0, num_beams=1, use_cache=True,
+        **({} if greedy else dict(temperature=temperature, top_p=top_p, top_k=0, min_p=None, typical_p=1.0)))
     was_training = model.training
     model.eval()
     # Only a forward pass over still-sharded weights (FSDP outside sharding.full_weights) communicates;
     # then, and only then, every rank must run as many decode steps (HF's synced_gpus).
     synced = any(hasattr(p, "to_local") for p in model.parameters())
+    cache = {}
+    if num_generations > 1 and encoded.input_ids.shape[1] > 1 and not synced and prefill_once:
+        # Prefill each prompt once and copy its KV cache to its K samples, instead of K identical
+        # prefills: generate then runs the last prompt token and the decode steps only.
+        with autocast(device, autocast_dtype):
+            shared = model(input_ids=encoded.input_ids[:, :-1], attention_mask=encoded.attention_mask[:, :-1],
+                           position_ids=(encoded.attention_mask[:, :-1].cumsum(-1) - 1).clamp(min=0),
+                           use_cache=True).cache
+        shared.batch_repeat_interleave(num_generations)
+        cache = {"cache": shared}
     with autocast(device, autocast_dtype):
         sequences = model.generate(input_ids=prompt_ids, attention_mask=prompt_mask, generation_config=config,
-                                   synced_gpus=synced)
+                                   synced_gpus=synced, **cache)
     model.train(was_training)
     completion_ids = sequences[:, prompt_ids.shape[1]:]
     mask = completion_mask(completion_ids, stop_ids)

@@ -196,6 +196,21 @@ def test_generate_ignores_a_checkpoints_repetition_penalty_and_top_k():
     assert not torch.equal(sample(top_k=0), plain) and not torch.equal(sample(repetition_penalty=1.0), plain)
 
 
+def test_prefilling_each_prompt_once_samples_exactly_what_k_prefills_do(tiny):
+    """generate prefills a prompt once and copies its KV cache to the K samples; with the same seed
+    the completions must equal those of K separate prefills, left padding included."""
+    model, tokenizer = tiny
+    prompts = ["Hello", "Q1: I need the Chakra Balancing service. A1: It is $180. Q2: and the price?"]
+    for greedy in (False, True):
+        torch.manual_seed(11)
+        shared = modeling.generate(model, tokenizer, prompts, max_new_tokens=16, num_generations=6, greedy=greedy)
+        torch.manual_seed(11)
+        repeated = modeling.generate(model, tokenizer, prompts, max_new_tokens=16, num_generations=6, greedy=greedy,
+                                     prefill_once=False)
+        assert torch.equal(shared["completion_ids"], repeated["completion_ids"])
+        assert torch.equal(shared["completion_mask"], repeated["completion_mask"])
+
+
 def test_generate_groups_k_completions_per_prompt(tiny):
     model, tokenizer = tiny
     torch.manual_seed(0)
