@@ -5,8 +5,10 @@
 
 Every later stage imports the prompt renderer from here: P(Q_t, C_t) rendered through the
 model's chat template (render_prompt, build_messages, format_history) and the target
-(Z_t, A*_t) that SFT learns (format_target, his_tag). The record format and its reader live in
-data_io.py, the sentence embedder of Eq. (2) in modeling.py, the synthetic source in synthetic.py.
+(Z_t, A*_t) that SFT learns (format_target, his_tag). ChatClient, the client for OpenAI-compatible
+chat APIs, serves LLM teachers of §3.2 (evaluate.py reuses it for SRT-P on closed models). The
+record format and its reader live in data_io.py, the sentence embedder of Eq. (2) in modeling.py,
+the synthetic source in synthetic.py.
 
 Run `python stage0_build.py --help`.
 """
