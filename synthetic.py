@@ -138,7 +138,8 @@ def small_talk_exchanges() -> tuple[tuple[str, str], ...]:
     group of each conversation is skipped: greetings would repeat across thousands of dialogues."""
     spec = importlib.util.find_spec("chitchat_dataset")
     if spec is None or spec.origin is None:
-        raise RuntimeError("the synthetic corpus needs the chitchat-dataset package: pip install chitchat-dataset==0.9.0")
+        raise FileNotFoundError("the synthetic corpus needs the chitchat-dataset package: "
+                                "pip install chitchat-dataset==0.9.0")
     conversations = json.loads((Path(spec.origin).parent / "dataset.json").read_text(encoding="utf-8"))
     pairs, seen = [], set()
     for conversation_id in sorted(conversations):
@@ -288,6 +289,11 @@ def _spa(rng):
              ("My calendar is a mess this week.", "Busy weeks happen; we can help keep track of your booking.")]),
         QuerySpec("pair", ["price_a", "price_b"], f"the prices of the {service_a} and the {service_b}", cheaper,
                   [(f"I can't decide between the {service_a} and the {service_b}.", "Both are popular choices with our guests.")]),
+        QuerySpec("single", ["therapist_b"], f"who does the {service_b}", lambda st: (
+            _pick(rng, [f"Who was it that does the {service_b}?", f"Remind me who performs the {service_b}?"]),
+            f"{therapist_b} does the {service_b}.", [therapist_b], f"who performs the {service_b}",
+            f"Earlier I said the {service_b} is done by {therapist_b}.", False),
+            [(f"A friend recommended the {service_b} to me.", f"The {service_b} has lovely reviews.")]),
     ]
     general = [("Do you sell gift cards?", "Yes, gift cards are available at the front desk in any amount.",
                 "gift cards", "My mother's birthday is coming up soon."),
@@ -301,7 +307,7 @@ def _spa(rng):
                 "bringing a friend along", "My best friend could use a day off too."),
                ("Do you sell the oils you use?", "Yes, our oils are on sale at the reception desk.",
                 "the oils we use", "The lavender smell last time was lovely.")]
-    protected = [f"${p}" for p in (price_a, price_b)] + [therapist, branch, s["day"], s["time"], new_day, new_time]
+    protected = [f"${p}" for p in (price_a, price_b)] + [therapist, therapist_b, branch, s["day"], s["time"], new_day, new_time]
     return "spa", s, facts, updates, queries, general, protected
 
 
@@ -568,16 +574,15 @@ def _telecom(rng):
 
 
 DOMAINS = [_spa, _shop, _travel, _telecom]
-# (nominal rounds of the bucket, rounds range): short dialogues are drawn more often so every
-# Table 3 bucket holds a similar share of the queries.
+# (nominal bucket, rounds range, weight). Buckets go by the query's round t and the questions
+# fill the last several rounds, so a long dialogue feeds two buckets; these weights give each
+# Table 3 bucket a fifth to a third of the queries (dialogues over 32 rounds fail stage 0's filter).
 LENGTH_PLAN = [(8, (8, 11), 0.31), (16, (15, 22), 0.28), (24, (26, 27), 0.06), (32, (31, 32), 0.35)]
 RELATED_ROUND_RATE = 0.95  # a question is preceded by talk about its topic (Eq. (2) then keeps a distractor)
 SERVICE_DISTRACTOR_RATE = 0.1  # filler rounds that are general service questions rather than small talk
 OFFERS_OF_HELP = ["Happy to go over {} whenever you like.", "Just ask if you want me to check {}.",
                   "I can look up {} for you at any point.", "Let me know if you have questions about {}.",
                   "If it helps, I can confirm {} later."]
-
-
 USER_OPENERS = ["Oh, and ", "Quick question: ", "Sorry, one more thing. ", "Also, ", "Hmm, ", "By the way, ", "Okay. ",
                 "Right. ", "One thing: "]
 ASSISTANT_OPENERS = ["Sure. ", "Of course. ", "Let me check. ", "One moment. ", "Certainly. ", "Happy to help. "]
@@ -588,7 +593,7 @@ def _opener(rng, text, openers, rate):
     makes up much of the corpus."""
     if rng.random() >= rate:
         return text
-    opener = rng.choice(openers)
+    opener = rng.choice([o for o in openers if text.endswith("?") or not o.endswith(": ")])  # "Quick question:" asks
     lower = opener.endswith(("and ", ": ", ", ")) and not re.match(r"I\b", text)
     return opener + (text[0].lower() + text[1:] if lower else text)
 
