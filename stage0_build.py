@@ -5,8 +5,10 @@
 
 Every later stage imports the prompt renderer from here: P(Q_t, C_t) rendered through the
 model's chat template (render_prompt, build_messages, format_history) and the target
-(Z_t, A*_t) that SFT learns (format_target, his_tag). The record format and its reader live in
-data_io.py, the sentence embedder of Eq. (2) in modeling.py, the synthetic source in synthetic.py.
+(Z_t, A*_t) that SFT learns (format_target, his_tag). ChatClient, the client for OpenAI-compatible
+chat APIs, serves LLM teachers of §3.2 (evaluate.py reuses it for SRT-P on closed models). The
+record format and its reader live in data_io.py, the sentence embedder of Eq. (2) in modeling.py,
+the synthetic source in synthetic.py.
 
 Run `python stage0_build.py --help`.
 """
@@ -29,7 +31,7 @@ import numpy as np
 from cli import parse_config, write_config
 from data_io import BUCKETS, DataError, bucket_of, read_lines, write_json, write_jsonl
 from modeling import embed, render_chat
-from synthetic import generate_synthetic
+from synthetic import generate_synthetic, keys_outside_recall
 
 # --------------------------------------------------------------------------------------------
 # The prompt P(Q_t, C_t) and the target (Z_t, A*_t)  (DESIGN.md, "Output format")
@@ -372,7 +374,11 @@ def annotate_dialogues(dialogues, teacher, args, progress=True):
 
     drops = Counter()
     all_utts = [utterances(d) for d in dialogues]
-    vectors = embed([u["text"] for utts in all_utts for u in utts])
+    texts = [u["text"] for utts in all_utts for u in utts]
+    unique = sorted(set(texts))  # templates and small talk repeat across dialogues: embed each text once
+    unique_vectors = embed(unique)
+    row = {text: k for k, text in enumerate(unique)}
+    vectors = unique_vectors[[row[text] for text in texts]]
     records, offset = [], 0
     for d, utts in zip(tqdm(dialogues, desc="Eq. (2) + teacher", disable=not progress), all_utts):
         vecs = vectors[offset: offset + len(utts)]
@@ -446,6 +452,12 @@ def corpus_stats(num_input, dialogues, splits, drops):
         "recall_size_hist": {str(k): sizes[k] for k in sorted(sizes)},
         "share_recall_ge_2": round(sum(v for k, v in sizes.items() if k >= 2) / n, 3),
         "recall_distance_hist": {k: distances.get(k, 0) for k in ("1-4", "5-9", "10-19", "20+")},
+        # Eq. (2) keeps distractors: C~_t should be a real superset of H*, not H* alone (§3.3)
+        "share_pruned_equals_recall": round(sum(set(r["pruned"]) == set(r["recall"]) for r in records) / n, 3),
+        "mean_pruned_over_history": round(sum(len(r["pruned"]) / max(1, len(r["history"])) for r in records) / n, 3),
+        # unique gold: an utterance outside H* that holds a distinctive answer key is an equally valid recall
+        "share_key_outside_recall": round(sum(bool(keys_outside_recall(r["history"], r["recall"], r["answer_keys"]))
+                                              for r in records) / n, 4),
         "query_types": dict(Counter(r["meta"]["query_type"] for r in records)),
         "domains": dict(Counter(r["meta"]["domain"] for r in records)),
         "dropped": dict(drops),
@@ -526,6 +538,8 @@ def main(argv=None) -> None:
     print(f"  buckets {stats['bucket_share']}  |H*|>=2: {stats['share_recall_ge_2']}  "
           f"|H*| hist {stats['recall_size_hist']}")
     print(f"  recall distance {stats['recall_distance_hist']}  dropped {stats['dropped']}")
+    print(f"  pruned == H* in {stats['share_pruned_equals_recall']:.1%} of queries, "
+          f"|C~_t| / |C_t| = {stats['mean_pruned_over_history']:.2f}")
     for message in errors[:5]:
         print(f"  skipped: {message}")
 

@@ -116,6 +116,20 @@ def test_stats_written(built):
     assert sum(stats["bucket_counts"].values()) == stats["queries"]
     assert set(stats["recall_distance_hist"]) == {"1-4", "5-9", "10-19", "20+"}
     assert "dependency_selection" in stats["dropped"] or stats["dialogues_kept"] == stats["dialogues_in"]
+    records = all_records(built)
+    equal = sum(set(r["pruned"]) == set(r["recall"]) for r in records) / len(records)
+    assert stats["share_pruned_equals_recall"] == round(equal, 3)
+    assert stats["mean_pruned_over_history"] == round(sum(len(r["pruned"]) / len(r["history"]) for r in records) / len(records), 3)
+    assert stats["share_key_outside_recall"] == 0
+
+
+def test_eq2_keeps_distractors_in_the_pruned_history(built):
+    """Issue 12: C~_t is a real superset of H* in most queries (the related round before a question
+    and the confusers score above the threshold), yet still prunes most of C_t."""
+    records = all_records(built)
+    strict_superset = [r for r in records if set(r["recall"]) < set(r["pruned"])]
+    assert len(strict_superset) >= 0.8 * len(records)
+    assert sum(len(r["pruned"]) / len(r["history"]) for r in records) / len(records) < 0.5
 
 
 # ---- the teacher and the verification filter -------------------------------------------------
