@@ -8,14 +8,19 @@ from __future__ import annotations
 import math
 import random
 import time
+from pathlib import Path
 
 import numpy as np
 from tqdm.auto import tqdm
 
 from data_io import finite_or_none
+from metrics import answer_text, f1_score
 from modeling import generate
 
 REWARD_COMPONENTS = ("format", "recall", "answer", "total")
+# What the learning curve follows: recall Jaccard on the queries that need recall (an empty H*
+# would score 1.0 for silence), answer F1 against the reference, and the reward.
+PROBE_KEYS = ("jaccard_needed", "f1", "format", "recall", "answer", "total")
 
 
 def greedy_probe(model, tokenizer, records, prompts, reward_fn, max_new_tokens=160, batch_size=8,
@@ -32,7 +37,11 @@ def greedy_probe(model, tokenizer, records, prompts, reward_fn, max_new_tokens=1
         completions += out["texts"]
         examples += [r for r, _ in batch]
     scores = reward_fn(completions, examples) if completions else []
-    result = {"n": len(scores), "skipped": len(records) - len(kept)}
+    needed = [float(s["jaccard"]) for s, r in zip(scores, examples) if r["recall"] and "jaccard" in s]
+    f1 = [f1_score(answer_text(c) or "", r["answer"]) for c, r in zip(completions, examples)]
+    result = {"n": len(scores), "skipped": len(records) - len(kept), "n_needed": len(needed),
+              "jaccard_needed": float(np.mean(needed)) if needed else float("nan"),
+              "f1": float(np.mean(f1)) if f1 else float("nan")}
     for key in REWARD_COMPONENTS + ("jaccard",):
         values = [float(s[key]) for s in scores if key in s]
         result[key] = float(np.mean(values)) if values else float("nan")
@@ -43,10 +52,18 @@ def greedy_probe(model, tokenizer, records, prompts, reward_fn, max_new_tokens=1
 
 
 def pick_eval_records(records, limit):
-    """A fixed sample (seed 0, whatever --seed): runs with different seeds compare on the same set."""
+    """A fixed sample stratified by length bucket (seed 0, whatever --seed, so runs with different
+    seeds compare on the same set): the buckets take turns until `limit` records are chosen."""
     if limit >= len(records):
         return records
-    return [records[i] for i in sorted(random.Random(0).sample(range(len(records)), limit))]
+    rng, by_bucket = random.Random(0), {}
+    for i, record in enumerate(records):
+        by_bucket.setdefault(record["meta"].get("bucket", 0), []).append(i)
+    queues = [rng.sample(indices, len(indices)) for _, indices in sorted(by_bucket.items())]
+    chosen = []
+    while len(chosen) < limit:
+        chosen += [queue.pop() for queue in queues if queue][:limit - len(chosen)]
+    return [records[i] for i in sorted(chosen)]
 
 
 def reward_metrics(scores) -> dict:
@@ -77,3 +94,37 @@ def sample_lines(step, result, K) -> list[dict]:
                       "gold_answer": record["answer"], "completion": result["texts"][i],
                       **{k: finite_or_none(v) for k, v in score.items() if isinstance(v, (int, float, str, list))}})
     return lines
+
+
+def plot_learning_curve(metrics, probes, path) -> None:
+    """learning_curve.png beside metrics.jsonl: the reward components of the sampled groups (mean and
+    spread), the probe's recall Jaccard and F1, the KL to pi_ref and the share of informative groups,
+    each against the GRPO step."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, 4, figsize=(18, 3.8))
+    steps = [m["step"] for m in metrics]
+    for key in REWARD_COMPONENTS:
+        mean = np.array([m.get(f"reward_{key}_mean") or np.nan for m in metrics], dtype=float)
+        std = np.array([m.get(f"reward_{key}_std") or np.nan for m in metrics], dtype=float)
+        axes[0].plot(steps, mean, label=key)
+        axes[0].fill_between(steps, mean - std, mean + std, alpha=0.15)
+    axes[0].set_title("reward of the sampled groups (mean, +-1 std)")
+    for key, label in (("jaccard_needed", "recall Jaccard (H* non-empty)"), ("f1", "answer F1")):
+        axes[1].plot([p["step"] for p in probes], [p.get(key) for p in probes], marker="o", label=label)
+    axes[1].set_title("greedy probe on held-out queries")
+    axes[2].plot(steps, [m.get("kl") for m in metrics])
+    axes[2].set_title("KL(pi_theta || pi_ref), k3")
+    axes[3].plot(steps, [1 - (m.get("groups_all_equal_share") or 0) for m in metrics], label="total reward")
+    axes[3].plot(steps, [1 - (m.get("groups_recall_constant_share") or 0) for m in metrics], label="recall part")
+    axes[3].set_title("share of groups whose rewards differ")
+    for ax in axes:
+        ax.set_xlabel("GRPO step")
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
+    fig.tight_layout()
+    tmp = Path(path).with_suffix(".tmp.png")
+    fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+    tmp.replace(path)

@@ -231,7 +231,8 @@ def merge_probes(results: list[dict]) -> dict:
         elif isinstance(value, int):
             merged[key] = sum(values)
         else:
-            scored = [(v, r["n"]) for v, r in zip(values, results) if r["n"] and not math.isnan(v)]
+            weight = "n_needed" if key == "jaccard_needed" else "n"  # its mean is over queries with H* only
+            scored = [(v, r[weight]) for v, r in zip(values, results) if r[weight] and not math.isnan(v)]
             merged[key] = sum(v * k for v, k in scored) / sum(k for _, k in scored) if scored else float("nan")
     merged["n"] = n
     return merged

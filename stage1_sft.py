@@ -189,13 +189,13 @@ def phase_plan(args, records_per_phase: dict) -> list[tuple[int, int]]:
 # Configuration: argparse defaults that work, presets, explicit flags win.
 # --------------------------------------------------------------------------------------------
 PRESETS = {
-    # A 2-core laptop: 90 steps (36 on pruned histories, 54 on full ones). Measured with 2 threads
-    # on an idle AMX machine under bf16 autocast: ~5 s per phase-1 step (pruned, ~290 tokens) and
-    # ~12 s per phase-2 step (full, ~850); plain fp32 (AMD EPYC) about twice that. No gradient
-    # checkpointing: batch 4 x 1024 fits in ~11 GB and runs ~25% faster without it. Recall needs
-    # the steps: on 40 dev queries, 38 steps gave recall Jaccard 0.06 and recalled turns even for
-    # the queries that need none (H* empty); 90 steps gave 0.38 and recalled nothing for those.
-    "cpu-demo": dict(lr=5e-5, batch_size=4, grad_accum=1, max_length=1024, gradient_checkpointing=False,
+    # A 2-core laptop: 90 steps (36 on pruned histories, 54 on full ones). Recall needs the steps:
+    # on 40 dev queries, 38 steps gave recall Jaccard 0.06 and recalled turns even for the queries
+    # that need none (H* empty); 90 steps gave 0.38 and recalled nothing for those. max_length 1536
+    # holds every prompt + target of the synthetic corpus (longest 1,317 + 233 tokens with real
+    # small talk), so no record loses a turn; batch 4 x 1536 fits in about 16 GB without gradient
+    # checkpointing, which would cost about 25% more time.
+    "cpu-demo": dict(lr=5e-5, batch_size=4, grad_accum=1, max_length=1536, gradient_checkpointing=False,
                      max_steps=90, phase1_fraction=0.4, warmup_steps=3, save_every=10),
     # §4.1: lr 5e-6, AdamW, constant schedule with linear warm-up. Batch and length are ours.
     "paper": dict(lr=5e-6, batch_size=2, grad_accum=8, max_length=4096, gradient_checkpointing=True,

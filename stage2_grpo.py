@@ -26,6 +26,7 @@ eval_after.json (with --eval-data), summary.json. Run `python stage2_grpo.py --h
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import os
@@ -42,10 +43,11 @@ import memory_plan
 from checkpoint import JsonlLog, has_trainer_state, rng_state, set_rng_state
 from cli import parse_config, require, write_config
 from data_io import DataError, finite_or_none, read_jsonl, write_json
-from modeling import (all_ranks_any, autocast, gather_objects, generate, load_model_and_tokenizer,
+from modeling import (all_ranks_any, autocast, gather_objects, load_model_and_tokenizer,
                       parameter_digest, resolve_dtype, setup_distributed, teardown_distributed, token_logprobs)
-from probe import REWARD_COMPONENTS, greedy_probe, pick_eval_records, reward_metrics, sample_lines
-from reward import compute_rewards
+from probe import PROBE_KEYS, greedy_probe, pick_eval_records, plot_learning_curve, reward_metrics, sample_lines
+from reward import ANSWER_REWARDS, compute_rewards
+from rollouts import sample_batch
 from sharding import (accumulate, add_scale_flags, check_checkpoint_layout, clip_grad_norm, full_weights,
                       load_checkpoint, merge_probes, save_checkpoint, save_final, shard_model)
 from stage0_build import PromptStream, fit_prompt
@@ -104,13 +106,21 @@ def build_parser() -> argparse.ArgumentParser:
     add("--dtype", choices=["auto", "float32", "bfloat16"], default="auto",
         help="auto: fp32 weights with bf16 autocast on a GPU or an AMX CPU, plain fp32 elsewhere")
     add("--gradient-checkpointing", action=argparse.BooleanOptionalAction, default=False, help="trade compute for memory")
+    add("--answer-reward", choices=ANSWER_REWARDS, default="cosine", help="Eq. (7) as the paper defines it "
+        "(cosine), the share of answer keys stated (keys), or both; `python reward.py --gallery` shows what each pays for")
+    add("--dynamic-sampling", action=argparse.BooleanOptionalAction, default=False,
+        help="DAPO: replace groups whose K rewards are all equal (advantage 0, no gradient) with fresh prompts")
+    add("--max-draws", type=int, default=4, help="sample batches one step may draw under --dynamic-sampling")
     add("--sample-every", type=int, default=5, help="write sampled completions every N steps")
     add("--save-every", type=int, default=10, help="write <out>/checkpoint every N steps")
     add("--time-budget-minutes", type=float, default=None,
         help="stop early (saved, resumable) when the next step and the final evaluation would overrun this")
     add("--eval-data", default=None, help="held-out records: greedy evaluation before step 1 and after the "
         "last (cpu-demo: dev.jsonl beside --data)")
-    add("--eval-limit", type=int, default=40, help="evaluate on this many records; 0 = no evaluation")
+    add("--eval-limit", type=int, default=40, help="evaluate on this many records, stratified by length "
+        "bucket; 0 = no evaluation")
+    add("--probe-every", type=int, default=0, help="evaluate also every N steps: probe.jsonl and "
+        "learning_curve.png (0 = before and after only)")
     add("--eval-batch-size", type=int, default=8, help="greedy evaluation batch")
     add("--eval-max-new-tokens", type=int, default=None, help="(default: --max-new-tokens)")
     add_scale_flags(p)
@@ -125,7 +135,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     cfg.eval_max_new_tokens = cfg.eval_max_new_tokens or cfg.max_new_tokens
     for name in ("num_generations", "prompts_per_step", "max_new_tokens", "mu", "sample_ratio", "max_steps"):
         require(getattr(cfg, name) >= 1, f"--{name.replace('_', '-')} must be at least 1")
-    require(cfg.micro_batch_size >= 0, "--micro-batch-size must be at least 0")
+    require(cfg.micro_batch_size >= 0 and cfg.probe_every >= 0, "--micro-batch-size and --probe-every must be >= 0")
+    require(cfg.max_draws >= 1, "--max-draws must be at least 1")
     return cfg
 
 
@@ -213,41 +224,29 @@ def grpo_loss(logprobs, old_logprobs, ref_logprobs, advantages, mask, clip_eps=0
 # One GRPO step.
 # --------------------------------------------------------------------------------------------
 def grpo_step(policy, ref_model, tokenizer, optimizer, records, prompts, cfg, reward_fn=None,
-              train_model=None, autocast_dtype=None) -> dict:
-    """Sample, score, Eq. (8), then mu passes of Eq. (9) updates over the backprop minibatches.
-    `reward_fn(completions, examples) -> [{"total": ..., <components>}]` defaults to
-    reward.compute_rewards. `train_model` is the DDP wrapper when there is one (backward through it
-    all-reduces the gradients); `policy` is the plain module (or the FSDP one), used to generate.
-    Returns this rank's statistics and its scored completions."""
+              train_model=None, autocast_dtype=None, draw_more=None) -> dict:
+    """Sample and score (dynamic sampling may draw more prompts through `draw_more()`), Eq. (8), then
+    mu passes of Eq. (9) updates over the backprop minibatches. `reward_fn(completions, examples) ->
+    [{"total": ..., <components>}]` defaults to reward.compute_rewards. `train_model` is the DDP wrapper
+    when there is one (backward through it all-reduces the gradients); `policy` is the plain module
+    (or the FSDP one), used to generate. Returns this rank's statistics and its scored completions."""
     reward_fn = reward_fn or compute_rewards
     train_model = train_model if train_model is not None else policy
     device = next(policy.parameters()).device
     K = cfg.num_generations
 
-    # Sample K completions per prompt from pi_old (the current weights, before this step's updates).
-    t0 = time.perf_counter()
-    with full_weights(policy):  # FSDP: gathered once for the whole batch, freed after (sharding.py)
-        rollout = generate(policy, tokenizer, prompts, num_generations=K, max_new_tokens=cfg.max_new_tokens,
-                           temperature=cfg.temperature, top_p=cfg.top_p, autocast_dtype=autocast_dtype)
-    t1 = time.perf_counter()
-
-    # Score with the verifiable reward R = format + recall + answer (Eqs. (4)-(7)).
-    examples = [record for record in records for _ in range(K)]
-    scores = reward_fn(rollout["texts"], examples)
-    rewards = torch.tensor([float(s["total"]) for s in scores], dtype=torch.float64).view(-1, K)
-    advantages = group_advantages(rewards).view(-1).to(device)  # Eq. (8)
+    batch = sample_batch(policy, tokenizer, records, prompts, cfg, reward_fn, autocast_dtype, draw_more)
     t2 = time.perf_counter()
+    rewards = torch.tensor([float(s["total"]) for s in batch["scores"]], dtype=torch.float64).view(-1, K)
+    advantages = group_advantages(rewards).view(-1).to(device)  # Eq. (8)
 
-    input_ids = torch.cat([rollout["prompt_ids"], rollout["completion_ids"]], dim=1)
-    attention_mask = torch.cat([rollout["prompt_mask"], rollout["completion_mask"]], dim=1)
-    mask = rollout["completion_mask"]
+    input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1).to(device)
+    attention_mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1).to(device)
+    mask = batch["completion_mask"].to(device)
     C = mask.shape[1]
     # The sample batch split into backprop minibatches (§4.1: sample / backprop = 4); every rank has
     # as many rows and so as many minibatches, which DDP needs (one all-reduce per backward).
     minibatches = torch.arange(len(input_ids), device=device).tensor_split(min(cfg.sample_ratio, len(input_ids)))
-    # With a single update per sample batch pi_theta == pi_old when the loss is computed, so
-    # old log-probs are the current ones, detached (r = 1): one forward pass saved.
-    on_policy = cfg.mu == 1 and len(minibatches) == 1
 
     def logprobs_of(model, rows, with_entropy=False):
         with autocast(device, autocast_dtype):
@@ -256,17 +255,23 @@ def grpo_step(policy, ref_model, tokenizer, optimizer, records, prompts, cfg, re
 
     # Micro-batches of --micro-batch-size rows: the unit of every forward pass (memory_plan.py).
     micro_of = lambda rows: rows.split(cfg.micro_batch_size or len(rows))
-    no_grad_logprobs = lambda model: torch.cat([logprobs_of(model, part)[0] for rows in minibatches
-                                                for part in micro_of(rows)])
+    no_grad_logprobs = lambda model, rows: torch.cat([logprobs_of(model, part)[0] for part in micro_of(rows)])
     policy.eval()
-    with torch.no_grad():  # old log-probs once per sample batch; pi_ref frozen
-        old_logprobs = None if on_policy else no_grad_logprobs(policy)
-        ref_logprobs = no_grad_logprobs(ref_model) if cfg.beta > 0 and ref_model is not None else None
+    with torch.no_grad():  # pi_old before any update; pi_ref frozen
+        # The first minibatch of the first pass is scored before any update, where pi_theta == pi_old:
+        # its old log-probs are the current ones, detached (r = 1), and need no pass of their own.
+        old_logprobs = torch.zeros(len(input_ids), C, device=device)
+        if len(minibatches) > 1:
+            later = torch.cat(minibatches[1:])
+            old_logprobs[later] = no_grad_logprobs(policy, later)
+        ref_logprobs = (no_grad_logprobs(ref_model, torch.arange(len(input_ids), device=device))
+                        if cfg.beta > 0 and ref_model is not None else None)
 
     policy.train()  # gradient checkpointing works only in train mode; the models have no dropout
     stats, entropies, skipped, updates = [], [], 0, 0
     for epoch in range(cfg.mu):
-        for rows in minibatches:
+        for index, rows in enumerate(minibatches):
+            on_policy = epoch == 0 and index == 0
             optimizer.zero_grad(set_to_none=True)
             tokens, parts = mask[rows].sum().clamp(min=1).item(), micro_of(rows)
             loss, loss_stats, entropy_sum = 0.0, {}, 0.0
@@ -274,9 +279,10 @@ def grpo_step(policy, ref_model, tokenizer, optimizer, records, prompts, cfg, re
                 # DDP all-reduces after the last micro-batch only; every rank has as many (same rows).
                 with accumulate(train_model, sync=i == len(parts) - 1):
                     logprobs, entropy = logprobs_of(train_model, part, with_entropy=epoch == 0)
+                    if on_policy:  # the later passes (mu > 1) compare against these
+                        old_logprobs[part] = logprobs.detach()
                     part_loss, part_stats = grpo_loss(
-                        logprobs, logprobs.detach() if on_policy else old_logprobs[part],
-                        None if ref_logprobs is None else ref_logprobs[part],
+                        logprobs, old_logprobs[part], None if ref_logprobs is None else ref_logprobs[part],
                         advantages[part], mask[part], cfg.clip_eps, cfg.beta, cfg.loss_norm)
                     # Eq. (9) averages over the minibatch's completions (seq) or tokens (token): weigh
                     # each micro-batch by its share, so the summed gradient is the unbatched one.
@@ -298,19 +304,18 @@ def grpo_step(policy, ref_model, tokenizer, optimizer, records, prompts, cfg, re
             stats.append(dict(loss_stats, loss=loss, grad_norm=grad_norm.item()))
     optimizer.zero_grad(set_to_none=True)
     policy.eval()
-    t3 = time.perf_counter()
 
     lengths = mask.sum(1).float()
     mean = lambda key: float(np.mean([s[key] for s in stats])) if stats else float("nan")
     return {
-        "scores": scores, "texts": rollout["texts"], "records": examples,
+        "scores": batch["scores"], "texts": batch["texts"], "records": batch["records"],
         "loss": mean("loss"), "grad_norm": mean("grad_norm"), "kl": mean("kl"),
         "clip_fraction": mean("clip_fraction"), "ratio": mean("ratio"),
         "entropy": float(np.mean(entropies)) if entropies else float("nan"),
         "completion_length": lengths.mean().item(), "completion_tokens": int(lengths.sum().item()),
-        "sequence_tokens": int(attention_mask.sum().item()),
-        "skipped_updates": skipped, "updates": updates,
-        "generate_s": t1 - t0, "score_s": t2 - t1, "train_s": t3 - t2,
+        "sequence_tokens": int(attention_mask.sum().item()), "skipped_updates": skipped, "updates": updates,
+        "generate_s": batch["generate_s"], "score_s": batch["score_s"], "train_s": time.perf_counter() - t2,
+        **{k: batch[k] for k in ("draws", "groups_drawn", "groups_all_equal", "groups_recall_constant")},
     }
 
 
@@ -335,7 +340,8 @@ SAVE_MARGIN_S = 30  # writing checkpoint/ and final/ at the end of a time-budget
 # Not --micro-batch-size nor --fsdp: the same update in parts or shards (layout: check_checkpoint_layout).
 RESUME_MUST_MATCH = ("seed", "prompts_per_step", "max_prompt_length", "world_size", "num_generations",
                      "sample_ratio", "mu", "lr", "warmup_steps", "weight_decay", "max_grad_norm", "beta", "clip_eps",
-                     "temperature", "top_p", "max_new_tokens", "loss_norm", "model")
+                     "temperature", "top_p", "max_new_tokens", "loss_norm", "model", "answer_reward",
+                     "dynamic_sampling", "max_draws")
 
 
 def train(cfg, reward_fn=None) -> dict:
@@ -343,6 +349,7 @@ def train(cfg, reward_fn=None) -> dict:
     `reward_fn(completions, records) -> [{"total": .., <components>}]` defaults to reward.py's."""
     rank, world_size, local_rank, device = setup_distributed(cfg.dist_timeout_minutes, always=cfg.fsdp)
     cfg.world_size, main_process = world_size, rank == 0
+    reward_fn = reward_fn or functools.partial(compute_rewards, answer_reward=cfg.answer_reward)
     budget = TimeBudget(cfg.time_budget_minutes, reserve_s=SAVE_MARGIN_S)
     out, checkpoint_dir = Path(cfg.out), Path(cfg.out) / "checkpoint"
     records = read_jsonl(cfg.data)
@@ -399,19 +406,24 @@ def train(cfg, reward_fn=None) -> dict:
     if main_process:
         write_config(out, dict(vars(cfg), device=str(device)))
 
-    def run_eval(name):  # each rank its slice of the records, with the weights gathered once (FSDP)
+    probes = JsonlLog(out / "probe.jsonl", keep_until_step=start_step if resuming else None)
+
+    def run_eval(step, name=None):  # each rank its slice of the records, the weights gathered once (FSDP)
         with full_weights(policy):
             mine = evaluate_policy(policy, tokenizer, eval_records[rank::world_size], cfg.eval_max_new_tokens,
                                    cfg.eval_batch_size, reward_fn=reward_fn, max_prompt_length=cfg.max_prompt_length,
                                    autocast_dtype=autocast_dtype, progress=main_process)
-        result = merge_probes(gather_objects(mine, world_size))
+        result = {k: finite_or_none(v) for k, v in merge_probes(gather_objects(mine, world_size)).items()}
         if main_process:
-            write_json(out / name, {k: finite_or_none(v) for k, v in result.items()})
-            tqdm.write(f"{name}: " + ", ".join(f"{k} {result[k]:.3f}" for k in REWARD_COMPONENTS + ("jaccard",)))
+            probes.append({"step": step, **{k: v for k, v in result.items() if k != "examples"}})
+            plot_learning_curve(metrics.rows, probes.rows, out / "learning_curve.png")
+            if name:
+                write_json(out / name, result)
+            tqdm.write(f"probe at step {step}: " + ", ".join(f"{k} {result[k]}" for k in PROBE_KEYS))
 
     if eval_records and start_step == 0:
         t = time.perf_counter()
-        run_eval("eval_before.json")
+        run_eval(0, "eval_before.json")
         budget.reserve_s += time.perf_counter() - t  # the final evaluation takes about as long
     elif eval_records and (out / "eval_before.json").exists():
         budget.reserve_s += json.loads((out / "eval_before.json").read_text()).get("seconds") or 0.0
@@ -428,9 +440,9 @@ def train(cfg, reward_fn=None) -> dict:
         for group in optimizer.param_groups:
             group["lr"] = lr
         t = time.perf_counter()
-        batch = stream.next_batch(cfg.prompts_per_step)
-        result = grpo_step(policy, ref_model, tokenizer, optimizer, [r for r, _ in batch], [p for _, p in batch],
-                           cfg, reward_fn=reward_fn, train_model=train_model, autocast_dtype=autocast_dtype)
+        draw = lambda: [list(column) for column in zip(*stream.next_batch(cfg.prompts_per_step))]
+        result = grpo_step(policy, ref_model, tokenizer, optimizer, *draw(), cfg, reward_fn=reward_fn,
+                           train_model=train_model, autocast_dtype=autocast_dtype, draw_more=draw)
         step_s = time.perf_counter() - t
         budget.record_step(step_s)
 
@@ -446,7 +458,9 @@ def train(cfg, reward_fn=None) -> dict:
                     "lr": lr, "skipped_updates": total("skipped_updates"), "updates": result["updates"],
                     "tokens_per_s": total("sequence_tokens") / step_s,
                     "generated_tokens_per_s": total("completion_tokens") / max(avg("generate_s"), 1e-9),
-                    "skipped_prompts": stream.skipped, "gold_turns_cut": stream.gold_cut, "step_s": step_s,
+                    "groups_all_equal_share": total("groups_all_equal") / total("groups_drawn"),
+                    "groups_recall_constant_share": total("groups_recall_constant") / total("groups_drawn"),
+                    "draws": avg("draws"), "skipped_prompts": stream.skipped, "gold_turns_cut": stream.gold_cut, "step_s": step_s,
                     "peak_gpu_gb": torch.cuda.max_memory_allocated(device) / 1e9 if device.type == "cuda" else None}
             metrics.append({k: finite_or_none(v) for k, v in line.items()})
             if result["skipped_updates"]:
@@ -459,6 +473,8 @@ def train(cfg, reward_fn=None) -> dict:
         progress.update(1)
         if cfg.save_every and step % cfg.save_every == 0 and step < cfg.max_steps:
             save(step)
+        if eval_records and cfg.probe_every and step % cfg.probe_every == 0 and step < cfg.max_steps:
+            run_eval(step)
     progress.close()
 
     save(step)
@@ -468,7 +484,7 @@ def train(cfg, reward_fn=None) -> dict:
             print(f"WARNING: time budget of {cfg.time_budget_minutes} min reached: stopped at step {step} of "
                   f"{cfg.max_steps} ({cfg.max_steps - step} steps missing); --resume continues", flush=True)
     if eval_records:
-        run_eval("eval_after.json")
+        run_eval(step, "eval_after.json")
     digests = gather_objects(parameter_digest(policy), world_size)  # DDP ranks must agree bit for bit
     summary = {"steps": step, "stop_reason": "max_steps" if step >= cfg.max_steps else "time_budget",
                "seconds": budget.elapsed_s(), "world_size": world_size,

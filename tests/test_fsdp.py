@@ -27,11 +27,12 @@ from safetensors.torch import load_file
 
 import memory_plan
 import modeling
+import rollouts as rollouts_module
 import stage1_sft
 import stage2_grpo as g
 from modeling import load_model_and_tokenizer, token_logprobs
 from records import hand_record
-from stage0_build import write_jsonl
+from data_io import write_jsonl
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -43,7 +44,7 @@ from pathlib import Path
 import torch, torch.distributed as dist
 from safetensors.torch import save_file
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-import modeling, sharding, stage1_sft, stage2_grpo as g
+import modeling, rollouts, sharding, stage1_sft, stage2_grpo as g
 tmp = Path(sys.argv[1])
 s1 = ["--model", "tiny-random", "--data", str(tmp / "sft.jsonl"), "--dtype", "float32", "--phase", "2",
       "--lr", "1e-2", "--warmup-steps", "0", "--batch-size", "1", "--grad-accum", "2", "--save-every", "1", "--fsdp",
@@ -61,8 +62,8 @@ stage1_sft.train(stage1_sft.parse_args(s1[:1] + [str(tmp / "tied")] + s1[2:] + [
                                                                               "--max-steps", "1"]))
 
 # Stage 2, grpo_step on fixed rollouts (see the test module's docstring).
-exec(open(tmp / "rollouts.py").read())
-g.generate = fixed_generate
+exec(open(tmp / "fixed_rollouts.py").read())
+rollouts.generate = fixed_generate
 cfg = g.parse_args(["--model", "tiny-random", "--dtype", "float32", "-K", "4", "--sample-ratio", "1", "--mu", "2",
                     "--lr", "1e-2", "--beta", "0.04", "--micro-batch-size", "2", "--fsdp"])
 policy, tok = modeling.load_model_and_tokenizer("tiny-random", dtype="float32")
@@ -78,7 +79,7 @@ if rank == 0:
 
 # Rollouts with the weights gathered once: the same greedy text as the plain model, and no
 # all-gather while decoding (each unit gathers once on entry).
-g.generate = modeling.generate
+rollouts.generate = modeling.generate
 count = [0]
 real = dist.all_gather_single
 def counting(*a, **k):
@@ -173,7 +174,7 @@ def fsdp_run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("fsdp")
     write_jsonl(tmp / "sft.jsonl", sft_records())
     write_jsonl(tmp / "grpo.jsonl", [hand_record(i, 4, ("A1",), (), price=10 + i) for i in range(4)])
-    (tmp / "rollouts.py").write_text(ROLLOUTS)
+    (tmp / "fixed_rollouts.py").write_text(ROLLOUTS)
     write_tied_model(tmp / "tied")
     (tmp / "driver.py").write_text(FSDP_DRIVER)
     env = dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="", PYTHONPATH=str(REPO))
@@ -267,7 +268,7 @@ def fixed_rollouts():
 def test_fsdp_grpo_step_equals_one_process_on_fixed_rollouts(fsdp_run, monkeypatch):
     tmp, result, _ = fsdp_run
     rollouts = fixed_rollouts()
-    monkeypatch.setattr(g, "generate", rollouts["fixed_generate"])
+    monkeypatch.setattr(rollouts_module, "generate", rollouts["fixed_generate"])
     cfg = g.parse_args(["--model", "tiny-random", "--dtype", "float32", "-K", "4", "--sample-ratio", "1",
                         "--mu", "2", "--lr", "1e-2", "--beta", "0.04"])
     policy, tok = load_model_and_tokenizer("tiny-random", dtype="float32")
@@ -340,7 +341,7 @@ def test_probes_of_rank_slices_merge_into_the_whole(tiny):
 @pytest.mark.parametrize("loss_norm", ["seq", "token"])
 def test_micro_batched_grpo_step_equals_the_unbatched_one(monkeypatch, loss_norm):
     rollouts = fixed_rollouts()
-    monkeypatch.setattr(g, "generate", rollouts["fixed_generate"])
+    monkeypatch.setattr(rollouts_module, "generate", rollouts["fixed_generate"])
     weights = {}
     for micro in ("0", "3"):  # 8 rows: one pass, or passes of 3, 3 and 2 rows
         cfg = g.parse_args(["--model", "tiny-random", "--dtype", "float32", "-K", "4", "--sample-ratio", "1",

@@ -18,7 +18,7 @@ import stage2_grpo as g
 from data_io import read_jsonl, write_jsonl
 from stage0_build import PromptStream, fit_prompt, render_prompt
 from records import hand_record
-from probe import sample_lines
+from probe import pick_eval_records, sample_lines
 from training import warmup_lr
 from modeling import load_model_and_tokenizer
 
@@ -308,6 +308,52 @@ def test_grpo_step_raises_reward_on_a_toy_task():
     assert after > before + 0.15, (before, after)
 
 
+def test_only_the_first_minibatch_is_on_policy():
+    """Old log-probs: the first minibatch of the first pass runs before any update (ratio exactly 1,
+    no extra forward pass); every later minibatch must be compared with pi_old as it was before the
+    first update. An implementation that detached the current log-probs everywhere (or scored pi_old
+    after the first update) would report a ratio of exactly 1 for every update."""
+    prompts, records = ["Hello", "Q1: What time is it?"], [make_record(0), make_record(1)]
+    ratios = {}
+    for ratio in ("1", "2"):
+        policy, tokenizer = load_model_and_tokenizer("tiny-random", dtype="float32")
+        optimizer = torch.optim.SGD(policy.parameters(), lr=0.5)
+        cfg = config("-K", "4", "--max-new-tokens", "6", "--sample-ratio", ratio, "--beta", "0", "--clip-eps", "10")
+        torch.manual_seed(0)
+        result = g.grpo_step(policy, None, tokenizer, optimizer, records, prompts, cfg, reward_fn=length_reward)
+        ratios[ratio] = result["ratio"], result["updates"]
+    assert ratios["1"] == (1.0, 1)
+    mean_ratio, updates = ratios["2"]
+    assert updates == 2 and abs(mean_ratio - 1.0) > 1e-4  # (1 + r_2) / 2 with r_2 off-policy
+
+
+def test_dynamic_sampling_replaces_groups_whose_rewards_are_all_equal():
+    """Prompt "flat" always gets the same reward (advantage 0); with --dynamic-sampling the step draws
+    fresh prompts until its batch holds informative groups only, within --max-draws."""
+    policy, tokenizer = load_model_and_tokenizer("tiny-random", dtype="float32")
+    flat, varied = make_record(0), make_record(1)
+    reward = lambda completions, examples: [{"total": 0.0 if e is flat else len(c) / 100.0, "recall": 0.0}
+                                            for c, e in zip(completions, examples)]
+    queue = [([varied], ["Q1: What time is it?"])] * 3
+    draw = lambda: queue.pop(0)
+    for dynamic, expected_draws in (("--no-dynamic-sampling", 1), ("--dynamic-sampling", 2)):
+        optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-3)
+        cfg = config("-K", "4", "--max-new-tokens", "6", "--sample-ratio", "1", "--beta", "0", dynamic, "--max-draws", "3")
+        torch.manual_seed(0)
+        result = g.grpo_step(policy, None, tokenizer, optimizer, [flat], ["Hello"], cfg, reward_fn=reward,
+                             draw_more=draw)
+        assert result["draws"] == expected_draws and result["groups_drawn"] == expected_draws
+        assert result["groups_all_equal"] == 1 and result["groups_recall_constant"] == expected_draws
+        kept = {r["id"] for r in result["records"]}
+        assert kept == ({flat["id"]} if expected_draws == 1 else {varied["id"]})
+    # Bounded: a stream of flat prompts only stops after --max-draws and keeps a flat group.
+    queue[:] = [([flat], ["Hello"])] * 5
+    cfg = config("-K", "2", "--max-new-tokens", "4", "--sample-ratio", "1", "--beta", "0", "--dynamic-sampling",
+                 "--max-draws", "3")
+    result = g.grpo_step(policy, None, tokenizer, optimizer, [flat], ["Hello"], cfg, reward_fn=reward, draw_more=draw)
+    assert result["draws"] == 3 and len(queue) == 3 and result["groups_all_equal"] == 3
+
+
 def test_non_finite_loss_is_skipped_and_leaves_weights_unchanged(tiny):
     _, tokenizer = tiny
     policy, _ = load_model_and_tokenizer("tiny-random", dtype="float32")
@@ -394,6 +440,27 @@ def test_resume_equals_an_uninterrupted_run(tmp_path):
     assert {s["step"] for s in samples} == {1, 2, 3, 4} and all("completion" in s for s in samples)
     config_json = json.loads((straight / "config.json").read_text())
     assert config_json["num_generations"] == 4 and config_json["seed"] == 7
+
+
+def test_probe_every_n_steps_draws_the_learning_curve(tmp_path):
+    data, dev = tmp_path / "train.jsonl", tmp_path / "dev.jsonl"
+    write_jsonl(data, [make_record(i) for i in range(3)])
+    held_out = [dict(make_record(10 + i), meta={"bucket": bucket, "num_turns": 6, "scores": {}})
+                for i, bucket in enumerate([8, 8, 8, 16, 24, 32])]
+    held_out[0]["recall"] = []  # a query that needs no recall: no part of the probe's Jaccard
+    write_jsonl(dev, held_out)
+    out = tmp_path / "run"
+    g.train(g.parse_args(["--model", "tiny-random", "--data", str(data), "--out", str(out), "--dtype", "float32",
+                          "--max-steps", "3", "-K", "2", "--max-new-tokens", "3", "--beta", "0", "--eval-data",
+                          str(dev), "--eval-limit", "4", "--probe-every", "2", "--eval-max-new-tokens", "3"]),
+            reward_fn=length_reward)
+    probes = read_jsonl(out / "probe.jsonl", validate=False)
+    assert [p["step"] for p in probes] == [0, 2, 3]  # before, every 2 steps, after
+    assert all(p["n"] == 4 and {"f1", "jaccard_needed", "n_needed"} <= set(p) for p in probes)
+    assert (out / "learning_curve.png").stat().st_size > 10_000
+    assert json.loads((out / "eval_after.json").read_text())["n"] == 4
+    # The probe set is stratified: 4 of 6 records, one from every length bucket.
+    assert sorted(r["meta"]["bucket"] for r in pick_eval_records(held_out, 4)) == [8, 16, 24, 32]
 
 
 def test_time_budget_stops_cleanly_then_resume_finishes_and_leaves_a_finished_run(tmp_path, capsys):

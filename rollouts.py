@@ -1,0 +1,75 @@
+"""Sampling from pi_old for GRPO (stage2_grpo.py, §3.4): K completions per prompt in one batched
+generate, scored with the verifiable reward, and DAPO's dynamic sampling (Yu et al., 2025), which
+replaces groups whose K rewards are all equal: Eq. (8) gives them advantage 0, so they add nothing to
+the gradient. A library module: the caller passes the reward function (reward.compute_rewards)."""
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.nn.functional as F
+
+from modeling import all_ranks_any, generate
+from sharding import full_weights
+
+ROLLOUT_TENSORS = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask")
+
+
+def sample_groups(policy, tokenizer, records, prompts, cfg, reward_fn, autocast_dtype) -> dict:
+    """K completions per prompt from pi_old in one batched generate, scored with the verifiable reward
+    R = format + recall + answer (Eqs. (4)-(7)). Rows are grouped by prompt."""
+    t0 = time.perf_counter()
+    with full_weights(policy):  # FSDP: gathered once for the whole batch, freed after (sharding.py)
+        rollout = generate(policy, tokenizer, prompts, num_generations=cfg.num_generations,
+                           max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p,
+                           autocast_dtype=autocast_dtype)
+    t1 = time.perf_counter()
+    examples = [record for record in records for _ in range(cfg.num_generations)]
+    scores = reward_fn(rollout["texts"], examples)
+    return dict(rollout, scores=scores, records=examples, generate_s=t1 - t0, score_s=time.perf_counter() - t1)
+
+
+def constant_groups(scores, K, key="total") -> list[bool]:
+    """Per group: are its K values of `key` all equal? Then Eq. (8) gives it advantage 0."""
+    values = [float(s.get(key, float("nan"))) for s in scores]
+    return [len(set(values[g:g + K])) == 1 for g in range(0, len(values), K)]
+
+
+def join_groups(draws, picks, K, pad_id) -> dict:
+    """The groups `picks` = [(draw, group), ...] of several sample batches as one batch: prompts left
+    padded, completions right padded (mask 0) to the widest of them."""
+    width = {key: max(d[key].shape[1] for d in draws) for key in ROLLOUT_TENSORS}
+    def padded(d, key):
+        fill = pad_id if key.endswith("ids") else 0
+        gap = width[key] - d[key].shape[1]
+        return F.pad(d[key], (gap, 0) if key.startswith("prompt") else (0, gap), value=fill)
+    rows = [(d, g * K + k) for d, g in picks for k in range(K)]
+    batch = {key: torch.stack([padded(draws[d], key)[r] for d, r in rows]) for key in ROLLOUT_TENSORS}
+    for key in ("texts", "scores", "records"):
+        batch[key] = [draws[d][key][r] for d, r in rows]
+    return batch
+
+
+def sample_batch(policy, tokenizer, records, prompts, cfg, reward_fn, autocast_dtype, draw_more=None) -> dict:
+    """This rank's sample batch of len(prompts) groups. With --dynamic-sampling (DAPO), groups whose K
+    rewards are all equal add nothing to the gradient: fresh prompts are drawn in their place, at most
+    --max-draws sample batches a step, and what stays uninformative fills the rest. Every rank draws
+    as often as the others, so the prompt stream and the DDP all-reduces stay in step."""
+    K, device = cfg.num_generations, next(policy.parameters()).device
+    draws = [sample_groups(policy, tokenizer, records, prompts, cfg, reward_fn, autocast_dtype)]
+    informative = lambda: [(d, g) for d, draw in enumerate(draws)
+                           for g, same in enumerate(constant_groups(draw["scores"], K)) if not same]
+    while (cfg.dynamic_sampling and draw_more is not None and len(draws) < cfg.max_draws
+           and all_ranks_any(len(informative()) < len(prompts), device)):
+        draws.append(sample_groups(policy, tokenizer, *draw_more(), cfg, reward_fn, autocast_dtype))
+    if not cfg.dynamic_sampling:
+        picks = [(0, g) for g in range(len(prompts))]
+    else:
+        everything = [(d, g) for d, draw in enumerate(draws) for g in range(len(draw["scores"]) // K)]
+        picks = (informative() + [p for p in everything if p not in informative()])[:len(prompts)]
+    scores = [s for draw in draws for s in draw["scores"]]
+    batch = join_groups(draws, picks, K, tokenizer.pad_token_id)
+    batch.update(draws=len(draws), groups_drawn=len(scores) // K, generate_s=sum(d["generate_s"] for d in draws),
+                 score_s=sum(d["score_s"] for d in draws), groups_all_equal=sum(constant_groups(scores, K)),
+                 groups_recall_constant=sum(constant_groups(scores, K, "recall")))
+    return batch
