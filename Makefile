@@ -23,15 +23,20 @@ $(STAMP): requirements.txt constraints.txt
 test: setup
 	$(PYTHON) -m pytest -q tests
 
-# Each stage resumes (--resume): a second `make demo` redoes only what is missing.
+# Each stage resumes (--resume): a second `make demo` redoes only what is missing. The w/o-CoT SFT
+# is Table 2's control: the same data and steps, direct answers only.
 demo: setup
 	$(PYTHON) stage0_build.py --preset cpu-demo --out $(DATA) --resume
 	$(PYTHON) stage1_sft.py --preset cpu-demo --model smollm2-135m --data $(DATA)/train.jsonl --out $(RUN)/sft --resume
-	$(PYTHON) stage2_grpo.py --preset cpu-demo --model $(RUN)/sft/final --data $(DATA)/train.jsonl --out $(RUN)/grpo --resume \
-	    --eval-limit 0
+	$(PYTHON) stage1_sft.py --preset cpu-demo --model smollm2-135m --data $(DATA)/train.jsonl --out $(RUN)/sft-nocot \
+	    --no-cot --resume
+	$(PYTHON) stage2_grpo.py --preset cpu-demo --model $(RUN)/sft/final --data $(DATA)/train.jsonl --out $(RUN)/grpo --resume
 	$(PYTHON) evaluate.py --preset cpu-demo --data $(DATA)/test.jsonl --out $(RUN)/eval --resume \
 	    --compare full=full:smollm2-135m rag=rag:smollm2-135m cuemem=cuemem:smollm2-135m \
-	              srt-p=srt-p:smollm2-135m sft=srt:$(RUN)/sft/final grpo=srt:$(RUN)/grpo/final
+	              base-srtp=srt-p:smollm2-135m nocot=srt:$(RUN)/sft-nocot/final sft=srt:$(RUN)/sft/final \
+	              grpo=srt:$(RUN)/grpo/final \
+	    --variant-options 'rag={"limit": 48}' 'cuemem={"limit": 48}' \
+	    --table2 "SRT=grpo,w/o RL=sft,w/o CoT=nocot,w/o SFT=base-srtp,Full history=full"
 
 clean:
 	rm -rf runs

@@ -62,14 +62,15 @@ PRESETS = {
     "paper": dict(lr=3e-7, num_generations=8, sample_ratio=4, beta=0.04, clip_eps=0.2, mu=1,
                   prompts_per_step=8, max_new_tokens=1024, max_prompt_length=4096, warmup_steps=10,
                   max_steps=1000, save_every=50, sample_every=10, gradient_checkpointing=True, micro_batch_size=2),
-    # SmolLM2-135M after SFT on a 2-core CPU: one group of 4 a step (about 25 s under bf16 autocast
-    # on an AMX CPU: ~12 s generating, ~12 s training; twice that in fp32), two AdamW updates per
-    # group. Learning rate chosen on 40 dev queries after the 90-step SFT (Jaccard / F1: SFT
-    # 38.1% / 75.8): lr 1e-5 drifts (39.0% / 64.8, K = 8: 33.9% / 67.1), lr 3e-6 recalls better
-    # (47.3% / 68.7).
+    # SmolLM2-135M after SFT on a 2-core CPU, sized by steps: 30 steps of one group of K = 4, two
+    # AdamW updates each, lr 3e-6 (chosen on 40 dev queries on the previous task: 1e-5 drifted).
+    # Every synthetic prompt fits in 1536 tokens (longest 1,317), so no turn is cut; 256 new tokens
+    # hold the longest SFT chain (233). Dynamic sampling: after SFT most groups of 4 write one recall
+    # set (entropy ~0.1 nat a token), and a group with equal rewards gives no gradient.
     "cpu-demo": dict(num_generations=4, prompts_per_step=1, sample_ratio=2, mu=1, lr=3e-6, warmup_steps=1,
-                     beta=0.04, max_new_tokens=160, max_prompt_length=700, max_steps=30, sample_every=1,
-                     save_every=4, eval_limit=40, eval_batch_size=8),
+                     beta=0.04, max_new_tokens=256, max_prompt_length=1536, max_steps=30, sample_every=1,
+                     save_every=4, eval_limit=24, eval_batch_size=8, probe_every=10, dynamic_sampling=True,
+                     max_draws=3),
 }
 
 

@@ -409,7 +409,7 @@ def test_presets_and_explicit_flags(tmp_path):
     cfg = g.parse_args(["--preset", "paper"])
     assert (cfg.lr, cfg.num_generations, cfg.sample_ratio, cfg.clip_eps) == (3e-7, 8, 4, 0.2)
     cfg = g.parse_args(["--preset", "cpu-demo", "--lr", "1e-5", "--no-gradient-checkpointing"])
-    assert cfg.lr == 1e-5 and cfg.gradient_checkpointing is False and cfg.max_new_tokens == 160
+    assert cfg.lr == 1e-5 and cfg.gradient_checkpointing is False and cfg.max_new_tokens == 256 and cfg.dynamic_sampling
     assert warmup_lr(1, cfg.lr, cfg.warmup_steps) == pytest.approx(1e-5 / cfg.warmup_steps) and warmup_lr(50, cfg.lr, cfg.warmup_steps) == 1e-5
 
 
