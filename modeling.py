@@ -83,6 +83,12 @@ def all_ranks_any(flag: bool, device) -> bool:
     return bool(t.item())
 
 
+def peak_gpu_gb(device) -> float | None:
+    """Peak GPU memory allocated so far, GB; None on a CPU."""
+    device = torch.device(device)
+    return torch.cuda.max_memory_allocated(device) / 1e9 if device.type == "cuda" else None
+
+
 def parameter_digest(model) -> str:
     """sha256 of every parameter's bytes: DDP ranks that stay in sync agree bit for bit. Of an
     FSDP model, the digest of this rank's shards."""

@@ -79,6 +79,23 @@ def reward_metrics(scores) -> dict:
     return metrics
 
 
+def step_metrics(step, results, step_s, **extra) -> dict:
+    """One metrics.jsonl line from every rank's grpo_step result: the reward components over all
+    completions, the loss statistics averaged over ranks, throughput, and the share of groups whose
+    rewards were all equal (no gradient) or whose recall part was constant."""
+    avg = lambda key: float(np.nanmean([r[key] for r in results]))
+    total = lambda key: sum(r[key] for r in results)
+    return {"step": step, **reward_metrics([s for r in results for s in r["scores"]]),
+            **{k: avg(k) for k in ("kl", "clip_fraction", "ratio", "entropy", "loss", "grad_norm",
+                                   "completion_length", "generate_s", "score_s", "train_s", "draws")},
+            "skipped_updates": total("skipped_updates"), "updates": results[0]["updates"],
+            "tokens_per_s": total("sequence_tokens") / step_s,
+            "generated_tokens_per_s": total("completion_tokens") / max(avg("generate_s"), 1e-9),
+            "groups_all_equal_share": total("groups_all_equal") / total("groups_drawn"),
+            "groups_recall_constant_share": total("groups_recall_constant") / total("groups_drawn"),
+            "step_s": step_s, **extra}
+
+
 def sample_lines(step, result, K) -> list[dict]:
     """The best and the worst completion of the first group: what the policy writes, and what the
     reward prefers."""

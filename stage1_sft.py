@@ -31,8 +31,9 @@ import memory_plan
 from checkpoint import JsonlLog, has_trainer_state, rng_state, set_rng_state
 from cli import parse_config, require, write_config
 from data_io import DataError, read_jsonl, write_json
-from modeling import (all_ranks_any, autocast, end_of_turn_id, gather_objects, generate, load_model_and_tokenizer,
-                      resolve_dtype, setup_distributed, teardown_distributed, token_logprobs)
+from modeling import (all_ranks_any, autocast, end_of_turn_id, gather_objects, generate,
+                      load_model_and_tokenizer, peak_gpu_gb, resolve_dtype, setup_distributed,
+                      teardown_distributed, token_logprobs)
 from sharding import (accumulate, add_scale_flags, check_checkpoint_layout, clip_grad_norm, full_weights,
                       load_checkpoint, save_checkpoint, save_final, shard_model)
 from stage0_build import fit_history, format_target
@@ -370,7 +371,7 @@ def train(args):
                     "loss_answer": ratio("answer_nll", "answer_tokens"), "lr": lr,
                     "grad_norm": float(grad_norm), "tokens_per_s": totals["all_tokens"] / elapsed,
                     "truncated": len(data[phase].truncated), "elapsed_s": round(budget.elapsed_s(), 1), "step_s": elapsed,
-                    "peak_gpu_gb": torch.cuda.max_memory_allocated(device) / 1e9 if device.type == "cuda" else None}
+                    "peak_gpu_gb": peak_gpu_gb(device)}
             if step % args.log_every == 0 or step == total_steps:
                 metrics.append(line)
             bar.set_postfix(phase=phase, loss=f"{line['loss']:.3f}")

@@ -2,8 +2,9 @@
 
 One GRPO step, in the order of the paper:
 
-    for each prompt P(Q_t, C_t): sample K completions tau^(k) from pi_old       (one batched generate)
-    score them with the verifiable reward R = format + recall + answer          (reward.py, Eqs. (4)-(7))
+    for each prompt P(Q_t, C_t): sample K completions tau^(k) from pi_old       (rollouts.py: one batched
+    score them with the verifiable reward R = format + recall + answer          generate, reward.py Eqs. (4)-(7))
+    (--dynamic-sampling: groups whose K rewards are all equal are replaced by fresh prompts, DAPO)
     Eq. (8): group-relative advantage  A~(k) = (R(k) - mean R) / (std R + 1e-8)
     log-probs of pi_old (once per sample batch) and of the frozen pi_ref = the SFT model
     split the sample batch into backprop minibatches (sample/backprop ratio 4, §4.1), `mu` passes:
@@ -20,8 +21,8 @@ DDP all-reduces the gradients, rank 0 alone logs and saves):
     python stage2_grpo.py --preset paper --model Qwen/Qwen2.5-7B-Instruct --fsdp --dry-run --world-size 8
 
 Outputs under --out: config.json, metrics.jsonl (one line per step), samples.jsonl (what the policy
-writes as it learns), checkpoint/ (resumable), final/ (save_pretrained), eval_before.json /
-eval_after.json (with --eval-data), summary.json. Run `python stage2_grpo.py --help`.
+writes as it learns), checkpoint/ (resumable), final/ (save_pretrained), with --eval-data:
+eval_before.json, eval_after.json, probe.jsonl and learning_curve.png; summary.json.
 """
 from __future__ import annotations
 
@@ -43,9 +44,9 @@ import memory_plan
 from checkpoint import JsonlLog, has_trainer_state, rng_state, set_rng_state
 from cli import parse_config, require, write_config
 from data_io import DataError, finite_or_none, read_jsonl, write_json
-from modeling import (all_ranks_any, autocast, gather_objects, load_model_and_tokenizer,
-                      parameter_digest, resolve_dtype, setup_distributed, teardown_distributed, token_logprobs)
-from probe import PROBE_KEYS, greedy_probe, pick_eval_records, plot_learning_curve, reward_metrics, sample_lines
+from modeling import (all_ranks_any, autocast, gather_objects, load_model_and_tokenizer, parameter_digest,
+                      peak_gpu_gb, resolve_dtype, setup_distributed, teardown_distributed, token_logprobs)
+from probe import PROBE_KEYS, greedy_probe, pick_eval_records, plot_learning_curve, sample_lines, step_metrics
 from reward import ANSWER_REWARDS, compute_rewards
 from rollouts import sample_batch
 from sharding import (accumulate, add_scale_flags, check_checkpoint_layout, clip_grad_norm, full_weights,
@@ -82,8 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--data", default="runs/data/train.jsonl", help="training records, JSONL")
     add("--out", default="runs/demo/grpo", help="output folder")
     add("--seed", type=int, default=0, help="random seed")
-    add("--resume", action="store_true", help="continue from <out>/checkpoint (policy, optimizer, step, RNG, "
-        "data position); a finished run is left as it is")
+    add("--resume", action="store_true", help="continue from <out>/checkpoint; a finished run is left as it is")
     add("--max-steps", type=int, default=100, help="GRPO steps; each is one sample batch")
     add("--num-generations", "-K", type=int, default=8, help="K completions per prompt (§4.1: 8)")
     add("--prompts-per-step", type=int, default=1, help="prompts per rank per step")
@@ -107,8 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--dtype", choices=["auto", "float32", "bfloat16"], default="auto",
         help="auto: fp32 weights with bf16 autocast on a GPU or an AMX CPU, plain fp32 elsewhere")
     add("--gradient-checkpointing", action=argparse.BooleanOptionalAction, default=False, help="trade compute for memory")
-    add("--answer-reward", choices=ANSWER_REWARDS, default="cosine", help="Eq. (7) as the paper defines it "
-        "(cosine), the share of answer keys stated (keys), or both; `python reward.py --gallery` shows what each pays for")
+    add("--answer-reward", choices=ANSWER_REWARDS, default="cosine", help="Eq. (7): cosine (the paper), keys, both")
     add("--dynamic-sampling", action=argparse.BooleanOptionalAction, default=False,
         help="DAPO: replace groups whose K rewards are all equal (advantage 0, no gradient) with fresh prompts")
     add("--max-draws", type=int, default=4, help="sample batches one step may draw under --dynamic-sampling")
@@ -116,12 +115,9 @@ def build_parser() -> argparse.ArgumentParser:
     add("--save-every", type=int, default=10, help="write <out>/checkpoint every N steps")
     add("--time-budget-minutes", type=float, default=None,
         help="stop early (saved, resumable) when the next step and the final evaluation would overrun this")
-    add("--eval-data", default=None, help="held-out records: greedy evaluation before step 1 and after the "
-        "last (cpu-demo: dev.jsonl beside --data)")
-    add("--eval-limit", type=int, default=40, help="evaluate on this many records, stratified by length "
-        "bucket; 0 = no evaluation")
-    add("--probe-every", type=int, default=0, help="evaluate also every N steps: probe.jsonl and "
-        "learning_curve.png (0 = before and after only)")
+    add("--eval-data", default=None, help="held-out records for the greedy probe (cpu-demo: dev.jsonl beside --data)")
+    add("--eval-limit", type=int, default=40, help="probe this many records, stratified by bucket; 0 = none")
+    add("--probe-every", type=int, default=0, help="probe also every N steps (0: before and after only)")
     add("--eval-batch-size", type=int, default=8, help="greedy evaluation batch")
     add("--eval-max-new-tokens", type=int, default=None, help="(default: --max-new-tokens)")
     add_scale_flags(p)
@@ -339,10 +335,9 @@ def evaluate_policy(model, tokenizer, records, max_new_tokens=160, batch_size=8,
 SAVE_MARGIN_S = 30  # writing checkpoint/ and final/ at the end of a time-budgeted run
 # Settings that fix the data order and the meaning of a step: a resumed run must match them.
 # Not --micro-batch-size nor --fsdp: the same update in parts or shards (layout: check_checkpoint_layout).
-RESUME_MUST_MATCH = ("seed", "prompts_per_step", "max_prompt_length", "world_size", "num_generations",
-                     "sample_ratio", "mu", "lr", "warmup_steps", "weight_decay", "max_grad_norm", "beta", "clip_eps",
-                     "temperature", "top_p", "max_new_tokens", "loss_norm", "model", "answer_reward",
-                     "dynamic_sampling", "max_draws")
+RESUME_MUST_MATCH = ("seed", "prompts_per_step", "max_prompt_length", "world_size", "num_generations", "sample_ratio",
+                     "mu", "lr", "warmup_steps", "weight_decay", "max_grad_norm", "beta", "clip_eps", "temperature",
+                     "top_p", "max_new_tokens", "loss_norm", "model", "answer_reward", "dynamic_sampling", "max_draws")
 
 
 def train(cfg, reward_fn=None) -> dict:
@@ -450,19 +445,8 @@ def train(cfg, reward_fn=None) -> dict:
         # Every rank's completions and statistics, logged by rank 0.
         all_results = gather_objects({k: v for k, v in result.items() if k not in ("texts", "records")}, world_size)
         if main_process:
-            scores = [s for r in all_results for s in r["scores"]]
-            avg = lambda key: float(np.nanmean([r[key] for r in all_results]))
-            total = lambda key: sum(r[key] for r in all_results)
-            line = {"step": step, **reward_metrics(scores),
-                    **{k: avg(k) for k in ("kl", "clip_fraction", "ratio", "entropy", "loss", "grad_norm",
-                                           "completion_length", "generate_s", "score_s", "train_s")},
-                    "lr": lr, "skipped_updates": total("skipped_updates"), "updates": result["updates"],
-                    "tokens_per_s": total("sequence_tokens") / step_s,
-                    "generated_tokens_per_s": total("completion_tokens") / max(avg("generate_s"), 1e-9),
-                    "groups_all_equal_share": total("groups_all_equal") / total("groups_drawn"),
-                    "groups_recall_constant_share": total("groups_recall_constant") / total("groups_drawn"),
-                    "draws": avg("draws"), "skipped_prompts": stream.skipped, "gold_turns_cut": stream.gold_cut, "step_s": step_s,
-                    "peak_gpu_gb": torch.cuda.max_memory_allocated(device) / 1e9 if device.type == "cuda" else None}
+            line = step_metrics(step, all_results, step_s, lr=lr, skipped_prompts=stream.skipped,
+                                gold_turns_cut=stream.gold_cut, peak_gpu_gb=peak_gpu_gb(device))
             metrics.append({k: finite_or_none(v) for k, v in line.items()})
             if result["skipped_updates"]:
                 tqdm.write(f"step {step}: skipped {result['skipped_updates']} update(s) with a non-finite "
