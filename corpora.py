@@ -320,7 +320,7 @@ def load_locomo(path, max_rounds=32, report=None, seed=0, adversarial="keep", da
                     "category": category, "evidence": ids, "derived_answer": True,
                     # a templated Z so that the oracle teacher can serve LoCoMo; an LLM teacher
                     # writes the real chain from the same H* (teacher.py)
-                    "analysis": f"about the earlier conversation: {qa['question']}",
+                    "analysis": f"about the earlier conversation: {str(qa['question']).strip().rstrip('?.! ')}",
                     "reasoning": ("The recalled turns, with their session dates, hold what the question "
                                   f"needs; from them the answer is: {answer}") if recall else
                                  f"No single earlier turn states it; the answer is: {answer}",
