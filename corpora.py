@@ -6,7 +6,7 @@ CoQA; `chitchat` (the PyPI package chitchat-dataset) gives real open-domain dial
 
     dialogues, report = load_corpus("multiwoz", "data.json", max_rounds=32)
 
-The dialogue form (what stage0_build.validate_dialogue accepts, plus two optional fields):
+The dialogue form stage 0 annotates (parse_jsonl_dialogue checks it in our JSONL):
 
     {"id": str, "source": str, "domain": str, "meta": {...},
      "rounds": [{"user": Qi, "assistant": Ai, "gold": {...}?, "query": True?, "meta": {...}?}, ...]}

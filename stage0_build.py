@@ -363,7 +363,7 @@ def verify_record(record) -> str | None:
         if not record.get("answer_keys"):  # no keys: A*'s numbers and content words, found in H*
             check = record["meta"].get("grounding") or grounded(record["answer"], [by_label[l] for l in record["recall"]])
             if not check["grounded"] and not record["meta"].get("derived_answer"):
-                return "ungrounded_answer"  # a derived answer (LoCoMo's dates) is only reported
+                return "ungrounded_answer_words"  # a derived answer (LoCoMo's dates) is only reported
     return None
 
 
@@ -385,7 +385,7 @@ def corpus_gives_recall(dialogue, rnd) -> bool:
 def annotate_dialogues(dialogues, teacher, args, progress=True):
     """Eq. (2) scoring, dependency-aware selection, teacher annotation and verification of every
     round with gold or a query mark. The oracle serves gold (beside an LLM teacher only complete
-    gold, teacher.gold_is_complete); the LLM teacher the rest, one batch per dialogue.
+    gold, teacher.gold_is_complete); the LLM teacher the rest, in batches across dialogues.
     Returns (records, drop counts)."""
     from tqdm import tqdm
 
@@ -397,8 +397,8 @@ def annotate_dialogues(dialogues, teacher, args, progress=True):
     unique_vectors = embed(unique)
     row = {text: k for k, text in enumerate(unique)}
     rows = [row[text] for text in texts]
-    records, offset = [], 0
-    for d, utts in zip(tqdm(dialogues, desc="Eq. (2) + teacher", disable=not progress), all_utts):
+    pending, offset = [], 0
+    for d, utts in zip(tqdm(dialogues, desc="Eq. (2)", disable=not progress), all_utts):
         vecs = unique_vectors[rows[offset: offset + len(utts)]]
         offset += len(utts)
         queries, selected = [], False
@@ -418,13 +418,18 @@ def annotate_dialogues(dialogues, teacher, args, progress=True):
             queries = [q for q in queries if corpus_gives_recall(d, q["rnd"])]
         if any(q["who"] is None for q in queries):  # no ground truth for the oracle: needs an LLM teacher
             drops["teacher:no_gold_for_oracle"] += sum(q["who"] is None for q in queries)
-        for who in {id(q["who"]): q["who"] for q in queries if q["who"] is not None}.values():
-            mine = [q for q in queries if q["who"] is who]
+        pending.append((d, queries))
+    for who in (oracle, teacher) if llm else (oracle,):
+        mine = [q for _, queries in pending for q in queries if q["who"] is who]
+        chunk = len(mine) if who is oracle else max(64, 4 * getattr(who, "max_concurrency", 1))
+        for start in tqdm(range(0, len(mine), chunk or 1), desc=f"teacher {who.name}", disable=not progress or who is oracle):
+            part = mine[start:start + chunk]
             notes = who.annotate_many([(q["rnd"]["user"], q["history"], q["rnd"].get("gold"), q["rnd"]["assistant"])
-                                       for q in mine])
-            for q, (note, reason) in zip(mine, notes):
+                                       for q in part])
+            for q, (note, reason) in zip(part, notes):
                 q["note"], q["reason"] = note, reason
-        dialogue_records = []
+    records = []
+    for d, queries in pending:
         for q in queries:
             t, rnd, history, note = q["t"], q["rnd"], q["history"], q.get("note")
             if note is None:
@@ -445,15 +450,14 @@ def annotate_dialogues(dialogues, teacher, args, progress=True):
                 meta.update(teacher=teacher.name, reasoning_source="teacher", reference_answer=rnd["assistant"])
             if recall and not note["answer_keys"]:
                 meta["grounding"] = grounded(note["answer"], [u["text"] for u in recalled])
-            dialogue_records.append({
+            record = {
                 "id": f"{d['id']}-t{t:02d}", "source": d.get("source", "jsonl"), "history": hist,
                 "query": rnd["user"], "query_turn": t, "recall": recall,
                 "reasoning": build_reasoning(note["analysis"], recalled, note["reasoning"]),
                 "answer": note["answer"], "answer_keys": note["answer_keys"],
                 "pruned": [u["label"] for u in history if u["label"] in q["kept"] or u["label"] in recall],
                 "meta": meta,
-            })
-        for record in dialogue_records:
+            }
             reason = verify_record(record)
             if reason:
                 drops[f"verification:{reason}"] += 1

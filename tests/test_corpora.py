@@ -21,8 +21,8 @@ def labelled(dialogue, upto=None):
 
 
 def check_form(dialogues):
-    """What stage0_build.validate_dialogue demands, plus: every round has both sides, recall
-    labels name earlier turns, and query rounds are not the first."""
+    """The dialogue form stage 0 annotates (corpora.py's docstring), plus: every round has both
+    sides, recall labels name earlier turns, and query rounds are not the first."""
     for d in dialogues:
         assert isinstance(d["id"], str) and d["source"] and d["domain"]
         assert len(d["rounds"]) >= 2

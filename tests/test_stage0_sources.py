@@ -124,6 +124,39 @@ def test_api_teacher_second_run_from_cache(tmp_path, monkeypatch):
         assert r["recall"] == evidence_labels(r)
 
 
+def test_api_teacher_on_real_chitchat_runs_concurrently_across_dialogues(tmp_path):
+    """One query per dialogue: the requests of different dialogues are in flight together."""
+    with ChatServer([("sleep", 0.2)] * 12, default=reads_its_prompt) as server:
+        s0.main(["--source", "chitchat", "--limit", "12", "--out", str(tmp_path), "--min-rounds", "2", "--threshold", "0.3", "--quiet",
+                 "--teacher", "api:m", "--api-base", server.base, "--max-concurrency", "4"])
+    stats = json.loads((tmp_path / "stats.json").read_text())
+    assert len(server.requests) == stats["teacher"]["requests"] >= 10 and server.max_in_flight > 1
+    assert stats["queries"] > 0 and accounted(stats)
+
+
+def test_api_failures_are_counted_drops(tmp_path, monkeypatch):
+    with ChatServer(["malformed", 400]) as server:
+        records, stats = build(tmp_path / "x", "coqa", coqa_fixture(tmp_path), "--teacher", "api:test-model",
+                               "--api-base", server.base, "--max-concurrency", "1")
+    assert records == [] and len(server.requests) == 2 and accounted(stats)
+    assert stats["dropped"]["teacher:malformed_response"] == 1 and stats["dropped"]["teacher:http_400"] == 1
+
+
+def test_ungrounded_teacher_answer_is_dropped_unless_derived(tmp_path, monkeypatch):
+    """No answer keys: §3.2's string matching between A* and H* decides; a LoCoMo answer (derived
+    from session dates) that fails it is kept and reported."""
+    invent = "RECALL:\nTurn Q1: '{q1}'\nANALYSIS: x\nREASONING: y\nANSWER: Zanzibar on 31 March"
+    with ChatServer(default=lambda body: invent.format(
+            q1=re.search(r"^Q1: (.+)$", body["messages"][1]["content"], re.M)[1])) as server:
+        records, stats = build(tmp_path / "m", "multiwoz", multiwoz_fixture(tmp_path)[0], "--teacher", "api:m",
+                               "--api-base", server.base)
+        assert records == [] and stats["dropped"]["verification:ungrounded_answer_words"] == 1
+        records, stats = build(tmp_path / "l", "locomo", locomo_fixture(tmp_path), "--teacher", "api:m",
+                               "--api-base", server.base)
+    assert len(records) == 9 and stats["ungrounded_kept_as_derived"] == sum(bool(r["recall"]) for r in records)
+    assert all(r["answer"] == "Zanzibar on 31 March" for r in records)
+
+
 def test_hf_tiny_random_counts_and_drops_unreadable(tmp_path, one_thread):
     records, stats = build(tmp_path / "hf", "coqa", coqa_fixture(tmp_path), "--teacher", "hf:tiny-random",
                            "--teacher-max-new-tokens", "8")
