@@ -421,8 +421,10 @@ def annotate_dialogues(dialogues, teacher, args, progress=True):
         pending.append((d, queries))
     for who in (oracle, teacher) if llm else (oracle,):
         mine = [q for _, queries in pending for q in queries if q["who"] is who]
+        # prompts of many dialogues go out together: a chat corpus has one query per dialogue
         chunk = len(mine) if who is oracle else max(64, 4 * getattr(who, "max_concurrency", 1))
-        for start in tqdm(range(0, len(mine), chunk or 1), desc=f"teacher {who.name}", disable=not progress or who is oracle):
+        bar = tqdm(range(0, len(mine), chunk or 1), desc=f"teacher {who.name}", disable=not progress or who is oracle)
+        for start in bar:
             part = mine[start:start + chunk]
             notes = who.annotate_many([(q["rnd"]["user"], q["history"], q["rnd"].get("gold"), q["rnd"]["assistant"])
                                        for q in part])
@@ -608,6 +610,9 @@ def main(argv=None) -> None:
         teacher = build_teacher(args)
     except (ValueError, OSError) as e:  # DataError is a ValueError
         sys.exit(f"error: {e}")
+    if args.teacher == "oracle" and dialogues and not any("gold" in r for d in dialogues for r in d["rounds"]):
+        sys.exit(f"error: --source {args.source} carries no gold answers, so --teacher oracle can annotate "
+                 "nothing; use an LLM teacher: --teacher api:MODEL or hf:MODEL")
     malformed = report.get("malformed", 0)
     num_input = len(dialogues) + malformed
     drops = Counter({"malformed": malformed} if malformed else {})

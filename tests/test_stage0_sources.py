@@ -84,12 +84,16 @@ def accounted(stats):
 def test_each_source_end_to_end(tmp_path, monkeypatch, source):
     writer, flags = SOURCES[source]
     path = writer(tmp_path)
-    records, stats = build(tmp_path / "oracle", source, path, *flags)
-    assert accounted(stats) and stats["source"] == source
-    report = stats["source_report"]
-    without_gold = 0 if source == "locomo" else report["queries"] - report.get("rounds_with_gold", 0)
-    assert stats["dropped"].get("teacher:no_gold_for_oracle", 0) == without_gold > 0 or source == "locomo"
-    assert bool(records) == (source == "locomo")  # the JSONL gold's "$153" is derived, not in H*: dropped
+    if source in ("locomo", "jsonl"):  # the sources with gold
+        records, stats = build(tmp_path / "oracle", source, path, *flags)
+        assert accounted(stats) and stats["source"] == source
+        report = stats["source_report"]
+        without_gold = report["queries"] - report.get("rounds_with_gold", report["queries"])
+        assert stats["dropped"].get("teacher:no_gold_for_oracle", 0) == without_gold == (source == "jsonl")
+        assert bool(records) == (source == "locomo")  # the JSONL gold's "$153" is derived, not in H*: dropped
+    else:
+        with pytest.raises(SystemExit, match="carries no gold answers"):
+            build(tmp_path / "oracle", source, path, *flags)
 
     monkeypatch.setenv("SRT_TEST_KEY", KEY)
     with ChatServer(default=reads_its_prompt) as server:
