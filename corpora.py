@@ -6,7 +6,7 @@ CoQA; `chitchat` (the PyPI package chitchat-dataset) gives real open-domain dial
 
     dialogues, report = load_corpus("multiwoz", "data.json", max_rounds=32)
 
-The dialogue form (what stage0_build.validate_dialogue accepts, plus two optional fields):
+The dialogue form stage 0 annotates (parse_jsonl_dialogue checks it in our JSONL):
 
     {"id": str, "source": str, "domain": str, "meta": {...},
      "rounds": [{"user": Qi, "assistant": Ai, "gold": {...}?, "query": True?, "meta": {...}?}, ...]}
@@ -320,7 +320,7 @@ def load_locomo(path, max_rounds=32, report=None, seed=0, adversarial="keep", da
                     "category": category, "evidence": ids, "derived_answer": True,
                     # a templated Z so that the oracle teacher can serve LoCoMo; an LLM teacher
                     # writes the real chain from the same H* (teacher.py)
-                    "analysis": f"about the earlier conversation: {qa['question']}",
+                    "analysis": f"about the earlier conversation: {str(qa['question']).strip().rstrip('?.! ')}",
                     "reasoning": ("The recalled turns, with their session dates, hold what the question "
                                   f"needs; from them the answer is: {answer}") if recall else
                                  f"No single earlier turn states it; the answer is: {answer}",

@@ -5,10 +5,12 @@
 
 Every later stage imports the prompt renderer from here: P(Q_t, C_t) rendered through the
 model's chat template (render_prompt, build_messages, format_history) and the target
-(Z_t, A*_t) that SFT learns (format_target, his_tag). ChatClient, the client for OpenAI-compatible
-chat APIs, serves LLM teachers of §3.2 (evaluate.py reuses it for SRT-P on closed models). The
-record format and its reader live in data_io.py, the sentence embedder of Eq. (2) in modeling.py,
-the synthetic source in synthetic.py.
+(Z_t, A*_t) that SFT learns (format_target, his_tag). The sources live in synthetic.py (the
+embedded generator) and corpora.py (LoCoMo, CoQA, MultiWOZ, DailyDialog, ReDial, MG-ShopDial,
+chit-chat, our JSONL); the LLM teachers of §3.2 (hf:MODEL, api:MODEL) and the answer-key-free
+grounding check in teacher.py. ChatClient, the client for OpenAI-compatible chat APIs, serves
+SRT-P on closed models (evaluate.py). The record format and its reader live in data_io.py, the
+sentence embedder of Eq. (2) in modeling.py.
 
 Run `python stage0_build.py --help`.
 """
@@ -29,9 +31,11 @@ from pathlib import Path
 import numpy as np
 
 from cli import parse_config, write_config
-from data_io import BUCKETS, DataError, bucket_of, read_lines, write_json, write_jsonl
+from corpora import LOADERS, load_corpus
+from data_io import BUCKETS, DataError, bucket_of, write_json, write_jsonl
 from modeling import embed, render_chat
 from synthetic import generate_synthetic, keys_outside_recall
+from teacher import gold_is_complete, grounded, make_teacher
 
 # --------------------------------------------------------------------------------------------
 # The prompt P(Q_t, C_t) and the target (Z_t, A*_t)  (DESIGN.md, "Output format")
@@ -83,32 +87,16 @@ def his_tag(turn) -> str:
 
 
 # --------------------------------------------------------------------------------------------
-# Raw dialogues: the source format every source is converted to before §3.2 runs
-#   {"id": str, "source": str, "domain": str, "rounds": [{"user": str, "assistant": str,
-#    "gold": {"recall": [...], "answer_keys": [...], "derived_yes_no": bool, ...}?}, ...]}
-# A round with "gold" is a query to annotate; its assistant text is the reference answer.
+# Raw dialogues: the form every source is converted to before §3.2 runs (corpora.py's docstring)
+#   {"id", "source", "domain", "meta"?, "rounds": [{"user", "assistant", "gold"?, "query"?}, ...]}
+# A round with "gold" or "query" is a query to annotate; its assistant text is the reference answer.
 # --------------------------------------------------------------------------------------------
-def validate_dialogue(d, path="<dialogue>", line=0) -> dict:
-    if not isinstance(d, dict):
-        raise DataError(f"{path}:{line}: dialogue is not a JSON object")
-    for field, kind in (("id", str), ("rounds", list)):
-        if not isinstance(d.get(field), kind):
-            raise DataError(f"{path}:{line}: field '{field}' is missing or not a {kind.__name__}")
-    for k, r in enumerate(d["rounds"]):
-        for field in ("user", "assistant"):
-            if not isinstance(r, dict) or not isinstance(r.get(field), str):
-                raise DataError(f"{path}:{line}: field 'rounds[{k}].{field}' is missing or not a string")
-        gold = r.get("gold")
-        if gold is not None and not (isinstance(gold, dict) and isinstance(gold.get("recall", []), list)
-                                     and isinstance(gold.get("answer_keys", []), list)):
-            raise DataError(f"{path}:{line}: field 'rounds[{k}].gold' needs list 'recall' and 'answer_keys'")
-    d.setdefault("source", "jsonl")
-    d.setdefault("domain", "unknown")
-    return d
-
-
 def read_dialogues(path, on_error="raise", errors=None) -> list[dict]:
-    return read_lines(path, validate_dialogue, on_error, errors)
+    """Raw dialogues from our JSONL (corpora.parse_jsonl_dialogue); skipped lines go to `errors`."""
+    dialogues, report = load_corpus("jsonl", path, on_error=on_error)
+    if errors is not None:
+        errors.extend(report.get("errors", []))
+    return dialogues
 
 
 def utterances(dialogue) -> list[dict]:
@@ -125,6 +113,8 @@ def utterances(dialogue) -> list[dict]:
 # fingerprints; dialogues are first clustered on hashed intent features (the opening words of
 # every user turn), and inside a cluster two dialogues whose fingerprint sets overlap by at least
 # --dedup-jaccard are near-identical: the later one is merged into the earlier (dropped).
+# Dialogues that share meta.split_group (LoCoMo's windows of one conversation) overlap by
+# construction and are never compared with each other.
 # --------------------------------------------------------------------------------------------
 def _normalize(text: str) -> str:
     return " ".join(re.findall(r"[a-z0-9$]+", text.lower()))
@@ -133,6 +123,11 @@ def _normalize(text: str) -> str:
 def _hash(text: str, dim: int | None = None) -> int:
     h = int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big")
     return h % dim if dim else h
+
+
+def split_group(dialogue):
+    """What must stay together: a split never divides it, dedup never compares within it."""
+    return (dialogue.get("meta") or {}).get("split_group")
 
 
 def turn_fingerprints(dialogue) -> set[int]:
@@ -151,7 +146,7 @@ def deduplicate(dialogues, intent_threshold=0.9, jaccard_threshold=0.8):
     exact Jaccard of turn fingerprints inside each cluster."""
     leaders, clusters, kept, merged = [], [], [], 0
     for d in dialogues:
-        vec, prints = intent_vector(d), turn_fingerprints(d)
+        vec, prints, group = intent_vector(d), turn_fingerprints(d), split_group(d)
         sims = np.array([vec @ l for l in leaders]) if leaders else np.zeros(0)
         if len(sims) and sims.max() >= intent_threshold:
             cluster = clusters[int(sims.argmax())]
@@ -159,10 +154,11 @@ def deduplicate(dialogues, intent_threshold=0.9, jaccard_threshold=0.8):
             leaders.append(vec)
             clusters.append([])
             cluster = clusters[-1]
-        if any(len(prints & p) / len(prints | p) >= jaccard_threshold for p in cluster):
+        if any((group is None or g != group) and len(prints & p) / len(prints | p) >= jaccard_threshold
+               for g, p in cluster):
             merged += 1
             continue
-        cluster.append(prints)
+        cluster.append((group, prints))
         kept.append(d)
     return kept, merged
 
@@ -316,6 +312,9 @@ class OracleTeacher:
                 "answer_keys": list(gold.get("answer_keys", [])), "derived_yes_no": bool(gold.get("derived_yes_no")),
                 "query_type": gold.get("query_type", "unknown")}
 
+    def annotate_many(self, items) -> list[tuple[dict, None]]:
+        return [(self.annotate(*item), None) for item in items]
+
 
 TURN_REF = re.compile(r"Turn\s+([QA]\d+)\s*:")
 
@@ -361,57 +360,106 @@ def verify_record(record) -> str | None:
                 continue  # a derived yes/no is reasoned, not copied
             if key.lower() not in evidence or key.lower() not in record["answer"].lower():
                 return "ungrounded_answer"  # string matching between A* and H*
+        if not record.get("answer_keys"):  # no keys: A*'s numbers and content words, found in H*
+            check = record["meta"].get("grounding") or grounded(record["answer"], [by_label[l] for l in record["recall"]])
+            if not check["grounded"] and not record["meta"].get("derived_answer"):
+                return "ungrounded_answer_words"  # a derived answer (LoCoMo's dates) is only reported
     return None
 
 
 # --------------------------------------------------------------------------------------------
 # The whole §3.2 pipeline
 # --------------------------------------------------------------------------------------------
+# The keys of a round's gold the record holds in its own fields; any other key goes to meta.
+GOLD_FIELDS = {"recall", "answer_keys", "answer", "analysis", "reasoning", "query_type", "derived_yes_no"}
+
+
+def corpus_gives_recall(dialogue, rnd) -> bool:
+    """A corpus's own H* (LoCoMo's evidence, JSONL gold) already justifies its round: Eq. (2)'s
+    selection, which finds the dialogues worth annotating, does not judge it (its scores and C~_t
+    are still computed). The synthetic generator's planted H* stays under the filter."""
+    gold = rnd.get("gold")
+    return isinstance(gold, dict) and isinstance(gold.get("recall"), list) and dialogue.get("source") != "synthetic"
+
+
 def annotate_dialogues(dialogues, teacher, args, progress=True):
-    """Eq. (2) scoring, dependency-aware selection, teacher annotation and verification.
+    """Eq. (2) scoring, dependency-aware selection, teacher annotation and verification of every
+    round with gold or a query mark. The oracle serves gold (beside an LLM teacher only complete
+    gold, teacher.gold_is_complete); the LLM teacher the rest, in batches across dialogues.
     Returns (records, drop counts)."""
     from tqdm import tqdm
 
-    drops = Counter()
+    drops, oracle = Counter(), OracleTeacher()
+    llm = not isinstance(teacher, OracleTeacher)
     all_utts = [utterances(d) for d in dialogues]
     texts = [u["text"] for utts in all_utts for u in utts]
     unique = sorted(set(texts))  # templates and small talk repeat across dialogues: embed each text once
     unique_vectors = embed(unique)
     row = {text: k for k, text in enumerate(unique)}
-    vectors = unique_vectors[[row[text] for text in texts]]
-    records, offset = [], 0
-    for d, utts in zip(tqdm(dialogues, desc="Eq. (2) + teacher", disable=not progress), all_utts):
-        vecs = vectors[offset: offset + len(utts)]
+    rows = [row[text] for text in texts]
+    pending, offset = [], 0
+    for d, utts in zip(tqdm(dialogues, desc="Eq. (2)", disable=not progress), all_utts):
+        vecs = unique_vectors[rows[offset: offset + len(utts)]]
         offset += len(utts)
-        dialogue_records, selected = [], False
+        queries, selected = [], False
         for t, rnd in enumerate(d["rounds"], 1):
-            if "gold" not in rnd:
+            if "gold" not in rnd and not rnd.get("query"):
                 continue
             history, query_vec = utts[: 2 * (t - 1)], vecs[2 * (t - 1)]
             sims = vecs[: 2 * (t - 1)] @ query_vec
             scores = dependency_score(sims, t, [u["round"] for u in history], args.w_sem, args.w_dist, args.decay)
             kept = {u["label"] for u, s in zip(history, scores) if passes_threshold(s, args.threshold)}
             selected |= bool(kept)
-            note = teacher.annotate(rnd["user"], history, rnd["gold"], rnd["assistant"])
+            gold = rnd.get("gold")
+            who = oracle if gold is not None and (not llm or gold_is_complete(gold)) else teacher if llm else None
+            queries.append({"t": t, "rnd": rnd, "history": history, "scores": scores, "kept": kept, "who": who})
+        if not selected and not all(corpus_gives_recall(d, q["rnd"]) for q in queries):
+            drops["dependency_selection"] += 1  # no (Q_t, u_i) pair passes Eq. (2)
+            queries = [q for q in queries if corpus_gives_recall(d, q["rnd"])]
+        if any(q["who"] is None for q in queries):  # no ground truth for the oracle: needs an LLM teacher
+            drops["teacher:no_gold_for_oracle"] += sum(q["who"] is None for q in queries)
+        pending.append((d, queries))
+    for who in (oracle, teacher) if llm else (oracle,):
+        mine = [q for _, queries in pending for q in queries if q["who"] is who]
+        # prompts of many dialogues go out together: a chat corpus has one query per dialogue
+        chunk = len(mine) if who is oracle else max(64, 4 * getattr(who, "max_concurrency", 1))
+        bar = tqdm(range(0, len(mine), chunk or 1), desc=f"teacher {who.name}", disable=not progress or who is oracle)
+        for start in bar:
+            part = mine[start:start + chunk]
+            notes = who.annotate_many([(q["rnd"]["user"], q["history"], q["rnd"].get("gold"), q["rnd"]["assistant"])
+                                       for q in part])
+            for q, (note, reason) in zip(part, notes):
+                q["note"], q["reason"] = note, reason
+    records = []
+    for d, queries in pending:
+        for q in queries:
+            t, rnd, history, note = q["t"], q["rnd"], q["history"], q.get("note")
+            if note is None:
+                if q["who"] is not None:
+                    drops[f"teacher:{q['reason']}"] += 1
+                continue
             recall = parse_turn_refs(note["recall_turns"])
             by_label = {u["label"]: u for u in history}
             recalled = [by_label[label] for label in recall if label in by_label]
             hist = [{k: u[k] for k in ("label", "speaker", "text")} for u in history]
-            dialogue_records.append({
+            meta = {**(d.get("meta") or {}), **(rnd.get("meta") or {}),
+                    **{k: v for k, v in (rnd.get("gold") or {}).items() if k not in GOLD_FIELDS}}
+            meta.update({"num_turns": t, "bucket": bucket_of(t), "dialogue_id": d["id"],
+                         "dialogue_rounds": len(d["rounds"]), "domain": d.get("domain", "unknown"),
+                         "query_type": note["query_type"], "derived_yes_no": note["derived_yes_no"],
+                         "scores": {u["label"]: round(float(s), 4) for u, s in zip(history, q["scores"])}})
+            if q["who"] is not oracle:
+                meta.update(teacher=teacher.name, reasoning_source="teacher", reference_answer=rnd["assistant"])
+            if recall and not note["answer_keys"]:
+                meta["grounding"] = grounded(note["answer"], [u["text"] for u in recalled])
+            record = {
                 "id": f"{d['id']}-t{t:02d}", "source": d.get("source", "jsonl"), "history": hist,
                 "query": rnd["user"], "query_turn": t, "recall": recall,
                 "reasoning": build_reasoning(note["analysis"], recalled, note["reasoning"]),
                 "answer": note["answer"], "answer_keys": note["answer_keys"],
-                "pruned": [u["label"] for u in history if u["label"] in kept or u["label"] in recall],
-                "meta": {"num_turns": t, "bucket": bucket_of(t), "dialogue_id": d["id"],
-                         "dialogue_rounds": len(d["rounds"]), "domain": d.get("domain", "unknown"),
-                         "query_type": note["query_type"], "derived_yes_no": note["derived_yes_no"],
-                         "scores": {u["label"]: round(float(s), 4) for u, s in zip(history, scores)}},
-            })
-        if not selected:
-            drops["dependency_selection"] += 1  # no (Q_t, u_i) pair passes Eq. (2)
-            continue
-        for record in dialogue_records:
+                "pruned": [u["label"] for u in history if u["label"] in q["kept"] or u["label"] in recall],
+                "meta": meta,
+            }
             reason = verify_record(record)
             if reason:
                 drops[f"verification:{reason}"] += 1
@@ -421,14 +469,16 @@ def annotate_dialogues(dialogues, teacher, args, progress=True):
 
 
 def split_by_dialogue(records, seed, dev_fraction, test_fraction):
-    """Train, dev and test never share a dialogue."""
-    ids = sorted({r["meta"]["dialogue_id"] for r in records})
+    """Train, dev and test never share a dialogue, nor a split group (LoCoMo: one conversation)."""
+    def group(r):
+        return r["meta"].get("split_group", r["meta"]["dialogue_id"])
+    ids = sorted({group(r) for r in records})
     random.Random(seed).shuffle(ids)
     n_test, n_dev = round(len(ids) * test_fraction), round(len(ids) * dev_fraction)
     test_ids, dev_ids = set(ids[:n_test]), set(ids[n_test: n_test + n_dev])
     splits = {"train": [], "dev": [], "test": []}
     for r in records:
-        d = r["meta"]["dialogue_id"]
+        d = group(r)
         splits["test" if d in test_ids else "dev" if d in dev_ids else "train"].append(r)
     return splits
 
@@ -458,6 +508,9 @@ def corpus_stats(num_input, dialogues, splits, drops):
         # unique gold: an utterance outside H* that holds a distinctive answer key is an equally valid recall
         "share_key_outside_recall": round(sum(bool(keys_outside_recall(r["history"], r["recall"], r["answer_keys"]))
                                               for r in records) / n, 4),
+        # §3.2's string matching without answer keys; a derived answer that fails is kept, and counted here
+        "grounding_checked": sum("grounding" in r["meta"] for r in records),
+        "ungrounded_kept_as_derived": sum(not r["meta"].get("grounding", {"grounded": True})["grounded"] for r in records),
         "query_types": dict(Counter(r["meta"]["query_type"] for r in records)),
         "domains": dict(Counter(r["meta"]["domain"] for r in records)),
         "dropped": dict(drops),
@@ -465,20 +518,38 @@ def corpus_stats(num_input, dialogues, splits, drops):
 
 
 PRESETS = {"cpu-demo": {"num_dialogues": 600}, "paper": {"num_dialogues": 5000}}
-RUN_ONLY = ("resume", "quiet")  # flags that change how a run goes, not what it builds
+# flags that change how a run goes, not what it builds
+RUN_ONLY = ("resume", "quiet", "teacher_cache", "max_concurrency", "api_timeout", "api_retries", "device")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description="Stage 0 of SRT (§3.2): build the dependency-annotated dialogue corpus.",
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--source", choices=["synthetic", "jsonl"], default="synthetic",
-                   help="synthetic: the embedded generator (synthetic.py); jsonl: raw dialogues from --input")
-    p.add_argument("--input", help="raw dialogue JSONL for --source jsonl (format: see read_dialogues)")
+    p.add_argument("--source", choices=["synthetic", *LOADERS], default="synthetic",
+                   help="synthetic: the embedded generator (synthetic.py); the others read --path (corpora.py)")
+    p.add_argument("--path", "--input", dest="path",
+                   help="the corpus file or folder (chitchat: default the installed chitchat-dataset)")
+    p.add_argument("--limit", type=int, help="read at most this many dialogues from --path")
+    p.add_argument("--queries", choices=["last", "all", "none", "qa"],
+                   help="the rounds of a corpus without gold the teacher annotates; default the corpus's own "
+                        "(CoQA every question, the others the last round); qa: MG-ShopDial's product questions")
+    p.add_argument("--locomo-adversarial", choices=["keep", "abstain", "skip"], default="keep",
+                   help="LoCoMo category 5: its adversarial_answer, 'Not mentioned in the conversation.', or dropped")
     p.add_argument("--num-dialogues", type=int, default=2000, help="synthetic dialogues to generate")
     p.add_argument("--out", default="runs/data")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--teacher", choices=["oracle"], default="oracle",
-                   help="who annotates (H*, Z, A*); the oracle serves sources that carry ground truth")
+    p.add_argument("--teacher", default="oracle",
+                   help="who annotates (H*, Z, A*): oracle (the ground truth a source carries), hf:MODEL "
+                        "(a local folder or model id) or api:MODEL (an OpenAI-compatible endpoint)")
+    p.add_argument("--teacher-cache", help="the LLM teacher's reply cache (default OUT/teacher_cache)")
+    p.add_argument("--teacher-max-new-tokens", type=int, help="longest teacher reply (default: hf 384, api 1024)")
+    p.add_argument("--api-base", default="https://api.openai.com/v1")
+    p.add_argument("--api-key-env", default="OPENAI_API_KEY", help="environment variable that holds the API key")
+    p.add_argument("--max-concurrency", type=int, default=4, help="API requests in flight")
+    p.add_argument("--api-timeout", type=float, default=120.0, help="seconds per API request")
+    p.add_argument("--api-retries", type=int, default=4, help="retries of a 429, 5xx or timeout (back-off with jitter)")
+    p.add_argument("--device", help="hf teacher: default cuda when available, else cpu")
+    p.add_argument("--trust-remote-code", action="store_true", help="hf teacher: run the model repository's code")
     p.add_argument("--min-rounds", type=int, default=8)
     p.add_argument("--max-rounds", type=int, default=32)
     p.add_argument("--w-sem", type=float, default=0.6, help="Eq. (2) weight of semantic similarity")
@@ -494,9 +565,34 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--resume", action="store_true", help="do nothing if --out already holds a build of the same config")
     p.add_argument("--quiet", action="store_true")
     args = parse_config(p, PRESETS, argv)
-    if args.source == "jsonl" and not args.input:
-        p.error("--source jsonl needs --input FILE")
+    if args.source not in ("synthetic", "chitchat") and not args.path:
+        p.error(f"--source {args.source} needs --path FILE_OR_DIR")
+    if args.queries == "qa" and args.source != "mgshopdial":
+        p.error("--queries qa is MG-ShopDial's (its utterances carry a goal)")
+    if args.teacher != "oracle" and not re.fullmatch(r"(hf|api):.+", args.teacher):
+        p.error(f"--teacher {args.teacher!r}: use oracle, hf:MODEL or api:MODEL")
     return args
+
+
+def read_source(args) -> tuple[list[dict], dict]:
+    """-> (raw dialogues, the loader's report). JSONL is not cut: the §3.2 length filter decides."""
+    if args.source == "synthetic":
+        return generate_synthetic(args.num_dialogues, args.seed), {}
+    options = {"max_rounds": None if args.source == "jsonl" else args.max_rounds, "limit": args.limit,
+               "on_error": args.on_error, **({"queries": args.queries} if args.queries else {})}
+    if args.source == "locomo":
+        options.update(seed=args.seed, adversarial=args.locomo_adversarial)
+    return load_corpus(args.source, args.path, **options)
+
+
+def build_teacher(args):
+    if args.teacher == "oracle":
+        return OracleTeacher()
+    return make_teacher(args.teacher, cache_dir=args.teacher_cache or f"{args.out}/teacher_cache",
+                        api_base=args.api_base, key_env=args.api_key_env, max_concurrency=args.max_concurrency,
+                        timeout=args.api_timeout, retries=args.api_retries, seed=args.seed,
+                        max_new_tokens=args.teacher_max_new_tokens, device=args.device,
+                        trust_remote_code=args.trust_remote_code)
 
 
 def main(argv=None) -> None:
@@ -509,26 +605,28 @@ def main(argv=None) -> None:
             print(f"{out}: already built with this config (--resume), nothing to do")
             return
     start = time.time()
-    errors = []
     try:
-        if args.source == "synthetic":
-            dialogues = generate_synthetic(args.num_dialogues, args.seed)
-        else:
-            dialogues = read_dialogues(args.input, on_error=args.on_error, errors=errors)
-    except (DataError, OSError) as e:
+        dialogues, report = read_source(args)
+        teacher = build_teacher(args)
+    except (ValueError, OSError) as e:  # DataError is a ValueError
         sys.exit(f"error: {e}")
-    num_input = len(dialogues) + len(errors)
-    drops = Counter({"malformed": len(errors)} if errors else {})
+    if args.teacher == "oracle" and dialogues and not any("gold" in r for d in dialogues for r in d["rounds"]):
+        sys.exit(f"error: --source {args.source} carries no gold answers, so --teacher oracle can annotate "
+                 "nothing; use an LLM teacher: --teacher api:MODEL or hf:MODEL")
+    malformed = report.get("malformed", 0)
+    num_input = len(dialogues) + malformed
+    drops = Counter({"malformed": malformed} if malformed else {})
     dialogues, merged = deduplicate(dialogues, args.dedup_intent, args.dedup_jaccard)
     drops["deduplication"] = merged
     in_range = [d for d in dialogues if args.min_rounds <= len(d["rounds"]) <= args.max_rounds]
     drops["length"] = len(dialogues) - len(in_range)
-    records, annotate_drops = annotate_dialogues(in_range, OracleTeacher(), args, progress=not args.quiet)
+    records, annotate_drops = annotate_dialogues(in_range, teacher, args, progress=not args.quiet)
     drops.update(annotate_drops)
     kept_dialogues = sorted({r["meta"]["dialogue_id"] for r in records})
     splits = split_by_dialogue(records, args.seed, args.dev_fraction, args.test_fraction)
     stats = corpus_stats(num_input, kept_dialogues, splits, drops)
-    stats["seconds"] = round(time.time() - start, 1)
+    stats.update(source=args.source, source_report=report, teacher={"name": args.teacher, **getattr(teacher, "stats", {})},
+                 seconds=round(time.time() - start, 1))
     for name, part in splits.items():
         write_jsonl(out / f"{name}.jsonl", part)
     write_json(out / "stats.json", stats)
@@ -540,7 +638,13 @@ def main(argv=None) -> None:
     print(f"  recall distance {stats['recall_distance_hist']}  dropped {stats['dropped']}")
     print(f"  pruned == H* in {stats['share_pruned_equals_recall']:.1%} of queries, "
           f"|C~_t| / |C_t| = {stats['mean_pruned_over_history']:.2f}")
-    for message in errors[:5]:
+    if report:
+        print(f"  {args.source}: " + ", ".join(f"{k} {v}" for k, v in report.items() if k != "errors"))
+    if args.teacher != "oracle":
+        print(f"  teacher {args.teacher}: {dict(teacher.stats)}")
+    if drops.get("teacher:no_gold_for_oracle"):
+        print("  rounds without gold need an LLM teacher: --teacher api:MODEL or hf:MODEL")
+    for message in report.get("errors", [])[:5]:
         print(f"  skipped: {message}")
 
 

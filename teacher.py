@@ -309,10 +309,11 @@ class HFTeacher(LLMTeacher):
     """A local model as the teacher: `hf:` + a folder, a Hugging Face id, 'smollm2-135m' or
     'tiny-random'. Greedy decoding, so a reply is a function of the prompt (and the cache exact)."""
 
-    def __init__(self, spec, cache_dir=None, max_new_tokens=384, device=None, dtype="auto"):
+    def __init__(self, spec, cache_dir=None, max_new_tokens=384, device=None, dtype="auto", trust_remote_code=False):
         name = spec[3:] if spec.startswith("hf:") else spec
         super().__init__(f"hf:{name}", cache_dir, {"max_new_tokens": max_new_tokens, "greedy": True})
         self.model_name, self.max_new_tokens, self.device, self.dtype = name, max_new_tokens, device, dtype
+        self.trust_remote_code = trust_remote_code
         self._loaded = None
 
     def __repr__(self):
@@ -321,7 +322,10 @@ class HFTeacher(LLMTeacher):
     def _complete_batch(self, batch):
         from modeling import generate, load_model_and_tokenizer, render_chat, resolve_dtype
         if self._loaded is None:  # loaded on the first cache miss: a fully cached run never loads it
-            self._loaded = load_model_and_tokenizer(self.model_name, dtype=self.dtype, device=self.device)
+            import torch
+            device = self.device or ("cuda" if torch.cuda.is_available() else None)
+            self._loaded = load_model_and_tokenizer(self.model_name, dtype=self.dtype, device=device,
+                                                    trust_remote_code=self.trust_remote_code)
         model, tokenizer = self._loaded
         prompts = [render_chat(tokenizer, messages) for messages in batch]
         _, autocast_dtype = resolve_dtype(self.dtype, next(model.parameters()).device)
@@ -429,12 +433,20 @@ class APITeacher(LLMTeacher):
         return super().annotate_many(items, batch_size or 4 * self.max_concurrency)
 
 
+HF_OPTIONS = ("cache_dir", "max_new_tokens", "device", "dtype", "trust_remote_code")
+API_OPTIONS = ("cache_dir", "api_base", "key_env", "max_concurrency", "timeout", "retries", "backoff_base",
+               "max_backoff", "temperature", "max_tokens", "seed")
+
+
 def make_teacher(spec, **options):
-    """'hf:MODEL' -> HFTeacher, 'api:MODEL' -> APITeacher; options go to the constructor
-    (cache_dir for both; api_base, key_env, max_concurrency, timeout, retries for the API)."""
-    if spec.startswith("hf:"):
-        keep = {k: v for k, v in options.items() if k in ("cache_dir", "max_new_tokens", "device", "dtype")}
-        return HFTeacher(spec, **keep)
-    if spec.startswith("api:"):
-        return APITeacher(spec, **{k: v for k, v in options.items() if k not in ("max_new_tokens", "device", "dtype")})
+    """'hf:MODEL' -> HFTeacher, 'api:MODEL' -> APITeacher. Each takes the options it knows (cache_dir
+    for both; api_base, key_env, max_concurrency, timeout, retries for the API; device, dtype,
+    trust_remote_code for hf); max_new_tokens is the API's max_tokens. None means the default."""
+    options = {k: v for k, v in options.items() if v is not None}
+    if spec.startswith("hf:") and len(spec) > 3:
+        return HFTeacher(spec, **{k: v for k, v in options.items() if k in HF_OPTIONS})
+    if spec.startswith("api:") and len(spec) > 4:
+        if "max_new_tokens" in options:
+            options.setdefault("max_tokens", options["max_new_tokens"])
+        return APITeacher(spec, **{k: v for k, v in options.items() if k in API_OPTIONS})
     raise ValueError(f"--teacher {spec!r}: use oracle, hf:MODEL or api:MODEL")

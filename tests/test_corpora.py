@@ -21,8 +21,8 @@ def labelled(dialogue, upto=None):
 
 
 def check_form(dialogues):
-    """What stage0_build.validate_dialogue demands, plus: every round has both sides, recall
-    labels name earlier turns, and query rounds are not the first."""
+    """The dialogue form stage 0 annotates (corpora.py's docstring), plus: every round has both
+    sides, recall labels name earlier turns, and query rounds are not the first."""
     for d in dialogues:
         assert isinstance(d["id"], str) and d["source"] and d["domain"]
         assert len(d["rounds"]) >= 2
@@ -170,7 +170,7 @@ def test_locomo_window_placement_is_seeded():
 
 
 # ---- CoQA ------------------------------------------------------------------------------------
-def test_coqa_story_parts_then_questions(tmp_path):
+def coqa_fixture(tmp_path) -> Path:
     """Fields: data[].id, .source, .story, .questions[] {turn_id, input_text}, .answers[]
     {turn_id, input_text, span_text, span_start}."""
     story = ("Once upon a time, in a barn near a farm house, there lived a little white kitten named Cotton. "
@@ -187,6 +187,11 @@ def test_coqa_story_parts_then_questions(tmp_path):
                         {"input_text": "orange", "span_text": "all orange", "span_start": late, "turn_id": 2}]}]}
     path = tmp_path / "coqa-dev-v1.0.json"
     path.write_text(json.dumps(data))
+    return path
+
+
+def test_coqa_story_parts_then_questions(tmp_path):
+    coqa_fixture(tmp_path)
     (d,), report = corpora.load_corpus("coqa", tmp_path, story_part_words=30)
     check_form([d])
     parts = [r for r in d["rounds"] if r["user"].startswith("Story (part")]
@@ -201,7 +206,7 @@ def test_coqa_story_parts_then_questions(tmp_path):
 
 
 # ---- MultiWOZ --------------------------------------------------------------------------------
-def test_multiwoz_log_alternates_user_system(tmp_path):
+def multiwoz_fixture(tmp_path) -> tuple[Path, list]:
     """Fields: {dialogue id: {"goal": {domain: {...}}, "log": [{"text", "metadata"}]}}; even
     index = user, odd = system."""
     log = []
@@ -213,6 +218,11 @@ def test_multiwoz_log_alternates_user_system(tmp_path):
                              "log": log},
             "BROKEN.json": {"goal": {}}}
     (tmp_path / "data.json").write_text(json.dumps(data))
+    return tmp_path / "data.json", log
+
+
+def test_multiwoz_log_alternates_user_system(tmp_path):
+    _, log = multiwoz_fixture(tmp_path)
     (d,), report = corpora.load_corpus("multiwoz", tmp_path / "data.json")
     check_form([d])
     assert d["id"] == "multiwoz-SNG0129" and d["domain"] == "hotel+train" and len(d["rounds"]) == 5
@@ -225,7 +235,7 @@ def test_multiwoz_log_alternates_user_system(tmp_path):
 
 
 # ---- DailyDialog -----------------------------------------------------------------------------
-def test_dailydialog_eou_lines_and_topics(tmp_path):
+def dailydialog_fixture(tmp_path) -> Path:
     """Fields: one dialogue per line, utterances ended by '__eou__', speakers alternate;
     dialogues_topic.txt beside it gives the topic number."""
     lines = ["Say , Jim , how about going for a few beers after dinner ? __eou__ You know that is tempting but "
@@ -234,7 +244,11 @@ def test_dailydialog_eou_lines_and_topics(tmp_path):
              "Hi ! __eou__\n"]
     (tmp_path / "dialogues_text.txt").write_text("".join(lines))
     (tmp_path / "dialogues_topic.txt").write_text("1\n6\n")
-    dialogues, report = corpora.load_corpus("dailydialog", tmp_path)
+    return tmp_path
+
+
+def test_dailydialog_eou_lines_and_topics(tmp_path):
+    dialogues, report = corpora.load_corpus("dailydialog", dailydialog_fixture(tmp_path))
     (d,) = dialogues
     check_form(dialogues)
     assert d["rounds"][0]["user"] == "Say, Jim, how about going for a few beers after dinner?"
@@ -244,9 +258,10 @@ def test_dailydialog_eou_lines_and_topics(tmp_path):
 
 
 # ---- ReDial ----------------------------------------------------------------------------------
-def test_redial_seeker_is_user_and_movies_named(tmp_path):
+def redial_fixture(tmp_path) -> Path:
     """Fields: conversationId, initiatorWorkerId (seeker), messages[] {text, senderWorkerId},
-    movieMentions {id: title}. The recommender speaks first here: that greeting is dropped."""
+    movieMentions {id: title}. The recommender speaks first here: that greeting is dropped. Two
+    malformed lines follow the conversation."""
     messages = [(1, "Hello! What kind of movies do you like?"), (0, "hi"), (0, "I loved @111776"),
                 (1, "Then try @204974"), (0, "Seen it. Anything else like @111776?"), (1, "Maybe @999 then")]
     record = {"conversationId": "391", "initiatorWorkerId": 0, "respondentWorkerId": 1,
@@ -254,7 +269,11 @@ def test_redial_seeker_is_user_and_movies_named(tmp_path):
               "messages": [{"timeOffset": k, "text": t, "senderWorkerId": w, "messageId": k} for k, (w, t) in enumerate(messages)]}
     path = tmp_path / "train_data.jsonl"
     path.write_text(json.dumps(record) + "\n{not json\n" + json.dumps({"conversationId": "x"}) + "\n")
-    (d,), report = corpora.load_corpus("redial", path)
+    return path
+
+
+def test_redial_seeker_is_user_and_movies_named(tmp_path):
+    (d,), report = corpora.load_corpus("redial", redial_fixture(tmp_path))
     check_form([d])
     assert d["rounds"][0] == {"user": "hi I loved Super Troopers (2001)", "assistant": "Then try Hot Fuzz (2007)"}
     assert d["rounds"][1]["assistant"] == "Maybe @999 then"  # an unknown id stays as written
@@ -291,14 +310,18 @@ def test_mgshopdial_roles_and_qa_queries(tmp_path):
 
 
 # ---- chitchat --------------------------------------------------------------------------------
-def test_chitchat_fixture_and_the_installed_package(tmp_path):
+def chitchat_fixture(tmp_path) -> Path:
     """Fields: {conversation id: {"messages": [[{text, sender, timestamp}]], "prompt"}}."""
     conv = {"messages": [[{"text": "Hello", "sender": "a", "timestamp": "t"}, {"text": "How are you?", "sender": "a", "timestamp": "t"}],
                          [{"text": "good, you?", "sender": "b", "timestamp": "t"}],
                          [{"text": "fine", "sender": "a", "timestamp": "t"}], [{"text": "cool", "sender": "b", "timestamp": "t"}]],
             "prompt": "Do you like dogs?"}
     (tmp_path / "dataset.json").write_text(json.dumps({"c1": conv, "c2": {"messages": [[conv["messages"][0][0]]]}}))
-    (d,), report = corpora.load_corpus("chitchat", tmp_path)
+    return tmp_path
+
+
+def test_chitchat_fixture_and_the_installed_package(tmp_path):
+    (d,), report = corpora.load_corpus("chitchat", chitchat_fixture(tmp_path))
     assert d["rounds"][0] == {"user": "Hello How are you?", "assistant": "good, you?"} and report["too_short"] == 1
     real, report = corpora.load_corpus("chitchat", limit=40)  # the real conversations in the wheel
     check_form(real)
@@ -307,8 +330,9 @@ def test_chitchat_fixture_and_the_installed_package(tmp_path):
 
 
 # ---- our JSONL -------------------------------------------------------------------------------
-def test_jsonl_rounds_with_gold_and_chat_messages(tmp_path):
-    """Fields: id; rounds [{user, assistant, gold?, query?}] or messages [{role, content}]."""
+def jsonl_fixture(tmp_path) -> Path:
+    """Fields: id; rounds [{user, assistant, gold?, query?}] or messages [{role, content}]. The
+    third line's gold names a turn that does not exist."""
     gold_dialogue = {"id": "g1", "domain": "spa", "rounds": [
         {"user": "I'm Apex tier.", "assistant": "Welcome back."},
         {"user": "Price of Chakra Balancing?", "assistant": "$180."},
@@ -319,6 +343,11 @@ def test_jsonl_rounds_with_gold_and_chat_messages(tmp_path):
     bad_recall = {"id": "b", "rounds": [{"user": "a", "assistant": "b", "gold": {"recall": ["A3"], "answer_keys": []}}]}
     path = tmp_path / "mine.jsonl"
     path.write_text("\n".join(json.dumps(x) for x in (gold_dialogue, chat, bad_recall)) + "\n")
+    return path
+
+
+def test_jsonl_rounds_with_gold_and_chat_messages(tmp_path):
+    path = jsonl_fixture(tmp_path)
     with pytest.raises(DataError, match=r"mine.jsonl:3: field 'rounds\[0\].gold.recall'"):
         corpora.load_corpus("jsonl", path)
     dialogues, report = corpora.load_corpus("jsonl", path, on_error="skip")

@@ -26,7 +26,8 @@ GOOD_REPLY = ("RECALL:\nTurn A1: 'Apex Tier gives you 15% off any service over $
 class ChatServer:
     """A chat-completions endpoint on 127.0.0.1 that plays a script: each request takes the next
     action ('ok', 429, 500, 400, 'malformed', ('sleep', s)); when the script runs out it answers
-    `default`. It records every request's headers and body and the most requests in flight."""
+    `default` (a string, or a function of the request body that returns one). It records every
+    request's headers and body and the most requests in flight."""
 
     def __init__(self, script=(), default=GOOD_REPLY):
         self.script, self.default = list(script), default
@@ -55,8 +56,9 @@ class ChatServer:
                         self.end_headers()
                         self.wfile.write(b'{"error": {"message": "nope"}}')
                         return
+                    content = server.default(body) if callable(server.default) else server.default
                     payload = (b"<html>502 from a proxy</html>" if action == "malformed" else json.dumps(
-                        {"choices": [{"message": {"role": "assistant", "content": server.default}}]}).encode())
+                        {"choices": [{"message": {"role": "assistant", "content": content}}]}).encode())
                     self.send_response(200)
                     self.send_header("Content-Type", "application/json")
                     self.send_header("Content-Length", str(len(payload)))
