@@ -51,18 +51,19 @@ def join_groups(draws, picks, K, pad_id) -> dict:
 
 
 def sample_batch(policy, tokenizer, records, prompts, cfg, reward_fn, autocast_dtype, draw_more=None) -> dict:
-    """This rank's sample batch of len(prompts) groups. With --dynamic-sampling (DAPO), groups whose K
-    rewards are all equal add nothing to the gradient: fresh prompts are drawn in their place, at most
+    """This rank's sample batch of len(prompts) groups. With --dynamic-sampling total (DAPO), groups whose
+    K rewards are all equal add nothing to the gradient; with --dynamic-sampling recall, groups whose
+    recall parts are all equal carry no recall signal. Fresh prompts are drawn in their place, at most
     --max-draws sample batches a step, and what stays uninformative fills the rest. Every rank draws
     as often as the others, so the prompt stream and the DDP all-reduces stay in step."""
-    K, device = cfg.num_generations, next(policy.parameters()).device
+    K, device, key = cfg.num_generations, next(policy.parameters()).device, cfg.dynamic_sampling
     draws = [sample_groups(policy, tokenizer, records, prompts, cfg, reward_fn, autocast_dtype)]
     informative = lambda: [(d, g) for d, draw in enumerate(draws)
-                           for g, same in enumerate(constant_groups(draw["scores"], K)) if not same]
-    while (cfg.dynamic_sampling and draw_more is not None and len(draws) < cfg.max_draws
+                           for g, same in enumerate(constant_groups(draw["scores"], K, key)) if not same]
+    while (key != "off" and draw_more is not None and len(draws) < cfg.max_draws
            and all_ranks_any(len(informative()) < len(prompts), device)):
         draws.append(sample_groups(policy, tokenizer, *draw_more(), cfg, reward_fn, autocast_dtype))
-    if not cfg.dynamic_sampling:
+    if key == "off":
         picks = [(0, g) for g in range(len(prompts))]
     else:
         everything = [(d, g) for d, draw in enumerate(draws) for g in range(len(draw["scores"]) // K)]

@@ -66,11 +66,11 @@ PRESETS = {
     # SmolLM2-135M after SFT on a 2-core CPU, sized by steps: 30 steps of one group of K = 4, two
     # AdamW updates each, lr 3e-6 (chosen on 40 dev queries on the previous task: 1e-5 drifted).
     # Every synthetic prompt fits in 1536 tokens (longest 1,317), so no turn is cut; 256 new tokens
-    # hold the longest SFT chain (233). Dynamic sampling: after SFT most groups of 4 write one recall
-    # set (entropy ~0.1 nat a token), and a group with equal rewards gives no gradient.
+    # hold the longest SFT chain (233). Dynamic sampling on the recall part: after SFT, 6 of the first
+    # 8 groups of 4 recalled one set, while the cosine answer reward made every group's total differ.
     "cpu-demo": dict(num_generations=4, prompts_per_step=1, sample_ratio=2, mu=1, lr=3e-6, warmup_steps=1,
                      beta=0.04, max_new_tokens=256, max_prompt_length=1536, max_steps=30, sample_every=1,
-                     save_every=4, eval_limit=24, eval_batch_size=8, probe_every=10, dynamic_sampling=True,
+                     save_every=4, eval_limit=24, eval_batch_size=8, probe_every=10, dynamic_sampling="recall",
                      max_draws=3),
 }
 
@@ -108,8 +108,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="auto: fp32 weights with bf16 autocast on a GPU or an AMX CPU, plain fp32 elsewhere")
     add("--gradient-checkpointing", action=argparse.BooleanOptionalAction, default=False, help="trade compute for memory")
     add("--answer-reward", choices=ANSWER_REWARDS, default="cosine", help="Eq. (7): cosine (the paper), keys, both")
-    add("--dynamic-sampling", action=argparse.BooleanOptionalAction, default=False,
-        help="DAPO: replace groups whose K rewards are all equal (advantage 0, no gradient) with fresh prompts")
+    add("--dynamic-sampling", choices=["off", "total", "recall"], default="off", help="DAPO: replace groups whose "
+        "K total rewards (advantage 0, no gradient), or recall parts (no recall signal), are all equal")
     add("--max-draws", type=int, default=4, help="sample batches one step may draw under --dynamic-sampling")
     add("--sample-every", type=int, default=5, help="write sampled completions every N steps")
     add("--save-every", type=int, default=10, help="write <out>/checkpoint every N steps")

@@ -328,29 +328,32 @@ def test_only_the_first_minibatch_is_on_policy():
 
 
 def test_dynamic_sampling_replaces_groups_whose_rewards_are_all_equal():
-    """Prompt "flat" always gets the same reward (advantage 0); with --dynamic-sampling the step draws
-    fresh prompts until its batch holds informative groups only, within --max-draws."""
+    """Prompt "flat" always gets the same total reward (advantage 0); prompt "echo" gets varied totals
+    but always the same recall part. --dynamic-sampling total replaces only the first, --dynamic-sampling
+    recall both, by drawing fresh prompts within --max-draws."""
     policy, tokenizer = load_model_and_tokenizer("tiny-random", dtype="float32")
-    flat, varied = make_record(0), make_record(1)
-    reward = lambda completions, examples: [{"total": 0.0 if e is flat else len(c) / 100.0, "recall": 0.0}
-                                            for c, e in zip(completions, examples)]
-    queue = [([varied], ["Q1: What time is it?"])] * 3
-    draw = lambda: queue.pop(0)
-    for dynamic, expected_draws in (("--no-dynamic-sampling", 1), ("--dynamic-sampling", 2)):
+    flat, echo, varied = make_record(0), make_record(1), make_record(2)
+    def reward(completions, examples):
+        return [{"total": 0.0 if e is flat else len(c) / 100.0,
+                 "recall": len(c) / 100.0 if e is varied else -1.25} for c, e in zip(completions, examples)]
+    cases = [("off", flat, 1, flat), ("total", flat, 2, varied), ("total", echo, 1, echo), ("recall", echo, 2, varied)]
+    for mode, first, expected_draws, kept in cases:
+        queue = [([varied], ["Q1: What time is it?"])] * 3
         optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-3)
-        cfg = config("-K", "4", "--max-new-tokens", "6", "--sample-ratio", "1", "--beta", "0", dynamic, "--max-draws", "3")
+        cfg = config("-K", "4", "--max-new-tokens", "6", "--sample-ratio", "1", "--beta", "0",
+                     "--dynamic-sampling", mode, "--max-draws", "3")
         torch.manual_seed(0)
-        result = g.grpo_step(policy, None, tokenizer, optimizer, [flat], ["Hello"], cfg, reward_fn=reward,
-                             draw_more=draw)
-        assert result["draws"] == expected_draws and result["groups_drawn"] == expected_draws
-        assert result["groups_all_equal"] == 1 and result["groups_recall_constant"] == expected_draws
-        kept = {r["id"] for r in result["records"]}
-        assert kept == ({flat["id"]} if expected_draws == 1 else {varied["id"]})
+        result = g.grpo_step(policy, None, tokenizer, optimizer, [first], ["Hello"], cfg, reward_fn=reward,
+                             draw_more=lambda: queue.pop(0))
+        assert result["draws"] == expected_draws and result["groups_drawn"] == expected_draws, mode
+        assert result["groups_all_equal"] == (first is flat) and result["groups_recall_constant"] == 1, mode
+        assert {r["id"] for r in result["records"]} == {kept["id"]}, mode
     # Bounded: a stream of flat prompts only stops after --max-draws and keeps a flat group.
-    queue[:] = [([flat], ["Hello"])] * 5
+    queue = [([flat], ["Hello"])] * 5
     cfg = config("-K", "2", "--max-new-tokens", "4", "--sample-ratio", "1", "--beta", "0", "--dynamic-sampling",
-                 "--max-draws", "3")
-    result = g.grpo_step(policy, None, tokenizer, optimizer, [flat], ["Hello"], cfg, reward_fn=reward, draw_more=draw)
+                 "total", "--max-draws", "3")
+    result = g.grpo_step(policy, None, tokenizer, optimizer, [flat], ["Hello"], cfg, reward_fn=reward,
+                         draw_more=lambda: queue.pop(0))
     assert result["draws"] == 3 and len(queue) == 3 and result["groups_all_equal"] == 3
 
 
@@ -409,7 +412,7 @@ def test_presets_and_explicit_flags(tmp_path):
     cfg = g.parse_args(["--preset", "paper"])
     assert (cfg.lr, cfg.num_generations, cfg.sample_ratio, cfg.clip_eps) == (3e-7, 8, 4, 0.2)
     cfg = g.parse_args(["--preset", "cpu-demo", "--lr", "1e-5", "--no-gradient-checkpointing"])
-    assert cfg.lr == 1e-5 and cfg.gradient_checkpointing is False and cfg.max_new_tokens == 256 and cfg.dynamic_sampling
+    assert cfg.lr == 1e-5 and cfg.gradient_checkpointing is False and cfg.max_new_tokens == 256 and cfg.dynamic_sampling == "recall"
     assert warmup_lr(1, cfg.lr, cfg.warmup_steps) == pytest.approx(1e-5 / cfg.warmup_steps) and warmup_lr(50, cfg.lr, cfg.warmup_steps) == 1e-5
 
 
