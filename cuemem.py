@@ -1,6 +1,7 @@
 """CueMem: cue-guided context reconstruction for long-term conversational memory.
 
-The strongest external-memory baseline SRT is measured against (../shared/seeds/cuemem_summary.txt).
+The strongest external-memory baseline SRT is measured against (CueMem, arXiv:2609.12354; the
+section numbers below are that paper's).
 Memory records are not self-contained evidence; they are *cues* that point back at the original
 dialogue, which is reconstructed around them:
 
