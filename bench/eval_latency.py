@@ -134,7 +134,7 @@ def measure(args, methods: list[str], queries: dict) -> dict:
     import torch
     from metrics import SELF_RECALL_METHODS
     from modeling import load_embedder, load_model_and_tokenizer, resolve_dtype
-    options = {"recency_k": args.recency_k, "rag_k": args.rag_k, "cuemem_options": {}}
+    options = {"recency_k": args.recency_k, "rag_k": args.rag_k, "cuemem": {}}  # evaluate.method_input's options
     model_of = {m: (args.srt_model or args.model) if m == "srt" else args.model for m in methods}
     device = "cuda" if torch.cuda.is_available() else "cpu"
     _, autocast_dtype = resolve_dtype(args.dtype, device)

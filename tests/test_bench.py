@@ -376,12 +376,13 @@ def test_ungrouped_order_is_phase_data_shuffle_without_the_sort(tiny):
 def test_eval_latency_smoke(tmp_path):
     out = tmp_path / "eval"
     eval_bench.main(["--model", "tiny-random", "--data", records_file(tmp_path), "--out", str(out),
-                     "--methods", "full,recency,srt", "--per-bucket", "1", "--batch-size", "2",
+                     "--methods", "full,recency,rag,cuemem,srt", "--per-bucket", "1", "--batch-size", "2",
                      "--max-new-tokens", "3", "--max-new-tokens-direct", "2", "--dtype", "float32"])
     result = json.loads((out / "results.json").read_text())
     buckets = {r["bucket"] for r in result["requests"]}
     assert buckets == {8, 16, 24, 32}
-    assert len(result["requests"]) == 3 * 4  # one query per bucket, three methods
+    # one query per bucket, five methods (rag and cuemem: a regression, their options went stale once)
+    assert len(result["requests"]) == 5 * 4
     assert all(r["latency_s"] > 0 and r["input_tokens"] > 0 and 1 <= r["generated_tokens"] <= 3
                for r in result["requests"])
     rows = {(r["method"], r["bucket"]): r for r in result["rows"]}
