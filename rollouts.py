@@ -44,7 +44,10 @@ def join_groups(draws, picks, K, pad_id) -> dict:
         gap = width[key] - d[key].shape[1]
         return F.pad(d[key], (gap, 0) if key.startswith("prompt") else (0, gap), value=fill)
     rows = [(d, g * K + k) for d, g in picks for k in range(K)]
-    batch = {key: torch.stack([padded(draws[d], key)[r] for d, r in rows]) for key in ROLLOUT_TENSORS}
+    batch = {}
+    for key in ROLLOUT_TENSORS:  # each draw padded once, then its chosen rows taken
+        tensors = [padded(draw, key) for draw in draws]
+        batch[key] = torch.stack([tensors[d][r] for d, r in rows])
     for key in ("texts", "scores", "records"):
         batch[key] = [draws[d][key][r] for d, r in rows]
     return batch
