@@ -55,8 +55,8 @@ import report
 import reward
 from cli import parse_config, write_config
 from data_io import BUCKETS, DataError, atomic_write_text, bucket_of, read_jsonl
-from metrics import (SELF_RECALL_METHODS, accuracy, answer_keys, error_type, f1_score, final_answer, key_f1,
-                     keys_present, recall_metrics)
+from metrics import (SELF_RECALL_METHODS, accuracy, answer_keys, answer_line, error_type, f1_score, final_answer,
+                     key_f1, keys_present, recall_metrics)
 from attention import attention_analysis
 from modeling import embed, load_embedder, load_model_and_tokenizer, render_chat, resolve_dtype
 from stage0_build import SRT_SYSTEM_PROMPT, ChatClient, build_messages, format_history, format_target
@@ -68,7 +68,7 @@ FIG4_BUCKETS = tuple(range(8, 33, 4))           # 8, 12, ..., 32 rounds (Fig. 4)
 TABLE2_GUESS = {"SRT": ("grpo", "srt"), "w/o RL": ("sft",), "w/o CoT": ("nocot", "sft-nocot"),
                 "w/o SFT": ("base-srtp", "srt-p", "srtp"), "Full history": ("full",)}
 # Bumped whenever a stored row's scores would change: old rows are then not reused by --resume.
-SCORE_VERSION = 2
+SCORE_VERSION = 3
 # Per-variant settings (--variant-options NAME=JSON) and what they override.
 VARIANT_KEYS = ("limit", "recency_k", "rag_k", "cuemem", "max_new_tokens")
 CUEMEM_MEMORY_KEYS = ("extractor", "window", "links_per_cue", "link_threshold", "capacity", "max_age")
@@ -234,16 +234,25 @@ def system_prompt_of(method: str, options: dict) -> str:
 # --------------------------------------------------------------------------------------------
 # Generation: greedy, batched (modeling.generate: left padding, stops at <|im_end|> / eos)
 # --------------------------------------------------------------------------------------------
-def generate_batch(model, tokenizer, prompts, max_new_tokens, autocast_dtype=None) -> list[dict]:
+def direct_answer_done(text: str) -> bool:
+    """A direct method is asked for one line: its generation ends once that line is complete, as
+    a deployed system would end it at a stop sequence (a base model otherwise goes on writing the
+    transcript's next turns, "Q8: ...", until the token cap)."""
+    return answer_line(text)[1]
+
+
+def generate_batch(model, tokenizer, prompts, max_new_tokens, autocast_dtype=None, one_line=False) -> list[dict]:
     """Greedy completions of a batch of chat-templated prompt texts ->
     [{text, input_tokens, generated_tokens, truncated}]; generated_tokens counts up to and
-    including the first stop token; truncated: the completion reached max_new_tokens without one."""
+    including the first stop token (or the end of the answer line when one_line); truncated: the
+    completion reached max_new_tokens without either."""
+    stop_when = direct_answer_done if one_line else None
     out = modeling.generate(model, tokenizer, prompts, max_new_tokens=max_new_tokens, greedy=True,
-                            autocast_dtype=autocast_dtype)
+                            autocast_dtype=autocast_dtype, stop_when=stop_when)
     stops = torch.tensor(modeling.stop_token_ids(model, tokenizer), device=out["completion_ids"].device)
     rows = []
     for i, (text, n_in, n_out) in enumerate(zip(out["texts"], out["input_tokens"], out["generated_tokens"])):
-        stopped = bool(torch.isin(out["completion_ids"][i, :n_out], stops).any())
+        stopped = bool(torch.isin(out["completion_ids"][i, :n_out], stops).any()) or (one_line and stop_when(text))
         rows.append({"text": text, "input_tokens": int(n_in), "generated_tokens": int(n_out),
                      "truncated": not stopped and n_out >= max_new_tokens})
     return rows
@@ -399,7 +408,7 @@ class Runner:
     def answer(self, built) -> list[dict]:
         if self.client is None:
             return generate_batch(self.model, self.tokenizer, [b["prompt"] for b in built], self.max_new,
-                                  self.autocast)
+                                  self.autocast, one_line=self.method not in SELF_RECALL_METHODS)
         # ChatClient reports neither token counts nor whether the reply hit max_tokens.
         return [{"text": ask(self.client, b["messages"]), "input_tokens": None, "generated_tokens": None,
                  "truncated": None} for b in built]

@@ -142,13 +142,33 @@ def answer_text(completion: str) -> str | None:
     return answer or None
 
 
+_TURN_LABEL = re.compile(r"^\s*(?:A\d+\s*:\s*)?(?:final answer\s*:\s*)?", re.IGNORECASE)
+_NEXT_TURN = re.compile(r"^\s*(?:Q\d+\s*:|current query\b)", re.IGNORECASE)
+
+
+def answer_line(text: str) -> tuple[str, bool]:
+    """A direct method's answer: the first line with content once an echoed turn label ("A7: ",
+    which a base model continuing the transcript writes) and a 'Final answer:' prefix are dropped.
+    -> (that line, whether it is complete: a newline follows it). Used both to stop generation
+    (evaluate asks direct methods for one line) and to read the answer. A line that opens the
+    user's next turn ("Q8: ...", "Current query ...") before any answer means no answer."""
+    lines = text.split("\n")
+    for i, line in enumerate(lines):
+        if _NEXT_TURN.match(line):
+            return "", True
+        content = _TURN_LABEL.sub("", line, count=1).strip()
+        if content:
+            return content, i < len(lines) - 1
+    return "", False
+
+
 def final_answer(method: str, completion: str) -> str:
-    """The answer a method gave. Direct methods that omit the 'Final answer:' prefix answer with
-    their whole output; a self-recall chain without it has no answer."""
-    answer = answer_text(completion)
-    if answer is not None:
-        return answer
-    return "" if method in SELF_RECALL_METHODS else completion.strip()
+    """The answer a method gave. A self-recall chain answers after 'Final answer:' (none without
+    it); a direct method answers with its first line of content (metrics.answer_line), with or
+    without the prefix."""
+    if method in SELF_RECALL_METHODS:
+        return answer_text(completion) or ""
+    return answer_line(completion)[0]
 
 
 # --------------------------------------------------------------------------------------------

@@ -339,9 +339,46 @@ def completion_mask(completion_ids, stop_ids) -> torch.Tensor:
     return (positions.unsqueeze(0) <= first_stop.unsqueeze(1)).long()
 
 
+def completion_logprobs(model, input_ids, attention_mask, completion_length, temperature=1.0,
+                        with_entropy=False, share_prompts=False):
+    """-> (log pi(o_t | q, o_<t) [B, C], entropy [B, C] or None) for the last C = completion_length
+    columns of left-padded prompt + right-padded completion rows. Logits are divided by the sampling
+    temperature, so these are the log-probs of the distribution the completions were drawn from.
+    Position ids follow the attention mask, as in generate: RoPE models do not mind the shift left
+    padding causes, learned absolute positions do.
+
+    share_prompts: the K rows of a GRPO group repeat one prompt. Run each distinct prompt once, copy
+    its KV cache to its rows, and run only the completions on top: the same numbers (up to float
+    rounding) for about 1/K of the prompt compute, gradients included (they flow back through the
+    copies into the one prompt pass). One module call becomes two, which DDP's and FSDP's backward
+    hooks do not allow, and gradient checkpointing turns the cache off: the caller decides."""
+    C = completion_length
+    prompt_ids, prompt_mask = input_ids[:, :-C], attention_mask[:, :-C]
+    distinct, rows_of = None, None
+    if share_prompts and prompt_ids.shape[1] > 0:
+        distinct, rows_of = torch.unique(torch.cat([prompt_ids, prompt_mask], 1), dim=0, return_inverse=True)
+    if distinct is None or len(distinct) == len(input_ids):
+        position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+        logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                       use_cache=False, logits_to_keep=C + 1).logits
+        # Position t predicts token t + 1; chosen logit minus log-sum-exp, in chunks (no fp32 vocab copy).
+        return token_logprobs(logits[:, :-1], input_ids[:, -C:], temperature, with_entropy=with_entropy)
+    P = prompt_ids.shape[1]
+    shared_ids, shared_mask = distinct[:, :P], distinct[:, P:]
+    prompt_out = model(input_ids=shared_ids, attention_mask=shared_mask, use_cache=True, logits_to_keep=1,
+                       position_ids=(shared_mask.cumsum(-1) - 1).clamp(min=0))
+    cache = prompt_out.cache
+    cache.batch_select_indices(rows_of)  # each row gets its prompt's keys and values
+    tail = model(input_ids=input_ids[:, -C:], attention_mask=attention_mask, cache=cache, use_cache=True,
+                 position_ids=(attention_mask.cumsum(-1) - 1).clamp(min=0)[:, -C:]).logits
+    # The prompt's last position predicts o_1; completion position t predicts o_{t+1}.
+    logits = torch.cat([prompt_out.logits[rows_of], tail[:, :-1]], dim=1)
+    return token_logprobs(logits, input_ids[:, -C:], temperature, with_entropy=with_entropy)
+
+
 @torch.no_grad()
 def generate(model, tokenizer, prompts, max_new_tokens=128, num_generations=1, temperature=1.0,
-             top_p=1.0, greedy=False, autocast_dtype=None, prefill_once=True) -> dict:
+             top_p=1.0, greedy=False, autocast_dtype=None, prefill_once=True, stop_when=None) -> dict:
     """Completions of prompt texts (already chat-templated) -> {prompt_ids, prompt_mask,
     completion_ids, completion_mask, texts, input_tokens, generated_tokens}, rows grouped by
     prompt (prompt j owns rows j*K .. j*K+K-1). Prompts are left padded so every completion starts
@@ -350,8 +387,12 @@ def generate(model, tokenizer, prompts, max_new_tokens=128, num_generations=1, t
     Every sampling setting is passed explicitly in a fresh GenerationConfig: whatever a
     checkpoint's generation_config.json says (Qwen2.5-Instruct ships repetition_penalty 1.05 and
     top_k 20), sampling draws from softmax(logits / T) cut only by top_p, the distribution whose
-    log-probs GRPO's ratio and KL use."""
-    from transformers import GenerationConfig
+    log-probs GRPO's ratio and KL use.
+
+    stop_when(text) -> bool ends a row early once its decoded completion satisfies it (evaluate's
+    direct methods stop at their first complete line); the row is then padded like a row that
+    emitted a stop token, and generated_tokens counts its tokens up to that point."""
+    from transformers import GenerationConfig, StoppingCriteria, StoppingCriteriaList
     device = next(model.parameters()).device
     tokenizer.padding_side = "left"
     encoded = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False).to(device)
@@ -378,12 +419,26 @@ def generate(model, tokenizer, prompts, max_new_tokens=128, num_generations=1, t
                            use_cache=True).cache
         shared.batch_repeat_interleave(num_generations)
         cache = {"cache": shared}
+    criteria = {}
+    if stop_when is not None:
+        class StopWhen(StoppingCriteria):
+            def __call__(self, input_ids, scores, **kwargs):
+                texts = tokenizer.batch_decode(input_ids[:, prompt_ids.shape[1]:], skip_special_tokens=True)
+                return torch.tensor([bool(stop_when(t)) for t in texts], device=input_ids.device)
+        criteria = {"stopping_criteria": StoppingCriteriaList([StopWhen()])}
     with autocast(device, autocast_dtype):
         sequences = model.generate(input_ids=prompt_ids, attention_mask=prompt_mask, generation_config=config,
-                                   synced_gpus=synced, **cache)
+                                   synced_gpus=synced, **cache, **criteria)
     model.train(was_training)
     completion_ids = sequences[:, prompt_ids.shape[1]:]
     mask = completion_mask(completion_ids, stop_ids)
+    if stop_when is not None:
+        # A row stopped by stop_when is followed by pad tokens only, which are not part of it.
+        for i in range(completion_ids.shape[0]):
+            for n in range(1, int(mask[i].sum()) + 1):
+                if stop_when(tokenizer.decode(completion_ids[i, :n], skip_special_tokens=True)):
+                    mask[i, n:] = 0
+                    break
     lengths = mask.sum(1).tolist()
     texts = tokenizer.batch_decode([row[:n] for row, n in zip(completion_ids, lengths)], skip_special_tokens=True)
     return dict(prompt_ids=prompt_ids, prompt_mask=prompt_mask, completion_ids=completion_ids,

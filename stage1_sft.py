@@ -190,14 +190,15 @@ def phase_plan(args, records_per_phase: dict) -> list[tuple[int, int]]:
 # Configuration: argparse defaults that work, presets, explicit flags win.
 # --------------------------------------------------------------------------------------------
 PRESETS = {
-    # A 2-core laptop: 90 steps (36 on pruned histories, 54 on full ones). Recall needs the steps:
-    # on 40 dev queries, 38 steps gave recall Jaccard 0.06 and recalled turns even for the queries
-    # that need none (H* empty); 90 steps gave 0.38 and recalled nothing for those. max_length 1536
-    # holds every prompt + target of the synthetic corpus (longest 1,317 + 233 tokens with real
-    # small talk), so no record loses a turn; batch 4 x 1536 fits in about 16 GB without gradient
-    # checkpointing, which would cost about 25% more time.
+    # A 2-core laptop: 64 steps (26 on pruned histories, 38 on full ones), sized so that `make demo`
+    # (which trains this and the w/o-CoT control) fits 75 minutes on a 2-core CPU without AMX. Recall
+    # needs the steps: on 40 dev queries, 38 steps gave recall Jaccard 0.06 and recalled turns even
+    # for queries that need none (H* empty); 90 steps gave 0.38 and recalled nothing for those.
+    # max_length 1536 holds every prompt + target of the synthetic corpus (longest 1,317 + 233
+    # tokens with real small talk), so no record loses a turn; batch 4 x 1536 fits in about 16 GB
+    # without gradient checkpointing, which would cost about 25% more time.
     "cpu-demo": dict(lr=5e-5, batch_size=4, grad_accum=1, max_length=1536, gradient_checkpointing=False,
-                     max_steps=90, phase1_fraction=0.4, warmup_steps=3, save_every=10),
+                     max_steps=64, phase1_fraction=0.4, warmup_steps=3, save_every=8),
     # §4.1: lr 5e-6, AdamW, constant schedule with linear warm-up. Batch and length are ours.
     "paper": dict(lr=5e-6, batch_size=2, grad_accum=8, max_length=4096, gradient_checkpointing=True,
                   warmup_steps=30, epochs=2, save_every=200),
@@ -311,6 +312,12 @@ def train(args):
     data = {p: PhaseData(tokenizer, records, p, args.max_length, not args.no_cot, args.seed, global_batch)
             for p, _ in plan}
     total_steps = sum(steps for _, steps in plan)
+    if resuming and start_step >= total_steps and (out / "final" / "config.json").exists():
+        # Nothing to redo, and nothing rewritten: a re-saved final/ of a checkpoint above 2 GiB would
+        # look like a new model to evaluate.py's --resume (it keys those by modification time).
+        if is_main:
+            print(f"{out} already holds a finished run of {start_step} steps; nothing to do", flush=True)
+        return model
     phase_of_step = [(p, s) for p, steps in plan for s in range(steps)]  # step k+1 -> (phase, phase step)
     if is_main:
         write_config(out, {**vars(args), "plan": plan, "total_steps": total_steps, "global_batch": global_batch,

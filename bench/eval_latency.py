@@ -18,8 +18,8 @@ answers greedily, metrics.final_answer parses):
 
 Queries are answered method after method for each query (interleaved), so that a slow spell of a
 shared machine falls on every method. srt runs on --srt-model (the trained checkpoint); the others
-on --model (the base model). Generation settings are evaluate.py's defaults (greedy; 160 new
-tokens for srt / srt-p, 48 for the direct methods).
+on --model (the base model). Generation settings are evaluate.py's defaults (greedy; its token caps;
+direct methods stop at the end of their one answer line).
 
     python bench/eval_latency.py --model smollm2-135m --srt-model runs/demo/grpo/final --data runs/data/test.jsonl
     python bench/eval_latency.py --model tiny-random --synthetic 40 --per-bucket 1 --batch-size 2 --out runs/bench/tiny-eval
@@ -111,11 +111,12 @@ def build_prompt(method, record, options, tokenizer):
 def answer(model, tokenizer, method, prompts, max_new, autocast_dtype) -> tuple[list[dict], float]:
     """Greedy answers of a batch and the wall seconds of generating and parsing them."""
     import evaluate
-    from metrics import final_answer
+    from metrics import SELF_RECALL_METHODS, final_answer
     sync = _sync(model)
     sync()
     start = time.perf_counter()
-    outputs = evaluate.generate_batch(model, tokenizer, prompts, max_new, autocast_dtype)
+    outputs = evaluate.generate_batch(model, tokenizer, prompts, max_new, autocast_dtype,
+                                      one_line=method not in SELF_RECALL_METHODS)
     for output in outputs:
         final_answer(method, output["text"])  # the parse an application would run
     sync()

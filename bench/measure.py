@@ -170,3 +170,20 @@ def write_results(out: Path, name: str, payload: dict, markdown: str) -> tuple[P
     atomic_write_text(json_path, json.dumps(payload, indent=2, default=str) + "\n")
     atomic_write_text(md_path, markdown if markdown.endswith("\n") else markdown + "\n")
     return json_path, md_path
+
+
+def bench_records(data: str, synthetic: int = 0, split: str = "train") -> list[dict]:
+    """The records a benchmark runs on: --data, or with --synthetic N a fresh stage-0 corpus of N
+    dialogues in a temporary folder (its `split` file, else its train file). Exits with one line
+    when the file is missing or malformed."""
+    import tempfile
+    from data_io import DataError, read_jsonl
+    try:
+        if synthetic:
+            import stage0_build
+            tmp = Path(tempfile.mkdtemp())
+            stage0_build.main(["--num-dialogues", str(synthetic), "--out", str(tmp), "--quiet"])
+            return read_jsonl(tmp / f"{split}.jsonl") or read_jsonl(tmp / "train.jsonl")
+        return read_jsonl(data)
+    except (DataError, OSError) as e:
+        sys.exit(f"error: {e}")

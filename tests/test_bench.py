@@ -389,3 +389,31 @@ def test_eval_latency_smoke(tmp_path):
     assert rows[("full", "all")]["input_vs_full"] == 1.0 and rows[("recency", 32)]["input_vs_full"] < 1.0
     assert rows[("srt", 8)]["batch_rows"] == 2 and rows[("srt", 32)]["batch_rows"] == 1
     assert "| recency | 32 | 1 |" in (out / "results.md").read_text()
+
+
+def test_rollout_prefill_smoke_both_sides_do_the_same_work(tmp_path):
+    out = tmp_path / "prefill"
+    load("rollout_prefill").main(["--model", "tiny-random", "--data", records_file(tmp_path), "--out", str(out),
+                                  "--prompts", "2", "-K", "3", "--max-new-tokens", "4", "--repeats", "1"])
+    result = json.loads((out / "results.json").read_text())
+    once, k_prefills = result["sides"]["prefill once"], result["sides"]["K prefills"]
+    assert once["rows"] == k_prefills["rows"] == 6
+    assert once["prompt_tokens_per_row"] == k_prefills["prompt_tokens_per_row"] > 0
+    assert once["generated_tokens"] == k_prefills["generated_tokens"] == 6 * 4  # a random model never stops early
+    assert result["same_samples"] is True  # fp32: one seed samples the same tokens either way
+    assert result["time_ratio_once_over_k"] > 0
+
+
+def test_temperature_sweep_entropy_rises_with_temperature(tmp_path):
+    """The entropy of softmax(logits / T) grows with T for any fixed logits: a sweep that computed it
+    at T = 1 for every row, or divided by the wrong T, would show equal or falling entropies."""
+    out = tmp_path / "sweep"
+    load("temperature_sweep").main(["--model", "tiny-random", "--data", records_file(tmp_path), "--out", str(out),
+                                    "--prompts", "2", "-K", "2", "--max-new-tokens", "4",
+                                    "--temperatures", "0.5,2.0", "--max-prompt-length", "0"])
+    rows = json.loads((out / "results.json").read_text())["rows"]
+    assert [r["temperature"] for r in rows] == [0.5, 2.0]
+    assert rows[0]["entropy_per_token"] < rows[1]["entropy_per_token"]
+    for r in rows:
+        assert 0 <= r["informative_recall"] <= 1 and 0 <= r["informative_total"] <= 1
+        assert r["groups"] == 2 and r["mean_length"] == 4 and r["capped"] == 1.0

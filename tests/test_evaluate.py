@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -19,6 +20,7 @@ import attention  # noqa: E402
 import cuemem  # noqa: E402
 import evaluate  # noqa: E402
 import metrics  # noqa: E402
+import modeling  # noqa: E402
 import report  # noqa: E402
 import reward  # noqa: E402
 from data_io import bucket_of  # noqa: E402
@@ -125,6 +127,44 @@ def test_final_answer_per_method():
     assert metrics.final_answer("full", "  It costs $180.\n") == "It costs $180."
     assert metrics.final_answer("full", "Final answer: $180") == "$180"
     assert metrics.final_answer("srt", "<think>no answer line</think>") == ""
+
+
+def test_direct_answers_are_their_first_line_and_a_transcript_continuation_is_no_answer():
+    """Regression: the base model under the full-history prompt went on writing the transcript
+    ("A7: You're in seat 13D.\nQ8: ...") to the 128-token cap (cut off 89.6%) and its whole output
+    was scored as the answer. A direct answer is now its first line of content."""
+    assert metrics.final_answer("full", "A7: You're in seat 13D.\nQ8: I'm in seat 13D.") == "You're in seat 13D."
+    assert metrics.final_answer("rag", "Yes, it is fine.\n\nCurrent query (Q10): x") == "Yes, it is fine."
+    assert metrics.final_answer("full", "A6:\nQ6: I'm sorry, I'm not sure.") == ""  # the user's next turn
+    assert metrics.final_answer("full", "Final answer: $180\nQ9: thanks") == "$180"
+    # A self-recall chain keeps every line: its answer follows 'Final answer:' wherever it is.
+    chain = "<think>\n2. Recall History: <HIS>A1: $180</HIS>\n</think>\nFinal answer: $180"
+    assert metrics.final_answer("srt", chain) == "$180"
+    # Completeness drives the stop: a label alone or an unfinished line does not end generation.
+    assert metrics.answer_line("A6:\n") == ("", False)
+    assert metrics.answer_line("It costs $1") == ("It costs $1", False)
+    assert metrics.answer_line("It costs $180.\n") == ("It costs $180.", True)
+    assert evaluate.direct_answer_done("A7:\n") is False and evaluate.direct_answer_done("A7: Seat 13D\n") is True
+
+
+def test_generate_stops_a_row_where_stop_when_first_holds(tiny):
+    """modeling.generate(stop_when=...) ends each row at the first prefix that satisfies the
+    predicate and masks the pads after it; rows are independent, and without it the same greedy
+    rows run to the cap."""
+    model, tokenizer = tiny
+    prompts = ["Q1: I need the Chakra Balancing service.", "Q1: hi"]
+    free = modeling.generate(model, tokenizer, prompts, max_new_tokens=16, greedy=True)
+    assert free["generated_tokens"] == [16, 16]  # a random model never emits a stop token this soon
+    target = [len(tokenizer.decode(free["completion_ids"][i, :5], skip_special_tokens=True)) for i in range(2)]
+    stopped = modeling.generate(model, tokenizer, prompts, max_new_tokens=16, greedy=True,
+                                stop_when=lambda text: len(text) >= min(target))
+    for i in range(2):
+        n = stopped["generated_tokens"][i]
+        prefix = tokenizer.decode(free["completion_ids"][i, :n], skip_special_tokens=True)
+        shorter = tokenizer.decode(free["completion_ids"][i, :n - 1], skip_special_tokens=True)
+        assert len(prefix) >= min(target) > len(shorter)  # the first prefix that satisfies it
+        assert torch.equal(stopped["completion_ids"][i, :n], free["completion_ids"][i, :n])  # same greedy path
+        assert stopped["completion_mask"][i].sum() == n and stopped["texts"][i] == prefix
 
 
 @pytest.mark.parametrize("completion", [

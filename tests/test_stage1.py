@@ -231,6 +231,14 @@ def test_killed_run_resumes_to_the_uninterrupted_result(tmp_path):
     assert [m["step"] for m in read_metrics(tmp_path / "b")] == list(range(1, 41))
     assert [m["loss"] for m in read_metrics(tmp_path / "b")] == pytest.approx(
         [m["loss"] for m in read_metrics(tmp_path / "a")], rel=1e-5)
+    # Regression: --resume on a finished run re-saved final/ (for checkpoints above 2 GiB, which
+    # evaluate.py keys by modification time, a new model). A finished run is now left untouched.
+    final = tmp_path / "b" / "final" / "model.safetensors"
+    before = (final.stat().st_mtime_ns, (tmp_path / "b" / "metrics.jsonl").read_text())
+    again = stage1_sft.train(run_args(data, tmp_path / "b", *common, "--resume"))
+    assert (final.stat().st_mtime_ns, (tmp_path / "b" / "metrics.jsonl").read_text()) == before
+    for a, b in zip(resumed.state_dict().values(), again.state_dict().values()):
+        assert torch.equal(a, b)
     with pytest.raises(SystemExit, match="different settings.*batch_size"):
         stage1_sft.train(run_args(data, tmp_path / "b", *common, "--resume", "--batch-size", "3"))
 

@@ -174,6 +174,36 @@ def test_logprobs_match_the_sampling_distribution_under_left_padding(tiny):
     assert torch.allclose(entropy[keep], -(full.exp() * full).sum(-1)[keep], atol=1e-4)
 
 
+def test_shared_prompt_logprobs_and_gradients_equal_the_unshared_ones(tiny):
+    """completion_logprobs(share_prompts=True) runs each distinct prompt once and copies its KV
+    cache to its rows. Two groups of K = 3 with left-padded prompts of different lengths and
+    right-padded completions: the log-probs, the entropies and the gradient of a loss on them must
+    be those of one plain pass over the six rows."""
+    model, tokenizer = tiny
+    torch.manual_seed(0)
+    out = modeling.generate(model, tokenizer, ["Hello", "Q1: I need the Chakra Balancing service. A1: It is $180."],
+                            max_new_tokens=5, num_generations=3, temperature=1.0)
+    mask = out["completion_mask"].clone()
+    mask[0, 3:] = 0  # one row stopped early: its tail is padding
+    ids = torch.cat([out["prompt_ids"], out["completion_ids"]], 1)
+    attention = torch.cat([out["prompt_mask"], mask], 1)
+    assert out["prompt_mask"][0, 0] == 0 and not torch.equal(out["completion_ids"][0], out["completion_ids"][1])
+    weights = torch.randn(6, 5)
+    results = {}
+    for share in (False, True):
+        model.zero_grad(set_to_none=True)
+        logprobs, entropy = modeling.completion_logprobs(model, ids, attention, 5, 0.9, True, share_prompts=share)
+        ((logprobs * weights * mask).sum()).backward()
+        grads = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+        results[share] = (logprobs.detach(), entropy, grads)
+    model.zero_grad(set_to_none=True)
+    (plain_lp, plain_h, plain_g), (shared_lp, shared_h, shared_g) = results[False], results[True]
+    keep = mask.bool()
+    assert torch.allclose(shared_lp[keep], plain_lp[keep], atol=1e-5)
+    assert torch.allclose(shared_h[keep], plain_h[keep], atol=1e-5)
+    assert plain_g.abs().max() > 0 and torch.allclose(shared_g, plain_g, atol=1e-5, rtol=1e-4)
+
+
 def test_generate_ignores_a_checkpoints_repetition_penalty_and_top_k():
     """Qwen2.5-Instruct ships generation_config.json with repetition_penalty 1.05 and top_k 20. The
     penalty lowers exactly the prompt tokens a verbatim recall copies; GRPO's ratio and KL use
