@@ -421,12 +421,17 @@ def generate(model, tokenizer, prompts, max_new_tokens=128, num_generations=1, t
                            use_cache=True).cache
         shared.batch_repeat_interleave(num_generations)
         cache = {"cache": shared}
-    criteria = {}
+    criteria, stopped_at = {}, {}
     if stop_when is not None:
-        class StopWhen(StoppingCriteria):
+        class StopWhen(StoppingCriteria):  # called after each decode step; records where a row ended
             def __call__(self, input_ids, scores, **kwargs):
-                texts = tokenizer.batch_decode(input_ids[:, prompt_ids.shape[1]:], skip_special_tokens=True)
-                return torch.tensor([bool(stop_when(t)) for t in texts], device=input_ids.device)
+                generated = input_ids[:, prompt_ids.shape[1]:]
+                done = []
+                for i, text in enumerate(tokenizer.batch_decode(generated, skip_special_tokens=True)):
+                    if i not in stopped_at and stop_when(text):
+                        stopped_at[i] = generated.shape[1]
+                    done.append(i in stopped_at)
+                return torch.tensor(done, device=input_ids.device)
         criteria = {"stopping_criteria": StoppingCriteriaList([StopWhen()])}
     with autocast(device, autocast_dtype):
         sequences = model.generate(input_ids=prompt_ids, attention_mask=prompt_mask, generation_config=config,
@@ -434,13 +439,8 @@ def generate(model, tokenizer, prompts, max_new_tokens=128, num_generations=1, t
     model.train(was_training)
     completion_ids = sequences[:, prompt_ids.shape[1]:]
     mask = completion_mask(completion_ids, stop_ids)
-    if stop_when is not None:
-        # A row stopped by stop_when is followed by pad tokens only, which are not part of it.
-        for i in range(completion_ids.shape[0]):
-            for n in range(1, int(mask[i].sum()) + 1):
-                if stop_when(tokenizer.decode(completion_ids[i, :n], skip_special_tokens=True)):
-                    mask[i, n:] = 0
-                    break
+    for i, n in stopped_at.items():  # what follows a row stopped by stop_when is padding
+        mask[i, n:] = 0
     lengths = mask.sum(1).tolist()
     texts = tokenizer.batch_decode([row[:n] for row, n in zip(completion_ids, lengths)], skip_special_tokens=True)
     return dict(prompt_ids=prompt_ids, prompt_mask=prompt_mask, completion_ids=completion_ids,
