@@ -63,21 +63,21 @@ PRESETS = {
     "paper": dict(lr=3e-7, num_generations=8, sample_ratio=4, beta=0.04, clip_eps=0.2, mu=1,
                   prompts_per_step=8, max_new_tokens=1024, max_prompt_length=4096, warmup_steps=10,
                   max_steps=1000, save_every=50, sample_every=10, gradient_checkpointing=True, micro_batch_size=2),
-    # SmolLM2-135M after SFT on a 2-core CPU, sized by steps (to fit `make demo` in 75 minutes on a
-    # 2-core CPU without AMX; probes of 16 queries at steps 0, 6, 12): 12 steps of one group of K = 4, two
-    # AdamW updates each, lr 3e-6 (chosen on 40 dev queries on the previous task: 1e-5 drifted).
-    # Every synthetic prompt fits in 1536 tokens (longest 1,317), so no turn is cut; 256 new tokens
-    # hold the longest SFT chain (233). Dynamic sampling on the recall part: after SFT, 6 of the first
-    # 8 groups of 4 recalled one set, while the cosine answer reward made every group's total differ.
-    # At most 2 draws: in a 20-step run with 3, 11 first draws carried no recall signal (all K
-    # recalls equally wrong); a second draw found one in 2 of them, a third in none of 9. T = 1.0
-    # (bench/temperature_sweep.py, 12 dev prompts x K = 4 from the SFT start, T 0.7 / 1.0 / 1.3): entropy
-    # 0.14 / 0.28 / 1.68 nats a token, groups whose recall differs 50 / 50 / 25%, valid format 96 / 96 / 81%.
+    # SmolLM2-135M after SFT, sized by steps to fit `make demo` in 75 min on a 2-core CPU without AMX:
+    # 12 steps of one group of K = 4, two AdamW updates each, lr 3e-6 (1e-5 drifted on 40 dev queries),
+    # probes of 16 queries at steps 0, 6, 12. 1536 prompt tokens hold every synthetic prompt (longest
+    # 1,317), 256 new tokens the longest SFT chain (233). Dynamic sampling on the recall part: after SFT,
+    # 6 of the first 8 groups recalled one set while the cosine made every total differ. At most 2 draws:
+    # with 3, 11 first draws had no recall signal, a second found one in 2, a third in none of 9.
+    # T = 1.0 (bench/temperature_sweep.py, 12 dev prompts x K = 4, T 0.7 / 1.0 / 1.3): entropy 0.14 /
+    # 0.28 / 1.68 nats a token, groups whose recall differs 50 / 50 / 25%, valid format 96 / 96 / 81%.
     "cpu-demo": dict(num_generations=4, prompts_per_step=1, sample_ratio=2, mu=1, lr=3e-6, warmup_steps=1,
                      beta=0.04, max_new_tokens=256, max_prompt_length=1536, max_steps=12, sample_every=1,
                      save_every=4, eval_limit=16, eval_batch_size=8, probe_every=6, dynamic_sampling="recall",
                      max_draws=2),
 }
+# README "Does GRPO improve recall?": cpu-demo for 30 steps on turns that need recall (§3: "each context-dependent turn").
+PRESETS["cpu-long"] = dict(PRESETS["cpu-demo"], train_turns="dependent", max_steps=30, probe_every=10, save_every=5)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -118,6 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--dynamic-sampling", choices=["off", "total", "recall"], default="off", help="DAPO: replace groups whose "
         "K total rewards (advantage 0, no gradient), or recall parts (no recall signal), are all equal")
     add("--max-draws", type=int, default=4, help="sample batches one step may draw under --dynamic-sampling")
+    add("--train-turns", choices=["all", "dependent"], default="all", help="dependent: only turns whose H* is not empty")
     add("--sample-every", type=int, default=5, help="write sampled completions every N steps")
     add("--save-every", type=int, default=10, help="write <out>/checkpoint every N steps")
     add("--time-budget-minutes", type=float, default=None,
@@ -133,7 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def parse_args(argv=None) -> argparse.Namespace:
     cfg = parse_config(build_parser(), PRESETS, argv)
-    if cfg.preset == "cpu-demo" and cfg.eval_data is None:  # the demo shows its before / after
+    if cfg.preset in ("cpu-demo", "cpu-long") and cfg.eval_data is None:  # the demo shows its before / after
         dev = Path(cfg.data).parent / "dev.jsonl"
         cfg.eval_data = str(dev) if dev.exists() else None
     cfg.eval_max_new_tokens = cfg.eval_max_new_tokens or cfg.max_new_tokens
@@ -334,8 +335,8 @@ SAVE_MARGIN_S = 30  # writing checkpoint/ and final/ at the end of a time-budget
 # Settings that fix the data order and the meaning of a step: a resumed run must match them.
 # Not --micro-batch-size nor --fsdp: the same update in parts or shards (layout: check_checkpoint_layout).
 RESUME_MUST_MATCH = ("seed", "prompts_per_step", "max_prompt_length", "world_size", "num_generations", "sample_ratio",
-                     "mu", "lr", "warmup_steps", "weight_decay", "max_grad_norm", "beta", "clip_eps", "temperature",
-                     "top_p", "max_new_tokens", "loss_norm", "model", "answer_reward", "dynamic_sampling", "max_draws")
+                     "mu", "lr", "warmup_steps", "weight_decay", "max_grad_norm", "beta", "clip_eps", "temperature", "top_p",
+                     "max_new_tokens", "loss_norm", "model", "answer_reward", "dynamic_sampling", "max_draws", "train_turns")
 
 
 def train(cfg, reward_fn=None) -> dict:
@@ -347,7 +348,9 @@ def train(cfg, reward_fn=None) -> dict:
     budget = TimeBudget(cfg.time_budget_minutes, reserve_s=SAVE_MARGIN_S)
     out, checkpoint_dir = Path(cfg.out), Path(cfg.out) / "checkpoint"
     records = read_jsonl(cfg.data)
-    require(len(records) > 0, f"{cfg.data} holds no records")
+    if cfg.train_turns == "dependent":  # H* chooses which turns train, never what a prompt shows
+        records = [r for r in records if r["recall"]]
+    require(len(records) > 0, f"{cfg.data} holds no records" + " that need recall" * (cfg.train_turns == "dependent"))
     eval_records = (pick_eval_records(read_jsonl(cfg.eval_data), cfg.eval_limit)
                     if cfg.eval_data and cfg.eval_limit > 0 else None)
     if cfg.resume and (out / "summary.json").exists() and (out / "final").exists():
@@ -411,7 +414,7 @@ def train(cfg, reward_fn=None) -> dict:
         if main_process:
             probes.append({"step": step, **{k: v for k, v in result.items() if k != "examples"}})
             plot_learning_curve(metrics.rows, probes.rows, out / "learning_curve.png")
-            if name:
+            if name:  # eval_before.json / eval_after.json
                 write_json(out / name, result)
             tqdm.write(f"probe at step {step}: " + ", ".join(f"{k} {result[k]}" for k in PROBE_KEYS))
 
@@ -462,10 +465,9 @@ def train(cfg, reward_fn=None) -> dict:
 
     save(step)
     save_final(out / "final", policy, tokenizer, cfg.fsdp)  # save_pretrained form, also under FSDP
-    if main_process:
-        if step < cfg.max_steps:
-            print(f"WARNING: time budget of {cfg.time_budget_minutes} min reached: stopped at step {step} of "
-                  f"{cfg.max_steps} ({cfg.max_steps - step} steps missing); --resume continues", flush=True)
+    if main_process and step < cfg.max_steps:
+        print(f"WARNING: time budget of {cfg.time_budget_minutes} min reached: stopped at step {step} of "
+              f"{cfg.max_steps} ({cfg.max_steps - step} steps missing); --resume continues", flush=True)
     if eval_records:
         run_eval(step, "eval_after.json")
     digests = gather_objects(parameter_digest(policy), world_size)  # DDP ranks must agree bit for bit

@@ -446,6 +446,28 @@ def test_presets_and_explicit_flags(tmp_path):
     assert warmup_lr(1, cfg.lr, cfg.warmup_steps) == pytest.approx(1e-5 / cfg.warmup_steps) and warmup_lr(50, cfg.lr, cfg.warmup_steps) == 1e-5
 
 
+def test_train_turns_dependent_trains_only_on_turns_that_need_recall(tmp_path):
+    data = tmp_path / "train.jsonl"
+    records = [make_record(i, recall=()) for i in range(4)] + [make_record(9)]  # one turn of five needs recall
+    write_jsonl(data, records)
+    seen = {}
+    def spy(completions, examples):
+        seen.setdefault(mode, set()).update(tuple(e["recall"]) for e in examples)
+        return length_reward(completions, examples)
+    common = ["--model", "tiny-random", "--data", str(data), "--dtype", "float32", "-K", "2", "--max-new-tokens", "3",
+              "--beta", "0", "--max-steps", "1", "--prompts-per-step", "3", "--save-every", "0"]
+    for mode in ("all", "dependent"):
+        g.train(g.parse_args(common + ["--out", str(tmp_path / mode), "--train-turns", mode]), reward_fn=spy)
+    assert () in seen["all"]  # three prompts of five: at least two need no recall
+    assert seen["dependent"] == {("A1",)}
+    assert json.loads((tmp_path / "dependent" / "config.json").read_text())["train_turns"] == "dependent"
+    write_jsonl(data, records[:4])
+    with pytest.raises(SystemExit, match="no records that need recall"):
+        g.main(common + ["--out", str(tmp_path / "none"), "--train-turns", "dependent"])
+    cfg = g.parse_args(["--preset", "cpu-long", "--data", str(data)])
+    assert (cfg.train_turns, cfg.max_steps, cfg.num_generations, cfg.lr) == ("dependent", 30, 4, 3e-6)
+
+
 def test_resume_equals_an_uninterrupted_run(tmp_path):
     data = tmp_path / "train.jsonl"
     write_jsonl(data, [make_record(i) for i in range(5)])
