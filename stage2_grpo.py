@@ -76,8 +76,8 @@ PRESETS = {
                      save_every=4, eval_limit=16, eval_batch_size=8, probe_every=6, dynamic_sampling="recall",
                      max_draws=2),
 }
-# README "Does GRPO improve recall?": cpu-demo for 30 steps on turns that need recall (§3: "each context-dependent turn").
-PRESETS["cpu-long"] = dict(PRESETS["cpu-demo"], train_turns="dependent", max_steps=30, probe_every=10, save_every=5)
+# README "Does GRPO improve recall?": cpu-demo for 20 steps on turns that need recall (§3: "each context-dependent turn").
+PRESETS["cpu-long"] = dict(PRESETS["cpu-demo"], train_turns="dependent", max_steps=20, probe_every=10, save_every=5)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -300,3 +300,10 @@ def test_auto_dtype_autocasts_bf16_only_where_the_hardware_has_it(monkeypatch):
     assert modeling.resolve_dtype("auto", "cpu") == (torch.float32, None)
     assert modeling.resolve_dtype("auto", "cuda") == (torch.float32, torch.bfloat16)
     assert modeling.resolve_dtype("float32", "cuda") == (torch.float32, None)
+
+
+def test_cpu_long_preset_doubles_the_demo_steps_and_keeps_its_phase_split():
+    demo, long = (stage1_sft.parse_args(["--preset", name]) for name in ("cpu-demo", "cpu-long"))
+    assert (demo.max_steps, long.max_steps) == (64, 128)
+    assert (long.lr, long.batch_size, long.phase1_fraction, long.max_length) == (demo.lr, demo.batch_size, 0.4, 1536)
+    assert stage1_sft.parse_args(["--preset", "cpu-long", "--max-steps", "7"]).max_steps == 7

@@ -465,7 +465,7 @@ def test_train_turns_dependent_trains_only_on_turns_that_need_recall(tmp_path):
     with pytest.raises(SystemExit, match="no records that need recall"):
         g.main(common + ["--out", str(tmp_path / "none"), "--train-turns", "dependent"])
     cfg = g.parse_args(["--preset", "cpu-long", "--data", str(data)])
-    assert (cfg.train_turns, cfg.max_steps, cfg.num_generations, cfg.lr) == ("dependent", 30, 4, 3e-6)
+    assert (cfg.train_turns, cfg.max_steps, cfg.num_generations, cfg.lr) == ("dependent", 20, 4, 3e-6)
 
 
 def test_resume_equals_an_uninterrupted_run(tmp_path):
