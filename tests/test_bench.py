@@ -417,3 +417,36 @@ def test_temperature_sweep_entropy_rises_with_temperature(tmp_path):
     for r in rows:
         assert 0 <= r["informative_recall"] <= 1 and 0 <= r["informative_total"] <= 1
         assert r["groups"] == 2 and r["mean_length"] == 4 and r["capped"] == 1.0
+
+
+def _comparison(jaccard, f1, against="sft"):
+    ci = lambda d: {"diff": d[0], "low": d[1], "high": d[2], "n": 100, "resamples": 2000}
+    return {"n": 120, "against": against, "jaccard": ci(jaccard), "f1": ci(f1)}
+
+
+def test_grpo_seeds_passes_only_a_jaccard_gain_above_zero_with_f1_within_two_points(tmp_path):
+    """The issue's test at its boundaries: an interval touching 0 is not a gain, and an F1 drop of
+    2.1 points is more than 2."""
+    variants = {name: {"jaccard": 0.1, "f1": 0.5, "silent": 0.4} for name in ("sft", "a", "b", "c", "d")}
+    summary = {"variants": variants, "comparisons": {
+        "a": _comparison((0.05, 0.01, 0.09), (-0.019, -0.05, 0.01)),   # passes
+        "b": _comparison((0.05, 0.0, 0.09), (0.01, -0.02, 0.03)),      # interval touches 0
+        "c": _comparison((0.05, 0.02, 0.09), (-0.021, -0.05, 0.01)),   # F1 down 2.1 points
+        "d": _comparison((-0.05, -0.09, -0.01), (0.0, -0.02, 0.02)),   # recall got worse
+    }}
+    (tmp_path / "eval").mkdir()
+    (tmp_path / "eval" / "summary.json").write_text(json.dumps(summary))
+    run = tmp_path / "run"
+    run.mkdir()
+    write_jsonl(run / "probe.jsonl", [{"step": s, "jaccard_needed": 0.1 * s, "f1": 0.5} for s in (0, 10, 20)])
+    write_jsonl(run / "metrics.jsonl", [{"step": s, "reward_recall_mean": -1.0 + 0.1 * s} for s in range(1, 21)])
+    grpo_seeds = load("grpo_seeds")
+    result = grpo_seeds.main(["--eval", str(tmp_path / "eval"), "--sft", "sft", "--out", str(tmp_path / "out"),
+                              "--curves", f"cosine={run}", f"keys={run}"])
+    assert {r["variant"]: r["passes"] for r in result["rows"]} == {"a": True, "b": False, "c": False, "d": False}
+    assert (tmp_path / "out" / "curves.png").stat().st_size > 10_000
+    assert "| a | 120 (100) | 10.0 -> 10.0 | +5.0 [+1.0, +9.0] |" in (tmp_path / "out" / "results.md").read_text()
+    summary["comparisons"]["e"] = _comparison((0.05, 0.01, 0.09), (0.0, -0.01, 0.01), against="a")
+    (tmp_path / "eval" / "summary.json").write_text(json.dumps(summary))
+    with pytest.raises(SystemExit, match="SRT=sft"):  # paired against another model: not the SFT start
+        grpo_seeds.main(["--eval", str(tmp_path / "eval"), "--sft", "sft", "--out", str(tmp_path / "out")])
