@@ -26,6 +26,7 @@ for _path in (str(ROOT), str(BENCH)):
     if _path not in sys.path:
         sys.path.insert(0, _path)
 
+from data_io import read_jsonl  # noqa: E402
 from measure import machine, machine_line, write_results  # noqa: E402
 
 MAX_F1_DROP = 0.02  # the issue: F1 not lower by more than 2 points
@@ -81,10 +82,6 @@ def table(rows: list[dict], sft: str) -> str:
     return "\n".join(lines)
 
 
-def read_rows(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
-
-
 def plot_curves(curves: dict[str, Path], path: Path) -> None:
     """Probe recall Jaccard and F1 against the step, and the recall reward of the sampled groups."""
     import matplotlib
@@ -92,7 +89,8 @@ def plot_curves(curves: dict[str, Path], path: Path) -> None:
     import matplotlib.pyplot as plt
     fig, axes = plt.subplots(1, 3, figsize=(15, 3.8))
     for label, run in curves.items():
-        probes, metrics = read_rows(run / "probe.jsonl"), read_rows(run / "metrics.jsonl")
+        probes = read_jsonl(run / "probe.jsonl", validate=False)
+        metrics = read_jsonl(run / "metrics.jsonl", validate=False) if (run / "metrics.jsonl").exists() else []
         steps = [p["step"] for p in probes]
         axes[0].plot(steps, [p.get("jaccard_needed") for p in probes], marker="o", label=label)
         axes[1].plot(steps, [p.get("f1") for p in probes], marker="o", label=label)
