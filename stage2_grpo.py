@@ -350,7 +350,7 @@ def train(cfg, reward_fn=None) -> dict:
     records = read_jsonl(cfg.data)
     if cfg.train_turns == "dependent":  # H* chooses which turns train, never what a prompt shows
         records = [r for r in records if r["recall"]]
-    require(len(records) > 0, f"{cfg.data} holds no records" + " that need recall" * (cfg.train_turns == "dependent"))
+    require(len(records) > 0, f"{cfg.data} holds no records (--train-turns {cfg.train_turns})")
     eval_records = (pick_eval_records(read_jsonl(cfg.eval_data), cfg.eval_limit)
                     if cfg.eval_data and cfg.eval_limit > 0 else None)
     if cfg.resume and (out / "summary.json").exists() and (out / "final").exists():
