@@ -36,6 +36,13 @@ Eq. (7) choices (`answer_reward`, `--answer-reward`), each in [-1, 1]:
           incomplete answer (<= 0) scores below every complete one (>= 0).
 A record without answer_keys gets the cosine under every choice.
 
+`answer_gate` (`--answer-gate`, stage 2 only; not in the paper, off by default): with `recall`, an
+answer whose recall missed H* entirely (Jaccard 0 on a turn that needs recall) earns what a missing
+answer earns, -1. Eq. (4) adds its terms, so with the whole history in the prompt a policy can earn
+the answer term without recalling anything right; on dev, GRPO did exactly that (README "Does GRPO
+improve recall?": right answers with a recall that missed H* rose from 16.5 to 30.3%). The gate pays
+an answer only when it comes through the recall, as §3's "recall, then answer" intends.
+
 Every function is total: any string, however malformed, gets a score in range and never raises.
 
     python reward.py --gallery                                  # reward-hacking gallery (Markdown)
@@ -69,6 +76,7 @@ MARKERS = (THINK_OPEN, THINK_CLOSE, HIS_OPEN, HIS_CLOSE, ANSWER_MARK)
 # Eq. (6) constants: recall = RECALL_SCALE * IoU - RECALL_SHIFT, in [-1.25, 1.25].
 RECALL_SCALE, RECALL_SHIFT = 2.5, 1.25
 ANSWER_REWARDS = ("cosine", "keys", "both")
+ANSWER_GATES = ("off", "recall")
 
 
 # ==== 1. Normalisation and parsing a completion into (think, tags, final answer) ====
@@ -422,7 +430,8 @@ def answer_rewards(answers: list[str | None], examples: list[dict], answer_rewar
 
 
 # ==== 5. Eq. (4): the composite reward, batched for GRPO ====
-def compute_rewards(completions: list[str], examples: list[dict], answer_reward: str = "cosine") -> list[dict]:
+def compute_rewards(completions: list[str], examples: list[dict], answer_reward: str = "cosine",
+                    answer_gate: str = "off") -> list[dict]:
     """Score completion i against stage-0 record examples[i] (history, recall, answer, answer_keys).
 
     One dict per completion: format, recall, answer, total (Eq. (4)); jaccard (the IoU of Eq. (6)),
@@ -431,6 +440,8 @@ def compute_rewards(completions: list[str], examples: list[dict], answer_reward:
     answer_keys, keys_present, extra_numbers (the parts of the answer component)."""
     if len(completions) != len(examples):
         raise ValueError(f"{len(completions)} completions but {len(examples)} examples")
+    if answer_gate not in ANSWER_GATES:
+        raise ValueError(f"answer_gate must be one of {ANSWER_GATES}, got {answer_gate!r}")
     indexes = {}  # id(history) -> HistoryIndex: the K rollouts of one prompt share one index
     results, answers = [], []
     for text, example in zip(completions, examples):
@@ -447,14 +458,17 @@ def compute_rewards(completions: list[str], examples: list[dict], answer_reward:
                         "final_answer": parsed.final_answer, "format_problems": problems,
                         "matches": [[m.text, m.label, m.nearest, round(m.overlap, 4)] for m in matches]})
         answers.append(parsed.final_answer)
-    for result, part in zip(results, answer_rewards(answers, examples, answer_reward)):
+    for result, part, example in zip(results, answer_rewards(answers, examples, answer_reward), examples):
         result.update(part)                                                     # Eq. (7)
+        result["answer_gated"] = answer_gate == "recall" and bool(example["recall"]) and result["jaccard"] == 0.0
+        if result["answer_gated"]:  # the module docstring: an answer that did not come through the recall
+            result["answer"] = -1.0
         result["total"] = result["format"] + result["recall"] + result["answer"]  # Eq. (4)
     return results
 
 
-def compute_reward(completion: str, example: dict, answer_reward: str = "cosine") -> dict:
-    return compute_rewards([completion], [example], answer_reward)[0]
+def compute_reward(completion: str, example: dict, answer_reward: str = "cosine", answer_gate: str = "off") -> dict:
+    return compute_rewards([completion], [example], answer_reward, answer_gate)[0]
 
 
 # ==== 6. The reward-hacking gallery: the paper's Fig. 1 record, attacked ====

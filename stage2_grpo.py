@@ -15,8 +15,7 @@ One GRPO step, in the order of the paper:
 Run on one CPU or GPU, or on N of them with torchrun (each rank samples and scores its own prompts,
 DDP all-reduces the gradients, rank 0 alone logs and saves):
 
-    python stage2_grpo.py --model runs/demo/sft/final --data runs/data/train.jsonl --out runs/demo/grpo \\
-        --preset cpu-demo --eval-data runs/data/dev.jsonl
+    python stage2_grpo.py --preset cpu-demo --model runs/demo/sft/final --data runs/data/train.jsonl --out runs/demo/grpo
     torchrun --nproc_per_node=8 stage2_grpo.py --model runs/paper/sft/final --data ... --preset paper --fsdp
     python stage2_grpo.py --preset paper --model Qwen/Qwen2.5-7B-Instruct --fsdp --dry-run --world-size 8
 
@@ -47,7 +46,7 @@ from data_io import DataError, finite_or_none, read_jsonl, write_json
 from modeling import (all_ranks_any, autocast, completion_logprobs, gather_objects, load_model_and_tokenizer,
                       parameter_digest, peak_gpu_gb, resolve_dtype, setup_distributed, teardown_distributed)
 from probe import PROBE_KEYS, greedy_probe, pick_eval_records, plot_learning_curve, sample_lines, step_metrics
-from reward import ANSWER_REWARDS, compute_rewards
+from reward import ANSWER_GATES, ANSWER_REWARDS, compute_rewards
 from rollouts import sample_batch
 from sharding import (accumulate, add_scale_flags, check_checkpoint_layout, clip_grad_norm, full_weights,
                       load_checkpoint, merge_probes, save_checkpoint, save_final, shard_model)
@@ -71,10 +70,9 @@ PRESETS = {
     # with 3, 11 first draws had no recall signal, a second found one in 2, a third in none of 9.
     # T = 1.0 (bench/temperature_sweep.py, 12 dev prompts x K = 4, T 0.7 / 1.0 / 1.3): entropy 0.14 /
     # 0.28 / 1.68 nats a token, groups whose recall differs 50 / 50 / 25%, valid format 96 / 96 / 81%.
-    "cpu-demo": dict(num_generations=4, prompts_per_step=1, sample_ratio=2, mu=1, lr=3e-6, warmup_steps=1,
-                     beta=0.04, max_new_tokens=256, max_prompt_length=1536, max_steps=12, sample_every=1,
-                     save_every=4, eval_limit=16, eval_batch_size=8, probe_every=6, dynamic_sampling="recall",
-                     max_draws=2),
+    "cpu-demo": dict(num_generations=4, prompts_per_step=1, sample_ratio=2, mu=1, lr=3e-6, warmup_steps=1, beta=0.04,
+                     max_new_tokens=256, max_prompt_length=1536, max_steps=12, sample_every=1, save_every=4, eval_limit=16,
+                     eval_batch_size=8, probe_every=6, dynamic_sampling="recall", max_draws=2),
 }
 # README "Does GRPO improve recall?": cpu-demo for 20 steps on turns that need recall (§3: "each context-dependent turn").
 PRESETS["cpu-long"] = dict(PRESETS["cpu-demo"], train_turns="dependent", max_steps=20, probe_every=10, save_every=5)
@@ -115,6 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="auto: fp32 weights with bf16 autocast on a GPU or an AMX CPU, plain fp32 elsewhere")
     add("--gradient-checkpointing", action=argparse.BooleanOptionalAction, default=False, help="trade compute for memory")
     add("--answer-reward", choices=ANSWER_REWARDS, default="cosine", help="Eq. (7): cosine (the paper), keys, both")
+    add("--answer-gate", choices=ANSWER_GATES, default="off", help="recall: -1 for an answer whose recall missed H* (reward.py)")
     add("--dynamic-sampling", choices=["off", "total", "recall"], default="off", help="DAPO: replace groups whose "
         "K total rewards (advantage 0, no gradient), or recall parts (no recall signal), are all equal")
     add("--max-draws", type=int, default=4, help="sample batches one step may draw under --dynamic-sampling")
@@ -334,9 +333,10 @@ def evaluate_policy(model, tokenizer, records, max_new_tokens=160, batch_size=8,
 SAVE_MARGIN_S = 30  # writing checkpoint/ and final/ at the end of a time-budgeted run
 # Settings that fix the data order and the meaning of a step: a resumed run must match them.
 # Not --micro-batch-size nor --fsdp: the same update in parts or shards (layout: check_checkpoint_layout).
-RESUME_MUST_MATCH = ("seed", "prompts_per_step", "max_prompt_length", "world_size", "num_generations", "sample_ratio",
-                     "mu", "lr", "warmup_steps", "weight_decay", "max_grad_norm", "beta", "clip_eps", "temperature", "top_p",
-                     "max_new_tokens", "loss_norm", "model", "answer_reward", "dynamic_sampling", "max_draws", "train_turns")
+RESUME_MUST_MATCH = ("seed", "prompts_per_step", "max_prompt_length", "world_size", "num_generations", "sample_ratio", "mu",
+                     "lr", "warmup_steps", "weight_decay", "max_grad_norm", "beta", "clip_eps", "temperature", "top_p",
+                     "max_new_tokens", "loss_norm", "model", "answer_reward", "dynamic_sampling", "max_draws",
+                     "train_turns", "answer_gate")
 
 
 def train(cfg, reward_fn=None) -> dict:
@@ -344,7 +344,7 @@ def train(cfg, reward_fn=None) -> dict:
     `reward_fn(completions, records) -> [{"total": .., <components>}]` defaults to reward.py's."""
     rank, world_size, local_rank, device = setup_distributed(cfg.dist_timeout_minutes, always=cfg.fsdp)
     cfg.world_size, main_process = world_size, rank == 0
-    reward_fn = reward_fn or functools.partial(compute_rewards, answer_reward=cfg.answer_reward)
+    reward_fn = reward_fn or functools.partial(compute_rewards, answer_reward=cfg.answer_reward, answer_gate=cfg.answer_gate)
     budget = TimeBudget(cfg.time_budget_minutes, reserve_s=SAVE_MARGIN_S)
     out, checkpoint_dir = Path(cfg.out), Path(cfg.out) / "checkpoint"
     records = read_jsonl(cfg.data)

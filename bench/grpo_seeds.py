@@ -4,7 +4,9 @@ For each GRPO model evaluated beside its SFT start (evaluate.py with `--table2 "
 comparison is paired against the SFT model on the same dev queries), the recall Jaccard on the
 queries whose H* is non-empty and the answer F1 on all of them, each difference with its 2000-resample
 paired bootstrap 95% interval. A run passes when the interval of its Jaccard gain lies above 0 and
-its F1 is not lower by more than 2 points. The learning curves of the runs (the greedy probe of
+its F1 is not lower by more than 2 points. Beside them, the answer accuracy (every answer key present)
+and the share of queries answered right with a recall that missed H* entirely (Jaccard 0): a rise
+of the latter is a policy that learned to answer without going through the recall. The learning curves of the runs (the greedy probe of
 stage 2 and the recall reward of the sampled groups) are drawn side by side in one figure: the
 cosine answer reward of Eq. (7) against the key-based one on the same probe.
 
@@ -27,6 +29,7 @@ for _path in (str(ROOT), str(BENCH)):
         sys.path.insert(0, _path)
 
 from data_io import read_jsonl  # noqa: E402
+from metrics import paired_bootstrap  # noqa: E402
 from measure import machine, machine_line, write_results  # noqa: E402
 
 MAX_F1_DROP = 0.02  # the issue: F1 not lower by more than 2 points
@@ -43,7 +46,28 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def verdicts(summary: dict, sft: str) -> list[dict]:
+def right_without_recall(rows: list[dict]) -> dict[str, float]:
+    """Per query that needs recall: 1.0 when every answer key is present while the recall shares no
+    turn with H* (an answer that did not come through the recall), else 0.0."""
+    return {r["id"]: float(r["accuracy"] == 1.0 and r["jaccard"] == 0.0) for r in rows if r.get("gold_recall")}
+
+
+def bypass_comparison(eval_dir: Path, sft: str, name: str) -> dict | None:
+    """right_without_recall of `name` against `sft`, paired on the same queries; None without the
+    per-query files evaluate.py writes (<eval>/<variant>.jsonl)."""
+    paths = [eval_dir / f"{variant}.jsonl" for variant in (sft, name)]
+    if not all(path.exists() for path in paths):
+        return None
+    base, grpo = (right_without_recall(read_jsonl(path, validate=False)) for path in paths)
+    if set(base) != set(grpo):
+        raise SystemExit(f"error: {paths[0]} and {paths[1]} hold different queries: evaluate both on the same data")
+    ids = sorted(base)
+    return dict(paired_bootstrap([base[i] for i in ids], [grpo[i] for i in ids]),
+                sft=sum(base.values()) / len(ids) if ids else None,
+                grpo=sum(grpo.values()) / len(ids) if ids else None)
+
+
+def verdicts(summary: dict, sft: str, eval_dir: Path | None = None) -> list[dict]:
     """One row per variant compared against `sft`: Jaccard and F1 of both, the paired differences
     with their intervals, and whether the run passes (Jaccard interval above 0, F1 drop <= 2 points)."""
     if sft not in summary["variants"]:
@@ -60,25 +84,32 @@ def verdicts(summary: dict, sft: str) -> list[dict]:
                      "jaccard": summary["variants"][name]["jaccard"], "jaccard_diff": jac,
                      "f1_sft": base["f1"], "f1": summary["variants"][name]["f1"], "f1_diff": f1,
                      "silent": summary["variants"][name].get("silent"), "silent_sft": base.get("silent"),
+                     "accuracy_sft": base.get("accuracy"), "accuracy": summary["variants"][name].get("accuracy"),
+                     "accuracy_diff": c.get("accuracy"),
+                     "right_without_recall": bypass_comparison(eval_dir, sft, name) if eval_dir else None,
                      "passes": bool(passed)})
     return rows
 
 
-def _ci(d: dict) -> str:
-    if d["diff"] is None:
+def _ci(d: dict | None) -> str:
+    if d is None or d["diff"] is None:
         return "-"
     return f"{100 * d['diff']:+.1f} [{100 * d['low']:+.1f}, {100 * d['high']:+.1f}]"
 
 
 def table(rows: list[dict], sft: str) -> str:
     lines = [f"| GRPO run | queries (need recall) | Jaccard {sft} -> GRPO (%) | Δ Jaccard [95% CI] | "
-             f"F1 {sft} -> GRPO | Δ F1 [95% CI] | silence on H* empty (%) | passes |",
-             "|---|---|---|---|---|---|---|---|"]
+             f"F1 {sft} -> GRPO | Δ F1 [95% CI] | silence on H* empty (%) | passes | "
+             f"accuracy {sft} -> GRPO (%) | Δ accuracy [95% CI] | right answer, recall missed H* (%) | Δ [95% CI] |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     pct = lambda v: "-" if v is None else f"{100 * v:.1f}"
     for r in rows:
+        bypass = r.get("right_without_recall") or {}
         lines.append(f"| {r['variant']} | {r['n']} ({r['n_needed']}) | {pct(r['jaccard_sft'])} -> {pct(r['jaccard'])} | "
                      f"{_ci(r['jaccard_diff'])} | {pct(r['f1_sft'])} -> {pct(r['f1'])} | {_ci(r['f1_diff'])} | "
-                     f"{pct(r['silent_sft'])} -> {pct(r['silent'])} | {'yes' if r['passes'] else 'no'} |")
+                     f"{pct(r['silent_sft'])} -> {pct(r['silent'])} | {'yes' if r['passes'] else 'no'} | "
+                     f"{pct(r.get('accuracy_sft'))} -> {pct(r.get('accuracy'))} | {_ci(r.get('accuracy_diff'))} | "
+                     f"{pct(bypass.get('sft'))} -> {pct(bypass.get('grpo'))} | {_ci(bypass or None)} |")
     return "\n".join(lines)
 
 
@@ -112,7 +143,7 @@ def main(argv=None) -> dict:
     summary_path = Path(args.eval) / "summary.json"
     if not summary_path.exists():
         raise SystemExit(f"error: {summary_path} not found: run evaluate.py first")
-    rows = verdicts(json.loads(summary_path.read_text()), args.sft)
+    rows = verdicts(json.loads(summary_path.read_text()), args.sft, Path(args.eval))
     curves = {}
     for spec in args.curves:
         label, sep, run = spec.partition("=")

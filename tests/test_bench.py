@@ -450,3 +450,33 @@ def test_grpo_seeds_passes_only_a_jaccard_gain_above_zero_with_f1_within_two_poi
     (tmp_path / "eval" / "summary.json").write_text(json.dumps(summary))
     with pytest.raises(SystemExit, match="SRT=sft"):  # paired against another model: not the SFT start
         grpo_seeds.main(["--eval", str(tmp_path / "eval"), "--sft", "sft", "--out", str(tmp_path / "out")])
+
+
+def test_grpo_seeds_counts_right_answers_whose_recall_missed_h_star_paired_by_query(tmp_path):
+    """A right answer counts as 'without recall' only when its recall shares no turn with H*: a
+    partial recall (Jaccard 0.5) does not count, a wrong answer does not count, and a query that
+    needs no recall is left out. Queries are paired by id, whatever the file order."""
+    def row(i, accuracy, jaccard, gold=("Q1",)):
+        return {"id": f"q{i}", "accuracy": accuracy, "jaccard": jaccard, "gold_recall": list(gold)}
+    sft = [row(0, 1.0, 0.0), row(1, 1.0, 0.5), row(2, 0.0, 0.0), row(3, 1.0, 1.0), row(4, 1.0, None, gold=())]
+    grpo = [row(3, 1.0, 0.0), row(2, 1.0, 0.0), row(1, 1.0, 0.0), row(0, 0.0, 0.0), row(4, 1.0, None, gold=())]
+    # per query q0..q3: sft 1, 0, 0, 0 (1 of 4); grpo 0, 1, 1, 1 (3 of 4); mean difference +0.5
+    (tmp_path / "eval").mkdir()
+    write_jsonl(tmp_path / "eval" / "sft.jsonl", sft)
+    write_jsonl(tmp_path / "eval" / "a.jsonl", grpo)
+    summary = {"variants": {"sft": {"jaccard": 0.3, "f1": 0.5, "accuracy": 0.8},
+                            "a": {"jaccard": 0.2, "f1": 0.6, "accuracy": 1.0}},
+               "comparisons": {"a": dict(_comparison((-0.1, -0.3, 0.1), (0.1, 0.0, 0.2)),
+                                         accuracy={"diff": 0.2, "low": -0.2, "high": 0.6, "n": 5})}}
+    (tmp_path / "eval" / "summary.json").write_text(json.dumps(summary))
+    grpo_seeds = load("grpo_seeds")
+    result = grpo_seeds.main(["--eval", str(tmp_path / "eval"), "--sft", "sft", "--out", str(tmp_path / "out")])
+    bypass = result["rows"][0]["right_without_recall"]
+    assert (bypass["sft"], bypass["grpo"], bypass["diff"], bypass["n"]) == (0.25, 0.75, 0.5, 4)
+    # paired by id the differences are -1, +1, +1, +1 (an interval reaching below 0); paired by file
+    # position they would be 0, +1, +1, 0, whose resampled means never go below 0
+    assert bypass["low"] < 0 < 0.5 <= bypass["high"]
+    assert "| 80.0 -> 100.0 | +20.0 [-20.0, +60.0] | 25.0 -> 75.0 | +50.0 [" in (tmp_path / "out" / "results.md").read_text()
+    write_jsonl(tmp_path / "eval" / "a.jsonl", grpo[:3])  # one query missing: not the same dev items
+    with pytest.raises(SystemExit, match="different queries"):
+        grpo_seeds.main(["--eval", str(tmp_path / "eval"), "--sft", "sft", "--out", str(tmp_path / "out")])

@@ -417,6 +417,27 @@ def test_missing_final_answer_gets_the_minimum():
             assert r["total"] == pytest.approx(r["format"] + r["recall"] - 1.0)
 
 
+def test_answer_gate_takes_the_answer_only_from_a_recall_that_missed_h_star_entirely():
+    """H* = {Q1, A5, A6}. The gate sets the answer term to -1 exactly when the recall shares no turn
+    with H* on a turn that needs recall; a partial recall keeps its answer, and so does a turn whose
+    H* is empty (nothing to miss). Totals stay format + recall + answer."""
+    right = "Yes. The service is $180, over $150, so the 20% discount applies."
+    for choice in ANSWER_REWARDS:
+        for tags, gated in ((["Q2", "A3"], True), (["A6"], False), (["Q1", "A5", "A6"], False), ([], True)):
+            text = completion(tags, answer=right)
+            off, on = compute_reward(text, KEYED, choice), compute_reward(text, KEYED, choice, "recall")
+            assert off["answer"] > 0.5 and on["answer_gated"] is gated and off["answer_gated"] is False
+            assert on["answer"] == (-1.0 if gated else off["answer"]), (choice, tags)
+            assert on["total"] == pytest.approx(on["format"] + on["recall"] + on["answer"])
+            assert (on["recall"], on["format"]) == (off["recall"], off["format"])
+    no_recall = make_record(recall=(), keys=["yes"])
+    for tags in ([], ["Q2"]):  # H* empty: Jaccard 1 for silence, 0 for a recall, never gated
+        r = compute_reward(completion(tags, answer="yes"), no_recall, "keys", "recall")
+        assert r["answer_gated"] is False and r["answer"] == 1.0
+    with pytest.raises(ValueError, match="answer_gate"):
+        compute_reward(completion(["A6"]), KEYED, "keys", "always")
+
+
 # ------------------------------------------------------------------ the reward-hacking gallery
 @pytest.fixture(scope="module")
 def gallery():

@@ -468,6 +468,22 @@ def test_train_turns_dependent_trains_only_on_turns_that_need_recall(tmp_path):
     assert (cfg.train_turns, cfg.max_steps, cfg.num_generations, cfg.lr) == ("dependent", 20, 4, 3e-6)
 
 
+def test_answer_gate_reaches_the_reward_of_the_sampled_groups(tmp_path):
+    """--answer-gate recall is the reward stage 2 trains on, not a flag it only writes down: the tiny
+    model's completions recall nothing, so on turns that need recall every sample is gated under
+    `recall` and none under `off`; a resume must not switch it."""
+    data = tmp_path / "train.jsonl"
+    write_jsonl(data, [make_record(i) for i in range(3)])
+    common = ["--model", "tiny-random", "--data", str(data), "--dtype", "float32", "-K", "2", "--max-new-tokens", "3",
+              "--beta", "0", "--max-steps", "1", "--save-every", "0", "--sample-every", "1", "--answer-reward", "keys"]
+    for gate in ("off", "recall"):
+        g.train(g.parse_args(common + ["--out", str(tmp_path / gate), "--answer-gate", gate]))
+        samples = read_jsonl(tmp_path / gate / "samples.jsonl", validate=False)
+        assert samples and all(s["jaccard"] == 0.0 and s["answer"] == -1.0 for s in samples)
+        assert {s["answer_gated"] for s in samples} == {gate == "recall"}
+    assert "answer_gate" in g.RESUME_MUST_MATCH
+
+
 def test_resume_equals_an_uninterrupted_run(tmp_path):
     data = tmp_path / "train.jsonl"
     write_jsonl(data, [make_record(i) for i in range(5)])
