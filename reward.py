@@ -47,7 +47,7 @@ Every function is total: any string, however malformed, gets a score in range an
 
     python reward.py --gallery                                  # reward-hacking gallery (Markdown)
     python reward.py --data runs/data/test.jsonl --index 3 --completion completion.txt
-    python reward.py --data runs/data/test.jsonl --completions preds.jsonl --answer-reward keys
+    python reward.py --data runs/data/test.jsonl --completions preds.jsonl --answer-reward keys [--answer-gate recall]
 """
 from __future__ import annotations
 
@@ -587,9 +587,9 @@ def gallery_table() -> str:
 
 
 # ==== Command line: the gallery, explain one score, or average a file of them ====
-def explain(completion: str, record: dict, answer_reward: str = "cosine") -> str:
+def explain(completion: str, record: dict, answer_reward: str = "cosine", answer_gate: str = "off") -> str:
     """A report a student can read: each component and where it came from."""
-    r = compute_reward(completion, record, answer_reward)
+    r = compute_reward(completion, record, answer_reward, answer_gate)
     index, gold = index_history(record["history"]), record["recall"]
     lines = [f"record {record.get('id', '?')}: query Q{record.get('query_turn', '?')}: {record.get('query', '')}",
              f"gold H* = {{{', '.join(gold)}}}   reference A* = {record['answer']!r}", ""]
@@ -619,7 +619,8 @@ def explain(completion: str, record: dict, answer_reward: str = "cosine") -> str
         found = ", ".join(f"{k!r} {'found' if p else 'missing'}" for k, p in zip(answer_keys(record), r["keys_present"]))
         parts.append(f"keys {r['answer_keys']:+.4f} ({found}; extra numbers {r['extra_numbers']})")
     lines += [f"answer  -1.0000 (Eq. 7) no final answer after '{ANSWER_MARK}': the minimum" if r["final_answer"] is None
-              else f"answer  {r['answer']:+.4f} (Eq. 7, {answer_reward}) {'; '.join(parts)}",
+              else f"answer  -1.0000 (--answer-gate recall) the recall missed H*; ungated: {'; '.join(parts)}"
+              if r["answer_gated"] else f"answer  {r['answer']:+.4f} (Eq. 7, {answer_reward}) {'; '.join(parts)}",
               f"total   {r['total']:+.4f} (Eq. 4) = {r['format']:.0f} {r['recall']:+.4f} {r['answer']:+.4f}   "
               f"range [-2.25, 3.25]"]
     return "\n".join(lines)
@@ -662,6 +663,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--answer-reward", choices=ANSWER_REWARDS, default="cosine",
                         help="Eq. (7): cosine (the paper), keys (answer_keys present), "
                              "both (keys; the cosine ranks complete answers)")
+    parser.add_argument("--answer-gate", choices=ANSWER_GATES, default="off",
+                        help="recall: an answer whose recall missed H* earns -1 (not in the paper; see above)")
     parser.add_argument("--out", default=None, help="with --completions: folder for scores.jsonl, summary.json, config.json")
     args = parse_config(parser, PRESETS, argv)
     if not args.gallery and not args.data:
@@ -686,9 +689,10 @@ def main(argv=None):
         results = []
         for start in range(0, len(pairs), 256):
             chunk = pairs[start:start + 256]
-            results += compute_rewards([c for _, c in chunk], [r for r, _ in chunk], args.answer_reward)
+            results += compute_rewards([c for _, c in chunk], [r for r, _ in chunk], args.answer_reward,
+                                       args.answer_gate)
         n = max(len(results), 1)
-        summary = {"n": len(results), "answer_reward": args.answer_reward,
+        summary = {"n": len(results), "answer_reward": args.answer_reward, "answer_gate": args.answer_gate,
                    **{k: sum(r[k] for r in results) / n for k in ("format", "recall", "answer", "total", "jaccard")},
                    "unmatched_tags_per_completion": sum(len(r["unmatched"]) for r in results) / n,
                    "no_final_answer": sum(r["final_answer"] is None for r in results) / n}
@@ -713,7 +717,7 @@ def main(argv=None):
     if args.completion is not None and os.path.isfile(args.completion):
         with open(args.completion, encoding="utf-8") as f:
             completion = f.read()
-    print(explain(completion, record, args.answer_reward))
+    print(explain(completion, record, args.answer_reward, args.answer_gate))
     return None
 
 

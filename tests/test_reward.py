@@ -436,6 +436,9 @@ def test_answer_gate_takes_the_answer_only_from_a_recall_that_missed_h_star_enti
         assert r["answer_gated"] is False and r["answer"] == 1.0
     with pytest.raises(ValueError, match="answer_gate"):
         compute_reward(completion(["A6"]), KEYED, "keys", "always")
+    gated = reward.explain(completion(["Q2"], answer=right), KEYED, "keys", "recall")
+    assert "answer  -1.0000 (--answer-gate recall) the recall missed H*; ungated: keys +1.0000" in gated
+    assert "(--answer-gate" not in reward.explain(completion(["A6"], answer=right), KEYED, "keys", "recall")
 
 
 # ------------------------------------------------------------------ the reward-hacking gallery
