@@ -465,7 +465,8 @@ def test_train_turns_dependent_trains_only_on_turns_that_need_recall(tmp_path):
     with pytest.raises(SystemExit, match=r"no records \(--train-turns dependent\)"):
         g.main(common + ["--out", str(tmp_path / "none"), "--train-turns", "dependent"])
     cfg = g.parse_args(["--preset", "cpu-long", "--data", str(data)])
-    assert (cfg.train_turns, cfg.max_steps, cfg.num_generations, cfg.lr) == ("dependent", 20, 4, 3e-6)
+    assert (cfg.train_turns, cfg.max_steps, cfg.num_generations, cfg.prompts_per_step, cfg.lr) == ("dependent", 30, 4, 2, 1e-5)
+    assert (cfg.answer_gate, cfg.answer_reward) == ("off", "cosine")  # the paper's reward: the gate is an option
 
 
 def test_answer_gate_reaches_the_reward_of_the_sampled_groups(tmp_path):
