@@ -36,7 +36,7 @@ Eq. (7) choices (`answer_reward`, `--answer-reward`), each in [-1, 1]:
           incomplete answer (<= 0) scores below every complete one (>= 0).
 A record without answer_keys gets the cosine under every choice.
 
-`answer_gate` (`--answer-gate`, stage 2 only; not in the paper, off by default): with `recall`, an
+`answer_gate` (`--answer-gate` here and in stage 2; not in the paper, off by default): with `recall`, an
 answer whose recall missed H* entirely (Jaccard 0 on a turn that needs recall) earns what a missing
 answer earns, -1. Eq. (4) adds its terms, so with the whole history in the prompt a policy can earn
 the answer term without recalling anything right; on dev, GRPO did exactly that (README "Does GRPO
