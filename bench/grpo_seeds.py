@@ -4,11 +4,12 @@ For each GRPO model evaluated beside its SFT start (evaluate.py with `--table2 "
 comparison is paired against the SFT model on the same dev queries), the recall Jaccard on the
 queries whose H* is non-empty and the answer F1 on all of them, each difference with its 2000-resample
 paired bootstrap 95% interval. A run passes when the interval of its Jaccard gain lies above 0 and
-its F1 is not lower by more than 2 points. Beside them, the answer accuracy (every answer key present)
-and the share of queries answered right with a recall that missed H* entirely (Jaccard 0): a rise
-of the latter is a policy that learned to answer without going through the recall. The learning curves of the runs (the greedy probe of
-stage 2 and the recall reward of the sampled groups) are drawn side by side in one figure: the
-cosine answer reward of Eq. (7) against the key-based one on the same probe.
+its F1 is not lower by more than 2 points. Beside them, the answer accuracy (every answer key
+present) and the share of queries answered right with a recall that missed H* entirely (Jaccard 0):
+a rise of the latter is a policy that learned to answer without going through the recall. The
+learning curves of the runs (the greedy probe of stage 2 and the recall reward of the sampled
+groups) are drawn side by side in one figure, e.g. the cosine answer reward of Eq. (7) against the
+key-based one on the same probe.
 
     python bench/grpo_seeds.py --eval runs/g14/eval-dev --sft sft-long \\
         --curves "cosine, seed 0=runs/g14/grpo-s0" "cosine, seed 1=runs/g14/grpo-s1" "keys, seed 0=runs/g14/grpo-keys-s0"

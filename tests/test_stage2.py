@@ -472,7 +472,7 @@ def test_train_turns_dependent_trains_only_on_turns_that_need_recall(tmp_path):
 def test_answer_gate_reaches_the_reward_of_the_sampled_groups(tmp_path):
     """--answer-gate recall is the reward stage 2 trains on, not a flag it only writes down: the tiny
     model's completions recall nothing, so on turns that need recall every sample is gated under
-    `recall` and none under `off`; a resume must not switch it."""
+    `recall` and none under `off`. It is one of the settings a resume must match."""
     data = tmp_path / "train.jsonl"
     write_jsonl(data, [make_record(i) for i in range(3)])
     common = ["--model", "tiny-random", "--data", str(data), "--dtype", "float32", "-K", "2", "--max-new-tokens", "3",
