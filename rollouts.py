@@ -77,3 +77,23 @@ def sample_batch(policy, tokenizer, records, prompts, cfg, reward_fn, autocast_d
                  score_s=sum(d["score_s"] for d in draws), groups_all_equal=sum(constant_groups(scores, K)),
                  groups_recall_constant=sum(constant_groups(scores, K, "recall")))
     return batch
+
+
+def think_lengths(tokenizer, completion_ids, marker="</think>") -> torch.Tensor:
+    """Per row, the number of completion tokens that write the think block through `marker` (every
+    token where the marker never comes): the tokens that made the recall, for --credit segment. A
+    decoded prefix that holds the marker keeps it, so a binary search finds the shortest one."""
+    lengths = []
+    for ids in completion_ids.tolist():
+        low, high = 1, len(ids)
+        if marker not in tokenizer.decode(ids, skip_special_tokens=True):
+            lengths.append(len(ids))
+            continue
+        while low < high:
+            middle = (low + high) // 2
+            if marker in tokenizer.decode(ids[:middle], skip_special_tokens=True):
+                high = middle
+            else:
+                low = middle + 1
+        lengths.append(low)
+    return torch.tensor(lengths)

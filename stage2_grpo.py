@@ -47,7 +47,7 @@ from modeling import (all_ranks_any, autocast, completion_logprobs, gather_objec
                       parameter_digest, peak_gpu_gb, resolve_dtype, setup_distributed, teardown_distributed)
 from probe import PROBE_KEYS, greedy_probe, pick_eval_records, plot_learning_curve, sample_lines, step_metrics
 from reward import ANSWER_GATES, ANSWER_REWARDS, compute_rewards
-from rollouts import sample_batch
+from rollouts import sample_batch, think_lengths
 from sharding import (accumulate, add_scale_flags, check_checkpoint_layout, clip_grad_norm, full_weights,
                       load_checkpoint, merge_probes, save_checkpoint, save_final, shard_model)
 from stage0_build import PromptStream, fit_prompt
@@ -119,6 +119,8 @@ def build_parser() -> argparse.ArgumentParser:
         "K total rewards (advantage 0, no gradient), or recall parts (no recall signal), are all equal")
     add("--max-draws", type=int, default=4, help="sample batches one step may draw under --dynamic-sampling")
     add("--train-turns", choices=["all", "dependent"], default="all", help="dependent: only turns whose H* is not empty")
+    add("--credit", choices=["sequence", "segment"], default="sequence", help="sequence: Eq. (8)'s one advantage per "
+        "completion; segment: the think tokens take the advantage of format + recall, the answer's of format + answer")
     add("--sample-every", type=int, default=5, help="write sampled completions every N steps")
     add("--save-every", type=int, default=10, help="write <out>/checkpoint every N steps")
     add("--time-budget-minutes", type=float, default=None,
@@ -186,7 +188,7 @@ def grpo_loss(logprobs, old_logprobs, ref_logprobs, advantages, mask, clip_eps=0
     over every token of the batch and divides by their number, so each token weighs the same."""
     mask = mask.to(logprobs.dtype)
     ratio = torch.exp(logprobs - old_logprobs)                        # r_{i,t}(theta)
-    A = advantages.unsqueeze(1)                                       # A~_i, the same for every token
+    A = advantages.unsqueeze(1) if advantages.dim() == 1 else advantages  # A~_i: every token's, or [B, C]
     unclipped = ratio * A
     clipped = torch.clamp(ratio, 1 - clip_eps, 1 + clip_eps) * A
     objective = torch.min(unclipped, clipped)                         # pessimistic bound, no gradient when clipped
@@ -213,11 +215,9 @@ def grpo_loss(logprobs, old_logprobs, ref_logprobs, advantages, mask, clip_eps=0
 # --------------------------------------------------------------------------------------------
 def grpo_step(policy, ref_model, tokenizer, optimizer, records, prompts, cfg, reward_fn=None,
               train_model=None, autocast_dtype=None, draw_more=None) -> dict:
-    """Sample and score (dynamic sampling may draw more prompts through `draw_more()`), Eq. (8), then
-    mu passes of Eq. (9) updates over the backprop minibatches. `reward_fn(completions, examples) ->
-    [{"total": ..., <components>}]` defaults to reward.compute_rewards. `train_model` is the DDP wrapper
-    when there is one (backward through it all-reduces the gradients); `policy` is the plain module
-    (or the FSDP one), used to generate. Returns this rank's statistics and its scored completions."""
+    """Sample and score (dynamic sampling may draw more prompts through `draw_more()`), Eq. (8), then mu
+    passes of Eq. (9) over the backprop minibatches. `reward_fn` defaults to reward.compute_rewards;
+    `train_model` is the DDP wrapper if any (its backward all-reduces), `policy` the module that generates."""
     reward_fn = reward_fn or compute_rewards
     train_model = train_model if train_model is not None else policy
     device = next(policy.parameters()).device
@@ -225,13 +225,18 @@ def grpo_step(policy, ref_model, tokenizer, optimizer, records, prompts, cfg, re
 
     batch = sample_batch(policy, tokenizer, records, prompts, cfg, reward_fn, autocast_dtype, draw_more)
     t2 = time.perf_counter()
-    rewards = torch.tensor([float(s["total"]) for s in batch["scores"]], dtype=torch.float64).view(-1, K)
-    advantages = group_advantages(rewards).view(-1).to(device)  # Eq. (8)
-
+    reward_of = lambda *parts: torch.tensor([sum(float(s[p]) for p in parts) for s in batch["scores"]],
+                                            dtype=torch.float64).view(-1, K)
+    advantages = group_advantages(reward_of("total")).view(-1).to(device)  # Eq. (8)
     input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1).to(device)
     attention_mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1).to(device)
     mask = batch["completion_mask"].to(device)
     C = mask.shape[1]
+    if cfg.credit == "segment":  # not in the paper: Eq. (4) pays a lucky answer for a wrong recall; here the
+        # recall's tokens answer for format + recall alone, the answer's for format + answer (one A~ per token)
+        in_think = (torch.arange(C) < think_lengths(tokenizer, batch["completion_ids"]).unsqueeze(1)).to(device)
+        advantages = torch.where(in_think, group_advantages(reward_of("format", "recall")).view(-1, 1).to(device),
+                                 group_advantages(reward_of("format", "answer")).view(-1, 1).to(device))
     # The sample batch split into backprop minibatches (§4.1: sample / backprop = 4); every rank has
     # as many rows and so as many minibatches, which DDP needs (one all-reduce per backward).
     minibatches = torch.arange(len(input_ids), device=device).tensor_split(min(cfg.sample_ratio, len(input_ids)))
@@ -304,8 +309,7 @@ def grpo_step(policy, ref_model, tokenizer, optimizer, records, prompts, cfg, re
     mean = lambda key: float(np.mean([s[key] for s in stats])) if stats else float("nan")
     return {
         "scores": batch["scores"], "texts": batch["texts"], "records": batch["records"],
-        "loss": mean("loss"), "grad_norm": mean("grad_norm"), "kl": mean("kl"),
-        "clip_fraction": mean("clip_fraction"), "ratio": mean("ratio"),
+        **{key: mean(key) for key in ("loss", "grad_norm", "kl", "clip_fraction", "ratio")},
         "entropy": float(np.mean(entropies)) if entropies else float("nan"),
         "completion_length": lengths.mean().item(), "completion_tokens": int(lengths.sum().item()),
         "sequence_tokens": int(attention_mask.sum().item()), "skipped_updates": skipped, "updates": updates,
@@ -336,7 +340,7 @@ SAVE_MARGIN_S = 30  # writing checkpoint/ and final/ at the end of a time-budget
 RESUME_MUST_MATCH = ("seed", "prompts_per_step", "max_prompt_length", "world_size", "num_generations", "sample_ratio", "mu",
                      "lr", "warmup_steps", "weight_decay", "max_grad_norm", "beta", "clip_eps", "temperature", "top_p",
                      "max_new_tokens", "loss_norm", "model", "answer_reward", "dynamic_sampling", "max_draws",
-                     "train_turns", "answer_gate")
+                     "train_turns", "answer_gate", "credit")
 
 
 def train(cfg, reward_fn=None) -> dict:
@@ -394,16 +398,12 @@ def train(cfg, reward_fn=None) -> dict:
         stream.load_state_dict(state["stream"])
         set_rng_state(state["rng"][rank])
         start_step = state["step"]
-    metrics = JsonlLog(out / "metrics.jsonl", keep_until_step=start_step if resuming else None)
-    samples = JsonlLog(out / "samples.jsonl", keep_until_step=start_step if resuming else None)
-    train_model = policy
-    if world_size > 1 and not cfg.fsdp:
-        train_model = torch.nn.parallel.DistributedDataParallel(
-            policy, device_ids=[local_rank] if device.type == "cuda" else None)
+    metrics, samples, probes = (JsonlLog(out / f"{name}.jsonl", keep_until_step=start_step if resuming else None)
+                                for name in ("metrics", "samples", "probe"))
+    train_model = policy if world_size == 1 or cfg.fsdp else torch.nn.parallel.DistributedDataParallel(
+        policy, device_ids=[local_rank] if device.type == "cuda" else None)
     if main_process:
         write_config(out, dict(vars(cfg), device=str(device)))
-
-    probes = JsonlLog(out / "probe.jsonl", keep_until_step=start_step if resuming else None)
 
     def run_eval(step, name=None):  # each rank its slice of the records, the weights gathered once (FSDP)
         with full_weights(policy):

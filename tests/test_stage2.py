@@ -387,6 +387,60 @@ def test_dynamic_sampling_replaces_groups_whose_rewards_are_all_equal():
     assert result["draws"] == 3 and len(queue) == 3 and result["groups_all_equal"] == 3
 
 
+def test_per_token_advantages_enter_the_loss_token_by_token():
+    """--credit segment hands grpo_loss one advantage per token: on policy, the loss is minus the mean
+    over completions of each completion's mean token advantage (hand value), and a token's gradient
+    has the sign of its own advantage, not of its row's."""
+    logprobs = torch.zeros(2, 3, requires_grad=True)
+    advantages = torch.tensor([[1.0, -1.0, -1.0], [2.0, 2.0, 0.0]])
+    mask = torch.tensor([[1, 1, 1], [1, 1, 0]])
+    loss, _ = g.grpo_loss(logprobs, logprobs.detach(), None, advantages, mask, beta=0.0)
+    assert loss.item() == pytest.approx(-((1 - 1 - 1) / 3 + (2 + 2) / 2) / 2, abs=1e-6)
+    loss.backward()
+    assert logprobs.grad[0, 0] < 0 < logprobs.grad[0, 1] and logprobs.grad[1, 2] == 0  # descent raises A > 0
+
+
+def test_think_lengths_end_at_the_closing_think_tag(tiny):
+    _, tokenizer = tiny
+    texts = ["<think>\n<HIS>Q1: The spa opens at 9.</HIS>\n</think>\nFinal answer: at 9", "Final answer: at 9"]
+    rows = [tokenizer(t, add_special_tokens=False).input_ids for t in texts]
+    width = max(map(len, rows))
+    ids = torch.tensor([r + [tokenizer.pad_token_id] * (width - len(r)) for r in rows])
+    lengths = g.think_lengths(tokenizer, ids).tolist()
+    first = rows[0][:lengths[0]]
+    assert tokenizer.decode(first).endswith("</think>") and "</think>" not in tokenizer.decode(first[:-1])
+    assert lengths[0] < len(rows[0]) and lengths[1] == width  # no tag: every token is the think part's
+
+
+def test_segment_credit_pays_the_recall_tokens_for_the_recall_and_the_answer_tokens_for_the_answer(monkeypatch):
+    """Sample 0 recalls H* and answers wrong; samples 1-3 miss H* and answer right. The totals are equal,
+    so Eq. (8) gives the whole group advantage 0 (--credit sequence); --credit segment gives sample 0's
+    think tokens +sqrt(3) and its answer tokens -sqrt(3), the others -1/sqrt(3) and +1/sqrt(3)."""
+    policy, tokenizer = load_model_and_tokenizer("tiny-random", dtype="float32")
+    reward = lambda completions, examples: [{"total": 0.0, "format": 1.0, "recall": r, "answer": -r - 1.0}
+                                            for r in (1.0, -1.0, -1.0, -1.0)]
+    seen = []
+    real_loss = g.grpo_loss
+    monkeypatch.setattr(g, "grpo_loss", lambda lp, old, ref, adv, *rest: seen.append(adv.clone()) or real_loss(
+        lp, old, ref, adv, *rest))
+    monkeypatch.setattr(g, "think_lengths", lambda tok, ids: torch.tensor([1, 2, 0, ids.shape[1]]))
+    for credit in ("sequence", "segment"):
+        seen.clear()
+        cfg = config("-K", "4", "--max-new-tokens", "6", "--sample-ratio", "1", "--beta", "0", "--credit", credit)
+        torch.manual_seed(0)
+        g.grpo_step(policy, None, tokenizer, torch.optim.SGD(policy.parameters(), lr=0.0), [make_record(0)],
+                    ["Hello"], cfg, reward_fn=reward)
+        (advantages,) = seen
+        if credit == "sequence":
+            assert torch.equal(advantages, torch.zeros(4))
+            continue
+        C, high, low = advantages.shape[1], math.sqrt(3), 1 / math.sqrt(3)
+        expected = torch.tensor([[high] * 1 + [-high] * (C - 1), [-low] * 2 + [low] * (C - 2),
+                                 [low] * C, [-low] * C])
+        assert torch.allclose(advantages, expected, atol=1e-5), advantages
+    assert "credit" in g.RESUME_MUST_MATCH
+
+
 def test_non_finite_loss_is_skipped_and_leaves_weights_unchanged(tiny):
     _, tokenizer = tiny
     policy, _ = load_model_and_tokenizer("tiny-random", dtype="float32")
