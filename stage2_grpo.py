@@ -188,7 +188,7 @@ def grpo_loss(logprobs, old_logprobs, ref_logprobs, advantages, mask, clip_eps=0
     over every token of the batch and divides by their number, so each token weighs the same."""
     mask = mask.to(logprobs.dtype)
     ratio = torch.exp(logprobs - old_logprobs)                        # r_{i,t}(theta)
-    A = advantages.unsqueeze(1) if advantages.dim() == 1 else advantages  # A~_i: every token's, or [B, C]
+    A = advantages.unsqueeze(1) if advantages.dim() == 1 else advantages  # A~_i on every token, or [B, C]: one each
     unclipped = ratio * A
     clipped = torch.clamp(ratio, 1 - clip_eps, 1 + clip_eps) * A
     objective = torch.min(unclipped, clipped)                         # pessimistic bound, no gradient when clipped
