@@ -7,7 +7,10 @@ prompts from the SFT policy, scored with the verifiable reward (Eqs. (4)-(7)), r
   others advantage 0) and, the stricter measure stage 2's `--dynamic-sampling recall` uses, groups
   whose recall parts differ (a recall signal),
 - the mean reward components and the format-valid share (what too hot a T breaks),
-- mean completion length and the share that hit the token cap.
+- mean completion length and the share that hit the token cap,
+- exploration against K: over the prompts that need recall, the share of groups whose first k
+  samples differ in recall (informative) and the share where one of them recalls H* exactly, for
+  k = 1, 2, 4, ... K: what a larger K buys before any training.
 
 Prompts: the stratified draw of stage 2's probe (probe.pick_eval_records, seed 0) from --data, rendered as stage 2 renders
 them (stage0_build.PromptStream's fit); the same prompts and seed for every T.
@@ -52,9 +55,23 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def exploration_at_k(scores, needs_recall, K) -> dict:
+    """{k: (informative share, hit share)} over the groups whose query needs recall, for k = 1, 2, 4, ...
+    K. Informative: the first k samples' recall parts are not all equal (--dynamic-sampling recall
+    keeps the group); hit: one of them recalls exactly H* (Jaccard 1)."""
+    ks = sorted({2 ** i for i in range(K.bit_length()) if 2 ** i <= K} | {K})
+    groups = [scores[g:g + K] for g, needs in zip(range(0, len(scores), K), needs_recall) if needs]
+    if not groups:
+        return {}
+    return {k: (statistics.fmean(len({float(s["recall"]) for s in group[:k]}) > 1 for group in groups),
+                statistics.fmean(any(float(s["jaccard"]) == 1.0 for s in group[:k]) for group in groups))
+            for k in ks}
+
+
 def main(argv=None) -> None:
     args = build_parser().parse_args(argv)
     import torch
+    from tqdm import tqdm
 
     import modeling
     import reward
@@ -77,12 +94,13 @@ def main(argv=None) -> None:
     if not pairs:
         sys.exit(f"error: no prompt of {args.data} fits --max-prompt-length {args.max_prompt_length}")
     K = args.num_generations
+    needs_recall = [bool(record["recall"]) for record, _ in pairs]  # H* read for scoring, never shown
 
     rows = []
     for T in temperatures:
         torch.manual_seed(args.seed)
         scores, entropies, lengths, capped, start = [], [], [], 0, time.perf_counter()
-        for i in range(0, len(pairs), args.batch_prompts):
+        for i in tqdm(range(0, len(pairs), args.batch_prompts), desc=f"T={T}", unit="batch", leave=False):
             chunk = pairs[i:i + args.batch_prompts]
             out = modeling.generate(model, tokenizer, [p for _, p in chunk], max_new_tokens=args.max_new_tokens,
                                     num_generations=K, temperature=T)
@@ -108,7 +126,9 @@ def main(argv=None) -> None:
                      "total": mean("total"), "jaccard": mean("jaccard"),
                      "format_valid": statistics.fmean(float(s["format"]) > 0 for s in scores),
                      "mean_length": statistics.fmean(lengths), "capped": capped / len(lengths),
-                     "seconds": time.perf_counter() - start})
+                     "seconds": time.perf_counter() - start,
+                     "exploration": {str(k): v for k, v in exploration_at_k(scores, needs_recall, K).items()},
+                     "groups_needing_recall": sum(needs_recall)})
         r = rows[-1]
         print(f"T={T}: entropy {r['entropy_per_token']:.3f}, informative total {r['informative_total']:.0%}, "
               f"recall {r['informative_recall']:.0%}, reward {r['total']:.2f}, format valid {r['format_valid']:.0%}",
@@ -126,6 +146,13 @@ def main(argv=None) -> None:
                      f"{r['informative_recall']:.0%} | {r['format_valid']:.0%} | {r['format']:.2f} | {r['recall']:.2f} | "
                      f"{r['answer']:.2f} | {r['total']:.2f} | {r['jaccard']:.2f} | {r['mean_length']:.0f} | "
                      f"{r['capped']:.0%} |")
+    if rows[0]["exploration"]:
+        lines += ["", f"Exploration on the groups that need recall ({rows[0]['groups_needing_recall']}): share informative "
+                  "(recall parts differ) / share where a sample recalls exactly H*, using the first k samples.\n",
+                  "| T | " + " | ".join(f"k = {k}" for k in rows[0]["exploration"]) + " |",
+                  "|---|" + "---|" * len(rows[0]["exploration"])]
+        lines += [f"| {r['temperature']:g} | " + " | ".join(f"{inf:.0%} / {hit:.0%}" for inf, hit in r["exploration"].values())
+                  + " |" for r in rows]
     write_results(Path(args.out), "results", results, "\n".join(lines) + "\n")
     print("\n".join(lines))
 

@@ -417,6 +417,27 @@ def test_temperature_sweep_entropy_rises_with_temperature(tmp_path):
     for r in rows:
         assert 0 <= r["informative_recall"] <= 1 and 0 <= r["informative_total"] <= 1
         assert r["groups"] == 2 and r["mean_length"] == 4 and r["capped"] == 1.0
+        assert list(r["exploration"]) == ["1", "2"] and r["groups_needing_recall"] == 2  # every hand record needs recall
+        assert r["exploration"]["1"][0] == 0.0  # one sample is never a group with a signal
+
+
+def test_exploration_at_k_counts_the_first_k_samples_of_recall_needing_groups_only():
+    """Hand values, K = 4, three groups: the middle one needs no recall and is left out. Group 0's
+    recall parts first differ at sample 2 (index 1) and its exact hit is sample 4; group 2 is constant
+    with no hit. A version that looked at all K samples for every k, counted the middle group, or
+    took Jaccard > 0 for a hit would give other shares."""
+    exploration_at_k = load("temperature_sweep").exploration_at_k
+    s = lambda recall, jaccard: {"recall": recall, "jaccard": jaccard}
+    scores = [s(-1.25, 0.0), s(-0.4, 0.5), s(-0.4, 0.5), s(1.25, 1.0),   # needs recall: informative at k=2, hit at k=4
+              s(1.0, 1.0), s(0.0, 1.0), s(1.0, 1.0), s(1.0, 1.0),        # H* empty: not counted
+              s(-1.25, 0.0), s(-1.25, 0.0), s(-1.25, 0.0), s(-1.25, 0.0)]  # constant, no hit
+    got = exploration_at_k(scores, [True, False, True], 4)
+    assert list(got) == [1, 2, 4]
+    assert got[1] == (0.0, 0.0)
+    assert got[2] == (0.5, 0.0)
+    assert got[4] == (0.5, 0.5)
+    assert list(exploration_at_k(scores[:6], [True, False], 3)) == [1, 2, 3]
+    assert exploration_at_k(scores[4:8], [False], 4) == {}
 
 
 def _comparison(jaccard, f1, against="sft"):
