@@ -440,6 +440,39 @@ def test_exploration_at_k_counts_the_first_k_samples_of_recall_needing_groups_on
     assert exploration_at_k(scores[4:8], [False], 4) == {}
 
 
+def test_placebo_permutes_rewards_inside_each_group_and_never_across():
+    """The placebo's control is only as good as its shuffle: each group keeps exactly its own K reward
+    records (so its mean, spread and dynamic-sampling fate are unchanged) while the link to the
+    completions is cut. A shuffle across the whole batch, or one that forgot to write back, fails."""
+    import random
+    placebo = load("grpo_placebo")
+    K, groups = 4, 10
+    fake = lambda completions, examples: [{"total": float(i), "text": c} for i, c in enumerate(completions)]
+    shuffled = placebo.shuffled_within_groups(fake, K, random.Random(0))
+    texts = [f"c{i}" for i in range(K * groups)]
+    out = shuffled(texts, [None] * len(texts))
+    for g in range(0, len(texts), K):
+        assert sorted(r["total"] for r in out[g:g + K]) == [float(i) for i in range(g, g + K)]
+    moved = sum(r["text"] != t for r, t in zip(out, texts))
+    assert moved >= groups  # (1/24)^10 odds that seed 0 leaves every group in place; it does not
+    with pytest.raises(ValueError, match="whole groups"):
+        shuffled(texts[:6], [None] * 6)
+
+
+def test_placebo_run_trains_writes_its_marker_and_restores_stage2(tmp_path):
+    placebo = load("grpo_placebo")
+    import stage2_grpo
+    real_step = stage2_grpo.grpo_step
+    out = tmp_path / "placebo"
+    placebo.main(["--model", "tiny-random", "--dtype", "float32", "--data", records_file(tmp_path), "--out", str(out),
+                  "-K", "2", "--max-new-tokens", "3", "--beta", "0", "--max-steps", "1", "--save-every", "0",
+                  "--eval-limit", "0", "--max-prompt-length", "0"])
+    assert json.loads((out / "placebo.json").read_text())["seed"] == 0
+    assert (out / "final" / "model.safetensors").exists()
+    assert [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()] == [1]
+    assert stage2_grpo.grpo_step is real_step
+
+
 def _comparison(jaccard, f1, against="sft"):
     ci = lambda d: {"diff": d[0], "low": d[1], "high": d[2], "n": 100, "resamples": 2000}
     return {"n": 120, "against": against, "jaccard": ci(jaccard), "f1": ci(f1)}

@@ -1,0 +1,65 @@
+"""Placebo control for GRPO: the same run as `stage2_grpo.py`, except that each group's K reward
+records are shuffled among its K samples before Eq. (8) turns them into advantages.
+
+The placebo keeps everything a real run has: the same prompts, the same sampling, the same reward
+statistics per group (mean, spread, which groups dynamic sampling drops), the same number and size
+of updates. Only the link between a completion and its reward is cut, so whatever a placebo run
+changes on dev is what noisy updates of that size do by themselves, and a real run is credited only
+with what it does beyond its placebo. The probe and the final evaluation score with the true reward.
+
+    python bench/grpo_placebo.py --preset cpu-long --model runs/g14/sft-long/final --out runs/g14/placebo-s0 ...
+
+Takes every flag of stage2_grpo.py; writes <out>/placebo.json beside its config. The permutations
+come from their own generator (seed = --seed), which a --resume starts afresh.
+"""
+from __future__ import annotations
+
+import json
+import random
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import stage2_grpo  # noqa: E402
+
+
+def shuffled_within_groups(reward_fn, K: int, rng: random.Random):
+    """reward_fn whose scores are permuted inside each aligned block of K rows (one group: rollouts.py
+    lays a step's rows out prompt by prompt, K each)."""
+    def placebo(completions, examples):
+        scores = list(reward_fn(completions, examples))
+        if len(scores) % K:
+            raise ValueError(f"placebo: {len(scores)} rows are not whole groups of K = {K}")
+        for g in range(0, len(scores), K):
+            block = scores[g:g + K]
+            rng.shuffle(block)
+            scores[g:g + K] = block
+        return scores
+    return placebo
+
+
+def main(argv=None) -> None:
+    cfg = stage2_grpo.parse_args(argv)
+    rng = random.Random(cfg.seed)
+    real_step = stage2_grpo.grpo_step
+
+    def placebo_step(*args, reward_fn=None, **kwargs):  # training steps only: the probe keeps the true reward
+        return real_step(*args, reward_fn=shuffled_within_groups(reward_fn, cfg.num_generations, rng), **kwargs)
+
+    stage2_grpo.grpo_step = placebo_step
+    Path(cfg.out).mkdir(parents=True, exist_ok=True)
+    (Path(cfg.out) / "placebo.json").write_text(json.dumps({"placebo": "rewards shuffled within each group",
+                                                            "seed": cfg.seed}) + "\n")
+    try:
+        stage2_grpo.train(cfg)
+    except (stage2_grpo.DataError, FileNotFoundError) as e:
+        sys.exit(f"error: {e}")
+    finally:
+        stage2_grpo.grpo_step = real_step
+
+
+if __name__ == "__main__":
+    main()
