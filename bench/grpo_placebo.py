@@ -41,8 +41,22 @@ def shuffled_within_groups(reward_fn, K: int, rng: random.Random):
     return placebo
 
 
+def placebo_parser():
+    """stage2_grpo.py's parser with this script's name and description, for --help."""
+    p = REAL_PARSER()
+    p.prog, p.description = "grpo_placebo.py", __doc__.split("\n\n")[0]
+    return p
+
+
+REAL_PARSER = stage2_grpo.build_parser
+
+
 def main(argv=None) -> None:
-    cfg = stage2_grpo.parse_args(argv)
+    stage2_grpo.build_parser = placebo_parser
+    try:
+        cfg = stage2_grpo.parse_args(argv)
+    finally:
+        stage2_grpo.build_parser = REAL_PARSER
     rng = random.Random(cfg.seed)
     real_step = stage2_grpo.grpo_step
 

@@ -473,6 +473,16 @@ def test_placebo_run_trains_writes_its_marker_and_restores_stage2(tmp_path):
     assert stage2_grpo.grpo_step is real_step
 
 
+def test_placebo_help_names_the_placebo_not_stage2(capsys):
+    import stage2_grpo
+    placebo = load("grpo_placebo")
+    with pytest.raises(SystemExit):
+        placebo.main(["--help"])
+    out = " ".join(capsys.readouterr().out.split())  # argparse wraps to the terminal's width
+    assert out.startswith("usage: grpo_placebo.py") and "shuffled among its K samples" in out and "--num-generations" in out
+    assert stage2_grpo.build_parser is placebo.REAL_PARSER
+
+
 def _comparison(jaccard, f1, against="sft"):
     ci = lambda d: {"diff": d[0], "low": d[1], "high": d[2], "n": 100, "resamples": 2000}
     return {"n": 120, "against": against, "jaccard": ci(jaccard), "f1": ci(f1)}
