@@ -14,7 +14,6 @@ come from their own generator (seed = --seed), which a --resume starts afresh.
 """
 from __future__ import annotations
 
-import json
 import random
 import sys
 from pathlib import Path
@@ -24,6 +23,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import stage2_grpo  # noqa: E402
+from data_io import write_json  # noqa: E402
 
 
 def shuffled_within_groups(reward_fn, K: int, rng: random.Random):
@@ -65,8 +65,7 @@ def main(argv=None) -> None:
 
     stage2_grpo.grpo_step = placebo_step
     Path(cfg.out).mkdir(parents=True, exist_ok=True)
-    (Path(cfg.out) / "placebo.json").write_text(json.dumps({"placebo": "rewards shuffled within each group",
-                                                            "seed": cfg.seed}) + "\n")
+    write_json(Path(cfg.out) / "placebo.json", {"placebo": "rewards shuffled within each group", "seed": cfg.seed})
     try:
         stage2_grpo.train(cfg)
     except (stage2_grpo.DataError, FileNotFoundError) as e:

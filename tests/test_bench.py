@@ -454,15 +454,29 @@ def test_placebo_permutes_rewards_inside_each_group_and_never_across():
     for g in range(0, len(texts), K):
         assert sorted(r["total"] for r in out[g:g + K]) == [float(i) for i in range(g, g + K)]
     moved = sum(r["text"] != t for r, t in zip(out, texts))
-    assert moved >= groups  # (1/24)^10 odds that seed 0 leaves every group in place; it does not
+    assert moved >= groups  # seed 0 is fixed; a shuffle that is never written back moves nothing
     with pytest.raises(ValueError, match="whole groups"):
         shuffled(texts[:6], [None] * 6)
 
 
-def test_placebo_run_trains_writes_its_marker_and_restores_stage2(tmp_path):
+def test_placebo_run_trains_writes_its_marker_and_restores_stage2(tmp_path, monkeypatch):
+    """The shuffle must reach the training step: a patch of a name stage 2 never calls would train on
+    the true rewards and still save a model."""
     placebo = load("grpo_placebo")
     import stage2_grpo
     real_step = stage2_grpo.grpo_step
+    shuffled_calls = []
+
+    shuffle = placebo.shuffled_within_groups
+
+    def recording(reward_fn, K, rng):
+        shuffled = shuffle(reward_fn, K, rng)
+
+        def scored(completions, examples):
+            shuffled_calls.append(len(completions))
+            return shuffled(completions, examples)
+        return scored
+    monkeypatch.setattr(placebo, "shuffled_within_groups", recording)
     out = tmp_path / "placebo"
     placebo.main(["--model", "tiny-random", "--dtype", "float32", "--data", records_file(tmp_path), "--out", str(out),
                   "-K", "2", "--max-new-tokens", "3", "--beta", "0", "--max-steps", "1", "--save-every", "0",
@@ -470,6 +484,7 @@ def test_placebo_run_trains_writes_its_marker_and_restores_stage2(tmp_path):
     assert json.loads((out / "placebo.json").read_text())["seed"] == 0
     assert (out / "final" / "model.safetensors").exists()
     assert [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()] == [1]
+    assert shuffled_calls and all(n % 2 == 0 for n in shuffled_calls)  # whole groups of K = 2
     assert stage2_grpo.grpo_step is real_step
 
 
