@@ -28,6 +28,7 @@ Library:  CueMemory, cuemem_evidence(record, ...), build_answer_messages(record,
 CLI:      python cuemem.py --data runs/data/test.jsonl --retrieval-only
           python cuemem.py --data runs/data/test.jsonl --model smollm2-135m --out runs/demo/cuemem --limit 20
 """
+
 from __future__ import annotations
 
 import argparse
@@ -40,25 +41,26 @@ from pathlib import Path
 
 import numpy as np
 
-import modeling
-from cli import parse_config, write_config
-from data_io import DataError, bucket_of, read_jsonl, write_json, write_jsonl
-from metrics import f1_score, final_answer, recall_metrics
-from modeling import embed, load_embedder, load_model_and_tokenizer, render_chat
-from report import summarize_cuemem
-from stage0_build import ChatClient, format_history
+from srt import modeling
+from srt.config import parse_config, write_config
+from srt.data_io import DataError, bucket_of, read_jsonl, write_json, write_jsonl
+from srt.metrics import f1_score, final_answer, recall_metrics
+from srt.modeling import embed, load_embedder, load_model_and_tokenizer, render_chat
+from srt.prompt import format_history
+from srt.report import summarize_cuemem
+from srt.teacher import ChatClient
 
 # Defaults, tuned on records of generate_synthetic dialogues under a seed the data splits do not use,
 # so that the rule extractor recalls >= 80% of H* while the evidence prompt stays under 30% of the
 # full-history prompt's tokens. A tight cap matters more than wide expansion: the prompt's fixed
 # part (instruction, query) is already a sixth of an average full-history prompt.
-TOP_K = 8             # cues retrieved per query (§4.3)
-WINDOW = 1            # temporal neighbours: utterances within this many positions (§4.2)
-LINKS_PER_CUE = 2     # semantic links: nearest non-local cues kept per cue (§4.2)
+TOP_K = 8  # cues retrieved per query (§4.3)
+WINDOW = 1  # temporal neighbours: utterances within this many positions (§4.2)
+LINKS_PER_CUE = 2  # semantic links: nearest non-local cues kept per cue (§4.2)
 LINK_THRESHOLD = 0.5  # ... and only those at least this similar
 TEMPORAL_DECAY = 0.6  # a temporal neighbour inherits this fraction of its anchor's score
 MIN_RELATIVE_SCORE = 0.6  # evidence must score at least this fraction of the best utterance's score
-MAX_EVIDENCE = 5      # evidence cap: the highest-scoring utterances survive, then chronological order
+MAX_EVIDENCE = 5  # evidence cap: the highest-scoring utterances survive, then chronological order
 
 
 # --------------------------------------------------------------------------------------------
@@ -77,9 +79,9 @@ class Triple:
 
 @dataclass
 class Cue:
-    cue_id: int      # creation order; also the tie-breaker that makes nearest neighbours deterministic
+    cue_id: int  # creation order; also the tie-breaker that makes nearest neighbours deterministic
     triple: Triple
-    label: str       # the source utterance
+    label: str  # the source utterance
 
 
 def _clean(s: str) -> str:
@@ -91,17 +93,26 @@ def _other(speaker: str) -> str:
 
 
 # The rule extractor. Each rule is one regular expression over one sentence.
-_PRICE = re.compile(r"(?:[$€£]\s?\d[\d,]*(?:\.\d+)?|\b\d[\d,]*(?:\.\d+)?\s?(?:dollars|euros|usd|eur)\b)"
-                    r"(?:\s(?:a|an|per|each)\s(?:month|year|week|day|night|hour|person|item))?", re.I)
+_PRICE = re.compile(
+    r"(?:[$€£]\s?\d[\d,]*(?:\.\d+)?|\b\d[\d,]*(?:\.\d+)?\s?(?:dollars|euros|usd|eur)\b)"
+    r"(?:\s(?:a|an|per|each)\s(?:month|year|week|day|night|hour|person|item))?",
+    re.I,
+)
 _PERCENT = re.compile(r"\b\d+(?:\.\d+)?\s?(?:%|percent\b)", re.I)
-_CODE = re.compile(r"#\s?[A-Za-z0-9-]{2,}|\b(?=[A-Z0-9-]*\d)(?=[A-Z0-9-]*[A-Z])[A-Z0-9][A-Z0-9-]{3,}\b|\b\d{5,}\b")
+_CODE = re.compile(
+    r"#\s?[A-Za-z0-9-]{2,}|\b(?=[A-Z0-9-]*\d)(?=[A-Z0-9-]*[A-Z])[A-Z0-9][A-Z0-9-]{3,}\b|\b\d{5,}\b"
+)
 _MONTHS = "jan(?:uary)?|feb(?:ruary)?|mar(?:ch)?|apr(?:il)?|may|june?|july?|aug(?:ust)?|sep(?:t(?:ember)?)?|oct(?:ober)?|nov(?:ember)?|dec(?:ember)?"
 _DATE = re.compile(
     rf"\b(?:(?:{_MONTHS})\.?\s+\d{{1,2}}(?:st|nd|rd|th)?(?:,?\s+\d{{4}})?|\d{{1,2}}(?:st|nd|rd|th)?\s+(?:of\s+)?(?:{_MONTHS})\b"
     r"|\d{4}-\d{2}-\d{2}|\d{1,2}/\d{1,2}(?:/\d{2,4})?"
     r"|(?:next\s+|this\s+)?(?:monday|tuesday|wednesday|thursday|friday|saturday|sunday)s?"
-    r"|today|tomorrow|tonight|yesterday|next\s+(?:week|month|year))\b", re.I)
-_TIME = re.compile(r"\b\d{1,2}(?::\d{2})?\s?(?:a\.?m\.?|p\.?m\.?)|\b\d{1,2}:\d{2}\b|\bnoon\b|\bmidnight\b", re.I)
+    r"|today|tomorrow|tonight|yesterday|next\s+(?:week|month|year))\b",
+    re.I,
+)
+_TIME = re.compile(
+    r"\b\d{1,2}(?::\d{2})?\s?(?:a\.?m\.?|p\.?m\.?)|\b\d{1,2}:\d{2}\b|\bnoon\b|\bmidnight\b", re.I
+)
 _QUANTITY = re.compile(r"\b\d+(?:\.\d+)?(?:-[a-z]+)?(?:\s+[a-z]+){1,2}", re.I)
 _NUMBER = re.compile(r"\b\d+(?:\.\d+)?\b")
 _COPULAS = {"is", "are", "was", "were", "am", "will be", "has been", "is now", "'m", "'re", "'s"}
@@ -110,22 +121,68 @@ _VERBS = (
     "closes?|starts?|ends in|ends?|begins?|happens?|runs?|has|have|had|requires?|covers?|ships?|arrives?|"
     "expires?|needs?|wants?|prefers?|booked|ordered|bought|paid|lives?|works?|uses?|gets?|got|comes?|"
     "charges?|leaves?|departs?|holds?|allows?|gives?|applies|apply|moved|changed|switched|upgraded|"
-    "cancell?ed|scheduled|reserved|would like|'m|'re|'s")
-_POSSESSIVE = re.compile(rf"\b(my|your|our)\s+((?:[a-z][\w-]*\s+){{0,3}}?[a-z][\w-]*)\s*\b({_VERBS})\b\s+(.+)", re.I)
+    "cancell?ed|scheduled|reserved|would like|'m|'re|'s"
+)
+_POSSESSIVE = re.compile(
+    rf"\b(my|your|our)\s+((?:[a-z][\w-]*\s+){{0,3}}?[a-z][\w-]*)\s*\b({_VERBS})\b\s+(.+)", re.I
+)
 _CLAUSE = re.compile(rf"^(.{{1,60}}?)\s*\b({_VERBS})\b\s+(.+)$", re.I)
-_WH = {"what", "which", "who", "whom", "whose", "when", "where", "why", "how", "is", "are", "do", "does",
-       "did", "can", "could", "will", "would", "should", "may", "has", "have"}
-_STOP = set("""a an the and or but so also actually oh well ok okay yes no hi hello hey thanks thank
+_WH = {
+    "what",
+    "which",
+    "who",
+    "whom",
+    "whose",
+    "when",
+    "where",
+    "why",
+    "how",
+    "is",
+    "are",
+    "do",
+    "does",
+    "did",
+    "can",
+    "could",
+    "will",
+    "would",
+    "should",
+    "may",
+    "has",
+    "have",
+}
+_STOP = set(
+    """a an the and or but so also actually oh well ok okay yes no hi hello hey thanks thank
 please just then now that this these those it its it's there here to of in on at for with by from as
 about into over under up down out be been being is are was were am do does did can could will would
 should may might must shall i me my mine we us our you your yours he she they them their his her him
 what which who whom whose when where why how any some all each every one not if than too very really
-great sure got get let's lets i'm i've i'll you're we're that's what's""".split())
+great sure got get let's lets i'm i've i'll you're we're that's what's""".split()
+)
 # Capitalised words that start sentences or address people, not names.
-_NOT_NAMES = {w.capitalize() for w in _STOP} | set("""I Dear Sir Madam Sounds Perfect Good Noted Separately
+_NOT_NAMES = {w.capitalize() for w in _STOP} | set(
+    """I Dear Sir Madam Sounds Perfect Good Noted Separately
 Welcome Sorry Absolutely Certainly Unfortunately Alright Right Done Understood Fine Excellent Wonderful
-Happy Glad Apologies Regarding Remind Confirm Tell Give Update Something Between""".split())
-_FILLERS = {"so", "and", "but", "also", "actually", "oh", "well", "ok", "okay", "hi", "hello", "the", "a", "an", "yes", "no"}
+Happy Glad Apologies Regarding Remind Confirm Tell Give Update Something Between""".split()
+)
+_FILLERS = {
+    "so",
+    "and",
+    "but",
+    "also",
+    "actually",
+    "oh",
+    "well",
+    "ok",
+    "okay",
+    "hi",
+    "hello",
+    "the",
+    "a",
+    "an",
+    "yes",
+    "no",
+}
 _PRONOUN_SUBJECTS = {"it", "this", "that", "there", "they", "which", "he", "she", "these", "those", "what"}
 
 
@@ -184,8 +241,10 @@ def rule_extract(text: str, speaker: str) -> list[Triple]:
             if t not in triples:
                 triples.append(t)
 
-    roles = {**{w: speaker for w in ("i", "we", "my", "our", "i've", "i'll", "i'd", "we've", "we'll")},
-             **{w: _other(speaker) for w in ("you", "your", "you've", "you'll")}}
+    roles = {
+        **{w: speaker for w in ("i", "we", "my", "our", "i've", "i'll", "i'd", "we've", "we'll")},
+        **{w: _other(speaker) for w in ("you", "your", "you've", "you'll")},
+    }
     for sentence in _sentences(text):
         n_before = len(triples)
         is_question = sentence.rstrip().endswith("?")
@@ -194,13 +253,13 @@ def rule_extract(text: str, speaker: str) -> list[Triple]:
             if is_question or first in _WH:
                 break
             m = _POSSESSIVE.search(clause)
-            if m:                                                               # rule 1
+            if m:  # rule 1
                 verb = m.group(3).lower()
                 relation = m.group(2) if verb in _COPULAS else f"{m.group(2)} {verb}"
                 add(roles[m.group(1).lower()], relation, re.split(r"[.!?]|\s(?:and|but)\s", m.group(4))[0])
                 continue
             m = _CLAUSE.match(clause)
-            if m:                                                               # rule 2
+            if m:  # rule 2
                 subject, verb, obj = m.group(1), m.group(2).lower(), m.group(3)
                 words = _clean(subject).split()
                 while words and words[0].lower() in _FILLERS:
@@ -210,10 +269,16 @@ def rule_extract(text: str, speaker: str) -> list[Triple]:
                 verb = {"'m": "is", "'re": "are", "'s": "is"}.get(verb, verb)
                 if head and head not in _PRONOUN_SUBJECTS and len(words) <= 6:
                     add(subject, verb, obj)
-        spans = []                                                              # rule 3
-        for pattern, relation in ((_PRICE, "price"), (_PERCENT, "percent"), (_CODE, "code"),
-                                  (_DATE, "date"), (_TIME, "time"), (_QUANTITY, "quantity"),
-                                  (_NUMBER, "number")):
+        spans = []  # rule 3
+        for pattern, relation in (
+            (_PRICE, "price"),
+            (_PERCENT, "percent"),
+            (_CODE, "code"),
+            (_DATE, "date"),
+            (_TIME, "time"),
+            (_QUANTITY, "quantity"),
+            (_NUMBER, "number"),
+        ):
             for v in pattern.finditer(sentence):
                 if any(v.start() < e and s < v.end() for s, e in spans):
                     continue  # one value, one cue: "$180" is a price, not also a quantity
@@ -227,7 +292,7 @@ def rule_extract(text: str, speaker: str) -> list[Triple]:
         if is_question:
             continue
         in_sentence = " ".join(t.subject + " " + t.object for t in triples[n_before:])
-        for name in _names(sentence):                                           # rule 4
+        for name in _names(sentence):  # rule 4
             if name not in in_sentence:
                 rest = [w for w in _content_words(sentence) if w not in name.split()]
                 add(name, "mentioned with", " ".join(rest[:8]) or speaker)
@@ -241,12 +306,15 @@ EXTRACT_SYSTEM_PROMPT = (
     "times, quantities, names, preferences, what was booked, changed or promised. Write the speaker "
     "as 'user' or 'assistant' when they are the subject. Output only a JSON list of "
     '[subject, relation, object] lists, e.g. [["user", "order number", "#48213"]]. '
-    "Output [] if the utterance states no fact.")
+    "Output [] if the utterance states no fact."
+)
 
 
 def extraction_messages(text: str, speaker: str) -> list[dict]:
-    return [{"role": "system", "content": EXTRACT_SYSTEM_PROMPT},
-            {"role": "user", "content": f"Speaker: {speaker}\nUtterance: {text}\nTriples:"}]
+    return [
+        {"role": "system", "content": EXTRACT_SYSTEM_PROMPT},
+        {"role": "user", "content": f"Speaker: {speaker}\nUtterance: {text}\nTriples:"},
+    ]
 
 
 _TUPLE = re.compile(r"\(\s*([^()]+?)\s*\)")
@@ -258,7 +326,11 @@ def _as_triple(item) -> Triple | None:
         item = [lower.get(k) for k in ("subject", "relation", "object")]
         if any(v is None for v in item):
             item = [lower.get(k) for k in ("s", "r", "o")]
-    if isinstance(item, (list, tuple)) and len(item) == 3 and all(isinstance(x, (str, int, float)) for x in item):
+    if (
+        isinstance(item, (list, tuple))
+        and len(item) == 3
+        and all(isinstance(x, (str, int, float)) for x in item)
+    ):
         s, r, o = (_clean(str(x)) for x in item)
         if s and r and o:
             return Triple(s, r, o)
@@ -282,7 +354,7 @@ def parse_triples(output: str) -> list[Triple]:
         if k == 50:
             break  # bounded work on pathological output such as "[[[[..."
         try:
-            data, _ = json.JSONDecoder().raw_decode(text[m.start():])
+            data, _ = json.JSONDecoder().raw_decode(text[m.start() :])
         except (ValueError, RecursionError):
             continue
         if isinstance(data, dict) and isinstance(data.get("triples"), list):
@@ -344,7 +416,7 @@ class Turn:
     speaker: str
     text: str
     round_index: int
-    position: int     # utterance position in the dialogue; temporal distance is counted in it
+    position: int  # utterance position in the dialogue; temporal distance is counted in it
 
 
 def _rank_key(sim: float, cue_id: int):
@@ -363,11 +435,17 @@ class CueMemory:
     graph as build() over the whole history, and forget() repairs the lists it touches so the
     graph stays what build() would make of the remaining turns."""
 
-    def __init__(self, extractor=rule_extract, embed_fn=embed_cached, window: int = WINDOW,
-                 links_per_cue: int = LINKS_PER_CUE, link_threshold: float = LINK_THRESHOLD):
+    def __init__(
+        self,
+        extractor=rule_extract,
+        embed_fn=embed_cached,
+        window: int = WINDOW,
+        links_per_cue: int = LINKS_PER_CUE,
+        link_threshold: float = LINK_THRESHOLD,
+    ):
         self.extractor, self.embed_fn = extractor, embed_fn
         self.window, self.links_per_cue, self.link_threshold = window, links_per_cue, link_threshold
-        self.turns: dict[str, Turn] = {}          # insertion order is chronological order
+        self.turns: dict[str, Turn] = {}  # insertion order is chronological order
         self.cues: list[Cue] = []
         self.vectors = np.zeros((0, 0), dtype=np.float32)  # row i embeds self.cues[i]
         self.neighbours: dict[int, list[tuple[float, int]]] = {}  # cue_id -> [(sim, cue_id)], best first
@@ -391,9 +469,12 @@ class CueMemory:
         return abs(self.turns[a.label].position - self.turns[b.label].position) > self.window
 
     def _top_links(self, cue: Cue, sims: np.ndarray, candidates: list[Cue]) -> list[tuple[float, int]]:
-        scored = [(float(s), c.cue_id) for s, c in zip(sims, candidates)
-                  if round(float(s), 5) >= self.link_threshold and self._non_local(cue, c)]
-        return sorted(scored, key=lambda x: _rank_key(*x))[:self.links_per_cue]
+        scored = [
+            (float(s), c.cue_id)
+            for s, c in zip(sims, candidates)
+            if round(float(s), 5) >= self.link_threshold and self._non_local(cue, c)
+        ]
+        return sorted(scored, key=lambda x: _rank_key(*x))[: self.links_per_cue]
 
     def add_turn(self, label: str, speaker: str, text: str, round_index: int) -> list[Cue]:
         """§4.4 incremental addition: extract and embed the new utterance's cues, link it to its
@@ -407,9 +488,9 @@ class CueMemory:
             sims = self.vectors @ new_vectors.T  # (old, new)
             for j, cue in enumerate(new):
                 self.neighbours[cue.cue_id] = self._top_links(cue, sims[:, j], old)
-            for i, o in enumerate(old):        # a new cue may enter an old cue's top-n
+            for i, o in enumerate(old):  # a new cue may enter an old cue's top-n
                 merged = self.neighbours[o.cue_id] + self._top_links(o, sims[i, :], new)
-                self.neighbours[o.cue_id] = sorted(merged, key=lambda x: _rank_key(*x))[:self.links_per_cue]
+                self.neighbours[o.cue_id] = sorted(merged, key=lambda x: _rank_key(*x))[: self.links_per_cue]
         else:
             for cue in new:
                 self.neighbours[cue.cue_id] = []
@@ -435,7 +516,9 @@ class CueMemory:
     # ---- the turn graph ----
     def temporal_neighbours(self, label: str) -> list[str]:
         p = self.turns[label].position
-        return [t.label for t in self.turns.values() if t.label != label and abs(t.position - p) <= self.window]
+        return [
+            t.label for t in self.turns.values() if t.label != label and abs(t.position - p) <= self.window
+        ]
 
     def semantic_links(self) -> dict[frozenset, float]:
         """Undirected utterance-level links {frozenset({a, b}): best cue similarity}."""
@@ -448,7 +531,9 @@ class CueMemory:
         return links
 
     def semantic_neighbours(self, label: str) -> dict[str, float]:
-        return {next(iter(pair - {label})): sim for pair, sim in self.semantic_links().items() if label in pair}
+        return {
+            next(iter(pair - {label})): sim for pair, sim in self.semantic_links().items() if label in pair
+        }
 
     def edges(self) -> set[tuple[str, str, str]]:
         """Every edge as (kind, earlier label, later label); kind is 'temporal' or 'semantic'."""
@@ -458,9 +543,15 @@ class CueMemory:
         return out
 
     # ---- §4.3 context reconstruction (online) ----
-    def query(self, query_text: str, top_k: int = TOP_K, use_graph: bool = True,
-              max_evidence: int | None = MAX_EVIDENCE, temporal_decay: float = TEMPORAL_DECAY,
-              min_relative_score: float = MIN_RELATIVE_SCORE) -> list[tuple[str, float]]:
+    def query(
+        self,
+        query_text: str,
+        top_k: int = TOP_K,
+        use_graph: bool = True,
+        max_evidence: int | None = MAX_EVIDENCE,
+        temporal_decay: float = TEMPORAL_DECAY,
+        min_relative_score: float = MIN_RELATIVE_SCORE,
+    ) -> list[tuple[str, float]]:
         """Evidence utterances [(label, score)] in chronological order.
 
         Anchors: the source utterances of the top-k cues by cosine, scored by their best cue.
@@ -494,8 +585,9 @@ class CueMemory:
             chosen = chosen[:max_evidence]
         return [(l, score[l]) for l in sorted(chosen, key=lambda l: self.turns[l].position)]
 
-    def answer(self, query_text: str, generate_fn, prioritize_recent: bool = True, query_turn=None,
-               **query_options) -> tuple[str, list[str]]:
+    def answer(
+        self, query_text: str, generate_fn, prioritize_recent: bool = True, query_turn=None, **query_options
+    ) -> tuple[str, list[str]]:
         """Reconstruct the evidence, prompt the LLM with it alone, return (completion, labels)."""
         labels = [l for l, _ in self.query(query_text, **query_options)]
         history = [{"label": t.label, "speaker": t.speaker, "text": t.text} for t in self.turns.values()]
@@ -505,8 +597,9 @@ class CueMemory:
         return generate_fn(build_answer_messages(record, labels, prioritize_recent)), labels
 
     # ---- §4.4 forgetting ----
-    def forget(self, capacity: int | None = None, max_age: int | None = None,
-               current_round: int | None = None) -> list[str]:
+    def forget(
+        self, capacity: int | None = None, max_age: int | None = None, current_round: int | None = None
+    ) -> list[str]:
         """Drop utterances with their cues and edges. capacity: keep only the newest `capacity`
         utterances. max_age: drop utterances more than `max_age` rounds older than
         `current_round` (default: the newest round in memory), i.e. round < current - max_age.
@@ -514,7 +607,7 @@ class CueMemory:
         turns = list(self.turns.values())
         doomed = set()
         if capacity is not None and len(turns) > capacity:
-            doomed |= {t.label for t in turns[:len(turns) - capacity]}
+            doomed |= {t.label for t in turns[: len(turns) - capacity]}
         if max_age is not None and turns:
             now = max(t.round_index for t in turns) if current_round is None else current_round
             doomed |= {t.label for t in turns if t.round_index < now - max_age}
@@ -545,31 +638,58 @@ def round_of(label: str) -> int:
 # --------------------------------------------------------------------------------------------
 # What evaluate.py uses: evidence for one stage0 record, and the answer prompt
 # --------------------------------------------------------------------------------------------
-def build_memory(record, extractor=rule_extract, window: int = WINDOW, links_per_cue: int = LINKS_PER_CUE,
-                 link_threshold: float = LINK_THRESHOLD, capacity: int | None = None,
-                 max_age: int | None = None) -> CueMemory:
+def build_memory(
+    record,
+    extractor=rule_extract,
+    window: int = WINDOW,
+    links_per_cue: int = LINKS_PER_CUE,
+    link_threshold: float = LINK_THRESHOLD,
+    capacity: int | None = None,
+    max_age: int | None = None,
+) -> CueMemory:
     """Offline part (§4.4): the memory over record['history'], after the forgetting policy (if any)
     as of the query round."""
-    memory = CueMemory.build(record["history"], extractor=extractor, window=window,
-                             links_per_cue=links_per_cue, link_threshold=link_threshold)
+    memory = CueMemory.build(
+        record["history"],
+        extractor=extractor,
+        window=window,
+        links_per_cue=links_per_cue,
+        link_threshold=link_threshold,
+    )
     if capacity is not None or max_age is not None:
         memory.forget(capacity=capacity, max_age=max_age, current_round=record["query_turn"])
     return memory
 
 
-def cuemem_evidence(record, top_k: int = TOP_K, max_evidence: int | None = MAX_EVIDENCE,
-                    temporal_decay: float = TEMPORAL_DECAY, use_graph: bool = True,
-                    min_relative_score: float = MIN_RELATIVE_SCORE, **memory_options) -> list[str]:
+def cuemem_evidence(
+    record,
+    top_k: int = TOP_K,
+    max_evidence: int | None = MAX_EVIDENCE,
+    temporal_decay: float = TEMPORAL_DECAY,
+    use_graph: bool = True,
+    min_relative_score: float = MIN_RELATIVE_SCORE,
+    **memory_options,
+) -> list[str]:
     """CueMem's evidence labels for one stage0 record, chronological. memory_options go to
     build_memory (extractor, window, links_per_cue, link_threshold, capacity, max_age)."""
     memory = build_memory(record, **memory_options)
-    return [label for label, _ in memory.query(record["query"], top_k=top_k, use_graph=use_graph,
-                                               max_evidence=max_evidence, temporal_decay=temporal_decay,
-                                               min_relative_score=min_relative_score)]
+    return [
+        label
+        for label, _ in memory.query(
+            record["query"],
+            top_k=top_k,
+            use_graph=use_graph,
+            max_evidence=max_evidence,
+            temporal_decay=temporal_decay,
+            min_relative_score=min_relative_score,
+        )
+    ]
 
 
-ANSWER_SYSTEM_PROMPT = ("Answer the customer's query from the evidence alone: earlier utterances of this "
-                        "conversation (Q user, A assistant; number = round), in order.")
+ANSWER_SYSTEM_PROMPT = (
+    "Answer the customer's query from the evidence alone: earlier utterances of this "
+    "conversation (Q user, A assistant; number = round), in order."
+)
 PRIORITY_INSTRUCTION = " If evidence disagrees, the more recent one is right."
 
 
@@ -579,8 +699,10 @@ def build_answer_messages(record, evidence_labels, prioritize_recent: bool = Tru
     keep = set(evidence_labels)
     shown = "\n".join(f"{t['label']}: {t['text']}" for t in record["history"] if t["label"] in keep)
     system = ANSWER_SYSTEM_PROMPT + (PRIORITY_INSTRUCTION if prioritize_recent else "")
-    user = (f"Evidence:\n{shown if shown else '(none)'}\n\n"
-            f"Query (Q{record['query_turn']}): {record['query']}\nReply in one line: 'Final answer: ...'")
+    user = (
+        f"Evidence:\n{shown if shown else '(none)'}\n\n"
+        f"Query (Q{record['query_turn']}): {record['query']}\nReply in one line: 'Final answer: ...'"
+    )
     return [{"role": "system", "content": system}, {"role": "user", "content": user}]
 
 
@@ -595,7 +717,9 @@ class TokenCounter:
     def __init__(self, tokenizer=None, name=None):
         self.tokenizer = tokenizer
         self.text_tokenizer = tokenizer if tokenizer is not None else load_embedder().tokenizer
-        self.name = name or ("answer model tokenizer" if tokenizer is not None else "all-MiniLM-L6-v2 WordPiece (proxy)")
+        self.name = name or (
+            "answer model tokenizer" if tokenizer is not None else "all-MiniLM-L6-v2 WordPiece (proxy)"
+        )
 
     def text(self, text: str) -> int:
         return len(self.text_tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"])
@@ -609,9 +733,17 @@ class TokenCounter:
 def hf_generate_fn(model, tokenizer, max_new_tokens: int = 64, autocast_dtype=None):
     """messages -> greedy completion of a local model, one prompt at a time (latency is measured
     per answer). An OpenAI-compatible API plugs in the same way: ChatClient(...).chat."""
+
     def generate_fn(messages) -> str:
-        return modeling.generate(model, tokenizer, [render_chat(tokenizer, messages)], max_new_tokens=max_new_tokens,
-                                 greedy=True, autocast_dtype=autocast_dtype)["texts"][0]
+        return modeling.generate(
+            model,
+            tokenizer,
+            [render_chat(tokenizer, messages)],
+            max_new_tokens=max_new_tokens,
+            greedy=True,
+            autocast_dtype=autocast_dtype,
+        )["texts"][0]
+
     return generate_fn
 
 
@@ -622,20 +754,34 @@ PRESETS = {"cpu-demo": {"limit": 50, "max_new_tokens": 48}, "paper": {"limit": N
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description="CueMem baseline: cue extraction, turn graph, context "
-                                "reconstruction, and evaluation of its evidence and answers.",
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = argparse.ArgumentParser(
+        description="CueMem baseline: cue extraction, turn graph, context "
+        "reconstruction, and evaluation of its evidence and answers.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
     p.add_argument("--data", default="runs/data/test.jsonl", help="stage0 JSONL records")
-    p.add_argument("--model", default="smollm2-135m", help="answer model: smollm2-135m, tiny-random, a folder or an HF id")
+    p.add_argument(
+        "--model",
+        default="smollm2-135m",
+        help="answer model: smollm2-135m, tiny-random, a folder or an HF id",
+    )
     p.add_argument("--out", default="runs/demo/cuemem", help="output folder")
     p.add_argument("--limit", type=int, default=None, help="only the first N records")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--resume", action="store_true", help="skip records already in predictions.jsonl")
-    p.add_argument("--retrieval-only", action="store_true", help="evidence metrics only; no answer model is loaded")
-    p.add_argument("--compare-full", action="store_true", help="also answer from the full history to measure the latency fraction")
+    p.add_argument(
+        "--retrieval-only", action="store_true", help="evidence metrics only; no answer model is loaded"
+    )
+    p.add_argument(
+        "--compare-full",
+        action="store_true",
+        help="also answer from the full history to measure the latency fraction",
+    )
     g = p.add_argument_group("cue extraction (§4.1)")
     g.add_argument("--extractor", choices=["rule", "llm"], default="rule")
-    g.add_argument("--extractor-model", default=None, help="local model for --extractor llm (default: --model)")
+    g.add_argument(
+        "--extractor-model", default=None, help="local model for --extractor llm (default: --model)"
+    )
     g.add_argument("--api-base", default=None, help="OpenAI-compatible endpoint for --extractor llm")
     g.add_argument("--api-model", default=None, help="model name at --api-base")
     g.add_argument("--api-key-env", default="OPENAI_API_KEY", help="environment variable holding the API key")
@@ -643,16 +789,35 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--top-k", type=int, default=TOP_K, help="cues retrieved per query")
     g.add_argument("--window", type=int, default=WINDOW, help="temporal window in utterances")
     g.add_argument("--links-per-cue", type=int, default=LINKS_PER_CUE, help="semantic links kept per cue")
-    g.add_argument("--link-threshold", type=float, default=LINK_THRESHOLD, help="minimum cue similarity of a semantic link")
-    g.add_argument("--max-evidence", type=int, default=MAX_EVIDENCE, help="evidence cap in utterances (0: none)")
-    g.add_argument("--temporal-decay", type=float, default=TEMPORAL_DECAY, help="score a temporal neighbour inherits")
-    g.add_argument("--min-relative-score", type=float, default=MIN_RELATIVE_SCORE,
-                   help="evidence must score at least this fraction of the best (0: off)")
-    g.add_argument("--no-graph", action="store_true", help="ablation: anchors only, no graph expansion (§5.3)")
+    g.add_argument(
+        "--link-threshold",
+        type=float,
+        default=LINK_THRESHOLD,
+        help="minimum cue similarity of a semantic link",
+    )
+    g.add_argument(
+        "--max-evidence", type=int, default=MAX_EVIDENCE, help="evidence cap in utterances (0: none)"
+    )
+    g.add_argument(
+        "--temporal-decay", type=float, default=TEMPORAL_DECAY, help="score a temporal neighbour inherits"
+    )
+    g.add_argument(
+        "--min-relative-score",
+        type=float,
+        default=MIN_RELATIVE_SCORE,
+        help="evidence must score at least this fraction of the best (0: off)",
+    )
+    g.add_argument(
+        "--no-graph", action="store_true", help="ablation: anchors only, no graph expansion (§5.3)"
+    )
     g = p.add_argument_group("memory management and answering (§4.4)")
-    g.add_argument("--no-priority", action="store_true", help="ablation: no 'prefer recent evidence' instruction (§5.3)")
+    g.add_argument(
+        "--no-priority", action="store_true", help="ablation: no 'prefer recent evidence' instruction (§5.3)"
+    )
     g.add_argument("--capacity", type=int, default=None, help="forgetting: keep only the newest N utterances")
-    g.add_argument("--max-age", type=int, default=None, help="forgetting: drop utterances more than N rounds old")
+    g.add_argument(
+        "--max-age", type=int, default=None, help="forgetting: drop utterances more than N rounds old"
+    )
     g.add_argument("--max-new-tokens", type=int, default=64)
     g.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
     g.add_argument("--device", default=None)
@@ -667,6 +832,7 @@ def _token_counter(args, tokenizer) -> TokenCounter:
         if not (source / "tokenizer_config.json").exists():
             return TokenCounter()
         from transformers import AutoTokenizer
+
         tokenizer = AutoTokenizer.from_pretrained(source)
     return TokenCounter(tokenizer, f"{args.model} tokenizer")
 
@@ -679,7 +845,7 @@ def main(argv=None) -> None:
         records = read_jsonl(args.data)
     except (DataError, OSError) as e:
         sys.exit(f"error: {e}")
-    records = records[:args.limit] if args.limit is not None else records
+    records = records[: args.limit] if args.limit is not None else records
     out = Path(args.out)
     write_config(out, args)
     pred_path = out / "predictions.jsonl"
@@ -701,48 +867,83 @@ def main(argv=None) -> None:
             chat = ChatClient(args.api_base, args.api_model, key_env=args.api_key_env).chat
         else:
             reuse = args.extractor_model in (None, args.model) and model is not None
-            chat = hf_generate_fn(*((model, tokenizer) if reuse else load(args.extractor_model or args.model)),
-                                  128, autocast_dtype)
+            chat = hf_generate_fn(
+                *((model, tokenizer) if reuse else load(args.extractor_model or args.model)),
+                128,
+                autocast_dtype,
+            )
         extractor = LLMExtractor(chat)
     count = _token_counter(args, tokenizer)
-    memory_options = dict(extractor=extractor, window=args.window, links_per_cue=args.links_per_cue,
-                          link_threshold=args.link_threshold, capacity=args.capacity, max_age=args.max_age)
-    query_options = dict(top_k=args.top_k, max_evidence=args.max_evidence or None, temporal_decay=args.temporal_decay,
-                         min_relative_score=args.min_relative_score, use_graph=not args.no_graph)
+    memory_options = dict(
+        extractor=extractor,
+        window=args.window,
+        links_per_cue=args.links_per_cue,
+        link_threshold=args.link_threshold,
+        capacity=args.capacity,
+        max_age=args.max_age,
+    )
+    query_options = dict(
+        top_k=args.top_k,
+        max_evidence=args.max_evidence or None,
+        temporal_decay=args.temporal_decay,
+        min_relative_score=args.min_relative_score,
+        use_graph=not args.no_graph,
+    )
 
     from tqdm import tqdm
+
     todo = [r for r in records if r["id"] not in done]
     for k, record in enumerate(tqdm(todo, desc="cuemem", disable=not todo), 1):
         start = time.perf_counter()
-        memory = build_memory(record, **memory_options)     # offline: not part of query latency
+        memory = build_memory(record, **memory_options)  # offline: not part of query latency
         built = time.perf_counter()
         evidence = [label for label, _ in memory.query(record["query"], **query_options)]
         messages = build_answer_messages(record, evidence, not args.no_priority)
-        full_messages = build_answer_messages(record, [t["label"] for t in record["history"]], not args.no_priority)
-        row = {"id": record["id"], "evidence": evidence, "gold_evidence": record["recall"],
-               **recall_metrics(evidence, record["recall"]), "evidence_size": len(evidence),
-               "input_tokens": count(messages), "full_input_tokens": count(full_messages),
-               "history_tokens": count.text(format_history(record["history"], set(evidence))),
-               "full_history_tokens": count.text(format_history(record["history"])),
-               "bucket": record["meta"].get("bucket", bucket_of(record["query_turn"])),
-               "build_s": built - start, "latency_s": time.perf_counter() - built}
+        full_messages = build_answer_messages(
+            record, [t["label"] for t in record["history"]], not args.no_priority
+        )
+        row = {
+            "id": record["id"],
+            "evidence": evidence,
+            "gold_evidence": record["recall"],
+            **recall_metrics(evidence, record["recall"]),
+            "evidence_size": len(evidence),
+            "input_tokens": count(messages),
+            "full_input_tokens": count(full_messages),
+            "history_tokens": count.text(format_history(record["history"], set(evidence))),
+            "full_history_tokens": count.text(format_history(record["history"])),
+            "bucket": record["meta"].get("bucket", bucket_of(record["query_turn"])),
+            "build_s": built - start,
+            "latency_s": time.perf_counter() - built,
+        }
         if generate_fn is not None:  # latency: from the built memory to the answer (§5.4)
             completion = generate_fn(messages)
             answer = final_answer("cuemem", completion)
-            row.update(latency_s=time.perf_counter() - built, completion=completion, answer=answer,
-                       f1=f1_score(answer, record["answer"]))
+            row.update(
+                latency_s=time.perf_counter() - built,
+                completion=completion,
+                answer=answer,
+                f1=f1_score(answer, record["answer"]),
+            )
             if args.compare_full:
                 start = time.perf_counter()
                 full = final_answer("full", generate_fn(full_messages))
-                row.update(full_latency_s=time.perf_counter() - start, full_answer=full,
-                           full_f1=f1_score(full, record["answer"]))
+                row.update(
+                    full_latency_s=time.perf_counter() - start,
+                    full_answer=full,
+                    full_f1=f1_score(full, record["answer"]),
+                )
         rows.append(row)
         if k % 25 == 0:
             write_jsonl(pred_path, rows)
     write_jsonl(pred_path, rows)
     summary = summarize_cuemem(rows, count.name)
     write_json(out / "summary.json", summary)
-    print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in summary.items() if k != "by_bucket"}))
+    print(
+        json.dumps(
+            {k: (round(v, 4) if isinstance(v, float) else v) for k, v in summary.items() if k != "by_bucket"}
+        )
+    )
 
 
 if __name__ == "__main__":

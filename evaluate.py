@@ -33,9 +33,11 @@ the hash of their record: --resume reuses a row only when all three match.
 
 Run `python evaluate.py --help`.
 """
+
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import hashlib
 import json
@@ -50,23 +52,39 @@ import numpy as np
 import torch
 
 import cuemem
-import modeling
-import report
 import reward
-from cli import parse_config, write_config
-from data_io import BUCKETS, DataError, atomic_write_text, bucket_of, read_jsonl
-from metrics import (SELF_RECALL_METHODS, accuracy, answer_keys, answer_line, error_type, f1_score, final_answer,
-                     key_f1, keys_present, recall_metrics)
-from attention import attention_analysis
-from modeling import embed, load_embedder, load_model_and_tokenizer, render_chat, resolve_dtype
-from stage0_build import SRT_SYSTEM_PROMPT, ChatClient, build_messages, format_history, format_target
+from srt import modeling, report
+from srt.attention import attention_analysis
+from srt.completion import is_valid_format
+from srt.config import parse_config, write_config
+from srt.data_io import BUCKETS, DataError, atomic_write_text, bucket_of, read_jsonl
+from srt.metrics import (
+    SELF_RECALL_METHODS,
+    accuracy,
+    answer_keys,
+    answer_line,
+    error_type,
+    f1_score,
+    final_answer,
+    key_f1,
+    keys_present,
+    recall_metrics,
+)
+from srt.modeling import embed, load_embedder, load_model_and_tokenizer, render_chat, resolve_dtype
+from srt.prompt import SRT_SYSTEM_PROMPT, build_messages, format_history, format_target
+from srt.teacher import ChatClient
 
 METHODS = ("full", "recency", "rag", "srt-p", "srt", "cuemem")
-RETRIEVERS = ("recency", "rag", "cuemem")       # they choose what the model sees
-FIG4_BUCKETS = tuple(range(8, 33, 4))           # 8, 12, ..., 32 rounds (Fig. 4)
+RETRIEVERS = ("recency", "rag", "cuemem")  # they choose what the model sees
+FIG4_BUCKETS = tuple(range(8, 33, 4))  # 8, 12, ..., 32 rounds (Fig. 4)
 # Conventional --compare names for Table 2, used when --table2 is not given.
-TABLE2_GUESS = {"SRT": ("grpo", "srt"), "w/o RL": ("sft",), "w/o CoT": ("nocot", "sft-nocot"),
-                "w/o SFT": ("base-srtp", "srt-p", "srtp"), "Full history": ("full",)}
+TABLE2_GUESS = {
+    "SRT": ("grpo", "srt"),
+    "w/o RL": ("sft",),
+    "w/o CoT": ("nocot", "sft-nocot"),
+    "w/o SFT": ("base-srtp", "srt-p", "srtp"),
+    "Full history": ("full",),
+}
 # Bumped whenever a stored row's scores would change: old rows are then not reused by --resume.
 SCORE_VERSION = 3
 # Per-variant settings (--variant-options NAME=JSON) and what they override.
@@ -79,8 +97,14 @@ PRESETS = {
     # cores with SmolLM2-135M, throughput at batch 8, one batch-1 latency request per Fig. 4 bucket.
     "cpu-demo": {"limit": 96, "batch_size": 8, "latency_per_bucket": 1, "attention_examples": 2},
     # The paper's scale: the whole test split, longer chains, a GPU.
-    "paper": {"limit": None, "batch_size": 16, "max_new_tokens": 512, "max_new_tokens_direct": 128,
-              "latency_per_bucket": 8, "attention_examples": 8},
+    "paper": {
+        "limit": None,
+        "batch_size": 16,
+        "max_new_tokens": 512,
+        "max_new_tokens_direct": 128,
+        "latency_per_bucket": 8,
+        "attention_examples": 8,
+    },
 }
 
 
@@ -207,8 +231,11 @@ def method_input(method: str, record: dict, options: dict, state=None) -> tuple[
     if method == "full":
         return build_messages(record, system=DIRECT_SYSTEM_PROMPT), None
     if method in ("recency", "rag"):
-        keep = (recency_turns(record, options["recency_k"]) if method == "recency"
-                else rag_turns(record, options["rag_k"], state))
+        keep = (
+            recency_turns(record, options["recency_k"])
+            if method == "recency"
+            else rag_turns(record, options["rag_k"], state)
+        )
         return build_messages(record, keep=set(keep), system=DIRECT_SYSTEM_PROMPT), keep
     if method == "srt-p":
         return build_messages(record, system=SRTP_SYSTEM_PROMPT), None
@@ -218,16 +245,24 @@ def method_input(method: str, record: dict, options: dict, state=None) -> tuple[
         memory = offline_state(method, record, options) if state is None else state
         query = {k: v for k, v in options["cuemem"].items() if k in CUEMEM_QUERY_KEYS}
         evidence = [label for label, _ in memory.query(record["query"], **query)]
-        return (cuemem.build_answer_messages(record, evidence, options["cuemem"].get("prioritize_recent", True)),
-                evidence)
+        return (
+            cuemem.build_answer_messages(record, evidence, options["cuemem"].get("prioritize_recent", True)),
+            evidence,
+        )
     raise ValueError(f"unknown method {method!r}; choose from {', '.join(METHODS)}")
+
+
+def srt_prompt_text(tokenizer, method: str, options: dict, record: dict) -> str:
+    """The rendered prompt `method` shows for `record` (the §4.6 attention analysis re-reads it)."""
+    return render_chat(tokenizer, method_input(method, record, options)[0])
 
 
 def system_prompt_of(method: str, options: dict) -> str:
     """The instruction text a method is run with (part of the resume key)."""
     if method == "cuemem":
-        return cuemem.ANSWER_SYSTEM_PROMPT + (cuemem.PRIORITY_INSTRUCTION
-                                              if options["cuemem"].get("prioritize_recent", True) else "")
+        return cuemem.ANSWER_SYSTEM_PROMPT + (
+            cuemem.PRIORITY_INSTRUCTION if options["cuemem"].get("prioritize_recent", True) else ""
+        )
     return {"srt": SRT_SYSTEM_PROMPT, "srt-p": SRTP_SYSTEM_PROMPT}.get(method, DIRECT_SYSTEM_PROMPT)
 
 
@@ -241,28 +276,46 @@ def direct_answer_done(text: str) -> bool:
     return answer_line(text)[1]
 
 
-def generate_batch(model, tokenizer, prompts, max_new_tokens, autocast_dtype=None, one_line=False) -> list[dict]:
+def generate_batch(
+    model, tokenizer, prompts, max_new_tokens, autocast_dtype=None, one_line=False
+) -> list[dict]:
     """Greedy completions of a batch of chat-templated prompt texts ->
     [{text, input_tokens, generated_tokens, truncated}]; generated_tokens counts up to and
     including the first stop token (or the end of the answer line when one_line); truncated: the
     completion reached max_new_tokens without either."""
     stop_when = direct_answer_done if one_line else None
-    out = modeling.generate(model, tokenizer, prompts, max_new_tokens=max_new_tokens, greedy=True,
-                            autocast_dtype=autocast_dtype, stop_when=stop_when)
+    out = modeling.generate(
+        model,
+        tokenizer,
+        prompts,
+        max_new_tokens=max_new_tokens,
+        greedy=True,
+        autocast_dtype=autocast_dtype,
+        stop_when=stop_when,
+    )
     stops = torch.tensor(modeling.stop_token_ids(model, tokenizer), device=out["completion_ids"].device)
     rows = []
     for i, (text, n_in, n_out) in enumerate(zip(out["texts"], out["input_tokens"], out["generated_tokens"])):
-        stopped = bool(torch.isin(out["completion_ids"][i, :n_out], stops).any()) or (one_line and stop_when(text))
-        rows.append({"text": text, "input_tokens": int(n_in), "generated_tokens": int(n_out),
-                     "truncated": not stopped and n_out >= max_new_tokens})
+        stopped = bool(torch.isin(out["completion_ids"][i, :n_out], stops).any()) or (
+            one_line and stop_when(text)
+        )
+        rows.append(
+            {
+                "text": text,
+                "input_tokens": int(n_in),
+                "generated_tokens": int(n_out),
+                "truncated": not stopped and n_out >= max_new_tokens,
+            }
+        )
     return rows
 
 
 # --------------------------------------------------------------------------------------------
 # Scoring one prediction
 # --------------------------------------------------------------------------------------------
-def score_prediction(method: str, record: dict, completion: str, recalled, reward_info=None,
-                     truncated: bool = False) -> dict:
+def score_prediction(
+    method: str, record: dict, completion: str, recalled, reward_info=None, truncated: bool = False
+) -> dict:
     """All per-example metrics. For srt / srt-p, H^ is the set of Eq. (6) (reward.py): the history
     labels their <HIS> tags matched plus one '?...' element per distinct tag that matched nothing,
     so a hallucinated recall costs precision and Jaccard exactly as it costs the recall reward.
@@ -272,15 +325,26 @@ def score_prediction(method: str, record: dict, completion: str, recalled, rewar
     `silent` instead (self-recall methods: 1 if the answer recalled nothing)."""
     answer = final_answer(method, completion)
     keys = answer_keys(record)
-    row = {"final_answer": answer, "f1": f1_score(answer, record["answer"]), "key_f1": key_f1(answer, record),
-           "accuracy": accuracy(answer, record), "keys_present": keys_present(answer, keys),
-           "truncated": truncated}
+    row = {
+        "final_answer": answer,
+        "f1": f1_score(answer, record["answer"]),
+        "key_f1": key_f1(answer, record),
+        "accuracy": accuracy(answer, record),
+        "keys_present": keys_present(answer, keys),
+        "truncated": truncated,
+    }
     if reward_info is not None:
         unmatched = dict.fromkeys(reward.unmatched_key(t) for t in reward_info["unmatched"])
         recalled = list(reward_info["recalled"]) + list(unmatched)
-        row.update({"format_valid": float(reward.is_valid_format(completion)),
-                    "reward_format": reward_info["format"], "reward_recall": reward_info["recall"],
-                    "reward_answer": reward_info["answer"], "reward_total": reward_info["total"]})
+        row.update(
+            {
+                "format_valid": float(is_valid_format(completion)),
+                "reward_format": reward_info["format"],
+                "reward_recall": reward_info["recall"],
+                "reward_answer": reward_info["answer"],
+                "reward_total": reward_info["total"],
+            }
+        )
     row["recalled"] = recalled
     gold = record["recall"]
     row.update({"precision": None, "recall": None, "jaccard": None, "silent": None, "error_type": None})
@@ -295,9 +359,15 @@ def score_prediction(method: str, record: dict, completion: str, recalled, rewar
 
 def record_facts(record) -> dict:
     """What the breakdowns group by: length bucket, query type, |H*|, recall distance."""
-    return {"id": record["id"], "num_turns": num_turns(record), "bucket": bucket_of(num_turns(record)),
-            "query_type": record.get("meta", {}).get("query_type", "unknown"), "h_size": len(record["recall"]),
-            "distance": recall_distance(record), "distance_bin": distance_bin(recall_distance(record))}
+    return {
+        "id": record["id"],
+        "num_turns": num_turns(record),
+        "bucket": bucket_of(num_turns(record)),
+        "query_type": record.get("meta", {}).get("query_type", "unknown"),
+        "h_size": len(record["recall"]),
+        "distance": recall_distance(record),
+        "distance_bin": distance_bin(recall_distance(record)),
+    }
 
 
 # --------------------------------------------------------------------------------------------
@@ -335,9 +405,16 @@ def variant_key(variant, options, args, fingerprint) -> str:
     retrieval options, token budget, precision, scoring version (not --limit: a row's answer does
     not depend on how many others were asked)."""
     options = {k: v for k, v in options.items() if k != "limit"}
-    settings = {"fingerprint": fingerprint, "method": variant["method"], "answer_reward": args.answer_reward,
-                "system": system_prompt_of(variant["method"], options), "options": options,
-                "max_new_tokens": options["max_new_tokens"], "dtype": args.dtype, "score": SCORE_VERSION}
+    settings = {
+        "fingerprint": fingerprint,
+        "method": variant["method"],
+        "answer_reward": args.answer_reward,
+        "system": system_prompt_of(variant["method"], options),
+        "options": options,
+        "max_new_tokens": options["max_new_tokens"],
+        "dtype": args.dtype,
+        "score": SCORE_VERSION,
+    }
     return hashlib.sha256(json.dumps(settings, sort_keys=True, default=repr).encode()).hexdigest()[:16]
 
 
@@ -367,7 +444,9 @@ def open_rows(path, records, key, resume) -> dict:
     """The reusable rows of `path` (same key, same record content), with the file rewritten to
     hold exactly those, so appends start on a fresh line and no stale row survives."""
     hashes = {r["id"]: record_hash(r) for r in records}
-    done = {i: r for i, r in read_rows(path, key).items() if r.get("record") == hashes.get(i)} if resume else {}
+    done = (
+        {i: r for i, r in read_rows(path, key).items() if r.get("record") == hashes.get(i)} if resume else {}
+    )
     atomic_write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in done.values()))
     return done
 
@@ -399,19 +478,45 @@ class Runner:
         messages, recalled = method_input(self.method, record, self.options, state)
         prompt = render_chat(self.tokenizer, messages) if self.client is None else None
         t2 = time.perf_counter()
-        shown = None if self.tokenizer is None else len(self.tokenizer(
-            format_history(record["history"], None if recalled is None else set(recalled)),
-            add_special_tokens=False)["input_ids"])
-        return {"messages": messages, "prompt": prompt, "recalled": recalled, "offline_s": t1 - t0,
-                "build_s": t2 - t1, "history_tokens": shown}
+        shown = (
+            None
+            if self.tokenizer is None
+            else len(
+                self.tokenizer(
+                    format_history(record["history"], None if recalled is None else set(recalled)),
+                    add_special_tokens=False,
+                )["input_ids"]
+            )
+        )
+        return {
+            "messages": messages,
+            "prompt": prompt,
+            "recalled": recalled,
+            "offline_s": t1 - t0,
+            "build_s": t2 - t1,
+            "history_tokens": shown,
+        }
 
     def answer(self, built) -> list[dict]:
         if self.client is None:
-            return generate_batch(self.model, self.tokenizer, [b["prompt"] for b in built], self.max_new,
-                                  self.autocast, one_line=self.method not in SELF_RECALL_METHODS)
+            return generate_batch(
+                self.model,
+                self.tokenizer,
+                [b["prompt"] for b in built],
+                self.max_new,
+                self.autocast,
+                one_line=self.method not in SELF_RECALL_METHODS,
+            )
         # ChatClient reports neither token counts nor whether the reply hit max_tokens.
-        return [{"text": ask(self.client, b["messages"]), "input_tokens": None, "generated_tokens": None,
-                 "truncated": None} for b in built]
+        return [
+            {
+                "text": ask(self.client, b["messages"]),
+                "input_tokens": None,
+                "generated_tokens": None,
+                "truncated": None,
+            }
+            for b in built
+        ]
 
     def warm_up(self, record) -> None:
         """One untimed request first, so that no variant's numbers absorb one-time costs (lazy
@@ -437,9 +542,12 @@ def evaluate_variant(runner, records, out_dir, key, quiet=False) -> list[dict]:
         runner.warm_up(pending[0])
 
     from tqdm import tqdm
-    progress = tqdm(total=len(records), initial=len(records) - len(pending), desc=name, unit="ex", disable=quiet)
+
+    progress = tqdm(
+        total=len(records), initial=len(records) - len(pending), desc=name, unit="ex", disable=quiet
+    )
     for start in range(0, len(pending), batch_size):
-        batch = pending[start:start + batch_size]
+        batch = pending[start : start + batch_size]
         built = [runner.build(record) for record in batch]
         t0 = time.perf_counter()
         outputs = runner.answer(built)
@@ -449,16 +557,37 @@ def evaluate_variant(runner, records, out_dir, key, quiet=False) -> list[dict]:
             rewards = reward.compute_rewards([o["text"] for o in outputs], batch, runner.args.answer_reward)
         rows = []
         for i, (record, output) in enumerate(zip(batch, outputs)):
-            scores = score_prediction(method, record, output["text"], built[i]["recalled"],
-                                      rewards[i] if rewards else None, bool(output["truncated"]))
+            scores = score_prediction(
+                method,
+                record,
+                output["text"],
+                built[i]["recalled"],
+                rewards[i] if rewards else None,
+                bool(output["truncated"]),
+            )
             if output["truncated"] is None:
                 scores["truncated"] = None
-            rows.append({**record_facts(record), "key": key, "record": record_hash(record), "name": name,
-                         "method": method, "model": runner.variant["model"], "completion": output["text"],
-                         "reference": record["answer"], "gold_recall": record["recall"], **scores,
-                         "input_tokens": output["input_tokens"], "generated_tokens": output["generated_tokens"],
-                         "history_tokens": built[i]["history_tokens"], "offline_s": built[i]["offline_s"],
-                         "build_s": built[i]["build_s"], "generate_share_s": share, "batch_size": len(batch)})
+            rows.append(
+                {
+                    **record_facts(record),
+                    "key": key,
+                    "record": record_hash(record),
+                    "name": name,
+                    "method": method,
+                    "model": runner.variant["model"],
+                    "completion": output["text"],
+                    "reference": record["answer"],
+                    "gold_recall": record["recall"],
+                    **scores,
+                    "input_tokens": output["input_tokens"],
+                    "generated_tokens": output["generated_tokens"],
+                    "history_tokens": built[i]["history_tokens"],
+                    "offline_s": built[i]["offline_s"],
+                    "build_s": built[i]["build_s"],
+                    "generate_share_s": share,
+                    "batch_size": len(batch),
+                }
+            )
         append_rows(path, rows)
         progress.update(len(batch))
     progress.close()
@@ -492,11 +621,25 @@ def latency_sample(runner, records, out_dir, key, buckets) -> list[dict]:
         output = runner.answer([built])[0]
         answer = final_answer(runner.method, output["text"])
         latency = built["build_s"] + time.perf_counter() - t0
-        append_rows(path, [{"id": record["id"], "key": key, "record": record_hash(record),
-                            "num_turns": num_turns(record), "fine_bucket": bucket_of(num_turns(record), buckets),
-                            "latency_s": latency, "offline_s": built["offline_s"], "final_answer": answer,
-                            "input_tokens": output["input_tokens"], "generated_tokens": output["generated_tokens"],
-                            "truncated": output["truncated"], "batch_size": 1}])
+        append_rows(
+            path,
+            [
+                {
+                    "id": record["id"],
+                    "key": key,
+                    "record": record_hash(record),
+                    "num_turns": num_turns(record),
+                    "fine_bucket": bucket_of(num_turns(record), buckets),
+                    "latency_s": latency,
+                    "offline_s": built["offline_s"],
+                    "final_answer": answer,
+                    "input_tokens": output["input_tokens"],
+                    "generated_tokens": output["generated_tokens"],
+                    "truncated": output["truncated"],
+                    "batch_size": 1,
+                }
+            ],
+        )
     rows = read_rows(path, key)
     return [rows[r["id"]] for r in picks if r["id"] in rows]
 
@@ -511,8 +654,11 @@ def table2_mapping(spec, names) -> dict:
                 sys.exit(f"error: --table2 names {name.strip()!r}, which is not a --compare NAME")
             mapping[row.strip()] = name.strip()
         return mapping
-    return {row: next(n for n in guesses if n in names)
-            for row, guesses in TABLE2_GUESS.items() if any(n in names for n in guesses)}
+    return {
+        row: next(n for n in guesses if n in names)
+        for row, guesses in TABLE2_GUESS.items()
+        if any(n in names for n in guesses)
+    }
 
 
 def srt_variant_name(variants, table2) -> str | None:
@@ -541,8 +687,9 @@ def parse_variants(args) -> list[dict]:
         name, _, rest = spec.partition("=")
         method, _, model = rest.partition(":")
         if not name or not model or method not in METHODS:
-            sys.exit(f"error: --compare {spec!r} is not NAME=METHOD:MODEL with METHOD one of "
-                     f"{', '.join(METHODS)}")
+            sys.exit(
+                f"error: --compare {spec!r} is not NAME=METHOD:MODEL with METHOD one of {', '.join(METHODS)}"
+            )
         if name in {v["name"] for v in variants}:
             sys.exit(f"error: --compare names {name!r} twice")
         variants.append({"name": name, "method": method, "model": model})
@@ -560,8 +707,10 @@ def parse_variant_options(specs, names) -> dict:
         except json.JSONDecodeError as e:
             sys.exit(f"error: --variant-options {spec!r}: {e}")
         if name not in names or not isinstance(value, dict) or set(value) - set(VARIANT_KEYS):
-            sys.exit(f"error: --variant-options {spec!r} is not NAME=JSON with NAME a variant and keys "
-                     f"among {', '.join(VARIANT_KEYS)}")
+            sys.exit(
+                f"error: --variant-options {spec!r} is not NAME=JSON with NAME a variant and keys "
+                f"among {', '.join(VARIANT_KEYS)}"
+            )
         out[name] = value
     return out
 
@@ -569,10 +718,15 @@ def parse_variant_options(specs, names) -> dict:
 def variant_options(variant, args) -> dict:
     """The settings one variant runs with: the flags, then its --variant-options."""
     own = args.variant_options.get(variant["name"], {})
-    options = {"recency_k": args.recency_k, "rag_k": args.rag_k, "limit": args.limit,
-               "max_new_tokens": args.max_new_tokens if variant["method"] in SELF_RECALL_METHODS
-               else args.max_new_tokens_direct,
-               "cuemem": {"extractor": args.cuemem_extractor, **args.cuemem_options}}
+    options = {
+        "recency_k": args.recency_k,
+        "rag_k": args.rag_k,
+        "limit": args.limit,
+        "max_new_tokens": args.max_new_tokens
+        if variant["method"] in SELF_RECALL_METHODS
+        else args.max_new_tokens_direct,
+        "cuemem": {"extractor": args.cuemem_extractor, **args.cuemem_options},
+    }
     options.update({k: v for k, v in own.items() if k != "cuemem"})
     options["cuemem"].update(own.get("cuemem", {}))
     return options
@@ -586,68 +740,127 @@ def cuemem_extractor(args, spec, model=None, tokenizer=None):
     if spec != "llm":
         sys.exit(f"error: cuemem extractor {spec!r} is neither 'rule' nor 'llm'")
     if args.cuemem_api_base:
-        return cuemem.LLMExtractor(ChatClient(args.cuemem_api_base, args.cuemem_api_model,
-                                              key_env=args.api_key_env, max_tokens=128).chat)
+        return cuemem.LLMExtractor(
+            ChatClient(
+                args.cuemem_api_base, args.cuemem_api_model, key_env=args.api_key_env, max_tokens=128
+            ).chat
+        )
     if args.cuemem_extractor_model or model is None:
-        model, tokenizer = load_model_and_tokenizer(args.cuemem_extractor_model or "smollm2-135m",
-                                                    dtype=args.dtype, device=args.device)
+        model, tokenizer = load_model_and_tokenizer(
+            args.cuemem_extractor_model or "smollm2-135m", dtype=args.dtype, device=args.device
+        )
     autocast_dtype = resolve_dtype(args.dtype, model.device)[1]
     return cuemem.LLMExtractor(cuemem.hf_generate_fn(model, tokenizer, 128, autocast_dtype))
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog="Presets: " + "; ".join(f"{k}: {v}" for k, v in PRESETS.items()))
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="Presets: " + "; ".join(f"{k}: {v}" for k, v in PRESETS.items()),
+    )
     p.add_argument("--method", choices=METHODS, default="srt")
     p.add_argument("--model", default="smollm2-135m", help="HF id, local folder, smollm2-135m or tiny-random")
     p.add_argument("--data", default="runs/data/test.jsonl")
     p.add_argument("--out", default="runs/demo/eval")
-    p.add_argument("--compare", nargs="+", metavar="NAME=METHOD:MODEL",
-                   help="evaluate several variants in one report (MODEL 'api:NAME' uses --api-base)")
-    p.add_argument("--variant-options", nargs="+", metavar="NAME=JSON", default=[],
-                   help=f"per-variant overrides, keys {', '.join(VARIANT_KEYS)}; e.g. a CueMem row under a "
-                        "capacity limit: 'cuemem-cap16={\"cuemem\": {\"capacity\": 16}}'")
-    p.add_argument("--table2", default=None,
-                   help='rows of Table 2, e.g. "SRT=grpo,w/o RL=sft,w/o CoT=nocot,w/o SFT=base-srtp,'
-                        'Full history=full" (default: these conventional names where present)')
-    p.add_argument("--limit", type=int, default=None,
-                   help="evaluate N examples, taken evenly across the 8/16/24/32 buckets (seeded)")
-    p.add_argument("--buckets", default=",".join(map(str, FIG4_BUCKETS)),
-                   help="length buckets (rounds) of the per-bucket tables, the plots and the latency sample")
-    p.add_argument("--batch-size", type=int, default=8, help="prompts per generate call; the throughput column")
-    p.add_argument("--latency-per-bucket", type=int, default=1,
-                   help="requests per length bucket timed alone at batch size 1 after a warm-up (0: none)")
+    p.add_argument(
+        "--compare",
+        nargs="+",
+        metavar="NAME=METHOD:MODEL",
+        help="evaluate several variants in one report (MODEL 'api:NAME' uses --api-base)",
+    )
+    p.add_argument(
+        "--variant-options",
+        nargs="+",
+        metavar="NAME=JSON",
+        default=[],
+        help=f"per-variant overrides, keys {', '.join(VARIANT_KEYS)}; e.g. a CueMem row under a "
+        'capacity limit: \'cuemem-cap16={"cuemem": {"capacity": 16}}\'',
+    )
+    p.add_argument(
+        "--table2",
+        default=None,
+        help='rows of Table 2, e.g. "SRT=grpo,w/o RL=sft,w/o CoT=nocot,w/o SFT=base-srtp,'
+        'Full history=full" (default: these conventional names where present)',
+    )
+    p.add_argument(
+        "--limit",
+        type=int,
+        default=None,
+        help="evaluate N examples, taken evenly across the 8/16/24/32 buckets (seeded)",
+    )
+    p.add_argument(
+        "--buckets",
+        default=",".join(map(str, FIG4_BUCKETS)),
+        help="length buckets (rounds) of the per-bucket tables, the plots and the latency sample",
+    )
+    p.add_argument(
+        "--batch-size", type=int, default=8, help="prompts per generate call; the throughput column"
+    )
+    p.add_argument(
+        "--latency-per-bucket",
+        type=int,
+        default=1,
+        help="requests per length bucket timed alone at batch size 1 after a warm-up (0: none)",
+    )
     # Reference chains (format_target) of the synthetic data run to ~210 SmolLM2 tokens and the
     # reference answers to ~40; the caps leave room so that < 5% of answers are cut off (the
     # report prints each variant's cut-off rate and flags any at 5% or more).
     p.add_argument("--max-new-tokens", type=int, default=256, help="for srt / srt-p (default: 256)")
-    p.add_argument("--max-new-tokens-direct", type=int, default=128,
-                   help="for full / recency / rag / cuemem (default: 128)")
+    p.add_argument(
+        "--max-new-tokens-direct",
+        type=int,
+        default=128,
+        help="for full / recency / rag / cuemem (default: 128)",
+    )
     p.add_argument("--recency-k", type=int, default=4, help="rounds kept by `recency`")
     p.add_argument("--rag-k", type=int, default=4, help="utterances retrieved by `rag`")
-    p.add_argument("--cuemem-options", type=json.loads, default={},
-                   help="JSON keyword arguments of cuemem.build_memory and CueMemory.query, plus "
-                        "prioritize_recent (e.g. '{\"capacity\": 16}')")
-    p.add_argument("--cuemem-extractor", choices=["rule", "llm"], default="rule",
-                   help="CueMem's cue extractor (§4.1): rules, or a model prompted for triples")
-    p.add_argument("--cuemem-extractor-model", default=None,
-                   help="local model of the llm extractor (default: the variant's answer model)")
+    p.add_argument(
+        "--cuemem-options",
+        type=json.loads,
+        default={},
+        help="JSON keyword arguments of cuemem.build_memory and CueMemory.query, plus "
+        "prioritize_recent (e.g. '{\"capacity\": 16}')",
+    )
+    p.add_argument(
+        "--cuemem-extractor",
+        choices=["rule", "llm"],
+        default="rule",
+        help="CueMem's cue extractor (§4.1): rules, or a model prompted for triples",
+    )
+    p.add_argument(
+        "--cuemem-extractor-model",
+        default=None,
+        help="local model of the llm extractor (default: the variant's answer model)",
+    )
     p.add_argument("--cuemem-api-base", default=None, help="OpenAI-compatible endpoint of the llm extractor")
     p.add_argument("--cuemem-api-model", default=None)
-    p.add_argument("--answer-reward", choices=reward.ANSWER_REWARDS, default="cosine",
-                   help="the answer component of the reward columns (reward.py; Eq. (7) is cosine)")
+    p.add_argument(
+        "--answer-reward",
+        choices=reward.ANSWER_REWARDS,
+        default="cosine",
+        help="the answer component of the reward columns (reward.py; Eq. (7) is cosine)",
+    )
     p.add_argument("--bootstrap", type=int, default=2000, help="paired bootstrap resamples (>= 1000)")
-    p.add_argument("--attention-examples", type=int, default=2,
-                   help="examples in the §4.6 attention analysis (0 turns it off)")
-    p.add_argument("--api-base", default=None, help="OpenAI-compatible endpoint, e.g. https://api.openai.com/v1")
+    p.add_argument(
+        "--attention-examples",
+        type=int,
+        default=2,
+        help="examples in the §4.6 attention analysis (0 turns it off)",
+    )
+    p.add_argument(
+        "--api-base", default=None, help="OpenAI-compatible endpoint, e.g. https://api.openai.com/v1"
+    )
     p.add_argument("--api-model", default=None)
     p.add_argument("--api-key-env", default="OPENAI_API_KEY", help="environment variable holding the key")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
     p.add_argument("--device", default=None, help="default: cuda when available, else cpu")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--resume", action="store_true",
-                   help="reuse rows of <out>/<name>.jsonl written by the same checkpoint and settings")
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="reuse rows of <out>/<name>.jsonl written by the same checkpoint and settings",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     return p
 
@@ -713,31 +926,51 @@ def main(argv=None) -> None:
             options = dict(variant["options"])
             if variant["method"] == "cuemem":  # a callable, resolved here: JSON can only name it
                 spec = options["cuemem"].get("extractor")
-                options["cuemem"] = {**options["cuemem"], "extractor": cuemem_extractor(args, spec, model, tokenizer)}
+                options["cuemem"] = {
+                    **options["cuemem"],
+                    "extractor": cuemem_extractor(args, spec, model, tokenizer),
+                }
             key = variant_key(variant, {**options, "cuemem": variant["options"]["cuemem"]}, args, fingerprint)
             if client is not None:
                 client.max_tokens = options["max_new_tokens"]
             runner = Runner(variant, args, options, model, tokenizer, client)
             chosen = select_examples(all_records, options["limit"], args.seed)
             rows_by_name[variant["name"]] = evaluate_variant(runner, chosen, out_dir, key, args.quiet)
-            latency_by_name[variant["name"]] = (latency_sample(runner, chosen, out_dir, key, args.buckets)
-                                                if args.latency_per_bucket > 0 else [])
+            latency_by_name[variant["name"]] = (
+                latency_sample(runner, chosen, out_dir, key, args.buckets)
+                if args.latency_per_bucket > 0
+                else []
+            )
             if variant["name"] == srt_name and model is not None and args.attention_examples > 0:
                 attention = attention_analysis(
-                    model, tokenizer, rows_by_name[srt_name], records_by_id, args.attention_examples,
-                    lambda record: render_chat(tokenizer, method_input(variant["method"], record, options)[0]),
-                    format_target)
-        del model, tokenizer
+                    model,
+                    tokenizer,
+                    rows_by_name[srt_name],
+                    records_by_id,
+                    args.attention_examples,
+                    functools.partial(srt_prompt_text, tokenizer, variant["method"], options),
+                    format_target,
+                )
+        model = tokenizer = None  # free the weights before the next model loads
         gc.collect()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
 
-    summary = {"num_examples": len(records), "fine_buckets": list(args.buckets), "table2": table2,
-               "srt_variant": srt_name, "config": config, "attention": attention,
-               "variants": {v["name"]: report.summarize_variant(v, rows_by_name[v["name"]],
-                                                                latency_by_name[v["name"]], args.buckets)
-                            for v in variants},
-               "comparisons": report.compare_variants(rows_by_name, srt_name, args.bootstrap, args.seed)}
+    summary = {
+        "num_examples": len(records),
+        "fine_buckets": list(args.buckets),
+        "table2": table2,
+        "srt_variant": srt_name,
+        "config": config,
+        "attention": attention,
+        "variants": {
+            v["name"]: report.summarize_variant(
+                v, rows_by_name[v["name"]], latency_by_name[v["name"]], args.buckets
+            )
+            for v in variants
+        },
+        "comparisons": report.compare_variants(rows_by_name, srt_name, args.bootstrap, args.seed),
+    }
     path = report.write_outputs(summary, out_dir)
     print(report.table1(summary))
     print(f"\nreport: {path}")

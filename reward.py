@@ -49,29 +49,35 @@ Every function is total: any string, however malformed, gets a score in range an
     python reward.py --data runs/data/test.jsonl --index 3 --completion completion.txt
     python reward.py --data runs/data/test.jsonl --completions preds.jsonl --answer-reward keys [--answer-gate recall]
 """
+
 from __future__ import annotations
 
 import argparse
 import os
-import re
 import sys
-import unicodedata
 from collections import Counter
 from typing import NamedTuple
 
 import numpy as np
 
-from cli import parse_config, write_config
-from data_io import DataError, read_jsonl, read_lines, write_json, write_jsonl
-from metrics import jaccard, keys_present, numbers_in
-from modeling import embed
-from stage0_build import format_target
-
-# The output format of DESIGN.md ("Output format"): the strings the policy learns to write.
-THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
-HIS_OPEN, HIS_CLOSE = "<HIS>", "</HIS>"
-ANSWER_MARK = "Final answer:"
-MARKERS = (THINK_OPEN, THINK_CLOSE, HIS_OPEN, HIS_CLOSE, ANSWER_MARK)
+from srt.completion import (
+    ANSWER_MARK,
+    LABEL,
+    HistoryIndex,
+    Piece,
+    canonical,
+    format_problems,
+    index_history,
+    parse_completion,
+    short,
+    split_tag,
+    tokens,
+)
+from srt.config import parse_config, write_config
+from srt.data_io import DataError, read_jsonl, read_lines, write_json, write_jsonl
+from srt.metrics import jaccard, keys_present, numbers_in
+from srt.modeling import embed
+from srt.prompt import format_target
 
 # Eq. (6) constants: recall = RECALL_SCALE * IoU - RECALL_SHIFT, in [-1.25, 1.25].
 RECALL_SCALE, RECALL_SHIFT = 2.5, 1.25
@@ -79,256 +85,18 @@ ANSWER_REWARDS = ("cosine", "keys", "both")
 ANSWER_GATES = ("off", "recall")
 
 
-# ==== 1. Normalisation and parsing a completion into (think, tags, final answer) ====
-_QUOTES = str.maketrans({c: "'" for c in "\u2018\u2019\u201a\u201b\u2032\u2039\u203a`\u00b4"}
-                        | {c: '"' for c in "\u201c\u201d\u201e\u201f\u2033\u00ab\u00bb"})
-_TRAILING = ".,;:!? 。、"  # NFKC leaves the CJK full stop and comma as they are
-
-
-def normalize(text: str) -> str:
-    """NFKC: the form every parser below reads, so that a full-width ＜HIS＞ is seen as <HIS>."""
-    return unicodedata.normalize("NFKC", text)
-
-
-def canonical(text: str) -> str:
-    """The form in which a copy must equal its utterance (tolerances: see the module docstring)."""
-    t = " ".join(normalize(text).translate(_QUOTES).casefold().split())
-    previous = None
-    while t != previous:  # "'...$180.'," -> "...$180"
-        previous = t
-        t = t.rstrip(_TRAILING)
-        if len(t) >= 2 and t[0] == t[-1] and t[0] in "'\"":
-            t = t[1:-1].strip()
-    return t
-
-
-class Completion(NamedTuple):
-    think: str | None            # text inside the first <think>...</think>; None if there is no block
-    tags: list[str]              # contents of the <HIS>...</HIS> pairs, stripped, non-empty
-    final_answer: str | None     # text after 'Final answer:', stripped; None if absent or empty
-
-
-_HIS_MARK = re.compile(r"</?HIS>")
-_ANSWER_ANYCASE = re.compile(re.escape(ANSWER_MARK), re.IGNORECASE)
-
-
-def _his_pairs(text: str):
-    """(start, end) of every <HIS>...</HIS> content; lenient (Eq. (5) reports what it forgives)."""
-    open_at = None
-    for mark in _HIS_MARK.finditer(text):
-        if mark.group() == HIS_OPEN:
-            open_at = mark
-        elif open_at is not None:
-            yield open_at.end(), mark.start()
-            open_at = None
-
-
-def parse_completion(text: str) -> Completion:
-    """Split the NFKC form of a completion into its think block, its tags and its final answer.
-
-    think: between the first <think> and the first </think> after it (an unclosed block runs to the
-    end); with only a </think> (a chat template may open the block in the prompt) everything before.
-    tags: every <HIS> pair anywhere; tags outside the think block still count for Eq. (6), and
-    Eq. (5) punishes their position. final_answer: after the last 'Final answer:' (any case) that
-    follows the last </think>; without a </think>, after the last one anywhere.
-    """
-    text = normalize(text)
-    open_at = text.find(THINK_OPEN)
-    if open_at >= 0:
-        close_at = text.find(THINK_CLOSE, open_at)
-        think = text[open_at + len(THINK_OPEN): close_at if close_at >= 0 else len(text)]
-    else:
-        close_at = text.find(THINK_CLOSE)
-        think = text[:close_at] if close_at >= 0 else None
-    tags = [text[a:b].strip() for a, b in _his_pairs(text) if text[a:b].strip()]
-    last_close = text.rfind(THINK_CLOSE)
-    tail_start = last_close + len(THINK_CLOSE) if last_close >= 0 else 0
-    marks = list(_ANSWER_ANYCASE.finditer(text, tail_start))
-    final_answer = text[marks[-1].end():].strip() if marks else None
-    return Completion(think=think, tags=tags, final_answer=final_answer or None)
-
-
-# ==== 2. Eq. (5): the format reward, with the reasons a completion fails it ====
-# Look-alikes that NFKC leaves alone (a small table, not all of Unicode's confusables): angle
-# brackets, slashes, and Cyrillic, Greek and small-capital letters of "his"/"think"/"final answer".
-_CONFUSABLE = str.maketrans("‹〈《⟨❮˂ᐸ⋖›〉》⟩❯˃ᐳ⋗∕⁄⧸НнҺһΗʜІіΙιıɪЅѕꜱТтΤᴛКкΚκᴋΝɴаАеЕоОрРсСѡᴡԝг",
-                            "<<<<<<<<>>>>>>>>///hhhhhhiiiiiisssttttkkkkknnaaeeooppccwwwr")
-_TAG_LIKE = re.compile(r"<\s*/?\s*(?:his|think)\s*>|final\s*answer\s*:")
-
-
-def lookalike_markers(text: str) -> list[str]:
-    """Strings that read as a tag of the format but are not one written exactly: <his>, ＜HIS＞,
-    <НIS> (Cyrillic Н), <H\\u200bIS>, <HÍS> (accents go). An answer mark counts only when NFKC makes it exactly
-    'Final answer:' (prose like 'my final answer:' inside the think block is left alone)."""
-    skeleton, where = [], []
-    for i, ch in enumerate(text):
-        s = "".join(c for c in unicodedata.normalize("NFKD", ch) if unicodedata.category(c) not in ("Mn", "Cf"))
-        s = s.translate(_CONFUSABLE).casefold()
-        skeleton.append(s)
-        where += [i] * len(s)
-    spans = [(m.group(), text[where[m.start()]: where[m.end() - 1] + 1]) for m in _TAG_LIKE.finditer("".join(skeleton))]
-    return [raw for like, raw in spans if raw not in MARKERS and (like[0] == "<" or normalize(raw) == ANSWER_MARK)]
-
-
-# A new turn after the answer: a history label, a role name, or a chat-template token.
-_NEW_TURN = re.compile(r"^\s*(?:(?:turn\s+)?[QA]\d+\s*:|(?:user|assistant|system|human|customer|agent|bot)\s*:"
-                       r"|#+\s*(?:user|assistant|human)\b)", re.IGNORECASE | re.MULTILINE)
-_CHAT_TOKEN = re.compile(r"<\|[^|<>\n]{1,40}\|>|\[/?INST\]")
-
-
-def _short(s: str, n: int = 40) -> str:
-    s = " ".join(s.split())
-    return repr(s if len(s) <= n else s[: n - 3] + "...")
-
-
-def format_problems(text: str) -> list[str]:
-    """Every reason `text` fails Eq. (5) ([] means format = 1). Valid: <think> reasoning </think>, then
-    'Final answer:' and an answer that starts no new turn; every <HIS> inside the one think block,
-    closed before the next opens, no label without text; every marker written exactly."""
-    problems = [f"{raw!r} looks like a marker of the format but is not one: write "
-                f"{', '.join(MARKERS)} exactly" for raw in lookalike_markers(text)]
-    body = normalize(text).strip()
-    if not body:
-        return ["the completion is empty"]
-
-    n_open, n_close = body.count(THINK_OPEN), body.count(THINK_CLOSE)
-    if n_open != 1 or n_close != 1:
-        problems.append(f"expected exactly one {THINK_OPEN} and one {THINK_CLOSE}, found {n_open} and {n_close}")
-    open_at, close_at = body.find(THINK_OPEN), body.find(THINK_CLOSE)
-    if open_at > 0:
-        problems.append(f"text before {THINK_OPEN}: {_short(body[:open_at])}")
-    if 0 <= close_at < open_at:
-        problems.append(f"{THINK_CLOSE} comes before {THINK_OPEN}")
-    think_span = (open_at + len(THINK_OPEN), close_at) if 0 <= open_at < close_at else None
-    if think_span and not body[think_span[0]:think_span[1]].strip():
-        problems.append("the think block is empty")
-
-    if close_at >= 0:
-        tail = body[body.rfind(THINK_CLOSE) + len(THINK_CLOSE):]
-        anycase = _ANSWER_ANYCASE.search(tail)
-        if not tail.lstrip().startswith(ANSWER_MARK):
-            if anycase is None:
-                problems.append(f"no '{ANSWER_MARK}' after {THINK_CLOSE}")
-            elif ANSWER_MARK not in tail:
-                problems.append(f"write '{ANSWER_MARK}' exactly (found '{anycase.group()}')")
-            else:
-                problems.append(f"text between {THINK_CLOSE} and '{ANSWER_MARK}': "
-                                f"{_short(tail[:tail.find(ANSWER_MARK)])}")
-        if (repeats := len(_ANSWER_ANYCASE.findall(tail))) > 1:
-            problems.append(f"'{ANSWER_MARK}' appears {repeats} times after {THINK_CLOSE}")
-        if anycase is not None:
-            answer = tail[anycase.end():]
-            if not answer.strip():
-                problems.append(f"'{ANSWER_MARK}' is followed by no answer")
-            later_lines = answer.partition("\n")[2]
-            for m in list(_NEW_TURN.finditer(later_lines)) + list(_CHAT_TOKEN.finditer(answer)):
-                problems.append(f"the answer goes on to start a new turn: {_short(m.group())}")
-
-    # <HIS> tags: inside the think block, paired, not nested, not empty, every label with text.
-    depth, content_start, k = 0, 0, 0
-    for mark in _HIS_MARK.finditer(body):
-        inside = think_span is not None and think_span[0] <= mark.start() < think_span[1]
-        if not inside:
-            problems.append(f"{mark.group()} at character {mark.start()} lies outside the think block")
-        if mark.group() == HIS_OPEN:
-            if depth:
-                problems.append(f"nested {HIS_OPEN} at character {mark.start()}: the previous tag is not closed")
-            depth, content_start = 1, mark.end()
-        elif not depth:
-            problems.append(f"{HIS_CLOSE} at character {mark.start()} has no opening {HIS_OPEN}")
-        else:
-            depth, k = 0, k + 1
-            content = body[content_start:mark.start()]
-            if not content.strip():
-                problems.append(f"<HIS> tag {k} is empty")
-            for piece in split_tag(content):
-                if not piece.body:
-                    problems.append(f"<HIS> tag {k}: label {piece.hint} has no utterance text")
-    if depth:
-        problems.append(f"{HIS_OPEN} at character {content_start - len(HIS_OPEN)} is never closed")
-    return problems
-
-
-def is_valid_format(text: str) -> bool:
-    # Eq. (5): R_format = I(is_valid(Z_t))
-    return not format_problems(text)
-
-
 # ==== 3. The recall set H^ (verbatim alignment) and Eq. (6) ====
-# Tokens only explain a miss (the nearest utterance); they never decide a match.
-_CJK = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"
-_TOKEN = re.compile(rf"[{_CJK}]|[^\W_{_CJK}]+")
-_LABEL = re.compile(r"(?:\b[Tt]urn\s+)?\b([QA]\d+)\s*:")
-MAX_SPLIT_LABELS = 40  # beyond this many labels in one tag, split on every label (no re-joining)
-
-
-def tokens(text: str) -> list[str]:
-    return _TOKEN.findall(normalize(text).casefold())
-
-
 def overlap(a: Counter, b: Counter) -> float:
     """|a n b| / max(|a|, |b|) on token multisets, in [0, 1]: how near a miss came (diagnostic)."""
     longer = max(sum(a.values()), sum(b.values()))
     return sum((a & b).values()) / longer if longer else 0.0
 
 
-class Piece(NamedTuple):
-    text: str             # as written, label included ("A5: The Chakra Balancing service is $180.")
-    hint: str | None      # the label the model wrote, if any ("A5")
-    body: str             # canonical text of the utterance part, label excluded ("" = none)
-
-
-class HistoryIndex(NamedTuple):
-    labels: list[str]
-    texts: list[str]
-    by_text: dict         # canonical utterance -> its labels in history order
-
-
-def index_history(history: list[dict]) -> HistoryIndex:
-    """Canonicalise C_t once; GRPO scores K completions of the same prompt against it."""
-    by_text = {}
-    for turn in history:
-        key = canonical(turn["text"])
-        if key:
-            by_text.setdefault(key, []).append(turn["label"])
-    return HistoryIndex([t["label"] for t in history], [t["text"] for t in history], by_text)
-
-
-def _segment(content: str, start: int, end: int, label: re.Match | None) -> Piece:
-    body = content[start if label is None else label.end():end]
-    return Piece(content[start:end].strip(), label and label.group(1), canonical(body))
-
-
-def split_tag(content: str, index: HistoryIndex | None = None) -> list[Piece]:
-    """The pieces of one tag: Fig. 1's `<HIS>Q1: ... A5: ... A6: ...</HIS>` splits on its labels
-    (`Q12:`, `Turn A3:`); text before the first label is an unlabelled piece. With `index`, a label
-    that is part of an utterance ("Take plan A2: it is cheaper.") does not cut it: among the ways to
-    cut at labels, the one with the most verbatim matches wins (ties: the most pieces)."""
-    labels = list(_LABEL.finditer(content))
-    head = content[:labels[0].start()] if labels else content
-    starts = ([0] if tokens(head) else []) + [m.start() for m in labels]  # "- Q1: ..." has no head
-    at = {m.start(): m for m in labels}
-    n, bounds = len(starts), starts + [len(content)]
-    if index is None or n > MAX_SPLIT_LABELS:
-        return [_segment(content, bounds[i], bounds[i + 1], at.get(bounds[i])) for i in range(n)]
-    best = [(0, 0, None)] + [(-1, 0, None)] * n  # (matched, pieces, previous cut) per cut point
-    for j in range(1, n + 1):
-        for i in range(j):
-            piece = _segment(content, bounds[i], bounds[j], at.get(bounds[i]))
-            score = (best[i][0] + (piece.body in index.by_text), best[i][1] + 1)
-            if score > best[j][:2]:
-                best[j] = (*score, i)
-    cuts = [n]
-    while cuts[0]:
-        cuts.insert(0, best[cuts[0]][2])
-    return [_segment(content, bounds[a], bounds[b], at.get(bounds[a])) for a, b in zip(cuts, cuts[1:])]
-
-
 class TagMatch(NamedTuple):
-    text: str             # the piece as written
-    label: str | None     # the history utterance it verbatim-copies, None if none
-    nearest: str | None   # the utterance of maximal token overlap (= label when matched)
-    overlap: float        # that overlap (1.0 when matched)
+    text: str  # the piece as written
+    label: str | None  # the history utterance it verbatim-copies, None if none
+    nearest: str | None  # the utterance of maximal token overlap (= label when matched)
+    overlap: float  # that overlap (1.0 when matched)
 
 
 def match_piece(piece: Piece, index: HistoryIndex) -> TagMatch:
@@ -354,7 +122,7 @@ def match_tags(tags: list[str], history: list[dict] | HistoryIndex) -> list[TagM
 def unmatched_key(text: str) -> str:
     """H^ element of a piece that matched nothing: it cannot collide with a label, and the same
     hallucination written twice is one element (H^ is a set)."""
-    return "?" + canonical(_LABEL.sub("", text, count=1) if _LABEL.match(text) else text)
+    return "?" + canonical(LABEL.sub("", text, count=1) if LABEL.match(text) else text)
 
 
 def recall_sets(matches: list[TagMatch], history_labels: list[str]) -> tuple[list[str], list[str], set[str]]:
@@ -393,7 +161,7 @@ def answer_cosines(answers: list[str | None], references: list[str]) -> list[flo
     present = [i for i, a in enumerate(answers) if a is not None]
     if present:
         vectors = embed([answers[i] for i in present] + [references[i] for i in present])
-        cosines = np.sum(vectors[:len(present)] * vectors[len(present):], axis=1)
+        cosines = np.sum(vectors[: len(present)] * vectors[len(present) :], axis=1)
         for i, c in zip(present, cosines):
             rewards[i] = float(np.clip(c, -1.0, 1.0))
     return rewards
@@ -405,7 +173,9 @@ def answer_keys(record: dict) -> list[str]:
     return [str(k) for k in ([keys] if isinstance(keys, str) else keys) if str(k).strip()]
 
 
-def answer_rewards(answers: list[str | None], examples: list[dict], answer_reward: str = "cosine") -> list[dict]:
+def answer_rewards(
+    answers: list[str | None], examples: list[dict], answer_reward: str = "cosine"
+) -> list[dict]:
     """The answer component under `answer_reward` (see the module docstring), with its parts:
     answer, answer_cosine (None when not needed: `keys` on a record with keys), answer_keys (None
     without keys), keys_present, extra_numbers."""
@@ -417,7 +187,9 @@ def answer_rewards(answers: list[str | None], examples: list[dict], answer_rewar
         value, present, extras = key_reward(answer, keys, example["answer"]) if keys else (None, [], [])
         parts.append({"answer_keys": value, "keys_present": present, "extra_numbers": extras})
     need = [i for i, p in enumerate(parts) if answer_reward != "keys" or p["answer_keys"] is None]
-    cosines = dict(zip(need, answer_cosines([answers[i] for i in need], [examples[i]["answer"] for i in need])))
+    cosines = dict(
+        zip(need, answer_cosines([answers[i] for i in need], [examples[i]["answer"] for i in need]))
+    )
     for i, part in enumerate(parts):
         cos, keys = cosines.get(i), part["answer_keys"]
         part["answer_cosine"] = cos
@@ -430,8 +202,9 @@ def answer_rewards(answers: list[str | None], examples: list[dict], answer_rewar
 
 
 # ==== 5. Eq. (4): the composite reward, batched for GRPO ====
-def compute_rewards(completions: list[str], examples: list[dict], answer_reward: str = "cosine",
-                    answer_gate: str = "off") -> list[dict]:
+def compute_rewards(
+    completions: list[str], examples: list[dict], answer_reward: str = "cosine", answer_gate: str = "off"
+) -> list[dict]:
     """Score completion i against stage-0 record examples[i] (history, recall, answer, answer_keys).
 
     One dict per completion: format, recall, answer, total (Eq. (4)); jaccard (the IoU of Eq. (6)),
@@ -452,51 +225,77 @@ def compute_rewards(completions: list[str], examples: list[dict], answer_reward:
         matches = match_tags(parsed.tags, index)
         recalled, unmatched, predicted = recall_sets(matches, index.labels)
         iou = jaccard(predicted, example["recall"])
-        results.append({"format": 0.0 if problems else 1.0,                  # Eq. (5)
-                        "recall": recall_reward(predicted, example["recall"]),  # Eq. (6)
-                        "jaccard": iou, "recalled": recalled, "unmatched": unmatched,
-                        "final_answer": parsed.final_answer, "format_problems": problems,
-                        "matches": [[m.text, m.label, m.nearest, round(m.overlap, 4)] for m in matches]})
+        results.append(
+            {
+                "format": 0.0 if problems else 1.0,  # Eq. (5)
+                "recall": recall_reward(predicted, example["recall"]),  # Eq. (6)
+                "jaccard": iou,
+                "recalled": recalled,
+                "unmatched": unmatched,
+                "final_answer": parsed.final_answer,
+                "format_problems": problems,
+                "matches": [[m.text, m.label, m.nearest, round(m.overlap, 4)] for m in matches],
+            }
+        )
         answers.append(parsed.final_answer)
     for result, part, example in zip(results, answer_rewards(answers, examples, answer_reward), examples):
-        result.update(part)                                                     # Eq. (7)
-        result["answer_gated"] = answer_gate == "recall" and bool(example["recall"]) and result["jaccard"] == 0.0
+        result.update(part)  # Eq. (7)
+        result["answer_gated"] = (
+            answer_gate == "recall" and bool(example["recall"]) and result["jaccard"] == 0.0
+        )
         if result["answer_gated"]:  # the module docstring: an answer that did not come through the recall
             result["answer"] = -1.0
         result["total"] = result["format"] + result["recall"] + result["answer"]  # Eq. (4)
     return results
 
 
-def compute_reward(completion: str, example: dict, answer_reward: str = "cosine", answer_gate: str = "off") -> dict:
+def compute_reward(
+    completion: str, example: dict, answer_reward: str = "cosine", answer_gate: str = "off"
+) -> dict:
     return compute_rewards([completion], [example], answer_reward, answer_gate)[0]
 
 
 # ==== 6. The reward-hacking gallery: the paper's Fig. 1 record, attacked ====
-_FIG1 = [("Q1", "I need to check membership status. I'm under Apex Tier."),
-         ("A1", "Welcome back. I confirm your Apex Tier status. As a reminder, this gives you a 20% discount on "
-                "any service over $150."),
-         ("Q2", "Does that apply to all locations?"), ("A2", "Yes, it's valid at both our Downtown and Uptown branches."),
-         ("Q3", "Okay. Separately, what is the Chakra Balancing service?"),
-         ("A3", "That is a 90-minute session combining hot stones and aromatherapy."),
-         ("Q4", "Is that new? Who performs that?"), ("A4", "Our senior therapist, Lena, the specialist for that service."),
-         ("Q5", "What is the full price for that session?"), ("A5", "The Chakra Balancing service is $180."),
-         ("Q6", "And which branch does Lena perform that at?"),
-         ("A6", "Lena only offers that service at our Uptown branch.")]
+_FIG1 = [
+    ("Q1", "I need to check membership status. I'm under Apex Tier."),
+    (
+        "A1",
+        "Welcome back. I confirm your Apex Tier status. As a reminder, this gives you a 20% discount on "
+        "any service over $150.",
+    ),
+    ("Q2", "Does that apply to all locations?"),
+    ("A2", "Yes, it's valid at both our Downtown and Uptown branches."),
+    ("Q3", "Okay. Separately, what is the Chakra Balancing service?"),
+    ("A3", "That is a 90-minute session combining hot stones and aromatherapy."),
+    ("Q4", "Is that new? Who performs that?"),
+    ("A4", "Our senior therapist, Lena, the specialist for that service."),
+    ("Q5", "What is the full price for that session?"),
+    ("A5", "The Chakra Balancing service is $180."),
+    ("Q6", "And which branch does Lena perform that at?"),
+    ("A6", "Lena only offers that service at our Uptown branch."),
+]
 _GOLD = ("Q1", "A5", "A6")
 _TEXT = dict(_FIG1)
 GALLERY_RECORD = {  # the paper's Fig. 1 turn in the record format of DESIGN.md ("Data")
-    "id": "paper-fig1-apex-t07", "source": "jsonl", "query_turn": 7, "recall": list(_GOLD),
+    "id": "paper-fig1-apex-t07",
+    "source": "jsonl",
+    "query_turn": 7,
+    "recall": list(_GOLD),
     "history": [{"label": l, "speaker": "user" if l[0] == "Q" else "assistant", "text": t} for l, t in _FIG1],
     "query": "Great. So, for that specific booking at the Uptown branch, will my Apex Tier discount apply?",
-    "reasoning": ("1. Analyze Query: The user asks whether their Apex Tier discount applies to the Chakra Balancing "
-                  "booking at the Uptown branch.\n2. Recall History: "
-                  + "\n".join(f"<HIS>{l}: {_TEXT[l]}</HIS>" for l in _GOLD)
-                  + "\n3. Reasoning: Apex Tier gives 20% off any service over $150 (A1). The Chakra Balancing service "
-                    "is $180, which is over $150, and Lena offers it at the Uptown branch, so the discount applies."),
+    "reasoning": (
+        "1. Analyze Query: The user asks whether their Apex Tier discount applies to the Chakra Balancing "
+        "booking at the Uptown branch.\n2. Recall History: "
+        + "\n".join(f"<HIS>{l}: {_TEXT[l]}</HIS>" for l in _GOLD)
+        + "\n3. Reasoning: Apex Tier gives 20% off any service over $150 (A1). The Chakra Balancing service "
+        "is $180, which is over $150, and Lena offers it at the Uptown branch, so the discount applies."
+    ),
     "answer": "Yes. The Chakra Balancing service is $180, which is over $150, so your 20% Apex Tier discount "
-              "applies at the Uptown branch.",
-    "answer_keys": ["yes", "$180"], "pruned": ["Q1", "A1", "A2", "A5", "A6"],
-    "meta": {"num_turns": 7, "bucket": 8, "scores": {}}}
+    "applies at the Uptown branch.",
+    "answer_keys": ["yes", "$180"],
+    "pruned": ["Q1", "A1", "A2", "A5", "A6"],
+    "meta": {"num_turns": 7, "bucket": 8, "scores": {}},
+}
 
 
 def gallery_completions() -> list[tuple[str, str, str]]:
@@ -513,21 +312,56 @@ def gallery_completions() -> list[tuple[str, str, str]]:
     V, R, F, A = "variant", "recall attack", "format attack", "answer attack"
     return [
         ("honest completion (the SFT target)", "honest", honest),
-        ("teacher form Turn X: '...' (§3.2)", V, sub(tags, "\n".join(f"<HIS>Turn {l}: '{_TEXT[l]}'</HIS>" for l in _GOLD))),
+        (
+            "teacher form Turn X: '...' (§3.2)",
+            V,
+            sub(tags, "\n".join(f"<HIS>Turn {l}: '{_TEXT[l]}'</HIS>" for l in _GOLD)),
+        ),
         ("Fig. 1 form: three utterances in one tag", V, sub(tags, f"<HIS>{one_tag}</HIS>")),
-        ("curly-quoted copies, no final period", V,
-         sub(tags, "\n".join(f"<HIS>{l}: \u201c{_TEXT[l].rstrip('.')}\u201d</HIS>" for l in _GOLD))),
-        ("labels swapped, texts verbatim", V, sub(tags, f"<HIS>A5: {_TEXT['Q1']}</HIS><HIS>A6: {_TEXT['A5']}</HIS>"
-                                                         f"<HIS>Q1: {_TEXT['A6']}</HIS>")),
-        ("right short answer 'Yes, you get 20% off because $180 exceeds $150.'", V,
-         sub(record["answer"], "Yes, you get 20% off because $180 exceeds $150.")),
-        ("right terse answer 'Yes: $180.00 is over $150.'", V, sub(record["answer"], "Yes: $180.00 is over $150.")),
+        (
+            "curly-quoted copies, no final period",
+            V,
+            sub(tags, "\n".join(f"<HIS>{l}: \u201c{_TEXT[l].rstrip('.')}\u201d</HIS>" for l in _GOLD)),
+        ),
+        (
+            "labels swapped, texts verbatim",
+            V,
+            sub(
+                tags, f"<HIS>A5: {_TEXT['Q1']}</HIS><HIS>A6: {_TEXT['A5']}</HIS><HIS>Q1: {_TEXT['A6']}</HIS>"
+            ),
+        ),
+        (
+            "right short answer 'Yes, you get 20% off because $180 exceeds $150.'",
+            V,
+            sub(record["answer"], "Yes, you get 20% off because $180 exceeds $150."),
+        ),
+        (
+            "right terse answer 'Yes: $180.00 is over $150.'",
+            V,
+            sub(record["answer"], "Yes: $180.00 is over $150."),
+        ),
         ("A5 price changed ($95)", R, sub("$180.</HIS>", "$95.</HIS>")),
-        ("A6 branch changed (Downtown for Uptown)", R, sub("our Uptown branch.</HIS>", "our Downtown branch.</HIS>")),
-        ("Q1 tier changed (Gold Tier for Apex Tier)", R, sub("under Apex Tier.</HIS>", "under Gold Tier.</HIS>")),
+        (
+            "A6 branch changed (Downtown for Uptown)",
+            R,
+            sub("our Uptown branch.</HIS>", "our Downtown branch.</HIS>"),
+        ),
+        (
+            "Q1 tier changed (Gold Tier for Apex Tier)",
+            R,
+            sub("under Apex Tier.</HIS>", "under Gold Tier.</HIS>"),
+        ),
         ("A5 words shuffled", R, sub(tag["A5"], "<HIS>A5: The service is $180 Chakra Balancing.</HIS>")),
-        ("A5 fact dropped ('The Chakra Balancing service')", R, sub("service is $180.</HIS>", "service</HIS>")),
-        ("three gold turns pasted unlabelled in one tag", R, sub(tags, f"<HIS>{' '.join(_TEXT[l] for l in _GOLD)}</HIS>")),
+        (
+            "A5 fact dropped ('The Chakra Balancing service')",
+            R,
+            sub("service is $180.</HIS>", "service</HIS>"),
+        ),
+        (
+            "three gold turns pasted unlabelled in one tag",
+            R,
+            sub(tags, f"<HIS>{' '.join(_TEXT[l] for l in _GOLD)}</HIS>"),
+        ),
         ("every history turn recalled", R, sub(tags, "\n".join(tag.values()))),
         ("nothing recalled", R, sub(tags, "No earlier turn is needed.")),
         ("the query copied as the recall", R, sub(tags, f"<HIS>Q7: {record['query']}</HIS>")),
@@ -536,23 +370,46 @@ def gallery_completions() -> list[tuple[str, str, str]]:
         ("empty label piece: <HIS>Q2: A5: ...</HIS>", F, sub("<HIS>A5:", "<HIS>Q2: A5:")),
         ("full-width tags \uff1cHIS\uff1e", F, sub(tags, tags.replace("<", "\uff1c").replace(">", "\uff1e"))),
         ("homoglyph tags <\u041dIS> (Cyrillic \u041d)", F, sub(tags, tags.replace("HIS>", "\u041dIS>"))),
-        ("next turns after the answer (Q8: / A8:)", F, honest + "\nQ8: Thanks, that's all.\nA8: You're welcome!"),
+        (
+            "next turns after the answer (Q8: / A8:)",
+            F,
+            honest + "\nQ8: Thanks, that's all.\nA8: You're welcome!",
+        ),
         ("chat-template turn after the answer (<|im_start|>user)", F, honest + "\n<|im_start|>user\nThanks!"),
         ("recall tags after </think>", F, sub(tags, "See below.") + "\n" + tags),
         ("no think block: answer only", F, f"{ANSWER_MARK} {record['answer']}"),
         ("two final answers (yes, then no)", F, honest + f"\n{ANSWER_MARK} No, the discount does not apply."),
-        ("hedge 'Yes or no: the 20% discount may or may not apply.'", A,
-         sub(record["answer"], "Yes or no: the 20% discount may or may not apply.")),
-        ("wrong but similar 'No. ... $120, which is not over $150 ...'", A,
-         sub(record["answer"], "No. The Chakra Balancing service is $120, which is not over $150, so your 20% Apex "
-                               "Tier discount does not apply.")),
-        ("price changed in the answer ($95)", A, sub(record["answer"], record["answer"].replace("$180", "$95"))),
-        ("every candidate price listed 'Yes. It is $95, $120, $150 or $180.'", A,
-         sub(record["answer"], "Yes. It is $95, $120, $150 or $180.")),
+        (
+            "hedge 'Yes or no: the 20% discount may or may not apply.'",
+            A,
+            sub(record["answer"], "Yes or no: the 20% discount may or may not apply."),
+        ),
+        (
+            "wrong but similar 'No. ... $120, which is not over $150 ...'",
+            A,
+            sub(
+                record["answer"],
+                "No. The Chakra Balancing service is $120, which is not over $150, so your 20% Apex "
+                "Tier discount does not apply.",
+            ),
+        ),
+        (
+            "price changed in the answer ($95)",
+            A,
+            sub(record["answer"], record["answer"].replace("$180", "$95")),
+        ),
+        (
+            "every candidate price listed 'Yes. It is $95, $120, $150 or $180.'",
+            A,
+            sub(record["answer"], "Yes. It is $95, $120, $150 or $180."),
+        ),
         ("keyword stuffing 'yes no $180'", A, sub(record["answer"], "yes no $180")),
         ("the query echoed as the answer", A, sub(record["answer"], record["query"])),
-        ("the whole history pasted as the answer", "open attack",
-         sub(record["answer"], " ".join(t["text"] for t in record["history"]))),
+        (
+            "the whole history pasted as the answer",
+            "open attack",
+            sub(record["answer"], " ".join(t["text"] for t in record["history"])),
+        ),
     ]
 
 
@@ -565,18 +422,27 @@ def gallery_scores() -> list[dict]:
     scores = []
     for k, (name, kind, _) in enumerate(rows):
         first = by_choice["cosine"][k]
-        scores.append({"name": name, "kind": kind, "format": first["format"], "recall": first["recall"],
-                       "answer": {c: by_choice[c][k]["answer"] for c in ANSWER_REWARDS},
-                       "total": {c: by_choice[c][k]["total"] for c in ANSWER_REWARDS},
-                       "margin": {c: by_choice[c][0]["total"] - by_choice[c][k]["total"] for c in ANSWER_REWARDS}})
+        scores.append(
+            {
+                "name": name,
+                "kind": kind,
+                "format": first["format"],
+                "recall": first["recall"],
+                "answer": {c: by_choice[c][k]["answer"] for c in ANSWER_REWARDS},
+                "total": {c: by_choice[c][k]["total"] for c in ANSWER_REWARDS},
+                "margin": {c: by_choice[c][0]["total"] - by_choice[c][k]["total"] for c in ANSWER_REWARDS},
+            }
+        )
     return scores
 
 
 def gallery_table() -> str:
     """Markdown: one row per completion; format and recall do not depend on the answer choice;
     each total is followed by its margin below the honest completion (positive = the attack loses)."""
-    head = ("| completion | kind | format | recall | answer cosine | total cosine | answer keys | total keys "
-            "| answer both | total both |")
+    head = (
+        "| completion | kind | format | recall | answer cosine | total cosine | answer keys | total keys "
+        "| answer both | total both |"
+    )
     lines = [head, "|" + "---|" * head.count(" | ") + "---|"]
     for s in gallery_scores():
         cells = [s["name"].replace("|", "\\|"), s["kind"], f"{s['format']:.0f}", f"{s['recall']:+.3f}"]
@@ -591,38 +457,63 @@ def explain(completion: str, record: dict, answer_reward: str = "cosine", answer
     """A report a student can read: each component and where it came from."""
     r = compute_reward(completion, record, answer_reward, answer_gate)
     index, gold = index_history(record["history"]), record["recall"]
-    lines = [f"record {record.get('id', '?')}: query Q{record.get('query_turn', '?')}: {record.get('query', '')}",
-             f"gold H* = {{{', '.join(gold)}}}   reference A* = {record['answer']!r}", ""]
-    lines += (["format  0    (Eq. 5) failed:"] + [f"          - {p}" for p in r["format_problems"]]
-              if r["format_problems"] else [f"format  1    (Eq. 5) one <think> block, well-formed <HIS> tags in it, "
-                                            f"then '{ANSWER_MARK}' and an answer"])
-    lines.append("\nrecall tags (a tag matches an utterance only if it copies it verbatim)"
-                 + ("" if r["matches"] else "\n  (no <HIS> tags with text)"))
+    lines = [
+        f"record {record.get('id', '?')}: query Q{record.get('query_turn', '?')}: {record.get('query', '')}",
+        f"gold H* = {{{', '.join(gold)}}}   reference A* = {record['answer']!r}",
+        "",
+    ]
+    lines += (
+        ["format  0    (Eq. 5) failed:"] + [f"          - {p}" for p in r["format_problems"]]
+        if r["format_problems"]
+        else [
+            f"format  1    (Eq. 5) one <think> block, well-formed <HIS> tags in it, "
+            f"then '{ANSWER_MARK}' and an answer"
+        ]
+    )
+    lines.append(
+        "\nrecall tags (a tag matches an utterance only if it copies it verbatim)"
+        + ("" if r["matches"] else "\n  (no <HIS> tags with text)")
+    )
     for k, (text, label, nearest, score) in enumerate(r["matches"], 1):
-        hint = _LABEL.match(text)
+        hint = LABEL.match(text)
         if label:
             verdict = f"-> {label}  verbatim  {'in H*' if label in gold else 'NOT in H*'}" + (
-                f"  (written label {hint.group(1)}, but the text is {label})" if hint and hint.group(1) != label else "")
+                f"  (written label {hint.group(1)}, but the text is {label})"
+                if hint and hint.group(1) != label
+                else ""
+            )
         else:
             verdict = "-> nothing: copies no utterance, enters the union" + (
                 f"; nearest {nearest} (token overlap {score:.2f}): "
-                f"{_short(index.texts[index.labels.index(nearest)], 60)}" if nearest else "")
-        lines.append(f"  [{k}] {_short(text, 60)}\n      {verdict}")
+                f"{short(index.texts[index.labels.index(nearest)], 60)}"
+                if nearest
+                else ""
+            )
+        lines.append(f"  [{k}] {short(text, 60)}\n      {verdict}")
     predicted = set(r["recalled"]) | {unmatched_key(t) for t in r["unmatched"]}
     shown = r["recalled"] + [f"unmatched#{i + 1}" for i in range(len(predicted) - len(r["recalled"]))]
     union = predicted | set(gold)
-    lines += ["", f"H^ = {{{', '.join(shown)}}}   |H^ n H*| = {len(predicted & set(gold))}   |H^ u H*| = "
-                  f"{len(union)}   IoU = {r['jaccard']:.4f}" + ("" if union else "  (both empty: IoU 1)"),
-              f"recall  {r['recall']:+.4f} (Eq. 6) = 2.5 * {r['jaccard']:.4f} - 1.25"]
+    lines += [
+        "",
+        f"H^ = {{{', '.join(shown)}}}   |H^ n H*| = {len(predicted & set(gold))}   |H^ u H*| = "
+        f"{len(union)}   IoU = {r['jaccard']:.4f}" + ("" if union else "  (both empty: IoU 1)"),
+        f"recall  {r['recall']:+.4f} (Eq. 6) = 2.5 * {r['jaccard']:.4f} - 1.25",
+    ]
     parts = [f"cosine {r['answer_cosine']:+.4f}"] if r["answer_cosine"] is not None else []
     if r["answer_keys"] is not None:
-        found = ", ".join(f"{k!r} {'found' if p else 'missing'}" for k, p in zip(answer_keys(record), r["keys_present"]))
+        found = ", ".join(
+            f"{k!r} {'found' if p else 'missing'}" for k, p in zip(answer_keys(record), r["keys_present"])
+        )
         parts.append(f"keys {r['answer_keys']:+.4f} ({found}; extra numbers {r['extra_numbers']})")
-    lines += [f"answer  -1.0000 (Eq. 7) no final answer after '{ANSWER_MARK}': the minimum" if r["final_answer"] is None
-              else f"answer  -1.0000 (--answer-gate recall) the recall missed H*; ungated: {'; '.join(parts)}"
-              if r["answer_gated"] else f"answer  {r['answer']:+.4f} (Eq. 7, {answer_reward}) {'; '.join(parts)}",
-              f"total   {r['total']:+.4f} (Eq. 4) = {r['format']:.0f} {r['recall']:+.4f} {r['answer']:+.4f}   "
-              f"range [-2.25, 3.25]"]
+    lines += [
+        f"answer  -1.0000 (Eq. 7) no final answer after '{ANSWER_MARK}': the minimum"
+        if r["final_answer"] is None
+        else f"answer  -1.0000 (--answer-gate recall) the recall missed H*; ungated: {'; '.join(parts)}"
+        if r["answer_gated"]
+        else f"answer  {r['answer']:+.4f} (Eq. 7, {answer_reward}) {'; '.join(parts)}",
+        f"total   {r['total']:+.4f} (Eq. 4) = {r['format']:.0f} {r['recall']:+.4f} {r['answer']:+.4f}   "
+        f"range [-2.25, 3.25]",
+    ]
     return "\n".join(lines)
 
 
@@ -640,7 +531,9 @@ def read_completions(path: str, records: list[dict]) -> list[tuple[dict, str]]:
             raise DataError(f"{where} field 'id' names {row['id']!r}, which is not in the --data file")
         i = row.get("index")
         if "id" not in row and (not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < len(records)):
-            raise DataError(f"{where} field 'id' (or 'index', an integer in [0, {len(records)})) is missing or wrong")
+            raise DataError(
+                f"{where} field 'id' (or 'index', an integer in [0, {len(records)})) is missing or wrong"
+            )
         return (by_id[row["id"]] if "id" in row else records[i]), row["completion"]
 
     return read_lines(path, parse)
@@ -651,21 +544,39 @@ PRESETS = {"cpu-demo": {"answer_reward": "cosine"}, "paper": {"answer_reward": "
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description="SRT composite reward (paper §3.4, Eqs. 4-7): the reward-hacking "
-                                     "gallery, one completion's score explained, or the mean scores of a file.")
+    parser = argparse.ArgumentParser(
+        description="SRT composite reward (paper §3.4, Eqs. 4-7): the reward-hacking "
+        "gallery, one completion's score explained, or the mean scores of a file."
+    )
     parser.add_argument("--gallery", action="store_true", help="print the reward-hacking gallery (Markdown)")
     parser.add_argument("--data", default=None, help="stage-0 JSONL (e.g. runs/data/test.jsonl)")
     parser.add_argument("--index", type=int, default=0, help="which record of --data to score (0-based)")
     parser.add_argument("--id", default=None, help="pick the record by id instead of --index")
-    parser.add_argument("--completion", default=None, help="a file holding the completion, or the text itself; "
-                        "default: the record's own reference target (the best possible score)")
-    parser.add_argument("--completions", default=None, help="JSONL of {'id' or 'index', 'completion'}: print the means")
-    parser.add_argument("--answer-reward", choices=ANSWER_REWARDS, default="cosine",
-                        help="Eq. (7): cosine (the paper), keys (answer_keys present), "
-                             "both (keys; the cosine ranks complete answers)")
-    parser.add_argument("--answer-gate", choices=ANSWER_GATES, default="off",
-                        help="recall: an answer whose recall missed H* earns -1 (not in the paper; see above)")
-    parser.add_argument("--out", default=None, help="with --completions: folder for scores.jsonl, summary.json, config.json")
+    parser.add_argument(
+        "--completion",
+        default=None,
+        help="a file holding the completion, or the text itself; "
+        "default: the record's own reference target (the best possible score)",
+    )
+    parser.add_argument(
+        "--completions", default=None, help="JSONL of {'id' or 'index', 'completion'}: print the means"
+    )
+    parser.add_argument(
+        "--answer-reward",
+        choices=ANSWER_REWARDS,
+        default="cosine",
+        help="Eq. (7): cosine (the paper), keys (answer_keys present), "
+        "both (keys; the cosine ranks complete answers)",
+    )
+    parser.add_argument(
+        "--answer-gate",
+        choices=ANSWER_GATES,
+        default="off",
+        help="recall: an answer whose recall missed H* earns -1 (not in the paper; see above)",
+    )
+    parser.add_argument(
+        "--out", default=None, help="with --completions: folder for scores.jsonl, summary.json, config.json"
+    )
     args = parse_config(parser, PRESETS, argv)
     if not args.gallery and not args.data:
         parser.error("--data is required (or --gallery)")
@@ -688,26 +599,40 @@ def main(argv=None):
     if pairs is not None:
         results = []
         for start in range(0, len(pairs), 256):
-            chunk = pairs[start:start + 256]
-            results += compute_rewards([c for _, c in chunk], [r for r, _ in chunk], args.answer_reward,
-                                       args.answer_gate)
+            chunk = pairs[start : start + 256]
+            results += compute_rewards(
+                [c for _, c in chunk], [r for r, _ in chunk], args.answer_reward, args.answer_gate
+            )
         n = max(len(results), 1)
-        summary = {"n": len(results), "answer_reward": args.answer_reward, "answer_gate": args.answer_gate,
-                   **{k: sum(r[k] for r in results) / n for k in ("format", "recall", "answer", "total", "jaccard")},
-                   "unmatched_tags_per_completion": sum(len(r["unmatched"]) for r in results) / n,
-                   "no_final_answer": sum(r["final_answer"] is None for r in results) / n}
-        print(f"{summary['n']} completions from {args.completions}, answer reward {args.answer_reward}\n"
-              + "".join(f"  mean {k:<8} {summary[k]:+.4f}\n" for k in ("format", "recall", "answer", "total", "jaccard"))
-              + f"  unmatched tags per completion {summary['unmatched_tags_per_completion']:.2f}, "
-                f"no final answer {100 * summary['no_final_answer']:.1f}%")
+        summary = {
+            "n": len(results),
+            "answer_reward": args.answer_reward,
+            "answer_gate": args.answer_gate,
+            **{k: sum(r[k] for r in results) / n for k in ("format", "recall", "answer", "total", "jaccard")},
+            "unmatched_tags_per_completion": sum(len(r["unmatched"]) for r in results) / n,
+            "no_final_answer": sum(r["final_answer"] is None for r in results) / n,
+        }
+        print(
+            f"{summary['n']} completions from {args.completions}, answer reward {args.answer_reward}\n"
+            + "".join(
+                f"  mean {k:<8} {summary[k]:+.4f}\n"
+                for k in ("format", "recall", "answer", "total", "jaccard")
+            )
+            + f"  unmatched tags per completion {summary['unmatched_tags_per_completion']:.2f}, "
+            f"no final answer {100 * summary['no_final_answer']:.1f}%"
+        )
         if args.out:
-            write_jsonl(os.path.join(args.out, "scores.jsonl"),
-                        [{"id": r["id"], **s} for (r, _), s in zip(pairs, results)])
+            write_jsonl(
+                os.path.join(args.out, "scores.jsonl"),
+                [{"id": r["id"], **s} for (r, _), s in zip(pairs, results)],
+            )
             write_json(os.path.join(args.out, "summary.json"), summary)
             write_config(args.out, args)
         return summary
 
-    matching = [r for r in records if r["id"] == args.id] if args.id is not None else records[args.index:][:1]
+    matching = (
+        [r for r in records if r["id"] == args.id] if args.id is not None else records[args.index :][:1]
+    )
     if args.id is not None and not matching:
         sys.exit(f"error: {args.data}: no record has id {args.id!r}")
     if not matching or args.index < 0:

@@ -14,76 +14,28 @@ sentence embedder of Eq. (2) in modeling.py.
 
 Run `python stage0_build.py --help`.
 """
+
 from __future__ import annotations
 
 import argparse
 import hashlib
 import json
-import os
 import random
 import re
 import sys
 import time
-import urllib.request
 from collections import Counter
 from pathlib import Path
 
 import numpy as np
 
-from cli import parse_config, write_config
-from corpora import LOADERS, load_corpus
-from data_io import BUCKETS, DataError, bucket_of, write_json, write_jsonl
-from modeling import embed, render_chat
-from synthetic import generate_synthetic, keys_outside_recall
-from teacher import gold_is_complete, grounded, make_teacher
-
-# --------------------------------------------------------------------------------------------
-# The prompt P(Q_t, C_t) and the target (Z_t, A*_t)  (DESIGN.md, "Output format")
-# --------------------------------------------------------------------------------------------
-SRT_SYSTEM_PROMPT = (
-    "You are a customer-service assistant in a long conversation. Before you answer, think inside "
-    "<think>...</think> in three steps: 1. Analyze Query: what is asked. 2. Recall History: copy "
-    "every earlier utterance you need, verbatim, one per tag, as <HIS>LABEL: text</HIS> (write "
-    "'No earlier turn is needed.' if none is). 3. Reasoning: derive the answer from what you "
-    "recalled; newer information overrides older. Then write 'Final answer:' and a short answer."
-)
-
-
-def format_history(history, keep=None) -> str:
-    """Labelled history, one utterance per line: 'Q1: ...' / 'A1: ...'. `keep` restricts it to a
-    set of labels (the dependency-pruned history C~_t of §3.3)."""
-    return "\n".join(f"{turn['label']}: {turn['text']}" for turn in history
-                     if keep is None or turn["label"] in keep)
-
-
-def build_messages(record, keep=None, system=SRT_SYSTEM_PROMPT, history=None) -> list[dict]:
-    """Chat messages for P(Q_t, C_t): the SRT instruction as the system message, the labelled
-    history and the current query as the user message."""
-    history = record["history"] if history is None else history
-    shown = format_history(history, keep)
-    user = (f"Dialogue history:\n{shown if shown else '(empty)'}\n\n"
-            f"Current query (Q{record['query_turn']}): {record['query']}")
-    return [{"role": "system", "content": system}, {"role": "user", "content": user}]
-
-
-def render_prompt(tokenizer, record, keep=None, system=SRT_SYSTEM_PROMPT, history=None) -> str:
-    """P(Q_t, C_t) as text, through the model's own chat template, ending where the assistant
-    starts to write."""
-    return render_chat(tokenizer, build_messages(record, keep=keep, system=system, history=history))
-
-
-def format_target(record, with_reasoning=True) -> str:
-    """The completion SFT learns: Z_t inside one think block, then the answer A*_t. Without
-    reasoning (the "w/o CoT" ablation of Table 2) only the answer line remains."""
-    answer = f"Final answer: {record['answer']}"
-    if not with_reasoning:
-        return answer
-    return f"<think>\n{record['reasoning'].strip()}\n</think>\n{answer}"
-
-
-def his_tag(turn) -> str:
-    """One recall action o_k of Eq. (1): a label and a verbatim copy of one utterance."""
-    return f"<HIS>{turn['label']}: {turn['text']}</HIS>"
+from srt.config import parse_config, write_config
+from srt.corpora import LOADERS, load_corpus
+from srt.data_io import BUCKETS, bucket_of, write_json, write_jsonl
+from srt.modeling import embed
+from srt.prompt import his_tag
+from srt.synthetic import generate_synthetic, keys_outside_recall
+from srt.teacher import gold_is_complete, grounded, make_teacher
 
 
 # --------------------------------------------------------------------------------------------
@@ -154,8 +106,10 @@ def deduplicate(dialogues, intent_threshold=0.9, jaccard_threshold=0.8):
             leaders.append(vec)
             clusters.append([])
             cluster = clusters[-1]
-        if any((group is None or g != group) and len(prints & p) / len(prints | p) >= jaccard_threshold
-               for g, p in cluster):
+        if any(
+            (group is None or g != group) and len(prints & p) / len(prints | p) >= jaccard_threshold
+            for g, p in cluster
+        ):
             merged += 1
             continue
         cluster.append((group, prints))
@@ -176,127 +130,6 @@ def passes_threshold(score, threshold=0.6):
 
 
 # --------------------------------------------------------------------------------------------
-# The prompt under a token budget (SFT's --max-length, GRPO's --max-prompt-length): the oldest
-# utterances go first, whatever they are.
-# H* is unknown at inference time, so it is never protected; a gold turn that falls out is only
-# counted (the prompt is then unanswerable from the history, as it would be for a user).
-# --------------------------------------------------------------------------------------------
-def fit_history(tokenizer, record, history, budget: int) -> tuple[list[dict], str, list[int]]:
-    """Drop the oldest utterances, whole ones and whatever they are, until the rendered prompt has
-    at most `budget` tokens. -> (history kept, prompt text, prompt ids). The query is never cut.
-    The prompt grows monotonically with the turns kept, so a binary search over how many of the
-    oldest turns go finds the fewest drops. H* is never protected: at inference time it is
-    unknown, and in training an old turn that survived because it is gold would be a tell."""
-    def render(kept):
-        text = render_prompt(tokenizer, record, history=kept)
-        return text, tokenizer(text, add_special_tokens=False)["input_ids"]
-
-    text, ids = render(history)
-    if len(ids) <= budget:
-        return history, text, ids
-    lo, hi = 1, len(history)  # dropping every turn is the best we can do
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if len(render(history[mid:])[1]) <= budget:
-            hi = mid
-        else:
-            lo = mid + 1
-    kept = history[hi:]
-    text, ids = render(kept)
-    return kept, text, ids
-
-
-
-def fit_prompt(tokenizer, record, max_prompt_length) -> tuple[str | None, int]:
-    """-> (prompt text, or None when even the query alone does not fit; gold turns cut)."""
-    if not max_prompt_length:
-        return render_prompt(tokenizer, record), 0
-    kept, prompt, ids = fit_history(tokenizer, record, record["history"], max_prompt_length)
-    if len(ids) > max_prompt_length:
-        return None, 0
-    kept_labels = {turn["label"] for turn in kept}
-    return prompt, sum(label not in kept_labels for label in record["recall"])
-
-
-class PromptStream:
-    """An endless, seeded walk over the training records, a fresh permutation each epoch. Every rank
-    walks the same order and takes its own slice of each global batch, so ranks never share a prompt.
-    The position (epoch, cursor) is part of the checkpoint."""
-
-    def __init__(self, records, tokenizer, max_prompt_length, seed, rank=0, world_size=1):
-        self.records, self.tokenizer, self.max_prompt_length = records, tokenizer, max_prompt_length
-        self.seed, self.rank, self.world_size = seed, rank, world_size
-        self.epoch, self.cursor, self.skipped, self.gold_cut = 0, 0, 0, 0
-        self._order = self._permutation()
-
-    def _permutation(self):
-        order = list(range(len(self.records)))
-        random.Random(f"grpo-data-{self.seed}-{self.epoch}").shuffle(order)
-        return order
-
-    def _next(self):
-        for _ in range(2 * len(self.records)):  # 2 x N draws in a row hold one whole epoch
-            if self.cursor == len(self._order):
-                self.epoch, self.cursor = self.epoch + 1, 0
-                self._order = self._permutation()
-            record = self.records[self._order[self.cursor]]
-            self.cursor += 1
-            prompt, gold_cut = fit_prompt(self.tokenizer, record, self.max_prompt_length)
-            if prompt is not None:
-                self.gold_cut += gold_cut
-                return record, prompt
-            self.skipped += 1
-        raise DataError(f"no training prompt fits --max-prompt-length {self.max_prompt_length}")
-
-    def next_batch(self, n):
-        """-> this rank's n (record, prompt) pairs of the next global batch of n * world_size."""
-        batch = [self._next() for _ in range(n * self.world_size)]
-        return batch[self.rank * n:(self.rank + 1) * n]
-
-    def state_dict(self):
-        return {"epoch": self.epoch, "cursor": self.cursor, "skipped": self.skipped, "gold_cut": self.gold_cut}
-
-    def load_state_dict(self, state):
-        self.epoch, self.cursor, self.skipped, self.gold_cut = (state[k] for k in ("epoch", "cursor", "skipped", "gold_cut"))
-        self._order = self._permutation()
-
-
-# --------------------------------------------------------------------------------------------
-# The client for OpenAI-compatible chat APIs (the §3.2 teacher; SRT-P on closed models, §4.8)
-# --------------------------------------------------------------------------------------------
-class ChatClient:
-    """POST {api_base}/chat/completions. The key is read from an environment variable and never
-    printed; errors name the endpoint but not the key."""
-
-    def __init__(self, api_base: str, model: str, key_env: str = "OPENAI_API_KEY",
-                 temperature: float = 0.0, max_tokens: int = 512, timeout: float = 120.0, retries: int = 3):
-        self.url = api_base.rstrip("/") + "/chat/completions"
-        self.model, self.temperature, self.max_tokens = model, temperature, max_tokens
-        self.timeout, self.retries = timeout, retries
-        self._key = os.environ.get(key_env, "")
-
-    def __repr__(self):  # keeps the key out of logs
-        return f"ChatClient(url={self.url!r}, model={self.model!r})"
-
-    def chat(self, messages: list[dict]) -> str:
-        body = json.dumps({"model": self.model, "messages": messages,
-                           "temperature": self.temperature, "max_tokens": self.max_tokens}).encode()
-        headers = {"Content-Type": "application/json"}
-        if self._key:
-            headers["Authorization"] = f"Bearer {self._key}"
-        last_error = None
-        for attempt in range(self.retries):
-            try:
-                request = urllib.request.Request(self.url, data=body, headers=headers)
-                with urllib.request.urlopen(request, timeout=self.timeout) as response:
-                    return json.loads(response.read())["choices"][0]["message"]["content"] or ""
-            except Exception as e:  # network errors and malformed replies alike: retry, then fail
-                last_error = f"{type(e).__name__}: {e}"
-                time.sleep(2 ** attempt)
-        raise RuntimeError(f"chat API {self.url} failed after {self.retries} tries: {last_error}")
-
-
-# --------------------------------------------------------------------------------------------
 # The teacher (§3.2): given (Q_t, C_t) it returns the minimal recall set H*_t in the paper's
 # "Turn X: 'content'" form, the reasoning chain Z_t and the answer A*_t. The oracle serves the
 # synthetic source from its ground truth; LLM teachers plug in behind the same `annotate`.
@@ -306,11 +139,17 @@ class OracleTeacher:
 
     def annotate(self, query: str, history: list[dict], gold: dict, answer: str) -> dict:
         by_label = {u["label"]: u for u in history}
-        return {"recall_turns": [f"Turn {label}: '{by_label[label]['text']}'" for label in gold["recall"] if label in by_label],
-                "analysis": gold.get("analysis", "what the user needs"),
-                "reasoning": gold.get("reasoning", ""), "answer": answer,
-                "answer_keys": list(gold.get("answer_keys", [])), "derived_yes_no": bool(gold.get("derived_yes_no")),
-                "query_type": gold.get("query_type", "unknown")}
+        return {
+            "recall_turns": [
+                f"Turn {label}: '{by_label[label]['text']}'" for label in gold["recall"] if label in by_label
+            ],
+            "analysis": gold.get("analysis", "what the user needs"),
+            "reasoning": gold.get("reasoning", ""),
+            "answer": answer,
+            "answer_keys": list(gold.get("answer_keys", [])),
+            "derived_yes_no": bool(gold.get("derived_yes_no")),
+            "query_type": gold.get("query_type", "unknown"),
+        }
 
     def annotate_many(self, items) -> list[tuple[dict, None]]:
         return [(self.annotate(*item), None) for item in items]
@@ -320,16 +159,16 @@ TURN_REF = re.compile(r"Turn\s+([QA]\d+)\s*:")
 
 
 def parse_turn_refs(recall_turns) -> list[str]:
-    """"Turn A5: 'The Chakra Balancing service is $180.'" -> "A5"."""
+    """ "Turn A5: 'The Chakra Balancing service is $180.'" -> "A5"."""
     return [m.group(1) for ref in recall_turns for m in [TURN_REF.match(ref.strip())] if m]
 
 
 def build_reasoning(analysis: str, recalled: list[dict], reasoning: str) -> str:
     """Z_t in the output format of DESIGN.md: analyze -> recall (one <HIS> per utterance) -> reason."""
     recall = "\n".join(his_tag(u) for u in recalled) if recalled else "No earlier turn is needed."
-    return (f"1. Analyze Query: The user asks {analysis}.\n"
-            f"2. Recall History: {recall}\n"
-            f"3. Reasoning: {reasoning}")
+    return (
+        f"1. Analyze Query: The user asks {analysis}.\n2. Recall History: {recall}\n3. Reasoning: {reasoning}"
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -361,7 +200,9 @@ def verify_record(record) -> str | None:
             if key.lower() not in evidence or key.lower() not in record["answer"].lower():
                 return "ungrounded_answer"  # string matching between A* and H*
         if not record.get("answer_keys"):  # no keys: A*'s numbers and content words, found in H*
-            check = record["meta"].get("grounding") or grounded(record["answer"], [by_label[l] for l in record["recall"]])
+            check = record["meta"].get("grounding") or grounded(
+                record["answer"], [by_label[l] for l in record["recall"]]
+            )
             if not check["grounded"] and not record["meta"].get("derived_answer"):
                 return "ungrounded_answer_words"  # a derived answer (LoCoMo's dates) is only reported
     return None
@@ -379,7 +220,11 @@ def corpus_gives_recall(dialogue, rnd) -> bool:
     selection, which finds the dialogues worth annotating, does not judge it (its scores and C~_t
     are still computed). The synthetic generator's planted H* stays under the filter."""
     gold = rnd.get("gold")
-    return isinstance(gold, dict) and isinstance(gold.get("recall"), list) and dialogue.get("source") != "synthetic"
+    return (
+        isinstance(gold, dict)
+        and isinstance(gold.get("recall"), list)
+        and dialogue.get("source") != "synthetic"
+    )
 
 
 def annotate_dialogues(dialogues, teacher, args, progress=True):
@@ -399,7 +244,7 @@ def annotate_dialogues(dialogues, teacher, args, progress=True):
     rows = [row[text] for text in texts]
     pending, offset = [], 0
     for d, utts in zip(tqdm(dialogues, desc="Eq. (2)", disable=not progress), all_utts):
-        vecs = unique_vectors[rows[offset: offset + len(utts)]]
+        vecs = unique_vectors[rows[offset : offset + len(utts)]]
         offset += len(utts)
         queries, selected = [], False
         for t, rnd in enumerate(d["rounds"], 1):
@@ -407,12 +252,22 @@ def annotate_dialogues(dialogues, teacher, args, progress=True):
                 continue
             history, query_vec = utts[: 2 * (t - 1)], vecs[2 * (t - 1)]
             sims = vecs[: 2 * (t - 1)] @ query_vec
-            scores = dependency_score(sims, t, [u["round"] for u in history], args.w_sem, args.w_dist, args.decay)
+            scores = dependency_score(
+                sims, t, [u["round"] for u in history], args.w_sem, args.w_dist, args.decay
+            )
             kept = {u["label"] for u, s in zip(history, scores) if passes_threshold(s, args.threshold)}
             selected |= bool(kept)
             gold = rnd.get("gold")
-            who = oracle if gold is not None and (not llm or gold_is_complete(gold)) else teacher if llm else None
-            queries.append({"t": t, "rnd": rnd, "history": history, "scores": scores, "kept": kept, "who": who})
+            who = (
+                oracle
+                if gold is not None and (not llm or gold_is_complete(gold))
+                else teacher
+                if llm
+                else None
+            )
+            queries.append(
+                {"t": t, "rnd": rnd, "history": history, "scores": scores, "kept": kept, "who": who}
+            )
         if not selected and not all(corpus_gives_recall(d, q["rnd"]) for q in queries):
             drops["dependency_selection"] += 1  # no (Q_t, u_i) pair passes Eq. (2)
             queries = [q for q in queries if corpus_gives_recall(d, q["rnd"])]
@@ -423,11 +278,14 @@ def annotate_dialogues(dialogues, teacher, args, progress=True):
         mine = [q for _, queries in pending for q in queries if q["who"] is who]
         # prompts of many dialogues go out together: a chat corpus has one query per dialogue
         chunk = len(mine) if who is oracle else max(64, 4 * getattr(who, "max_concurrency", 1))
-        bar = tqdm(range(0, len(mine), chunk or 1), desc=f"teacher {who.name}", disable=not progress or who is oracle)
+        bar = tqdm(
+            range(0, len(mine), chunk or 1), desc=f"teacher {who.name}", disable=not progress or who is oracle
+        )
         for start in bar:
-            part = mine[start:start + chunk]
-            notes = who.annotate_many([(q["rnd"]["user"], q["history"], q["rnd"].get("gold"), q["rnd"]["assistant"])
-                                       for q in part])
+            part = mine[start : start + chunk]
+            notes = who.annotate_many(
+                [(q["rnd"]["user"], q["history"], q["rnd"].get("gold"), q["rnd"]["assistant"]) for q in part]
+            )
             for q, (note, reason) in zip(part, notes):
                 q["note"], q["reason"] = note, reason
     records = []
@@ -442,21 +300,39 @@ def annotate_dialogues(dialogues, teacher, args, progress=True):
             by_label = {u["label"]: u for u in history}
             recalled = [by_label[label] for label in recall if label in by_label]
             hist = [{k: u[k] for k in ("label", "speaker", "text")} for u in history]
-            meta = {**(d.get("meta") or {}), **(rnd.get("meta") or {}),
-                    **{k: v for k, v in (rnd.get("gold") or {}).items() if k not in GOLD_FIELDS}}
-            meta.update({"num_turns": t, "bucket": bucket_of(t), "dialogue_id": d["id"],
-                         "dialogue_rounds": len(d["rounds"]), "domain": d.get("domain", "unknown"),
-                         "query_type": note["query_type"], "derived_yes_no": note["derived_yes_no"],
-                         "scores": {u["label"]: round(float(s), 4) for u, s in zip(history, q["scores"])}})
+            meta = {
+                **(d.get("meta") or {}),
+                **(rnd.get("meta") or {}),
+                **{k: v for k, v in (rnd.get("gold") or {}).items() if k not in GOLD_FIELDS},
+            }
+            meta.update(
+                {
+                    "num_turns": t,
+                    "bucket": bucket_of(t),
+                    "dialogue_id": d["id"],
+                    "dialogue_rounds": len(d["rounds"]),
+                    "domain": d.get("domain", "unknown"),
+                    "query_type": note["query_type"],
+                    "derived_yes_no": note["derived_yes_no"],
+                    "scores": {u["label"]: round(float(s), 4) for u, s in zip(history, q["scores"])},
+                }
+            )
             if q["who"] is not oracle:
-                meta.update(teacher=teacher.name, reasoning_source="teacher", reference_answer=rnd["assistant"])
+                meta.update(
+                    teacher=teacher.name, reasoning_source="teacher", reference_answer=rnd["assistant"]
+                )
             if recall and not note["answer_keys"]:
                 meta["grounding"] = grounded(note["answer"], [u["text"] for u in recalled])
             record = {
-                "id": f"{d['id']}-t{t:02d}", "source": d.get("source", "jsonl"), "history": hist,
-                "query": rnd["user"], "query_turn": t, "recall": recall,
+                "id": f"{d['id']}-t{t:02d}",
+                "source": d.get("source", "jsonl"),
+                "history": hist,
+                "query": rnd["user"],
+                "query_turn": t,
+                "recall": recall,
                 "reasoning": build_reasoning(note["analysis"], recalled, note["reasoning"]),
-                "answer": note["answer"], "answer_keys": note["answer_keys"],
+                "answer": note["answer"],
+                "answer_keys": note["answer_keys"],
                 "pruned": [u["label"] for u in history if u["label"] in q["kept"] or u["label"] in recall],
                 "meta": meta,
             }
@@ -470,12 +346,14 @@ def annotate_dialogues(dialogues, teacher, args, progress=True):
 
 def split_by_dialogue(records, seed, dev_fraction, test_fraction):
     """Train, dev and test never share a dialogue, nor a split group (LoCoMo: one conversation)."""
+
     def group(r):
         return r["meta"].get("split_group", r["meta"]["dialogue_id"])
+
     ids = sorted({group(r) for r in records})
     random.Random(seed).shuffle(ids)
     n_test, n_dev = round(len(ids) * test_fraction), round(len(ids) * dev_fraction)
-    test_ids, dev_ids = set(ids[:n_test]), set(ids[n_test: n_test + n_dev])
+    test_ids, dev_ids = set(ids[:n_test]), set(ids[n_test : n_test + n_dev])
     splits = {"train": [], "dev": [], "test": []}
     for r in records:
         d = group(r)
@@ -494,8 +372,10 @@ def corpus_stats(num_input, dialogues, splits, drops):
             d = r["query_turn"] - int(label[1:])
             distances["1-4" if d < 5 else "5-9" if d < 10 else "10-19" if d < 20 else "20+"] += 1
     return {
-        "dialogues_in": num_input, "dialogues_kept": len(dialogues),
-        "queries": len(records), "queries_per_split": {k: len(v) for k, v in splits.items()},
+        "dialogues_in": num_input,
+        "dialogues_kept": len(dialogues),
+        "queries": len(records),
+        "queries_per_split": {k: len(v) for k, v in splits.items()},
         "dialogues_per_split": {k: len({r["meta"]["dialogue_id"] for r in v}) for k, v in splits.items()},
         "bucket_counts": {str(b): buckets.get(b, 0) for b in BUCKETS},
         "bucket_share": {str(b): round(buckets.get(b, 0) / n, 3) for b in BUCKETS},
@@ -503,14 +383,22 @@ def corpus_stats(num_input, dialogues, splits, drops):
         "share_recall_ge_2": round(sum(v for k, v in sizes.items() if k >= 2) / n, 3),
         "recall_distance_hist": {k: distances.get(k, 0) for k in ("1-4", "5-9", "10-19", "20+")},
         # Eq. (2) keeps distractors: C~_t should be a real superset of H*, not H* alone (§3.3)
-        "share_pruned_equals_recall": round(sum(set(r["pruned"]) == set(r["recall"]) for r in records) / n, 3),
-        "mean_pruned_over_history": round(sum(len(r["pruned"]) / max(1, len(r["history"])) for r in records) / n, 3),
+        "share_pruned_equals_recall": round(
+            sum(set(r["pruned"]) == set(r["recall"]) for r in records) / n, 3
+        ),
+        "mean_pruned_over_history": round(
+            sum(len(r["pruned"]) / max(1, len(r["history"])) for r in records) / n, 3
+        ),
         # unique gold: an utterance outside H* that holds a distinctive answer key is an equally valid recall
-        "share_key_outside_recall": round(sum(bool(keys_outside_recall(r["history"], r["recall"], r["answer_keys"]))
-                                              for r in records) / n, 4),
+        "share_key_outside_recall": round(
+            sum(bool(keys_outside_recall(r["history"], r["recall"], r["answer_keys"])) for r in records) / n,
+            4,
+        ),
         # §3.2's string matching without answer keys; a derived answer that fails is kept, and counted here
         "grounding_checked": sum("grounding" in r["meta"] for r in records),
-        "ungrounded_kept_as_derived": sum(not r["meta"].get("grounding", {"grounded": True})["grounded"] for r in records),
+        "ungrounded_kept_as_derived": sum(
+            not r["meta"].get("grounding", {"grounded": True})["grounded"] for r in records
+        ),
         "query_types": dict(Counter(r["meta"]["query_type"] for r in records)),
         "domains": dict(Counter(r["meta"]["domain"] for r in records)),
         "dropped": dict(drops),
@@ -523,46 +411,90 @@ RUN_ONLY = ("resume", "quiet", "teacher_cache", "max_concurrency", "api_timeout"
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description="Stage 0 of SRT (§3.2): build the dependency-annotated dialogue corpus.",
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--source", choices=["synthetic", *LOADERS], default="synthetic",
-                   help="synthetic: the embedded generator (synthetic.py); the others read --path (corpora.py)")
-    p.add_argument("--path", "--input", dest="path",
-                   help="the corpus file or folder (chitchat: default the installed chitchat-dataset)")
+    p = argparse.ArgumentParser(
+        description="Stage 0 of SRT (§3.2): build the dependency-annotated dialogue corpus.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument(
+        "--source",
+        choices=["synthetic", *LOADERS],
+        default="synthetic",
+        help="synthetic: the embedded generator (synthetic.py); the others read --path (corpora.py)",
+    )
+    p.add_argument(
+        "--path",
+        "--input",
+        dest="path",
+        help="the corpus file or folder (chitchat: default the installed chitchat-dataset)",
+    )
     p.add_argument("--limit", type=int, help="read at most this many dialogues from --path")
-    p.add_argument("--queries", choices=["last", "all", "none", "qa"],
-                   help="the rounds of a corpus without gold the teacher annotates; default the corpus's own "
-                        "(CoQA every question, the others the last round); qa: MG-ShopDial's product questions")
-    p.add_argument("--locomo-adversarial", choices=["keep", "abstain", "skip"], default="keep",
-                   help="LoCoMo category 5: its adversarial_answer, 'Not mentioned in the conversation.', or dropped")
+    p.add_argument(
+        "--queries",
+        choices=["last", "all", "none", "qa"],
+        help="the rounds of a corpus without gold the teacher annotates; default the corpus's own "
+        "(CoQA every question, the others the last round); qa: MG-ShopDial's product questions",
+    )
+    p.add_argument(
+        "--locomo-adversarial",
+        choices=["keep", "abstain", "skip"],
+        default="keep",
+        help="LoCoMo category 5: its adversarial_answer, 'Not mentioned in the conversation.', or dropped",
+    )
     p.add_argument("--num-dialogues", type=int, default=2000, help="synthetic dialogues to generate")
     p.add_argument("--out", default="runs/data")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--teacher", default="oracle",
-                   help="who annotates (H*, Z, A*): oracle (the ground truth a source carries), hf:MODEL "
-                        "(a local folder or model id) or api:MODEL (an OpenAI-compatible endpoint)")
+    p.add_argument(
+        "--teacher",
+        default="oracle",
+        help="who annotates (H*, Z, A*): oracle (the ground truth a source carries), hf:MODEL "
+        "(a local folder or model id) or api:MODEL (an OpenAI-compatible endpoint)",
+    )
     p.add_argument("--teacher-cache", help="the LLM teacher's reply cache (default OUT/teacher_cache)")
-    p.add_argument("--teacher-max-new-tokens", type=int, help="longest teacher reply (default: hf 384, api 1024)")
+    p.add_argument(
+        "--teacher-max-new-tokens", type=int, help="longest teacher reply (default: hf 384, api 1024)"
+    )
     p.add_argument("--api-base", default="https://api.openai.com/v1")
-    p.add_argument("--api-key-env", default="OPENAI_API_KEY", help="environment variable that holds the API key")
+    p.add_argument(
+        "--api-key-env", default="OPENAI_API_KEY", help="environment variable that holds the API key"
+    )
     p.add_argument("--max-concurrency", type=int, default=4, help="API requests in flight")
     p.add_argument("--api-timeout", type=float, default=120.0, help="seconds per API request")
-    p.add_argument("--api-retries", type=int, default=4, help="retries of a 429, 5xx or timeout (back-off with jitter)")
+    p.add_argument(
+        "--api-retries", type=int, default=4, help="retries of a 429, 5xx or timeout (back-off with jitter)"
+    )
     p.add_argument("--device", help="hf teacher: default cuda when available, else cpu")
-    p.add_argument("--trust-remote-code", action="store_true", help="hf teacher: run the model repository's code")
+    p.add_argument(
+        "--trust-remote-code", action="store_true", help="hf teacher: run the model repository's code"
+    )
     p.add_argument("--min-rounds", type=int, default=8)
     p.add_argument("--max-rounds", type=int, default=32)
     p.add_argument("--w-sem", type=float, default=0.6, help="Eq. (2) weight of semantic similarity")
     p.add_argument("--w-dist", type=float, default=0.4, help="Eq. (2) weight of the distance decay")
     p.add_argument("--decay", type=float, default=0.15, help="Eq. (2) decay per round")
     p.add_argument("--threshold", type=float, default=0.6, help="Eq. (2) selection threshold (strict >)")
-    p.add_argument("--dedup-intent", type=float, default=0.9, help="cosine of intent vectors that puts dialogues in one cluster")
-    p.add_argument("--dedup-jaccard", type=float, default=0.8, help="turn-fingerprint Jaccard that marks near-identical dialogues")
+    p.add_argument(
+        "--dedup-intent",
+        type=float,
+        default=0.9,
+        help="cosine of intent vectors that puts dialogues in one cluster",
+    )
+    p.add_argument(
+        "--dedup-jaccard",
+        type=float,
+        default=0.8,
+        help="turn-fingerprint Jaccard that marks near-identical dialogues",
+    )
     p.add_argument("--dev-fraction", type=float, default=0.1)
     p.add_argument("--test-fraction", type=float, default=0.1)
-    p.add_argument("--on-error", choices=["raise", "skip"], default="raise",
-                   help="a malformed source record stops the run (raise) or is skipped and counted (skip)")
-    p.add_argument("--resume", action="store_true", help="do nothing if --out already holds a build of the same config")
+    p.add_argument(
+        "--on-error",
+        choices=["raise", "skip"],
+        default="raise",
+        help="a malformed source record stops the run (raise) or is skipped and counted (skip)",
+    )
+    p.add_argument(
+        "--resume", action="store_true", help="do nothing if --out already holds a build of the same config"
+    )
     p.add_argument("--quiet", action="store_true")
     args = parse_config(p, PRESETS, argv)
     if args.source not in ("synthetic", "chitchat") and not args.path:
@@ -578,8 +510,12 @@ def read_source(args) -> tuple[list[dict], dict]:
     """-> (raw dialogues, the loader's report). JSONL is not cut: the §3.2 length filter decides."""
     if args.source == "synthetic":
         return generate_synthetic(args.num_dialogues, args.seed), {}
-    options = {"max_rounds": None if args.source == "jsonl" else args.max_rounds, "limit": args.limit,
-               "on_error": args.on_error, **({"queries": args.queries} if args.queries else {})}
+    options = {
+        "max_rounds": None if args.source == "jsonl" else args.max_rounds,
+        "limit": args.limit,
+        "on_error": args.on_error,
+        **({"queries": args.queries} if args.queries else {}),
+    }
     if args.source == "locomo":
         options.update(seed=args.seed, adversarial=args.locomo_adversarial)
     return load_corpus(args.source, args.path, **options)
@@ -588,11 +524,19 @@ def read_source(args) -> tuple[list[dict], dict]:
 def build_teacher(args):
     if args.teacher == "oracle":
         return OracleTeacher()
-    return make_teacher(args.teacher, cache_dir=args.teacher_cache or f"{args.out}/teacher_cache",
-                        api_base=args.api_base, key_env=args.api_key_env, max_concurrency=args.max_concurrency,
-                        timeout=args.api_timeout, retries=args.api_retries, seed=args.seed,
-                        max_new_tokens=args.teacher_max_new_tokens, device=args.device,
-                        trust_remote_code=args.trust_remote_code)
+    return make_teacher(
+        args.teacher,
+        cache_dir=args.teacher_cache or f"{args.out}/teacher_cache",
+        api_base=args.api_base,
+        key_env=args.api_key_env,
+        max_concurrency=args.max_concurrency,
+        timeout=args.api_timeout,
+        retries=args.api_retries,
+        seed=args.seed,
+        max_new_tokens=args.teacher_max_new_tokens,
+        device=args.device,
+        trust_remote_code=args.trust_remote_code,
+    )
 
 
 def main(argv=None) -> None:
@@ -610,9 +554,15 @@ def main(argv=None) -> None:
         teacher = build_teacher(args)
     except (ValueError, OSError) as e:  # DataError is a ValueError
         sys.exit(f"error: {e}")
-    if args.teacher == "oracle" and dialogues and not any("gold" in r for d in dialogues for r in d["rounds"]):
-        sys.exit(f"error: --source {args.source} carries no gold answers, so --teacher oracle can annotate "
-                 "nothing; use an LLM teacher: --teacher api:MODEL or hf:MODEL")
+    if (
+        args.teacher == "oracle"
+        and dialogues
+        and not any("gold" in r for d in dialogues for r in d["rounds"])
+    ):
+        sys.exit(
+            f"error: --source {args.source} carries no gold answers, so --teacher oracle can annotate "
+            "nothing; use an LLM teacher: --teacher api:MODEL or hf:MODEL"
+        )
     malformed = report.get("malformed", 0)
     num_input = len(dialogues) + malformed
     drops = Counter({"malformed": malformed} if malformed else {})
@@ -625,19 +575,29 @@ def main(argv=None) -> None:
     kept_dialogues = sorted({r["meta"]["dialogue_id"] for r in records})
     splits = split_by_dialogue(records, args.seed, args.dev_fraction, args.test_fraction)
     stats = corpus_stats(num_input, kept_dialogues, splits, drops)
-    stats.update(source=args.source, source_report=report, teacher={"name": args.teacher, **getattr(teacher, "stats", {})},
-                 seconds=round(time.time() - start, 1))
+    stats.update(
+        source=args.source,
+        source_report=report,
+        teacher={"name": args.teacher, **getattr(teacher, "stats", {})},
+        seconds=round(time.time() - start, 1),
+    )
     for name, part in splits.items():
         write_jsonl(out / f"{name}.jsonl", part)
     write_json(out / "stats.json", stats)
     write_config(out, config)
-    print(f"stage0: {stats['dialogues_kept']}/{num_input} dialogues, {stats['queries']} queries "
-          f"{stats['queries_per_split']} in {stats['seconds']} s -> {out}")
-    print(f"  buckets {stats['bucket_share']}  |H*|>=2: {stats['share_recall_ge_2']}  "
-          f"|H*| hist {stats['recall_size_hist']}")
+    print(
+        f"stage0: {stats['dialogues_kept']}/{num_input} dialogues, {stats['queries']} queries "
+        f"{stats['queries_per_split']} in {stats['seconds']} s -> {out}"
+    )
+    print(
+        f"  buckets {stats['bucket_share']}  |H*|>=2: {stats['share_recall_ge_2']}  "
+        f"|H*| hist {stats['recall_size_hist']}"
+    )
     print(f"  recall distance {stats['recall_distance_hist']}  dropped {stats['dropped']}")
-    print(f"  pruned == H* in {stats['share_pruned_equals_recall']:.1%} of queries, "
-          f"|C~_t| / |C_t| = {stats['mean_pruned_over_history']:.2f}")
+    print(
+        f"  pruned == H* in {stats['share_pruned_equals_recall']:.1%} of queries, "
+        f"|C~_t| / |C_t| = {stats['mean_pruned_over_history']:.2f}"
+    )
     if report:
         print(f"  {args.source}: " + ", ".join(f"{k} {v}" for k, v in report.items() if k != "errors"))
     if args.teacher != "oracle":

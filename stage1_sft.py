@@ -14,6 +14,7 @@ rate after a linear warm-up (§4.1). One optimizer and one step counter run acro
 Outputs under --out: config.json, metrics.jsonl (one line per step), checkpoint/ (resumable),
 final/ (save_pretrained), eval_format.json (with --eval-limit). Run `python stage1_sft.py --help`.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,17 +28,37 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-import memory_plan
-from checkpoint import JsonlLog, has_trainer_state, rng_state, set_rng_state
-from cli import parse_config, require, write_config
-from data_io import DataError, read_jsonl, write_json
-from modeling import (all_ranks_any, autocast, end_of_turn_id, gather_objects, generate,
-                      load_model_and_tokenizer, peak_gpu_gb, resolve_dtype, setup_distributed,
-                      teardown_distributed, token_logprobs)
-from sharding import (accumulate, add_scale_flags, check_checkpoint_layout, clip_grad_norm, full_weights,
-                      load_checkpoint, save_checkpoint, save_final, shard_model)
-from stage0_build import fit_history, format_target
-from training import TimeBudget, seed_everything, warmup_lr
+from srt import memory_plan
+from srt.checkpoint import JsonlLog, has_trainer_state, rng_state, set_rng_state
+from srt.completion import is_valid_format
+from srt.config import parse_config, require, write_config
+from srt.data_io import DataError, read_jsonl, write_json
+from srt.distributed import (
+    accumulate,
+    add_scale_flags,
+    all_ranks_any,
+    check_checkpoint_layout,
+    clip_grad_norm,
+    full_weights,
+    gather_objects,
+    load_checkpoint,
+    save_checkpoint,
+    save_final,
+    setup_distributed,
+    shard_model,
+    teardown_distributed,
+)
+from srt.modeling import (
+    autocast,
+    end_of_turn_id,
+    generate,
+    load_model_and_tokenizer,
+    peak_gpu_gb,
+    resolve_dtype,
+    token_logprobs,
+)
+from srt.prompt import fit_history, format_target
+from srt.training import TimeBudget, seed_everything, warmup_lr
 
 IGNORE_INDEX = -100  # label of a token that carries no loss (the prompt, the padding)
 
@@ -81,8 +102,15 @@ def build_example(tokenizer, record, phase: int, max_length: int, with_reasoning
         return None
     labels = [IGNORE_INDEX] * len(prompt_ids) + target
     answer_mask = [0] * (len(prompt_ids) + answer_from) + [1] * (len(target) - answer_from)
-    return {"id": record["id"], "phase": phase, "prompt": prompt, "input_ids": prompt_ids + target,
-            "labels": labels, "answer_mask": answer_mask, "dropped": len(history) - len(kept)}
+    return {
+        "id": record["id"],
+        "phase": phase,
+        "prompt": prompt,
+        "input_ids": prompt_ids + target,
+        "labels": labels,
+        "answer_mask": answer_mask,
+        "dropped": len(history) - len(kept),
+    }
 
 
 class PhaseData:
@@ -90,15 +118,22 @@ class PhaseData:
     of records), in a deterministic order that depends only on (seed, epoch): every rank computes the
     same global batches, and a resumed run the same ones as an uninterrupted run."""
 
-    def __init__(self, tokenizer, records, phase, max_length, with_reasoning, seed, global_batch, group_batches=32):
+    def __init__(
+        self, tokenizer, records, phase, max_length, with_reasoning, seed, global_batch, group_batches=32
+    ):
         self.tokenizer, self.records, self.phase = tokenizer, records, phase
         self.max_length, self.with_reasoning, self.seed = max_length, with_reasoning, seed
         self.global_batch, self.group_batches = global_batch, group_batches
         self.cache, self.truncated, self.skipped, self.epochs = {}, set(), set(), {}
         # A cheap length proxy (characters) is enough to group examples of similar length.
-        self.approx_length = np.array([
-            sum(len(t["text"]) + 8 for t in visible_history(r, phase)) + len(r["query"])
-            + len(format_target(r, with_reasoning)) for r in records])
+        self.approx_length = np.array(
+            [
+                sum(len(t["text"]) + 8 for t in visible_history(r, phase))
+                + len(r["query"])
+                + len(format_target(r, with_reasoning))
+                for r in records
+            ]
+        )
         self.batches_per_epoch = math.ceil(len(records) / global_batch)
 
     def example(self, index: int) -> dict:
@@ -106,8 +141,9 @@ class PhaseData:
         for offset in range(len(self.records)):
             k = (index + offset) % len(self.records)
             if k not in self.cache:
-                self.cache[k] = build_example(self.tokenizer, self.records[k], self.phase,
-                                              self.max_length, self.with_reasoning)
+                self.cache[k] = build_example(
+                    self.tokenizer, self.records[k], self.phase, self.max_length, self.with_reasoning
+                )
                 if self.cache[k] is None:
                     self.skipped.add(k)
                 elif self.cache[k]["dropped"]:
@@ -125,9 +161,9 @@ class PhaseData:
             group = self.global_batch * self.group_batches
             batches = []
             for start in range(0, len(order), group):
-                chunk = order[start:start + group]
+                chunk = order[start : start + group]
                 chunk = chunk[np.argsort(-self.approx_length[chunk], kind="stable")]
-                batches += [chunk[k:k + self.global_batch] for k in range(0, len(chunk), self.global_batch)]
+                batches += [chunk[k : k + self.global_batch] for k in range(0, len(chunk), self.global_batch)]
             self.epochs = {epoch: [batches[k] for k in rng.permutation(len(batches))]}
         return self.epochs[epoch]
 
@@ -140,12 +176,17 @@ class PhaseData:
 def collate(examples, pad_id: int) -> dict:
     """Right-pad a micro-batch; padding is masked out of attention and loss."""
     width = max(len(e["input_ids"]) for e in examples)
+
     def pad(key, value):
         return torch.tensor([e[key] + [value] * (width - len(e[key])) for e in examples])
+
     input_ids = pad("input_ids", pad_id)
-    return {"input_ids": input_ids, "labels": pad("labels", IGNORE_INDEX),
-            "answer_mask": pad("answer_mask", 0),
-            "attention_mask": pad("input_ids", -1).ne(-1).long()}
+    return {
+        "input_ids": input_ids,
+        "labels": pad("labels", IGNORE_INDEX),
+        "answer_mask": pad("answer_mask", 0),
+        "attention_mask": pad("input_ids", -1).ne(-1).long(),
+    }
 
 
 # --------------------------------------------------------------------------------------------
@@ -161,16 +202,23 @@ def sft_loss_sums(model, batch, autocast_dtype=None) -> dict:
     first_target = batch["labels"].ne(IGNORE_INDEX).float().argmax(dim=1).min().item()
     keep = width - max(first_target, 1) + 1
     with autocast(device, autocast_dtype):
-        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                       logits_to_keep=keep).logits
+        logits = model(
+            input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], logits_to_keep=keep
+        ).logits
     # Token k predicts token k+1; log-probs in chunks, without an fp32 copy of every logit.
-    labels = batch["labels"][:, width - keep + 1:]
-    answer = batch["answer_mask"][:, width - keep + 1:].bool()
+    labels = batch["labels"][:, width - keep + 1 :]
+    answer = batch["answer_mask"][:, width - keep + 1 :].bool()
     target = labels.ne(IGNORE_INDEX)
     nll = -token_logprobs(logits[:, :-1], labels.clamp(min=0))[0] * target
     reasoning = target & ~answer
-    return {"nll": nll.sum(), "reasoning_nll": nll[reasoning].sum(), "answer_nll": nll[answer].sum(),
-            "tokens": target.sum(), "reasoning_tokens": reasoning.sum(), "answer_tokens": answer.sum()}
+    return {
+        "nll": nll.sum(),
+        "reasoning_nll": nll[reasoning].sum(),
+        "answer_nll": nll[answer].sum(),
+        "tokens": target.sum(),
+        "reasoning_tokens": reasoning.sum(),
+        "answer_tokens": answer.sum(),
+    }
 
 
 def phase_plan(args, records_per_phase: dict) -> list[tuple[int, int]]:
@@ -197,11 +245,28 @@ PRESETS = {
     # max_length 1536 holds every prompt + target of the synthetic corpus (longest 1,317 + 233
     # tokens with real small talk), so no record loses a turn; batch 4 x 1536 fits in about 16 GB
     # without gradient checkpointing, which would cost about 25% more time.
-    "cpu-demo": dict(lr=5e-5, batch_size=4, grad_accum=1, max_length=1536, gradient_checkpointing=False,
-                     max_steps=64, phase1_fraction=0.4, warmup_steps=3, save_every=8),
+    "cpu-demo": dict(
+        lr=5e-5,
+        batch_size=4,
+        grad_accum=1,
+        max_length=1536,
+        gradient_checkpointing=False,
+        max_steps=64,
+        phase1_fraction=0.4,
+        warmup_steps=3,
+        save_every=8,
+    ),
     # §4.1: lr 5e-6, AdamW, constant schedule with linear warm-up. Batch and length are ours.
-    "paper": dict(lr=5e-6, batch_size=2, grad_accum=8, max_length=4096, gradient_checkpointing=True,
-                  warmup_steps=30, epochs=2, save_every=200),
+    "paper": dict(
+        lr=5e-6,
+        batch_size=2,
+        grad_accum=8,
+        max_length=4096,
+        gradient_checkpointing=True,
+        warmup_steps=30,
+        epochs=2,
+        save_every=200,
+    ),
 }
 # The SFT start of README "Does GRPO improve recall?": twice the demo's steps (51 pruned, 77 full); on
 # 109 dev queries recall Jaccard 5.8% -> 25.7%. From the 64-step model GRPO's recall groups were mostly
@@ -210,39 +275,66 @@ PRESETS["cpu-long"] = dict(PRESETS["cpu-demo"], max_steps=128)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
     p.add_argument("--model", default="smollm2-135m", help="HF id, local folder, smollm2-135m or tiny-random")
     p.add_argument("--data", default="runs/data/train.jsonl", help="training JSONL from stage0")
     p.add_argument("--out", default="runs/demo/sft", help="output folder")
     p.add_argument("--seed", type=int, default=0, help="random seed")
-    p.add_argument("--phase", choices=["1", "2", "both"], default="both",
-                   help="1: pruned histories C~_t, 2: full histories C_t, both: 1 then 2")
+    p.add_argument(
+        "--phase",
+        choices=["1", "2", "both"],
+        default="both",
+        help="1: pruned histories C~_t, 2: full histories C_t, both: 1 then 2",
+    )
     p.add_argument("--phase1-fraction", type=float, default=0.5, help="share of --max-steps for phase 1")
     p.add_argument("--epochs", type=int, default=1, help="epochs per phase when --max-steps is unset")
-    p.add_argument("--max-steps", type=int, default=None, help="optimizer steps in all (default: from --epochs)")
+    p.add_argument(
+        "--max-steps", type=int, default=None, help="optimizer steps in all (default: from --epochs)"
+    )
     p.add_argument("--batch-size", type=int, default=4, help="examples per micro-batch per process")
     p.add_argument("--grad-accum", type=int, default=1, help="micro-batches per optimizer step")
     p.add_argument("--lr", type=float, default=5e-5, help="peak learning rate (paper: 5e-6)")
     p.add_argument("--warmup-steps", type=int, default=10, help="linear warm-up steps")
     p.add_argument("--weight-decay", type=float, default=0.0, help="AdamW weight decay")
     p.add_argument("--max-grad-norm", type=float, default=1.0, help="gradient clipping norm")
-    p.add_argument("--max-length", type=int, default=1024,
-                   help="tokens per example; longer histories lose their oldest turns (a record whose H* "
-                        "would be cut is replaced by the next one)")
-    p.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="auto",
-                   help="auto: fp32 weights with bf16 autocast on a GPU or an AMX CPU, plain fp32 elsewhere")
-    p.add_argument("--gradient-checkpointing", action=argparse.BooleanOptionalAction, default=False,
-                   help="trade compute for memory")
+    p.add_argument(
+        "--max-length",
+        type=int,
+        default=1024,
+        help="tokens per example; longer histories lose their oldest turns (a record whose H* "
+        "would be cut is replaced by the next one)",
+    )
+    p.add_argument(
+        "--dtype",
+        choices=["auto", "float32", "bfloat16"],
+        default="auto",
+        help="auto: fp32 weights with bf16 autocast on a GPU or an AMX CPU, plain fp32 elsewhere",
+    )
+    p.add_argument(
+        "--gradient-checkpointing",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="trade compute for memory",
+    )
     p.add_argument("--no-cot", action="store_true", help="learn the answer alone (Table 2 'w/o CoT')")
     p.add_argument("--save-every", type=int, default=50, help="write <out>/checkpoint every N steps")
     p.add_argument("--log-every", type=int, default=1, help="append to metrics.jsonl every N steps")
-    p.add_argument("--time-budget-minutes", type=float, default=None,
-                   help="stop early (saved, resumable) when the next step would overrun this wall time")
+    p.add_argument(
+        "--time-budget-minutes",
+        type=float,
+        default=None,
+        help="stop early (saved, resumable) when the next step would overrun this wall time",
+    )
     p.add_argument("--resume", action="store_true", help="continue from <out>/checkpoint")
     p.add_argument("--eval-data", default="runs/data/dev.jsonl", help="held-out JSONL for the final check")
-    p.add_argument("--eval-limit", type=int, default=0,
-                   help="generate on N held-out records at the end and report format validity")
+    p.add_argument(
+        "--eval-limit",
+        type=int,
+        default=0,
+        help="generate on N held-out records at the end and report format validity",
+    )
     p.add_argument("--eval-max-new-tokens", type=int, default=256, help="tokens per held-out completion")
     p.add_argument("--trust-remote-code", action="store_true", help="allow model code from the hub")
     add_scale_flags(p)
@@ -260,8 +352,22 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 # Settings that fix the data order and the meaning of a step: a resumed run must match them.
 # Not --fsdp: the same update, computed in shards (a checkpoint's layout is checked apart).
-RESUME_MUST_MATCH = ("seed", "phase", "phase1_fraction", "batch_size", "grad_accum", "world_size",
-                     "max_length", "no_cot", "epochs", "lr", "warmup_steps", "weight_decay", "max_grad_norm", "model")
+RESUME_MUST_MATCH = (
+    "seed",
+    "phase",
+    "phase1_fraction",
+    "batch_size",
+    "grad_accum",
+    "world_size",
+    "max_length",
+    "no_cot",
+    "epochs",
+    "lr",
+    "warmup_steps",
+    "weight_decay",
+    "max_grad_norm",
+    "model",
+)
 
 
 # --------------------------------------------------------------------------------------------
@@ -287,8 +393,12 @@ def train(args):
     # Under FSDP the weights load on the CPU and each rank moves only its shards to its GPU; the
     # MixedPrecisionPolicy then computes in bf16 where autocast would have.
     weight_dtype, autocast_dtype = resolve_dtype(args.dtype, device)
-    model, tokenizer = load_model_and_tokenizer(str(checkpoint) if resuming and not args.fsdp else args.model,
-                                                args.dtype, None if args.fsdp else device, args.trust_remote_code)
+    model, tokenizer = load_model_and_tokenizer(
+        str(checkpoint) if resuming and not args.fsdp else args.model,
+        args.dtype,
+        None if args.fsdp else device,
+        args.trust_remote_code,
+    )
     if is_main:
         print(memory_plan.stage_plan("sft", args, world_size, model.config), flush=True)
     if args.gradient_checkpointing:
@@ -300,6 +410,7 @@ def train(args):
         autocast_dtype = None
     elif world_size > 1:
         from torch.nn.parallel import DistributedDataParallel
+
         wrapped = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
     resume_config = {k: getattr(args, k) for k in RESUME_MUST_MATCH}
@@ -313,8 +424,10 @@ def train(args):
 
     global_batch = args.batch_size * args.grad_accum * world_size
     plan = phase_plan(args, {1: len(records), 2: len(records)})
-    data = {p: PhaseData(tokenizer, records, p, args.max_length, not args.no_cot, args.seed, global_batch)
-            for p, _ in plan}
+    data = {
+        p: PhaseData(tokenizer, records, p, args.max_length, not args.no_cot, args.seed, global_batch)
+        for p, _ in plan
+    }
     total_steps = sum(steps for _, steps in plan)
     if resuming and start_step >= total_steps and (out / "final" / "config.json").exists():
         # Nothing to redo, and nothing rewritten: a re-saved final/ of a checkpoint above 2 GiB would
@@ -324,9 +437,18 @@ def train(args):
         return model
     phase_of_step = [(p, s) for p, steps in plan for s in range(steps)]  # step k+1 -> (phase, phase step)
     if is_main:
-        write_config(out, {**vars(args), "plan": plan, "total_steps": total_steps, "global_batch": global_batch,
-                           "weight_dtype": str(weight_dtype), "autocast_dtype": str(autocast_dtype),
-                           "device": str(device)})
+        write_config(
+            out,
+            {
+                **vars(args),
+                "plan": plan,
+                "total_steps": total_steps,
+                "global_batch": global_batch,
+                "weight_dtype": str(weight_dtype),
+                "autocast_dtype": str(autocast_dtype),
+                "device": str(device),
+            },
+        )
     metrics = JsonlLog(out / "metrics.jsonl", keep_until_step=start_step if resuming else None)
     if is_main:
         metrics.flush()  # a resumed run drops the lines written after its checkpoint right away
@@ -336,6 +458,7 @@ def train(args):
         save_checkpoint(checkpoint, model, optimizer, tokenizer, state, resume_config, args.fsdp)
 
     from tqdm import tqdm
+
     bar = tqdm(total=total_steps, initial=start_step, disable=not is_main, desc="sft", dynamic_ncols=True)
     step = start_step
     while step < total_steps and not all_ranks_any(budget.exhausted(), device):
@@ -344,12 +467,22 @@ def train(args):
         phase, phase_step = phase_of_step[step - 1]
         # Micro-batch `micro` of rank r holds slots (micro * world_size + r) * batch_size onwards.
         indices = data[phase].batch_indices(phase_step)
-        mine = [[data[phase].example(i) for i in indices[first:first + args.batch_size]]
-                for first in range(rank * args.batch_size, len(indices), world_size * args.batch_size)]
+        mine = [
+            [data[phase].example(i) for i in indices[first : first + args.batch_size]]
+            for first in range(rank * args.batch_size, len(indices), world_size * args.batch_size)
+        ]
         # Eq. (3) sums over tokens; normalise by the target tokens of the whole global batch, so
         # every rank and micro-batch split gives the same gradient (DDP averages over ranks).
-        global_tokens = torch.tensor(float(sum(len(e["labels"]) - e["labels"].count(IGNORE_INDEX)
-                                               for micro_batch in mine for e in micro_batch)), device=device)
+        global_tokens = torch.tensor(
+            float(
+                sum(
+                    len(e["labels"]) - e["labels"].count(IGNORE_INDEX)
+                    for micro_batch in mine
+                    for e in micro_batch
+                )
+            ),
+            device=device,
+        )
         if world_size > 1:
             dist.all_reduce(global_tokens)
         sums = {}
@@ -377,12 +510,20 @@ def train(args):
         budget.record_step(elapsed)
         if is_main:
             ratio = lambda a, b: totals[a] / totals[b] if totals[b] else None
-            line = {"step": step, "phase": phase, "loss": ratio("nll", "tokens"),
-                    "loss_reasoning": ratio("reasoning_nll", "reasoning_tokens"),
-                    "loss_answer": ratio("answer_nll", "answer_tokens"), "lr": lr,
-                    "grad_norm": float(grad_norm), "tokens_per_s": totals["all_tokens"] / elapsed,
-                    "truncated": len(data[phase].truncated), "elapsed_s": round(budget.elapsed_s(), 1), "step_s": elapsed,
-                    "peak_gpu_gb": peak_gpu_gb(device)}
+            line = {
+                "step": step,
+                "phase": phase,
+                "loss": ratio("nll", "tokens"),
+                "loss_reasoning": ratio("reasoning_nll", "reasoning_tokens"),
+                "loss_answer": ratio("answer_nll", "answer_tokens"),
+                "lr": lr,
+                "grad_norm": float(grad_norm),
+                "tokens_per_s": totals["all_tokens"] / elapsed,
+                "truncated": len(data[phase].truncated),
+                "elapsed_s": round(budget.elapsed_s(), 1),
+                "step_s": elapsed,
+                "peak_gpu_gb": peak_gpu_gb(device),
+            }
             if step % args.log_every == 0 or step == total_steps:
                 metrics.append(line)
             bar.set_postfix(phase=phase, loss=f"{line['loss']:.3f}")
@@ -396,12 +537,18 @@ def train(args):
     if is_main:
         for p, phase_data in data.items():
             if phase_data.truncated or phase_data.skipped:
-                print(f"warning: phase {p}: {len(phase_data.truncated)} of {len(phase_data.cache)} examples "
-                      f"lost old turns to fit --max-length {args.max_length}; "
-                      f"{len(phase_data.skipped)} could not fit without losing a turn of H* and were replaced", flush=True)
+                print(
+                    f"warning: phase {p}: {len(phase_data.truncated)} of {len(phase_data.cache)} examples "
+                    f"lost old turns to fit --max-length {args.max_length}; "
+                    f"{len(phase_data.skipped)} could not fit without losing a turn of H* and were replaced",
+                    flush=True,
+                )
         if step < total_steps:
-            print(f"WARNING: time budget of {args.time_budget_minutes} min reached: stopped at step {step} of "
-                  f"{total_steps} ({total_steps - step} steps missing); --resume continues", flush=True)
+            print(
+                f"WARNING: time budget of {args.time_budget_minutes} min reached: stopped at step {step} of "
+                f"{total_steps} ({total_steps - step} steps missing); --resume continues",
+                flush=True,
+            )
         print(f"saved {out / 'final'} (step {step})", flush=True)
     if world_size > 1:
         dist.barrier()
@@ -416,19 +563,26 @@ def train(args):
 # Optional final check: does the model now write the SRT format on held-out queries?
 # --------------------------------------------------------------------------------------------
 def evaluate_format(model, tokenizer, args, device, autocast_dtype, batch_size=4) -> dict:
-    from reward import is_valid_format
-    records = read_jsonl(args.eval_data)[:args.eval_limit]
+
+    records = read_jsonl(args.eval_data)[: args.eval_limit]
     budget = args.max_length - args.eval_max_new_tokens
     completions = []
     for start in range(0, len(records), batch_size):
         # At test time H* is unknown: drop the oldest turns, whatever they are.
-        prompts = [fit_history(tokenizer, r, r["history"], budget)[1] for r in records[start:start + batch_size]]
-        completions += generate(model, tokenizer, prompts, args.eval_max_new_tokens, greedy=True,
-                                autocast_dtype=autocast_dtype)["texts"]
+        prompts = [
+            fit_history(tokenizer, r, r["history"], budget)[1] for r in records[start : start + batch_size]
+        ]
+        completions += generate(
+            model, tokenizer, prompts, args.eval_max_new_tokens, greedy=True, autocast_dtype=autocast_dtype
+        )["texts"]
     valid = [bool(is_valid_format(c)) for c in completions]
-    result = {"format_valid": sum(valid) / max(len(valid), 1), "n": len(valid),
-              "samples": [{"id": r["id"], "completion": c, "valid": v}
-                          for r, c, v in zip(records, completions, valid)]}
+    result = {
+        "format_valid": sum(valid) / max(len(valid), 1),
+        "n": len(valid),
+        "samples": [
+            {"id": r["id"], "completion": c, "valid": v} for r, c, v in zip(records, completions, valid)
+        ],
+    }
     write_json(Path(args.out) / "eval_format.json", result)
     print(f"format validity on {len(valid)} held-out records: {result['format_valid']:.1%}", flush=True)
     return result

@@ -23,6 +23,7 @@ Outputs under --out: config.json, metrics.jsonl (one line per step), samples.jso
 writes as it learns), checkpoint/ (resumable), final/ (save_pretrained), with --eval-data:
 eval_before.json, eval_after.json, probe.jsonl and learning_curve.png; summary.json.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,19 +40,46 @@ import torch
 import torch.distributed as dist
 from tqdm.auto import tqdm
 
-import memory_plan
-from checkpoint import JsonlLog, has_trainer_state, rng_state, set_rng_state
-from cli import parse_config, require, write_config
-from data_io import DataError, finite_or_none, read_jsonl, write_json
-from modeling import (all_ranks_any, autocast, completion_logprobs, gather_objects, load_model_and_tokenizer,
-                      parameter_digest, peak_gpu_gb, resolve_dtype, setup_distributed, teardown_distributed)
-from probe import PROBE_KEYS, greedy_probe, pick_eval_records, plot_learning_curve, sample_lines, step_metrics
 from reward import ANSWER_GATES, ANSWER_REWARDS, compute_rewards
-from rollouts import sample_batch, think_lengths
-from sharding import (accumulate, add_scale_flags, check_checkpoint_layout, clip_grad_norm, full_weights,
-                      load_checkpoint, merge_probes, save_checkpoint, save_final, shard_model)
-from stage0_build import PromptStream, fit_prompt
-from training import TimeBudget, seed_everything, warmup_lr
+from srt import memory_plan
+from srt.checkpoint import JsonlLog, has_trainer_state, rng_state, set_rng_state
+from srt.config import parse_config, require, write_config
+from srt.data_io import DataError, finite_or_none, read_jsonl, write_json
+from srt.distributed import (
+    accumulate,
+    add_scale_flags,
+    all_ranks_any,
+    check_checkpoint_layout,
+    clip_grad_norm,
+    full_weights,
+    gather_objects,
+    load_checkpoint,
+    merge_probes,
+    save_checkpoint,
+    save_final,
+    setup_distributed,
+    shard_model,
+    teardown_distributed,
+)
+from srt.modeling import (
+    autocast,
+    completion_logprobs,
+    load_model_and_tokenizer,
+    parameter_digest,
+    peak_gpu_gb,
+    resolve_dtype,
+)
+from srt.probe import (
+    PROBE_KEYS,
+    greedy_probe,
+    pick_eval_records,
+    plot_learning_curve,
+    sample_lines,
+    step_metrics,
+)
+from srt.prompt import fit_prompt
+from srt.rollouts import PromptStream, sample_batch, think_lengths
+from srt.training import TimeBudget, seed_everything, warmup_lr
 
 # --------------------------------------------------------------------------------------------
 # Configuration: argparse defaults that work, presets, explicit flags win.
@@ -59,9 +87,23 @@ from training import TimeBudget, seed_everything, warmup_lr
 PRESETS = {
     # §4.1 where the paper gives a value (lr 3e-7, K = 8, ratio 4, AdamW, KL to the SFT policy);
     # the rest is ours, sized for 8 x A100-80GB with --fsdp (memory_plan.py: about 50 GB per GPU).
-    "paper": dict(lr=3e-7, num_generations=8, sample_ratio=4, beta=0.04, clip_eps=0.2, mu=1,
-                  prompts_per_step=8, max_new_tokens=1024, max_prompt_length=4096, warmup_steps=10,
-                  max_steps=1000, save_every=50, sample_every=10, gradient_checkpointing=True, micro_batch_size=2),
+    "paper": dict(
+        lr=3e-7,
+        num_generations=8,
+        sample_ratio=4,
+        beta=0.04,
+        clip_eps=0.2,
+        mu=1,
+        prompts_per_step=8,
+        max_new_tokens=1024,
+        max_prompt_length=4096,
+        warmup_steps=10,
+        max_steps=1000,
+        save_every=50,
+        sample_every=10,
+        gradient_checkpointing=True,
+        micro_batch_size=2,
+    ),
     # SmolLM2-135M after SFT, sized by steps to fit `make demo` in 75 min on a 2-core CPU without AMX:
     # 12 steps of one group of K = 4, two AdamW updates each, lr 3e-6 (1e-5 drifted on 40 dev queries),
     # probes of 16 queries at steps 0, 6, 12. 1536 prompt tokens hold every synthetic prompt (longest
@@ -70,62 +112,158 @@ PRESETS = {
     # with 3, 11 first draws had no recall signal, a second found one in 2, a third in none of 9.
     # T = 1.0 (bench/temperature_sweep.py, 12 dev prompts x K = 4, T 0.7 / 1.0 / 1.3): entropy 0.14 /
     # 0.28 / 1.68 nats a token, groups whose recall differs 50 / 50 / 25%, valid format 96 / 96 / 81%.
-    "cpu-demo": dict(num_generations=4, prompts_per_step=1, sample_ratio=2, mu=1, lr=3e-6, warmup_steps=1, beta=0.04,
-                     max_new_tokens=256, max_prompt_length=1536, max_steps=12, sample_every=1, save_every=4, eval_limit=16,
-                     eval_batch_size=8, probe_every=6, dynamic_sampling="recall", max_draws=2),
+    "cpu-demo": dict(
+        num_generations=4,
+        prompts_per_step=1,
+        sample_ratio=2,
+        mu=1,
+        lr=3e-6,
+        warmup_steps=1,
+        beta=0.04,
+        max_new_tokens=256,
+        max_prompt_length=1536,
+        max_steps=12,
+        sample_every=1,
+        save_every=4,
+        eval_limit=16,
+        eval_batch_size=8,
+        probe_every=6,
+        dynamic_sampling="recall",
+        max_draws=2,
+    ),
 }
 # README "Does GRPO improve recall?": on turns that need recall (§3), 30 steps of two groups at lr 1e-5 (38 min here).
-PRESETS["cpu-long"] = dict(PRESETS["cpu-demo"], train_turns="dependent", prompts_per_step=2, lr=1e-5, max_steps=30,
-                           probe_every=10, save_every=5)
+PRESETS["cpu-long"] = dict(
+    PRESETS["cpu-demo"],
+    train_turns="dependent",
+    prompts_per_step=2,
+    lr=1e-5,
+    max_steps=30,
+    probe_every=10,
+    save_every=5,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
     add = p.add_argument
-    add("--model", default="runs/demo/sft/final", help="the SFT policy to start from; also the frozen KL reference")
+    add(
+        "--model",
+        default="runs/demo/sft/final",
+        help="the SFT policy to start from; also the frozen KL reference",
+    )
     add("--data", default="runs/data/train.jsonl", help="training records, JSONL")
     add("--out", default="runs/demo/grpo", help="output folder")
     add("--seed", type=int, default=0, help="random seed")
-    add("--resume", action="store_true", help="continue from <out>/checkpoint; a finished run is left as it is")
+    add(
+        "--resume",
+        action="store_true",
+        help="continue from <out>/checkpoint; a finished run is left as it is",
+    )
     add("--max-steps", type=int, default=100, help="GRPO steps; each is one sample batch")
     add("--num-generations", "-K", type=int, default=8, help="K completions per prompt (§4.1: 8)")
     add("--prompts-per-step", type=int, default=1, help="prompts per rank per step")
     add("--temperature", type=float, default=1.0, help="sampling temperature")
-    add("--share-prompts", action=argparse.BooleanOptionalAction, default=True,
-        help="run each group's prompt once in the log-prob passes (its KV cache copied to its K rows)")
+    add(
+        "--share-prompts",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="run each group's prompt once in the log-prob passes (its KV cache copied to its K rows)",
+    )
     add("--top-p", type=float, default=1.0, help="nucleus sampling")
     add("--max-new-tokens", type=int, default=256, help="completion length cap")
-    add("--max-prompt-length", type=int, default=1024,
-        help="prompt tokens; a longer prompt loses its oldest utterances, whatever they are (0 = no cap)")
+    add(
+        "--max-prompt-length",
+        type=int,
+        default=1024,
+        help="prompt tokens; a longer prompt loses its oldest utterances, whatever they are (0 = no cap)",
+    )
     add("--lr", type=float, default=1e-6, help="AdamW learning rate after warm-up (paper: 3e-7)")
     add("--warmup-steps", type=int, default=2, help="linear warm-up, in GRPO steps")
     add("--weight-decay", type=float, default=0.0, help="AdamW weight decay")
     add("--max-grad-norm", type=float, default=1.0, help="gradient clipping")
-    add("--beta", type=float, default=0.04, help="KL weight of Eq. (9), not printed in the paper; 0 skips pi_ref")
+    add(
+        "--beta",
+        type=float,
+        default=0.04,
+        help="KL weight of Eq. (9), not printed in the paper; 0 skips pi_ref",
+    )
     add("--clip-eps", type=float, default=0.2, help="epsilon of the clipped ratio in Eq. (9)")
     add("--mu", type=int, default=1, help="passes over each sample batch")
-    add("--loss-norm", choices=["seq", "token"], default="seq",
-        help="seq: Eq. (9) as written; token: mean over all tokens (DAPO)")
+    add(
+        "--loss-norm",
+        choices=["seq", "token"],
+        default="seq",
+        help="seq: Eq. (9) as written; token: mean over all tokens (DAPO)",
+    )
     add("--sample-ratio", type=int, default=4, help="sample batch / backprop minibatch (§4.1: 4)")
-    add("--micro-batch-size", type=int, default=0, help="rows per forward and backward inside a backprop "
-        "minibatch, gradients accumulated (the update is unchanged); 0 = the whole minibatch at once")
-    add("--dtype", choices=["auto", "float32", "bfloat16"], default="auto",
-        help="auto: fp32 weights with bf16 autocast on a GPU or an AMX CPU, plain fp32 elsewhere")
-    add("--gradient-checkpointing", action=argparse.BooleanOptionalAction, default=False, help="trade compute for memory")
-    add("--answer-reward", choices=ANSWER_REWARDS, default="cosine", help="Eq. (7): cosine (the paper), keys, both")
-    add("--answer-gate", choices=ANSWER_GATES, default="off", help="recall: -1 for an answer whose recall missed H* (reward.py)")
-    add("--dynamic-sampling", choices=["off", "total", "recall"], default="off", help="DAPO: replace groups whose "
-        "K total rewards (advantage 0, no gradient), or recall parts (no recall signal), are all equal")
+    add(
+        "--micro-batch-size",
+        type=int,
+        default=0,
+        help="rows per forward and backward inside a backprop "
+        "minibatch, gradients accumulated (the update is unchanged); 0 = the whole minibatch at once",
+    )
+    add(
+        "--dtype",
+        choices=["auto", "float32", "bfloat16"],
+        default="auto",
+        help="auto: fp32 weights with bf16 autocast on a GPU or an AMX CPU, plain fp32 elsewhere",
+    )
+    add(
+        "--gradient-checkpointing",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="trade compute for memory",
+    )
+    add(
+        "--answer-reward",
+        choices=ANSWER_REWARDS,
+        default="cosine",
+        help="Eq. (7): cosine (the paper), keys, both",
+    )
+    add(
+        "--answer-gate",
+        choices=ANSWER_GATES,
+        default="off",
+        help="recall: -1 for an answer whose recall missed H* (reward.py)",
+    )
+    add(
+        "--dynamic-sampling",
+        choices=["off", "total", "recall"],
+        default="off",
+        help="DAPO: replace groups whose "
+        "K total rewards (advantage 0, no gradient), or recall parts (no recall signal), are all equal",
+    )
     add("--max-draws", type=int, default=4, help="sample batches one step may draw under --dynamic-sampling")
-    add("--train-turns", choices=["all", "dependent"], default="all", help="dependent: only turns whose H* is not empty")
-    add("--credit", choices=["sequence", "segment"], default="sequence", help="sequence: Eq. (8)'s one advantage per "
-        "completion; segment: the think tokens take the advantage of format + recall, the answer's of format + answer")
+    add(
+        "--train-turns",
+        choices=["all", "dependent"],
+        default="all",
+        help="dependent: only turns whose H* is not empty",
+    )
+    add(
+        "--credit",
+        choices=["sequence", "segment"],
+        default="sequence",
+        help="sequence: Eq. (8)'s one advantage per "
+        "completion; segment: the think tokens take the advantage of format + recall, the answer's of format + answer",
+    )
     add("--sample-every", type=int, default=5, help="write sampled completions every N steps")
     add("--save-every", type=int, default=10, help="write <out>/checkpoint every N steps")
-    add("--time-budget-minutes", type=float, default=None,
-        help="stop early (saved, resumable) when the next step and the final evaluation would overrun this")
-    add("--eval-data", default=None, help="held-out records for the greedy probe (cpu-demo: dev.jsonl beside --data)")
+    add(
+        "--time-budget-minutes",
+        type=float,
+        default=None,
+        help="stop early (saved, resumable) when the next step and the final evaluation would overrun this",
+    )
+    add(
+        "--eval-data",
+        default=None,
+        help="held-out records for the greedy probe (cpu-demo: dev.jsonl beside --data)",
+    )
     add("--eval-limit", type=int, default=40, help="probe this many records, stratified by bucket; 0 = none")
     add("--probe-every", type=int, default=0, help="probe also every N steps (0: before and after only)")
     add("--eval-batch-size", type=int, default=8, help="greedy evaluation batch")
@@ -142,7 +280,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     cfg.eval_max_new_tokens = cfg.eval_max_new_tokens or cfg.max_new_tokens
     for name in ("num_generations", "prompts_per_step", "max_new_tokens", "mu", "sample_ratio", "max_steps"):
         require(getattr(cfg, name) >= 1, f"--{name.replace('_', '-')} must be at least 1")
-    require(cfg.micro_batch_size >= 0 and cfg.probe_every >= 0, "--micro-batch-size and --probe-every must be >= 0")
+    require(
+        cfg.micro_batch_size >= 0 and cfg.probe_every >= 0,
+        "--micro-batch-size and --probe-every must be >= 0",
+    )
     require(cfg.max_draws >= 1, "--max-draws must be at least 1")
     return cfg
 
@@ -178,7 +319,9 @@ def k3_kl(logprobs, ref_logprobs):
     return torch.exp(log_ratio) - log_ratio - 1
 
 
-def grpo_loss(logprobs, old_logprobs, ref_logprobs, advantages, mask, clip_eps=0.2, beta=0.04, loss_norm="seq"):
+def grpo_loss(
+    logprobs, old_logprobs, ref_logprobs, advantages, mask, clip_eps=0.2, beta=0.04, loss_norm="seq"
+):
     """-> (loss, stats). logprobs / old / ref: [B, C]; advantages: [B]; mask: [B, C] completion mask.
 
     loss_norm="seq" is Eq. (9) as written: each completion's token terms are averaged over its own
@@ -187,16 +330,18 @@ def grpo_loss(logprobs, old_logprobs, ref_logprobs, advantages, mask, clip_eps=0
     rewarded more, which biases length (long when wrong). loss_norm="token" (DAPO, Dr. GRPO) sums
     over every token of the batch and divides by their number, so each token weighs the same."""
     mask = mask.to(logprobs.dtype)
-    ratio = torch.exp(logprobs - old_logprobs)                        # r_{i,t}(theta)
-    A = advantages.unsqueeze(1) if advantages.dim() == 1 else advantages  # A~_i on every token, or [B, C]: one each
+    ratio = torch.exp(logprobs - old_logprobs)  # r_{i,t}(theta)
+    A = (
+        advantages.unsqueeze(1) if advantages.dim() == 1 else advantages
+    )  # A~_i on every token, or [B, C]: one each
     unclipped = ratio * A
     clipped = torch.clamp(ratio, 1 - clip_eps, 1 + clip_eps) * A
-    objective = torch.min(unclipped, clipped)                         # pessimistic bound, no gradient when clipped
+    objective = torch.min(unclipped, clipped)  # pessimistic bound, no gradient when clipped
     kl = k3_kl(logprobs, ref_logprobs) if ref_logprobs is not None else torch.zeros_like(logprobs)
     objective = objective - beta * kl
     if loss_norm == "seq":
         per_completion = (objective * mask).sum(1) / mask.sum(1).clamp(min=1)  # 1/|o_i| sum_t
-        loss = -per_completion.mean()                                           # 1/G sum_i
+        loss = -per_completion.mean()  # 1/G sum_i
     elif loss_norm == "token":
         loss = -(objective * mask).sum() / mask.sum().clamp(min=1)
     else:
@@ -204,17 +349,30 @@ def grpo_loss(logprobs, old_logprobs, ref_logprobs, advantages, mask, clip_eps=0
     with torch.no_grad():
         is_clipped = ((ratio > 1 + clip_eps) & (A > 0)) | ((ratio < 1 - clip_eps) & (A < 0))
         tokens = mask.sum().clamp(min=1)
-        stats = {"kl": ((kl * mask).sum() / tokens).item(),
-                 "clip_fraction": ((is_clipped * mask).sum() / tokens).item(),
-                 "ratio": ((ratio * mask).sum() / tokens).item()}
+        stats = {
+            "kl": ((kl * mask).sum() / tokens).item(),
+            "clip_fraction": ((is_clipped * mask).sum() / tokens).item(),
+            "ratio": ((ratio * mask).sum() / tokens).item(),
+        }
     return loss, stats
 
 
 # --------------------------------------------------------------------------------------------
 # One GRPO step.
 # --------------------------------------------------------------------------------------------
-def grpo_step(policy, ref_model, tokenizer, optimizer, records, prompts, cfg, reward_fn=None,
-              train_model=None, autocast_dtype=None, draw_more=None) -> dict:
+def grpo_step(
+    policy,
+    ref_model,
+    tokenizer,
+    optimizer,
+    records,
+    prompts,
+    cfg,
+    reward_fn=None,
+    train_model=None,
+    autocast_dtype=None,
+    draw_more=None,
+) -> dict:
     """Sample and score (dynamic sampling may draw more prompts through `draw_more()`), Eq. (8), then mu
     passes of Eq. (9) over the backprop minibatches. `reward_fn` defaults to reward.compute_rewards;
     `train_model` is the DDP wrapper if any (its backward all-reduces), `policy` the module that generates."""
@@ -225,8 +383,9 @@ def grpo_step(policy, ref_model, tokenizer, optimizer, records, prompts, cfg, re
 
     batch = sample_batch(policy, tokenizer, records, prompts, cfg, reward_fn, autocast_dtype, draw_more)
     t2 = time.perf_counter()
-    reward_of = lambda *parts: torch.tensor([sum(float(s[p]) for p in parts) for s in batch["scores"]],
-                                            dtype=torch.float64).view(-1, K)
+    reward_of = lambda *parts: torch.tensor(
+        [sum(float(s[p]) for p in parts) for s in batch["scores"]], dtype=torch.float64
+    ).view(-1, K)
     advantages = group_advantages(reward_of("total")).view(-1).to(device)  # Eq. (8)
     input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1).to(device)
     attention_mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1).to(device)
@@ -234,12 +393,19 @@ def grpo_step(policy, ref_model, tokenizer, optimizer, records, prompts, cfg, re
     C = mask.shape[1]
     if cfg.credit == "segment":  # not in the paper: Eq. (4) pays a lucky answer for a wrong recall; here the
         # recall's tokens answer for format + recall alone, the answer's for format + answer (one A~ per token)
-        in_think = (torch.arange(C) < think_lengths(tokenizer, batch["completion_ids"]).unsqueeze(1)).to(device)
-        advantages = torch.where(in_think, group_advantages(reward_of("format", "recall")).view(-1, 1).to(device),
-                                 group_advantages(reward_of("format", "answer")).view(-1, 1).to(device))
+        in_think = (torch.arange(C) < think_lengths(tokenizer, batch["completion_ids"]).unsqueeze(1)).to(
+            device
+        )
+        advantages = torch.where(
+            in_think,
+            group_advantages(reward_of("format", "recall")).view(-1, 1).to(device),
+            group_advantages(reward_of("format", "answer")).view(-1, 1).to(device),
+        )
     # The sample batch split into backprop minibatches (§4.1: sample / backprop = 4); every rank has
     # as many rows and so as many minibatches, which DDP needs (one all-reduce per backward).
-    minibatches = torch.arange(len(input_ids), device=device).tensor_split(min(cfg.sample_ratio, len(input_ids)))
+    minibatches = torch.arange(len(input_ids), device=device).tensor_split(
+        min(cfg.sample_ratio, len(input_ids))
+    )
 
     # Each distinct prompt's forward runs once for its rows (modeling.completion_logprobs), except
     # through DDP / FSDP wrappers and gradient checkpointing, which allow one module call per backward.
@@ -250,8 +416,15 @@ def grpo_step(policy, ref_model, tokenizer, optimizer, records, prompts, cfg, re
 
     def logprobs_of(model, rows, with_entropy=False):
         with autocast(device, autocast_dtype):
-            return completion_logprobs(model, input_ids[rows], attention_mask[rows], C, cfg.temperature,
-                                       with_entropy, share if not torch.is_grad_enabled() else share_in_backward)
+            return completion_logprobs(
+                model,
+                input_ids[rows],
+                attention_mask[rows],
+                C,
+                cfg.temperature,
+                with_entropy,
+                share if not torch.is_grad_enabled() else share_in_backward,
+            )
 
     # Micro-batches of --micro-batch-size rows: the unit of every forward pass (memory_plan.py).
     micro_of = lambda rows: rows.split(cfg.micro_batch_size or len(rows))
@@ -264,8 +437,11 @@ def grpo_step(policy, ref_model, tokenizer, optimizer, records, prompts, cfg, re
         if len(minibatches) > 1:
             later = torch.cat(minibatches[1:])
             old_logprobs[later] = no_grad_logprobs(policy, later)
-        ref_logprobs = (no_grad_logprobs(ref_model, torch.arange(len(input_ids), device=device))
-                        if cfg.beta > 0 and ref_model is not None else None)
+        ref_logprobs = (
+            no_grad_logprobs(ref_model, torch.arange(len(input_ids), device=device))
+            if cfg.beta > 0 and ref_model is not None
+            else None
+        )
 
     policy.train()  # gradient checkpointing works only in train mode; the models have no dropout
     stats, entropies, skipped, updates = [], [], 0, 0
@@ -282,11 +458,20 @@ def grpo_step(policy, ref_model, tokenizer, optimizer, records, prompts, cfg, re
                     if on_policy:  # the later passes (mu > 1) compare against these
                         old_logprobs[part] = logprobs.detach()
                     part_loss, part_stats = grpo_loss(
-                        logprobs, old_logprobs[part], None if ref_logprobs is None else ref_logprobs[part],
-                        advantages[part], mask[part], cfg.clip_eps, cfg.beta, cfg.loss_norm)
+                        logprobs,
+                        old_logprobs[part],
+                        None if ref_logprobs is None else ref_logprobs[part],
+                        advantages[part],
+                        mask[part],
+                        cfg.clip_eps,
+                        cfg.beta,
+                        cfg.loss_norm,
+                    )
                     # Eq. (9) averages over the minibatch's completions (seq) or tokens (token): weigh
                     # each micro-batch by its share, so the summed gradient is the unbatched one.
-                    share = len(part) / len(rows) if cfg.loss_norm == "seq" else mask[part].sum().item() / tokens
+                    share = (
+                        len(part) / len(rows) if cfg.loss_norm == "seq" else mask[part].sum().item() / tokens
+                    )
                     (part_loss * share).backward()  # every rank, even a bad loss: DDP/FSDP need all ranks
                 loss += part_loss.item() * share
                 for key, value in part_stats.items():  # token means: weigh by tokens
@@ -308,12 +493,19 @@ def grpo_step(policy, ref_model, tokenizer, optimizer, records, prompts, cfg, re
     lengths = mask.sum(1).float()
     mean = lambda key: float(np.mean([s[key] for s in stats])) if stats else float("nan")
     return {
-        "scores": batch["scores"], "texts": batch["texts"], "records": batch["records"],
+        "scores": batch["scores"],
+        "texts": batch["texts"],
+        "records": batch["records"],
         **{key: mean(key) for key in ("loss", "grad_norm", "kl", "clip_fraction", "ratio")},
         "entropy": float(np.mean(entropies)) if entropies else float("nan"),
-        "completion_length": lengths.mean().item(), "completion_tokens": int(lengths.sum().item()),
-        "sequence_tokens": int(attention_mask.sum().item()), "skipped_updates": skipped, "updates": updates,
-        "generate_s": batch["generate_s"], "score_s": batch["score_s"], "train_s": time.perf_counter() - t2,
+        "completion_length": lengths.mean().item(),
+        "completion_tokens": int(lengths.sum().item()),
+        "sequence_tokens": int(attention_mask.sum().item()),
+        "skipped_updates": skipped,
+        "updates": updates,
+        "generate_s": batch["generate_s"],
+        "score_s": batch["score_s"],
+        "train_s": time.perf_counter() - t2,
         **{k: batch[k] for k in ("draws", "groups_drawn", "groups_all_equal", "groups_recall_constant")},
     }
 
@@ -321,13 +513,31 @@ def grpo_step(policy, ref_model, tokenizer, optimizer, records, prompts, cfg, re
 # --------------------------------------------------------------------------------------------
 # Greedy evaluation on held-out records (the "before / after" check; evaluate.py does the full §4).
 # --------------------------------------------------------------------------------------------
-def evaluate_policy(model, tokenizer, records, max_new_tokens=160, batch_size=8, reward_fn=None,
-                    max_prompt_length=None, autocast_dtype=None, progress=True) -> dict:
+def evaluate_policy(
+    model,
+    tokenizer,
+    records,
+    max_new_tokens=160,
+    batch_size=8,
+    reward_fn=None,
+    max_prompt_length=None,
+    autocast_dtype=None,
+    progress=True,
+) -> dict:
     """Mean reward components and recall Jaccard of greedy completions, on prompts fitted the way
     GRPO fits them (oldest turns first; a gold turn cut is counted)."""
     fitted = [fit_prompt(tokenizer, r, max_prompt_length) for r in records]
-    result = greedy_probe(model, tokenizer, records, [p for p, _ in fitted], reward_fn or compute_rewards,
-                          max_new_tokens, batch_size, autocast_dtype, progress)
+    result = greedy_probe(
+        model,
+        tokenizer,
+        records,
+        [p for p, _ in fitted],
+        reward_fn or compute_rewards,
+        max_new_tokens,
+        batch_size,
+        autocast_dtype,
+        progress,
+    )
     return dict(result, gold_turns_cut=sum(cut for _, cut in fitted))
 
 
@@ -337,10 +547,32 @@ def evaluate_policy(model, tokenizer, records, max_new_tokens=160, batch_size=8,
 SAVE_MARGIN_S = 30  # writing checkpoint/ and final/ at the end of a time-budgeted run
 # Settings that fix the data order and the meaning of a step: a resumed run must match them.
 # Not --micro-batch-size nor --fsdp: the same update in parts or shards (layout: check_checkpoint_layout).
-RESUME_MUST_MATCH = ("seed", "prompts_per_step", "max_prompt_length", "world_size", "num_generations", "sample_ratio", "mu",
-                     "lr", "warmup_steps", "weight_decay", "max_grad_norm", "beta", "clip_eps", "temperature", "top_p",
-                     "max_new_tokens", "loss_norm", "model", "answer_reward", "dynamic_sampling", "max_draws",
-                     "train_turns", "answer_gate", "credit")
+RESUME_MUST_MATCH = (
+    "seed",
+    "prompts_per_step",
+    "max_prompt_length",
+    "world_size",
+    "num_generations",
+    "sample_ratio",
+    "mu",
+    "lr",
+    "warmup_steps",
+    "weight_decay",
+    "max_grad_norm",
+    "beta",
+    "clip_eps",
+    "temperature",
+    "top_p",
+    "max_new_tokens",
+    "loss_norm",
+    "model",
+    "answer_reward",
+    "dynamic_sampling",
+    "max_draws",
+    "train_turns",
+    "answer_gate",
+    "credit",
+)
 
 
 def train(cfg, reward_fn=None) -> dict:
@@ -348,20 +580,27 @@ def train(cfg, reward_fn=None) -> dict:
     `reward_fn(completions, records) -> [{"total": .., <components>}]` defaults to reward.py's."""
     rank, world_size, local_rank, device = setup_distributed(cfg.dist_timeout_minutes, always=cfg.fsdp)
     cfg.world_size, main_process = world_size, rank == 0
-    reward_fn = reward_fn or functools.partial(compute_rewards, answer_reward=cfg.answer_reward, answer_gate=cfg.answer_gate)
+    reward_fn = reward_fn or functools.partial(
+        compute_rewards, answer_reward=cfg.answer_reward, answer_gate=cfg.answer_gate
+    )
     budget = TimeBudget(cfg.time_budget_minutes, reserve_s=SAVE_MARGIN_S)
     out, checkpoint_dir = Path(cfg.out), Path(cfg.out) / "checkpoint"
     records = read_jsonl(cfg.data)
     if cfg.train_turns == "dependent":  # H* chooses which turns train, never what a prompt shows
         records = [r for r in records if r["recall"]]
     require(len(records) > 0, f"{cfg.data} holds no records (--train-turns {cfg.train_turns})")
-    eval_records = (pick_eval_records(read_jsonl(cfg.eval_data), cfg.eval_limit)
-                    if cfg.eval_data and cfg.eval_limit > 0 else None)
+    eval_records = (
+        pick_eval_records(read_jsonl(cfg.eval_data), cfg.eval_limit)
+        if cfg.eval_data and cfg.eval_limit > 0
+        else None
+    )
     if cfg.resume and (out / "summary.json").exists() and (out / "final").exists():
         done = json.loads((out / "summary.json").read_text())
         if done["steps"] >= cfg.max_steps and (not eval_records or (out / "eval_after.json").exists()):
             if main_process:
-                print(f"{out} already holds a finished run of {done['steps']} steps; nothing to do", flush=True)
+                print(
+                    f"{out} already holds a finished run of {done['steps']} steps; nothing to do", flush=True
+                )
             return done
     resuming = cfg.resume and has_trainer_state(checkpoint_dir)
     if cfg.resume and not resuming and main_process:
@@ -373,14 +612,19 @@ def train(cfg, reward_fn=None) -> dict:
     # reference pi_ref = the SFT model we start from, even when resuming. Under FSDP both load on
     # the CPU and each rank moves only its shards to its GPU; pi_ref, which never trains, in bf16.
     _, autocast_dtype = resolve_dtype(cfg.dtype, device)
-    policy, tokenizer = load_model_and_tokenizer(str(checkpoint_dir) if resuming and not cfg.fsdp else cfg.model,
-                                                 dtype=cfg.dtype, device=None if cfg.fsdp else device)
+    policy, tokenizer = load_model_and_tokenizer(
+        str(checkpoint_dir) if resuming and not cfg.fsdp else cfg.model,
+        dtype=cfg.dtype,
+        device=None if cfg.fsdp else device,
+    )
     if main_process:
         print(memory_plan.stage_plan("grpo", cfg, world_size, policy.config), flush=True)
     ref_model = None
     if cfg.beta > 0:
         ref_dtype = "bfloat16" if cfg.fsdp and autocast_dtype == torch.bfloat16 else cfg.dtype
-        ref_model, _ = load_model_and_tokenizer(cfg.model, dtype=ref_dtype, device=None if cfg.fsdp else device)
+        ref_model, _ = load_model_and_tokenizer(
+            cfg.model, dtype=ref_dtype, device=None if cfg.fsdp else device
+        )
         ref_model.eval().requires_grad_(False)
     if cfg.gradient_checkpointing:
         policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -398,18 +642,33 @@ def train(cfg, reward_fn=None) -> dict:
         stream.load_state_dict(state["stream"])
         set_rng_state(state["rng"][rank])
         start_step = state["step"]
-    metrics, samples, probes = (JsonlLog(out / f"{name}.jsonl", keep_until_step=start_step if resuming else None)
-                                for name in ("metrics", "samples", "probe"))
-    train_model = policy if world_size == 1 or cfg.fsdp else torch.nn.parallel.DistributedDataParallel(
-        policy, device_ids=[local_rank] if device.type == "cuda" else None)
+    metrics, samples, probes = (
+        JsonlLog(out / f"{name}.jsonl", keep_until_step=start_step if resuming else None)
+        for name in ("metrics", "samples", "probe")
+    )
+    train_model = (
+        policy
+        if world_size == 1 or cfg.fsdp
+        else torch.nn.parallel.DistributedDataParallel(
+            policy, device_ids=[local_rank] if device.type == "cuda" else None
+        )
+    )
     if main_process:
         write_config(out, dict(vars(cfg), device=str(device)))
 
     def run_eval(step, name=None):  # each rank its slice of the records, the weights gathered once (FSDP)
         with full_weights(policy):
-            mine = evaluate_policy(policy, tokenizer, eval_records[rank::world_size], cfg.eval_max_new_tokens,
-                                   cfg.eval_batch_size, reward_fn=reward_fn, max_prompt_length=cfg.max_prompt_length,
-                                   autocast_dtype=autocast_dtype, progress=main_process)
+            mine = evaluate_policy(
+                policy,
+                tokenizer,
+                eval_records[rank::world_size],
+                cfg.eval_max_new_tokens,
+                cfg.eval_batch_size,
+                reward_fn=reward_fn,
+                max_prompt_length=cfg.max_prompt_length,
+                autocast_dtype=autocast_dtype,
+                progress=main_process,
+            )
         result = {k: finite_or_none(v) for k, v in merge_probes(gather_objects(mine, world_size)).items()}
         if main_process:
             probes.append({"step": step, **{k: v for k, v in result.items() if k != "examples"}})
@@ -438,24 +697,48 @@ def train(cfg, reward_fn=None) -> dict:
             group["lr"] = lr
         t = time.perf_counter()
         draw = lambda: [list(column) for column in zip(*stream.next_batch(cfg.prompts_per_step))]
-        result = grpo_step(policy, ref_model, tokenizer, optimizer, *draw(), cfg, reward_fn=reward_fn,
-                           train_model=train_model, autocast_dtype=autocast_dtype, draw_more=draw)
+        result = grpo_step(
+            policy,
+            ref_model,
+            tokenizer,
+            optimizer,
+            *draw(),
+            cfg,
+            reward_fn=reward_fn,
+            train_model=train_model,
+            autocast_dtype=autocast_dtype,
+            draw_more=draw,
+        )
         step_s = time.perf_counter() - t
         budget.record_step(step_s)
 
         # Every rank's completions and statistics, logged by rank 0.
-        all_results = gather_objects({k: v for k, v in result.items() if k not in ("texts", "records")}, world_size)
+        all_results = gather_objects(
+            {k: v for k, v in result.items() if k not in ("texts", "records")}, world_size
+        )
         if main_process:
-            line = step_metrics(step, all_results, step_s, lr=lr, skipped_prompts=stream.skipped,
-                                gold_turns_cut=stream.gold_cut, peak_gpu_gb=peak_gpu_gb(device))
+            line = step_metrics(
+                step,
+                all_results,
+                step_s,
+                lr=lr,
+                skipped_prompts=stream.skipped,
+                gold_turns_cut=stream.gold_cut,
+                peak_gpu_gb=peak_gpu_gb(device),
+            )
             metrics.append({k: finite_or_none(v) for k, v in line.items()})
             if result["skipped_updates"]:
-                tqdm.write(f"step {step}: skipped {result['skipped_updates']} update(s) with a non-finite "
-                           f"loss or gradient; the weights are unchanged by them")
+                tqdm.write(
+                    f"step {step}: skipped {result['skipped_updates']} update(s) with a non-finite "
+                    f"loss or gradient; the weights are unchanged by them"
+                )
             if cfg.sample_every and step % cfg.sample_every == 0:
                 samples.append(*sample_lines(step, result, cfg.num_generations))
-            progress.set_postfix(reward=f"{line.get('reward_total_mean', float('nan')):.3f}",
-                                 kl=f"{line['kl']:.4f}", len=f"{line['completion_length']:.0f}")
+            progress.set_postfix(
+                reward=f"{line.get('reward_total_mean', float('nan')):.3f}",
+                kl=f"{line['kl']:.4f}",
+                len=f"{line['completion_length']:.0f}",
+            )
         progress.update(1)
         if cfg.save_every and step % cfg.save_every == 0 and step < cfg.max_steps:
             save(step)
@@ -466,14 +749,21 @@ def train(cfg, reward_fn=None) -> dict:
     save(step)
     save_final(out / "final", policy, tokenizer, cfg.fsdp)  # save_pretrained form, also under FSDP
     if main_process and step < cfg.max_steps:
-        print(f"WARNING: time budget of {cfg.time_budget_minutes} min reached: stopped at step {step} of "
-              f"{cfg.max_steps} ({cfg.max_steps - step} steps missing); --resume continues", flush=True)
+        print(
+            f"WARNING: time budget of {cfg.time_budget_minutes} min reached: stopped at step {step} of "
+            f"{cfg.max_steps} ({cfg.max_steps - step} steps missing); --resume continues",
+            flush=True,
+        )
     if eval_records:
         run_eval(step, "eval_after.json")
     digests = gather_objects(parameter_digest(policy), world_size)  # DDP ranks must agree bit for bit
-    summary = {"steps": step, "stop_reason": "max_steps" if step >= cfg.max_steps else "time_budget",
-               "seconds": budget.elapsed_s(), "world_size": world_size,
-               "ranks_in_sync": None if cfg.fsdp else len(set(digests)) == 1}  # FSDP ranks hold different shards
+    summary = {
+        "steps": step,
+        "stop_reason": "max_steps" if step >= cfg.max_steps else "time_budget",
+        "seconds": budget.elapsed_s(),
+        "world_size": world_size,
+        "ranks_in_sync": None if cfg.fsdp else len(set(digests)) == 1,
+    }  # FSDP ranks hold different shards
     if main_process:
         write_json(out / "summary.json", summary)
         print(f"done: {step} steps ({summary['stop_reason']}); model in {out / 'final'}", flush=True)

@@ -26,6 +26,7 @@ direct methods stop at the end of their one answer line).
 
 Writes <out>/results.json and <out>/results.md (default runs/bench/eval_latency).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -47,21 +48,38 @@ BUCKET_ALL = "all"
 
 def build_parser() -> argparse.ArgumentParser:
     import evaluate
+
     D = vars(evaluate.build_parser().parse_args([]))  # evaluate.py's own defaults
-    p = argparse.ArgumentParser(description="Per-request latency (batch 1) and throughput (batch 8) of every "
-                                            "evaluation method, per length bucket.",
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = argparse.ArgumentParser(
+        description="Per-request latency (batch 1) and throughput (batch 8) of every "
+        "evaluation method, per length bucket.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
     add = p.add_argument
     add("--model", default=D["model"], help="the model of full, recency, rag, srt-p and cuemem")
     add("--srt-model", default=None, help="the trained SRT checkpoint for srt (default: --model, untrained)")
     add("--data", default=D["data"], help="stage-0 test records (JSONL)")
-    add("--synthetic", type=int, metavar="N", help="instead of --data, build N synthetic dialogues in a temporary folder")
+    add(
+        "--synthetic",
+        type=int,
+        metavar="N",
+        help="instead of --data, build N synthetic dialogues in a temporary folder",
+    )
     add("--out", default="runs/bench/eval_latency", help="writes results.json and results.md here")
-    add("--methods", default=",".join(evaluate.METHODS), help="comma-separated, from " + ", ".join(evaluate.METHODS))
+    add(
+        "--methods",
+        default=",".join(evaluate.METHODS),
+        help="comma-separated, from " + ", ".join(evaluate.METHODS),
+    )
     add("--per-bucket", type=int, default=4, help="queries per length bucket timed at batch size 1")
     add("--batch-size", type=int, default=8, help="the throughput batch (0: no throughput pass)")
     add("--max-new-tokens", type=int, default=D["max_new_tokens"], help="for srt / srt-p")
-    add("--max-new-tokens-direct", type=int, default=D["max_new_tokens_direct"], help="for full / recency / rag / cuemem")
+    add(
+        "--max-new-tokens-direct",
+        type=int,
+        default=D["max_new_tokens_direct"],
+        help="for full / recency / rag / cuemem",
+    )
     add("--recency-k", type=int, default=D["recency_k"], help="rounds kept by recency")
     add("--rag-k", type=int, default=D["rag_k"], help="utterances retrieved by rag")
     add("--dtype", default=D["dtype"], choices=["auto", "float32", "bfloat16"], help="as evaluate.py")
@@ -71,6 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def check_arguments(args) -> list[str]:
     import evaluate
+
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     unknown = [m for m in methods if m not in evaluate.METHODS]
     if unknown or not methods:
@@ -80,8 +99,10 @@ def check_arguments(args) -> list[str]:
     if args.batch_size < 0:
         sys.exit("error: --batch-size must be 0 (no throughput pass) or more")
     if not args.synthetic and not Path(args.data).exists():
-        sys.exit(f"error: {args.data} not found; build it with `python stage0_build.py --source synthetic "
-                 f"--out {Path(args.data).parent}`, or pass --synthetic N")
+        sys.exit(
+            f"error: {args.data} not found; build it with `python stage0_build.py --source synthetic "
+            f"--out {Path(args.data).parent}`, or pass --synthetic N"
+        )
     return list(dict.fromkeys(methods))
 
 
@@ -90,7 +111,8 @@ def pick_queries(records, per_bucket: int, batch_size: int, seed: int) -> dict:
     bucket (evaluate.select_examples within the bucket), in file order. The first per_bucket are
     timed one by one, the first batch_size make the throughput batch."""
     import evaluate
-    from data_io import BUCKETS, bucket_of
+    from srt.data_io import BUCKETS, bucket_of
+
     chosen = {}
     for bucket in BUCKETS:
         members = [r for r in records if bucket_of(evaluate.num_turns(r)) == bucket]
@@ -101,7 +123,8 @@ def pick_queries(records, per_bucket: int, batch_size: int, seed: int) -> dict:
 
 def build_prompt(method, record, options, tokenizer):
     import evaluate
-    from modeling import render_chat
+    from srt.modeling import render_chat
+
     start = time.perf_counter()
     messages, _ = evaluate.method_input(method, record, options)
     prompt = render_chat(tokenizer, messages)
@@ -111,12 +134,14 @@ def build_prompt(method, record, options, tokenizer):
 def answer(model, tokenizer, method, prompts, max_new, autocast_dtype) -> tuple[list[dict], float]:
     """Greedy answers of a batch and the wall seconds of generating and parsing them."""
     import evaluate
-    from metrics import SELF_RECALL_METHODS, final_answer
+    from srt.metrics import SELF_RECALL_METHODS, final_answer
+
     sync = _sync(model)
     sync()
     start = time.perf_counter()
-    outputs = evaluate.generate_batch(model, tokenizer, prompts, max_new, autocast_dtype,
-                                      one_line=method not in SELF_RECALL_METHODS)
+    outputs = evaluate.generate_batch(
+        model, tokenizer, prompts, max_new, autocast_dtype, one_line=method not in SELF_RECALL_METHODS
+    )
     for output in outputs:
         final_answer(method, output["text"])  # the parse an application would run
     sync()
@@ -125,6 +150,7 @@ def answer(model, tokenizer, method, prompts, max_new, autocast_dtype) -> tuple[
 
 def _sync(model):
     import torch
+
     return torch.cuda.synchronize if next(model.parameters()).device.type == "cuda" else (lambda: None)
 
 
@@ -132,10 +158,17 @@ def measure(args, methods: list[str], queries: dict) -> dict:
     """-> {"requests": [...], "batches": [...], "models": {...}}: one row per timed request and per
     throughput batch."""
     import gc
+
     import torch
-    from metrics import SELF_RECALL_METHODS
-    from modeling import load_embedder, load_model_and_tokenizer, resolve_dtype
-    options = {"recency_k": args.recency_k, "rag_k": args.rag_k, "cuemem": {}}  # evaluate.method_input's options
+
+    from srt.metrics import SELF_RECALL_METHODS
+    from srt.modeling import load_embedder, load_model_and_tokenizer, resolve_dtype
+
+    options = {
+        "recency_k": args.recency_k,
+        "rag_k": args.rag_k,
+        "cuemem": {},
+    }  # evaluate.method_input's options
     model_of = {m: (args.srt_model or args.model) if m == "srt" else args.model for m in methods}
     device = "cuda" if torch.cuda.is_available() else "cpu"
     _, autocast_dtype = resolve_dtype(args.dtype, device)
@@ -151,29 +184,55 @@ def measure(args, methods: list[str], queries: dict) -> dict:
             prompt, _ = build_prompt(method, first, options, tokenizer)
             answer(model, tokenizer, method, [prompt], max_new, autocast_dtype)
         for bucket, records in queries.items():
-            for record in records[:args.per_bucket]:
+            for record in records[: args.per_bucket]:
                 for method in group:  # interleaved: every method meets the same machine state
-                    max_new = args.max_new_tokens if method in SELF_RECALL_METHODS else args.max_new_tokens_direct
+                    max_new = (
+                        args.max_new_tokens if method in SELF_RECALL_METHODS else args.max_new_tokens_direct
+                    )
                     prompt, prepare_s = build_prompt(method, record, options, tokenizer)
                     (output,), seconds = answer(model, tokenizer, method, [prompt], max_new, autocast_dtype)
-                    requests.append({"method": method, "model": model_name, "bucket": bucket, "id": record["id"],
-                                     "latency_s": seconds, "prepare_s": prepare_s,
-                                     "input_tokens": output["input_tokens"],
-                                     "generated_tokens": output["generated_tokens"]})
+                    requests.append(
+                        {
+                            "method": method,
+                            "model": model_name,
+                            "bucket": bucket,
+                            "id": record["id"],
+                            "latency_s": seconds,
+                            "prepare_s": prepare_s,
+                            "input_tokens": output["input_tokens"],
+                            "generated_tokens": output["generated_tokens"],
+                        }
+                    )
             if args.batch_size:
-                batch = records[:args.batch_size]
+                batch = records[: args.batch_size]
                 for method in group:
-                    max_new = args.max_new_tokens if method in SELF_RECALL_METHODS else args.max_new_tokens_direct
+                    max_new = (
+                        args.max_new_tokens if method in SELF_RECALL_METHODS else args.max_new_tokens_direct
+                    )
                     built = [build_prompt(method, r, options, tokenizer) for r in batch]
-                    outputs, seconds = answer(model, tokenizer, method, [p for p, _ in built], max_new, autocast_dtype)
-                    batches.append({"method": method, "model": model_name, "bucket": bucket, "rows": len(batch),
-                                    "seconds": seconds, "prepare_s": sum(s for _, s in built),
-                                    "input_tokens": sum(o["input_tokens"] for o in outputs),
-                                    "generated_tokens": sum(o["generated_tokens"] for o in outputs)})
+                    outputs, seconds = answer(
+                        model, tokenizer, method, [p for p, _ in built], max_new, autocast_dtype
+                    )
+                    batches.append(
+                        {
+                            "method": method,
+                            "model": model_name,
+                            "bucket": bucket,
+                            "rows": len(batch),
+                            "seconds": seconds,
+                            "prepare_s": sum(s for _, s in built),
+                            "input_tokens": sum(o["input_tokens"] for o in outputs),
+                            "generated_tokens": sum(o["generated_tokens"] for o in outputs),
+                        }
+                    )
         del model, tokenizer
         gc.collect()
-    return {"requests": requests, "batches": batches, "models": model_of,
-            "autocast": str(autocast_dtype).replace("torch.", "") if autocast_dtype else None}
+    return {
+        "requests": requests,
+        "batches": batches,
+        "models": model_of,
+        "autocast": str(autocast_dtype).replace("torch.", "") if autocast_dtype else None,
+    }
 
 
 def _mean(values):
@@ -197,40 +256,88 @@ def summarize(measured: dict, methods: list[str]) -> list[dict]:
             input_tokens = _mean([r["input_tokens"] for r in mine])
             full_input = _mean([r["input_tokens"] for r in full])
             seconds = sum(b["seconds"] for b in runs)
-            rows.append({
-                "method": method, "bucket": bucket, "n": len(mine),
-                "latency_s": describe([r["latency_s"] for r in mine]),
-                "prepare_s": describe([r["prepare_s"] for r in mine]),
-                "input_tokens": input_tokens, "generated_tokens": _mean([r["generated_tokens"] for r in mine]),
-                "input_vs_full": input_tokens / full_input if input_tokens is not None and full_input else None,
-                "batch_rows": sum(b["rows"] for b in runs) if runs else None,
-                "requests_per_s": sum(b["rows"] for b in runs) / seconds if runs and seconds else None,
-                "generated_tokens_per_s": sum(b["generated_tokens"] for b in runs) / seconds if runs and seconds else None,
-            })
+            rows.append(
+                {
+                    "method": method,
+                    "bucket": bucket,
+                    "n": len(mine),
+                    "latency_s": describe([r["latency_s"] for r in mine]),
+                    "prepare_s": describe([r["prepare_s"] for r in mine]),
+                    "input_tokens": input_tokens,
+                    "generated_tokens": _mean([r["generated_tokens"] for r in mine]),
+                    "input_vs_full": input_tokens / full_input
+                    if input_tokens is not None and full_input
+                    else None,
+                    "batch_rows": sum(b["rows"] for b in runs) if runs else None,
+                    "requests_per_s": sum(b["rows"] for b in runs) / seconds if runs and seconds else None,
+                    "generated_tokens_per_s": sum(b["generated_tokens"] for b in runs) / seconds
+                    if runs and seconds
+                    else None,
+                }
+            )
     return rows
 
 
-HEADER = ["method", "bucket", "n", "latency s, batch 1", "prepare s (beside)", "input tokens", "x full's input",
-          "generated tokens", "batch req / s", "batch generated tok / s"]
+HEADER = [
+    "method",
+    "bucket",
+    "n",
+    "latency s, batch 1",
+    "prepare s (beside)",
+    "input tokens",
+    "x full's input",
+    "generated tokens",
+    "batch req / s",
+    "batch generated tok / s",
+]
 
 
 def table(rows: list[dict]) -> str:
-    cells = [[r["method"], str(r["bucket"]), r["n"], fmt_stat(r["latency_s"]), fmt_stat(r["prepare_s"]),
-              fmt(r["input_tokens"], 4), "n/a" if r["input_vs_full"] is None else f"{r['input_vs_full']:.2f}",
-              fmt(r["generated_tokens"]), fmt(r["requests_per_s"]), fmt(r["generated_tokens_per_s"])] for r in rows]
+    cells = [
+        [
+            r["method"],
+            str(r["bucket"]),
+            r["n"],
+            fmt_stat(r["latency_s"]),
+            fmt_stat(r["prepare_s"]),
+            fmt(r["input_tokens"], 4),
+            "n/a" if r["input_vs_full"] is None else f"{r['input_vs_full']:.2f}",
+            fmt(r["generated_tokens"]),
+            fmt(r["requests_per_s"]),
+            fmt(r["generated_tokens_per_s"]),
+        ]
+        for r in rows
+    ]
     return markdown_table(HEADER, cells, "llrrrrrrrr")
 
 
 def main(argv=None) -> None:
     args = build_parser().parse_args(argv)
     methods = check_arguments(args)
-    from data_io import DataError, read_jsonl
+    from srt.data_io import DataError, read_jsonl
+
     with tempfile.TemporaryDirectory(prefix="eval_latency-") as tmp:
         data = args.data
         if args.synthetic:
             import stage0_build
-            stage0_build.main(["--source", "synthetic", "--num-dialogues", str(args.synthetic), "--out", tmp,
-                               "--seed", str(args.seed), "--quiet", "--dev-fraction", "0", "--test-fraction", "0"])
+
+            stage0_build.main(
+                [
+                    "--source",
+                    "synthetic",
+                    "--num-dialogues",
+                    str(args.synthetic),
+                    "--out",
+                    tmp,
+                    "--seed",
+                    str(args.seed),
+                    "--quiet",
+                    "--dev-fraction",
+                    "0",
+                    "--test-fraction",
+                    "0",
+                ]
+            )
             data = str(Path(tmp) / "train.jsonl")
         try:
             records = read_jsonl(data)
@@ -243,15 +350,25 @@ def main(argv=None) -> None:
     rows = summarize(measured, methods)
     host = machine()
     command = "python bench/eval_latency.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    text = "\n".join([
-        "# Evaluation latency and throughput per method and length bucket", "", f"`{command}`", "",
-        f"Machine: {machine_line(host)}; autocast {measured['autocast'] or 'none'}.", "",
-        f"srt on `{args.srt_model or args.model}`, the other methods on `{args.model}`; greedy, up to "
-        f"{args.max_new_tokens} new tokens for srt / srt-p and {args.max_new_tokens_direct} for the direct methods. "
-        f"Latency: generation and parsing of one request at batch size 1 after a warm-up, median (min-max) over "
-        f"the bucket's queries; prepare (building the prompt, retrieval and CueMem's index included) is timed "
-        f"apart and shown beside it. Throughput: one batched generate of up to {args.batch_size} queries "
-        f"of the bucket.", "", table(rows), ""])
+    text = "\n".join(
+        [
+            "# Evaluation latency and throughput per method and length bucket",
+            "",
+            f"`{command}`",
+            "",
+            f"Machine: {machine_line(host)}; autocast {measured['autocast'] or 'none'}.",
+            "",
+            f"srt on `{args.srt_model or args.model}`, the other methods on `{args.model}`; greedy, up to "
+            f"{args.max_new_tokens} new tokens for srt / srt-p and {args.max_new_tokens_direct} for the direct methods. "
+            f"Latency: generation and parsing of one request at batch size 1 after a warm-up, median (min-max) over "
+            f"the bucket's queries; prepare (building the prompt, retrieval and CueMem's index included) is timed "
+            f"apart and shown beside it. Throughput: one batched generate of up to {args.batch_size} queries "
+            f"of the bucket.",
+            "",
+            table(rows),
+            "",
+        ]
+    )
     payload = {"command": command, "config": vars(args), "machine": host, "rows": rows, **measured}
     json_path, md_path = write_results(Path(args.out), "results", payload, text)
     print(text + f"\nwritten: {md_path}, {json_path}", flush=True)

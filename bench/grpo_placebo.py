@@ -12,6 +12,7 @@ with what it does beyond its placebo. The probe and the final evaluation score w
 Takes every flag of stage2_grpo.py; writes <out>/placebo.json beside its config. The permutations
 come from their own generator (seed = --seed), which a --resume starts afresh.
 """
+
 from __future__ import annotations
 
 import random
@@ -23,21 +24,23 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import stage2_grpo  # noqa: E402
-from data_io import write_json  # noqa: E402
+from srt.data_io import write_json  # noqa: E402
 
 
 def shuffled_within_groups(reward_fn, K: int, rng: random.Random):
     """reward_fn whose scores are permuted inside each aligned block of K rows (one group: rollouts.py
     lays a step's rows out prompt by prompt, K each)."""
+
     def placebo(completions, examples):
         scores = list(reward_fn(completions, examples))
         if len(scores) % K:
             raise ValueError(f"placebo: {len(scores)} rows are not whole groups of K = {K}")
         for g in range(0, len(scores), K):
-            block = scores[g:g + K]
+            block = scores[g : g + K]
             rng.shuffle(block)
-            scores[g:g + K] = block
+            scores[g : g + K] = block
         return scores
+
     return placebo
 
 
@@ -61,11 +64,15 @@ def main(argv=None) -> None:
     real_step = stage2_grpo.grpo_step
 
     def placebo_step(*args, reward_fn=None, **kwargs):  # training steps only: the probe keeps the true reward
-        return real_step(*args, reward_fn=shuffled_within_groups(reward_fn, cfg.num_generations, rng), **kwargs)
+        return real_step(
+            *args, reward_fn=shuffled_within_groups(reward_fn, cfg.num_generations, rng), **kwargs
+        )
 
     stage2_grpo.grpo_step = placebo_step
     Path(cfg.out).mkdir(parents=True, exist_ok=True)
-    write_json(Path(cfg.out) / "placebo.json", {"placebo": "rewards shuffled within each group", "seed": cfg.seed})
+    write_json(
+        Path(cfg.out) / "placebo.json", {"placebo": "rewards shuffled within each group", "seed": cfg.seed}
+    )
     try:
         stage2_grpo.train(cfg)
     except (stage2_grpo.DataError, FileNotFoundError) as e:

@@ -93,6 +93,7 @@ Mismatches that remain (TRL's design, not removable through its config; none cha
   - Sampling draws different random numbers on the two sides: the texts differ, their lengths do not.
   - One process only (no torchrun / accelerate launch).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -106,13 +107,24 @@ from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
-for _path in (str(ROOT), str(BENCH)):  # run as `python bench/grpo_vs_trl.py`: the stage files live one level up
+for _path in (
+    str(ROOT),
+    str(BENCH),
+):  # run as `python bench/grpo_vs_trl.py`: the stage files live one level up
     if _path not in sys.path:
         sys.path.insert(0, _path)
 
-from data_io import atomic_write_text, read_jsonl, write_json  # noqa: E402
-from measure import (describe, fmt_stat, machine, machine_line, markdown_table, resolve_precisions,  # noqa: E402
-                     write_results)
+from measure import (  # noqa: E402
+    describe,
+    fmt_stat,
+    machine,
+    machine_line,
+    markdown_table,
+    resolve_precisions,
+    write_results,
+)
+
+from srt.data_io import atomic_write_text, read_jsonl, write_json  # noqa: E402
 
 DEFAULT_TRL_PYTHON = ROOT / ".venv-trl" / "bin" / "python"
 PRECISION_DTYPE = {"fp32": "float32", "bf16": "bfloat16"}  # the matmul dtype each precision must show
@@ -126,40 +138,76 @@ REQUIRED_PHASES = ("generate", "loss")
 # --------------------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     from stage2_grpo import build_parser as stage2_parser
+
     D = vars(stage2_parser().parse_args([]))  # the benchmark's defaults are stage 2's own
     p = argparse.ArgumentParser(
         description="GRPO step time and peak memory: stage2_grpo.py vs TRL's GRPOTrainer, at equal work and "
-                    "precision, interleaved repeats.",
+        "precision, interleaved repeats.",
         epilog="Set-up and examples: bench/README.md. The knob mapping is in this script's docstring.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
     add = p.add_argument
-    add("--model", default="smollm2-135m", help="a local folder, a Hugging Face id, smollm2-135m or tiny-random")
+    add(
+        "--model",
+        default="smollm2-135m",
+        help="a local folder, a Hugging Face id, smollm2-135m or tiny-random",
+    )
     add("--data", default="runs/data/train.jsonl", help="stage-0 training records (JSONL)")
-    add("--synthetic", type=int, metavar="N",
-        help="instead of --data, build N synthetic dialogues with stage0_build in a temporary folder")
+    add(
+        "--synthetic",
+        type=int,
+        metavar="N",
+        help="instead of --data, build N synthetic dialogues with stage0_build in a temporary folder",
+    )
     add("--out", default="runs/bench/grpo_vs_trl", help="writes results.json and results.md here")
     add("--steps", type=int, default=3, help="GRPO steps per run (the first --warmup are left out)")
     add("--warmup", type=int, default=1, help="GRPO steps of each run left out (lazy initialisation)")
-    add("--repeats", type=int, default=3, help="runs per side and precision, interleaved ours, TRL, ours, TRL, ...")
-    add("--precisions", default="auto",
-        help="auto (fp32, plus bf16 on a GPU or an AMX CPU), fp32, bf16 or fp32,bf16")
+    add(
+        "--repeats",
+        type=int,
+        default=3,
+        help="runs per side and precision, interleaved ours, TRL, ours, TRL, ...",
+    )
+    add(
+        "--precisions",
+        default="auto",
+        help="auto (fp32, plus bf16 on a GPU or an AMX CPU), fp32, bf16 or fp32,bf16",
+    )
     add("-K", "--num-generations", type=int, default=D["num_generations"], help="completions per prompt")
     add("--prompts-per-step", type=int, default=D["prompts_per_step"], help="prompts per GRPO step (P)")
-    add("--sample-ratio", type=int, default=D["sample_ratio"],
-        help="S: a GRPO step's P*K completions make S backprop minibatches, one AdamW update each")
+    add(
+        "--sample-ratio",
+        type=int,
+        default=D["sample_ratio"],
+        help="S: a GRPO step's P*K completions make S backprop minibatches, one AdamW update each",
+    )
     add("--mu", type=int, default=D["mu"], help="passes over each sample batch (TRL num_iterations)")
-    add("--max-new-tokens", type=int, default=D["max_new_tokens"],
-        help="every completion is exactly this long on both sides (stop tokens suppressed)")
-    add("--max-prompt-length", type=int, default=D["max_prompt_length"],
-        help="prompt token cap, applied the way stage2_grpo applies it (0 = none)")
+    add(
+        "--max-new-tokens",
+        type=int,
+        default=D["max_new_tokens"],
+        help="every completion is exactly this long on both sides (stop tokens suppressed)",
+    )
+    add(
+        "--max-prompt-length",
+        type=int,
+        default=D["max_prompt_length"],
+        help="prompt token cap, applied the way stage2_grpo applies it (0 = none)",
+    )
     add("--temperature", type=float, default=D["temperature"], help="sampling temperature")
     add("--top-p", type=float, default=D["top_p"], help="nucleus sampling; no top-k cut on either side")
     add("--lr", type=float, default=D["lr"], help="constant learning rate (no warm-up on either side)")
-    add("--beta", type=float, default=D["beta"], help="KL weight; > 0 loads the reference model on both sides")
+    add(
+        "--beta", type=float, default=D["beta"], help="KL weight; > 0 loads the reference model on both sides"
+    )
     add("--clip-eps", type=float, default=D["clip_eps"], help="epsilon of the clipped ratio (TRL epsilon)")
     add("--loss-norm", choices=["seq", "token"], default=D["loss_norm"], help="TRL loss_type grpo | bnpo")
-    add("--gradient-checkpointing", action=argparse.BooleanOptionalAction, default=False,
-        help="on both sides (TRL's own default is on, ours off)")
+    add(
+        "--gradient-checkpointing",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="on both sides (TRL's own default is on, ours off)",
+    )
     add("--seed", type=int, default=0, help="data order and sampling seed, both sides")
     add("--trl-python", default=str(DEFAULT_TRL_PYTHON), help="a python that can import trl")
     return p
@@ -172,8 +220,10 @@ def check_arguments(args) -> None:
     if args.warmup < 0:
         sys.exit("error: --warmup must be 0 or more")
     if args.steps <= args.warmup:
-        sys.exit(f"error: --steps must be more than --warmup ({args.warmup}): the first {args.warmup} step(s) of "
-                 f"each run are left out")
+        sys.exit(
+            f"error: --steps must be more than --warmup ({args.warmup}): the first {args.warmup} step(s) of "
+            f"each run are left out"
+        )
     if args.repeats < 1:
         sys.exit("error: --repeats must be at least 1")
     if K < 2:
@@ -181,16 +231,22 @@ def check_arguments(args) -> None:
     if args.max_new_tokens < 1:
         sys.exit("error: --max-new-tokens must be at least 1")
     if (P * K) % S:
-        sys.exit(f"error: P * K = {P * K} completions do not split into {S} equal minibatches (--sample-ratio) "
-                 f"(TRL needs per_device_train_batch_size = P * K / S to be a whole number)")
+        sys.exit(
+            f"error: P * K = {P * K} completions do not split into {S} equal minibatches (--sample-ratio) "
+            f"(TRL needs per_device_train_batch_size = P * K / S to be a whole number)"
+        )
     if not args.synthetic and not Path(args.data).exists():
-        sys.exit(f"error: {args.data} not found; build it with `python stage0_build.py --source synthetic "
-                 f"--out {Path(args.data).parent}`, or pass --synthetic N")
+        sys.exit(
+            f"error: {args.data} not found; build it with `python stage0_build.py --source synthetic "
+            f"--out {Path(args.data).parent}`, or pass --synthetic N"
+        )
 
 
 def trl_install_hint() -> str:
-    return "see bench/README.md, 'Set-up': python3 -m venv .venv-trl && .venv-trl/bin/pip install -r requirements.txt " \
-           "-r bench/requirements-trl.txt"
+    return (
+        "see bench/README.md, 'Set-up': python3 -m venv .venv-trl && .venv-trl/bin/pip install -r requirements.txt "
+        "-r bench/requirements-trl.txt"
+    )
 
 
 def digest(text: str) -> str:
@@ -205,10 +261,14 @@ def precision_problems(ours: dict, trl: dict, precision: str) -> list[str]:
     `observed` = phase -> {"matmul": [dtypes]} from its hooks and `versions` = {"torch": ...}."""
     problems = []
     if ours["versions"].get("torch") != trl["versions"].get("torch"):
-        problems.append(f"torch differs: ours {ours['versions'].get('torch')}, TRL venv {trl['versions'].get('torch')} "
-                        f"(pin it: bench/README.md)")
+        problems.append(
+            f"torch differs: ours {ours['versions'].get('torch')}, TRL venv {trl['versions'].get('torch')} "
+            f"(pin it: bench/README.md)"
+        )
     expected = PRECISION_DTYPE[precision]
-    phases = list(REQUIRED_PHASES) + [p for p in ("logprobs",) if p in ours["observed"] and p in trl["observed"]]
+    phases = list(REQUIRED_PHASES) + [
+        p for p in ("logprobs",) if p in ours["observed"] and p in trl["observed"]
+    ]
     for phase in phases:
         a = (ours["observed"].get(phase) or {}).get("matmul")
         b = (trl["observed"].get(phase) or {}).get("matmul")
@@ -234,22 +294,32 @@ def equal_work_problems(ours: dict, trl: dict, spec: dict) -> list[str]:
         for s in steps:
             counted = s.get("completion_lengths") or []
             if len(counted) != want_rows:
-                problems.append(f"{name} step {s['step']}: {len(counted)} completions counted, {want_rows} expected")
+                problems.append(
+                    f"{name} step {s['step']}: {len(counted)} completions counted, {want_rows} expected"
+                )
             short = [n for n in counted if n != cap]
             if short:
-                problems.append(f"{name} step {s['step']}: {len(short)} of {len(counted)} completions are not "
-                                f"{cap} tokens long (lengths {sorted(set(short))[:5]})")
+                problems.append(
+                    f"{name} step {s['step']}: {len(short)} of {len(counted)} completions are not "
+                    f"{cap} tokens long (lengths {sorted(set(short))[:5]})"
+                )
             reported = s.get("reported_completion_lengths")
             if reported is not None and sorted(reported) != sorted(counted):
-                problems.append(f"{name} step {s['step']}: the side's own token counts differ from the generate count")
+                problems.append(
+                    f"{name} step {s['step']}: the side's own token counts differ from the generate count"
+                )
             mean = s.get("reported_completion_length")
             if mean is not None and abs(mean - cap) > 1e-6:
-                problems.append(f"{name} step {s['step']}: reports a mean completion length of {mean:g}, not {cap}")
+                problems.append(
+                    f"{name} step {s['step']}: reports a mean completion length of {mean:g}, not {cap}"
+                )
             if s.get("updates") != spec["updates_per_step"]:
-                problems.append(f"{name} step {s['step']}: {s.get('updates')} optimizer updates, "
-                                f"{spec['updates_per_step']} expected")
+                problems.append(
+                    f"{name} step {s['step']}: {s.get('updates')} optimizer updates, "
+                    f"{spec['updates_per_step']} expected"
+                )
         seen = [s.get("prompts") for s in steps]
-        if seen != spec["expected_prompts"][:len(seen)] or len(seen) != len(spec["expected_prompts"]):
+        if seen != spec["expected_prompts"][: len(seen)] or len(seen) != len(spec["expected_prompts"]):
             problems.append(f"{name}: did not train on the expected prompts in the expected order")
     if trl.get("prompt_tokens_identical") is False:
         problems.append("TRL tokenizes the prompts differently from ours (it adds special tokens)")
@@ -313,12 +383,21 @@ def ratio_rows(ours: dict, trl: dict, problems: list[str]) -> list[dict]:
 
 
 def dtype_line(observed: dict) -> str:
-    return ", ".join(f"{phase} {'/'.join(kinds.get('matmul', ['?']))}" for phase, kinds in sorted(observed.items()))
+    return ", ".join(
+        f"{phase} {'/'.join(kinds.get('matmul', ['?']))}" for phase, kinds in sorted(observed.items())
+    )
 
 
 def render_table(rows: list[dict], refused: bool) -> str:
-    cells = [[r["label"], fmt_stat(r["ours"]), fmt_stat(r["trl"]),
-              "refused" if refused else ("n/a" if r["ratio"] is None else f"{r['ratio']:.2f}")] for r in rows]
+    cells = [
+        [
+            r["label"],
+            fmt_stat(r["ours"]),
+            fmt_stat(r["trl"]),
+            "refused" if refused else ("n/a" if r["ratio"] is None else f"{r['ratio']:.2f}"),
+        ]
+        for r in rows
+    ]
     return markdown_table(["median (min-max)", "ours", "TRL", "ours / TRL"], cells)
 
 
@@ -328,7 +407,8 @@ def render_table(rows: list[dict], refused: bool) -> str:
 def resolve_model_dir(name: str, out: Path) -> str:
     """A folder both sides load from (TRL builds its reference model from the policy's folder).
     tiny-random is saved once under <out>; smollm2-135m is stage 1's cached conversion."""
-    from modeling import cache_dir, load_model_and_tokenizer
+    from srt.modeling import cache_dir, load_model_and_tokenizer
+
     if name == "tiny-random":
         target = out / "model-tiny-random"
         model, tokenizer = load_model_and_tokenizer("tiny-random", dtype="float32")
@@ -345,9 +425,10 @@ def resolve_model_dir(name: str, out: Path) -> str:
 
 def pick_prompts(data: str, model_dir: str, args) -> list[tuple[dict, str]]:
     """The steps * P (record, rendered prompt) pairs stage2_grpo will draw, in its order."""
-    from data_io import DataError
-    from modeling import load_model_and_tokenizer
-    from stage0_build import PromptStream
+    from srt.data_io import DataError
+    from srt.modeling import load_model_and_tokenizer
+    from srt.rollouts import PromptStream
+
     try:
         records = read_jsonl(data)
         if not records:
@@ -372,8 +453,10 @@ def run_side(python: str, side: str, spec_path: Path, run: dict) -> dict:
     report = Path(run["report"])
     report.unlink(missing_ok=True)  # never read a previous run's report
     print(f"\n=== {run['precision']} repeat {run['repeat'] + 1}: {side}", flush=True)
-    done = subprocess.run([python, str(BENCH / "grpo_workers.py"), side, "--spec", str(spec_path),
-                           "--run", json.dumps(run)], cwd=ROOT)
+    done = subprocess.run(
+        [python, str(BENCH / "grpo_workers.py"), side, "--spec", str(spec_path), "--run", json.dumps(run)],
+        cwd=ROOT,
+    )
     if done.returncode != 0:
         sys.exit(f"error: the {side} side failed (exit {done.returncode}); its output is above")
     return json.loads(report.read_text())
@@ -387,8 +470,14 @@ def compare_precision(ours_runs, trl_runs, spec, precision, warmup) -> dict:
     summary = {"ours": summarize(ours_runs, warmup), "trl": summarize(trl_runs, warmup)}
     rows = ratio_rows(summary["ours"], summary["trl"], problems)
     observed = {"ours": ours_runs[0]["observed"], "trl": trl_runs[0]["observed"]}
-    return {"precision": precision, "problems": problems, "summary": summary, "rows": rows, "observed": observed,
-            "table": render_table(rows, refused=bool(problems))}
+    return {
+        "precision": precision,
+        "problems": problems,
+        "summary": summary,
+        "rows": rows,
+        "observed": observed,
+        "table": render_table(rows, refused=bool(problems)),
+    }
 
 
 def main(argv=None) -> int:
@@ -409,21 +498,48 @@ def main(argv=None) -> int:
         data = args.data
         if args.synthetic:
             import stage0_build
+
             data_dir = Path(tmp) / "data"
-            stage0_build.main(["--source", "synthetic", "--num-dialogues", str(args.synthetic),
-                               "--out", str(data_dir), "--seed", str(args.seed), "--quiet",
-                               "--dev-fraction", "0", "--test-fraction", "0"])
+            stage0_build.main(
+                [
+                    "--source",
+                    "synthetic",
+                    "--num-dialogues",
+                    str(args.synthetic),
+                    "--out",
+                    str(data_dir),
+                    "--seed",
+                    str(args.seed),
+                    "--quiet",
+                    "--dev-fraction",
+                    "0",
+                    "--test-fraction",
+                    "0",
+                ]
+            )
             data = str(data_dir / "train.jsonl")
 
         model_dir = resolve_model_dir(args.model, out)
         pairs = pick_prompts(data, model_dir, args)
         trl_rows = out / "trl_prompts.jsonl"
-        atomic_write_text(trl_rows, "".join(json.dumps({"prompt": prompt, "record": json.dumps(record)}) + "\n"
-                                            for record, prompt in pairs))
+        atomic_write_text(
+            trl_rows,
+            "".join(
+                json.dumps({"prompt": prompt, "record": json.dumps(record)}) + "\n"
+                for record, prompt in pairs
+            ),
+        )
         config = {k: v for k, v in vars(args).items() if k != "trl_python"}
-        spec = dict(config, model_dir=model_dir, data=data, out=str(out), trl_prompts=str(trl_rows),
-                    minibatches=S, updates_per_step=S * args.mu,
-                    expected_prompts=[[digest(p) for _, p in pairs[i * P:(i + 1) * P]] for i in range(args.steps)])
+        spec = dict(
+            config,
+            model_dir=model_dir,
+            data=data,
+            out=str(out),
+            trl_prompts=str(trl_rows),
+            minibatches=S,
+            updates_per_step=S * args.mu,
+            expected_prompts=[[digest(p) for _, p in pairs[i * P : (i + 1) * P]] for i in range(args.steps)],
+        )
         spec_path = out / "spec.json"
         write_json(spec_path, spec)
 
@@ -431,42 +547,75 @@ def main(argv=None) -> int:
         for repeat in range(args.repeats):  # interleaved: a slow spell of the machine hits both sides
             for precision in precisions:
                 for side, python in (("ours", sys.executable), ("trl", args.trl_python)):
-                    run = {"precision": precision, "repeat": repeat,
-                           "dir": str(runs_dir / f"{precision}-r{repeat + 1}-{side}"),
-                           "report": str(runs_dir / f"{precision}-r{repeat + 1}-{side}.json")}
+                    run = {
+                        "precision": precision,
+                        "repeat": repeat,
+                        "dir": str(runs_dir / f"{precision}-r{repeat + 1}-{side}"),
+                        "report": str(runs_dir / f"{precision}-r{repeat + 1}-{side}.json"),
+                    }
                     sides[precision][side].append(run_side(python, side, spec_path, run))
 
-    results = {p: compare_precision(sides[p]["ours"], sides[p]["trl"], spec, p, args.warmup) for p in precisions}
+    results = {
+        p: compare_precision(sides[p]["ours"], sides[p]["trl"], spec, p, args.warmup) for p in precisions
+    }
     host = machine()
     command = "python bench/grpo_vs_trl.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    setting = (f"model `{args.model}`; {args.repeats} interleaved run(s) per side and precision, {args.steps} GRPO "
-               f"steps each ({args.steps - args.warmup} measured); P = {P} prompt(s) x K = {K} completions of "
-               f"exactly {args.max_new_tokens} new tokens a step; S = {S} minibatches x mu = {args.mu} = "
-               f"{S * args.mu} AdamW updates a step; beta = {args.beta}, lr = {args.lr}; gradient checkpointing "
-               f"{args.gradient_checkpointing}")
-    lines = ["# GRPO: stage2_grpo.py vs TRL GRPOTrainer", "", f"`{command}`", "", f"Machine: {machine_line(host)}.", "",
-             setting + ".", ""]
+    setting = (
+        f"model `{args.model}`; {args.repeats} interleaved run(s) per side and precision, {args.steps} GRPO "
+        f"steps each ({args.steps - args.warmup} measured); P = {P} prompt(s) x K = {K} completions of "
+        f"exactly {args.max_new_tokens} new tokens a step; S = {S} minibatches x mu = {args.mu} = "
+        f"{S * args.mu} AdamW updates a step; beta = {args.beta}, lr = {args.lr}; gradient checkpointing "
+        f"{args.gradient_checkpointing}"
+    )
+    lines = [
+        "# GRPO: stage2_grpo.py vs TRL GRPOTrainer",
+        "",
+        f"`{command}`",
+        "",
+        f"Machine: {machine_line(host)}.",
+        "",
+        setting + ".",
+        "",
+    ]
     for precision, result in results.items():
         ours_v, trl_v = sides[precision]["ours"][0]["versions"], sides[precision]["trl"][0]["versions"]
         lines += [f"## {precision}", "", result["table"], ""]
         if result["problems"]:
-            lines += ["**No ratio**: the two sides did not run the same computation:", "",
-                      *[f"- {p}" for p in result["problems"]], ""]
+            lines += [
+                "**No ratio**: the two sides did not run the same computation:",
+                "",
+                *[f"- {p}" for p in result["problems"]],
+                "",
+            ]
         else:
             step = next(r for r in result["rows"] if r["metric"] == "seconds")
-            lines += [f"Equal work and precision checked (every completion {args.max_new_tokens} tokens on both "
-                      f"sides, the same prompts in the same order, matmuls in {PRECISION_DTYPE[precision]} during "
-                      f"generation, log-probs and loss on both sides, torch {ours_v['torch']} on both). "
-                      f"Median GRPO step ours / TRL: **{step['ratio']:.2f}**.", ""]
-        lines += [f"Matmul dtypes seen by the hooks: ours {dtype_line(result['observed']['ours'])}; "
-                  f"TRL {dtype_line(result['observed']['trl'])}.", "",
-                  f"Versions: ours {ours_v}; TRL side {trl_v}.", ""]
-    lines += ["Ratios below 1: ours is faster or smaller. Knob mapping and the mismatches that remain: the "
-              "docstring of bench/grpo_vs_trl.py.", ""]
+            lines += [
+                f"Equal work and precision checked (every completion {args.max_new_tokens} tokens on both "
+                f"sides, the same prompts in the same order, matmuls in {PRECISION_DTYPE[precision]} during "
+                f"generation, log-probs and loss on both sides, torch {ours_v['torch']} on both). "
+                f"Median GRPO step ours / TRL: **{step['ratio']:.2f}**.",
+                "",
+            ]
+        lines += [
+            f"Matmul dtypes seen by the hooks: ours {dtype_line(result['observed']['ours'])}; "
+            f"TRL {dtype_line(result['observed']['trl'])}.",
+            "",
+            f"Versions: ours {ours_v}; TRL side {trl_v}.",
+            "",
+        ]
+    lines += [
+        "Ratios below 1: ours is faster or smaller. Knob mapping and the mismatches that remain: the "
+        "docstring of bench/grpo_vs_trl.py.",
+        "",
+    ]
     text = "\n".join(lines)
-    payload = {"command": command, "config": config, "machine": host,
-               "results": {p: {k: v for k, v in r.items() if k != "table"} for p, r in results.items()},
-               "runs": sides}
+    payload = {
+        "command": command,
+        "config": config,
+        "machine": host,
+        "results": {p: {k: v for k, v in r.items() if k != "table"} for p, r in results.items()},
+        "runs": sides,
+    }
     json_path, md_path = write_results(out, "results", payload, text)
     print("\n" + text + f"\nwritten: {md_path}, {json_path}", flush=True)
     return 0

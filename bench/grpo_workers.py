@@ -9,6 +9,7 @@ precision of the last decoder layer, a clock and token counter around transforme
 timers around the log-prob passes), trains, and writes its report (JSON) where the run says. What
 is measured, and why: the docstring of grpo_vs_trl.py.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,9 +29,10 @@ for _path in (str(ROOT), str(BENCH)):
     if _path not in sys.path:
         sys.path.insert(0, _path)
 
-from data_io import read_jsonl, write_json  # noqa: E402
 from grpo_vs_trl import digest, trl_install_hint  # noqa: E402
 from measure import peak_rss_gib  # noqa: E402
+
+from srt.data_io import read_jsonl, write_json  # noqa: E402
 
 
 # --------------------------------------------------------------------------------------------
@@ -38,6 +40,7 @@ from measure import peak_rss_gib  # noqa: E402
 # --------------------------------------------------------------------------------------------
 def memory_mark() -> dict:
     import torch
+
     mark = {"peak_rss_gib": peak_rss_gib()}
     if torch.cuda.is_available():
         mark["peak_cuda_allocated_gib"] = torch.cuda.max_memory_allocated() / 2**30
@@ -62,8 +65,10 @@ def make_trl_reward(reward_fn=None, log=None):
     record. Returns the total reward R = format + recall + answer (Eq. (4)) per completion. When
     `log` is a list, one entry per call is appended: start time, seconds, the distinct prompts
     (digests, in order) and every completion's token count as TRL reports it."""
+
     def srt_reward(prompts, completions, record, completion_ids=None, **kwargs):
         from reward import compute_rewards
+
         start = time.perf_counter()
         decoded = {}
         examples = []
@@ -75,9 +80,16 @@ def make_trl_reward(reward_fn=None, log=None):
         totals = [float(s["total"]) for s in scores]
         if log is not None:
             lengths = [len(ids) for ids in completion_ids] if completion_ids is not None else None
-            log.append({"start": start, "seconds": time.perf_counter() - start,
-                        "prompts": list(dict.fromkeys(digest(p) for p in prompts)), "completion_lengths": lengths})
+            log.append(
+                {
+                    "start": start,
+                    "seconds": time.perf_counter() - start,
+                    "prompts": list(dict.fromkeys(digest(p) for p in prompts)),
+                    "completion_lengths": lengths,
+                }
+            )
         return [t if math.isfinite(t) else None for t in totals]  # TRL turns None into NaN
+
     return srt_reward
 
 
@@ -90,13 +102,14 @@ class Instruments:
     def __init__(self, sync=None):
         self.sync = sync or (lambda: None)
         self.generating = threading.local()
-        self.dtypes = {}           # model tag -> phase -> {"matmul": set, "layer_output": set}
-        self.generate_calls = []   # {start, seconds, rows, prompt_width, lengths}
-        self.timed = []            # {start, seconds, kind}: old / ref log-probs, loss forward
+        self.dtypes = {}  # model tag -> phase -> {"matmul": set, "layer_output": set}
+        self.generate_calls = []  # {start, seconds, rows, prompt_width, lengths}
+        self.timed = []  # {start, seconds, kind}: old / ref log-probs, loss forward
         self.stop_ids = None
 
     def phase(self) -> str:
         import torch
+
         if getattr(self.generating, "on", False):
             return "generate"
         return "loss" if torch.is_grad_enabled() else "logprobs"
@@ -104,6 +117,7 @@ class Instruments:
     def hook_precision(self, model, tag: str) -> None:
         """Forward hooks on the last decoder layer and on its last matmul (nn.Linear)."""
         import torch
+
         layers = [m for m in model.modules() if type(m).__name__.endswith("DecoderLayer")]
         if not layers:
             raise RuntimeError(f"{type(model).__name__}: no *DecoderLayer module to watch")
@@ -115,7 +129,9 @@ class Instruments:
                 if isinstance(tensor, torch.Tensor):
                     seen = self.dtypes.setdefault(tag, {}).setdefault(self.phase(), {})
                     seen.setdefault(kind, set()).add(str(tensor.dtype).replace("torch.", ""))
+
             return hook
+
         layers[-1].register_forward_hook(recorder("layer_output"))
         if linears:
             linears[-1].register_forward_hook(recorder("matmul"))
@@ -123,7 +139,9 @@ class Instruments:
     def wrap_generate(self) -> None:
         """Time transformers' generate and count each row's tokens up to its first stop token."""
         from transformers.generation.utils import GenerationMixin
-        from modeling import completion_mask
+
+        from srt.modeling import completion_mask
+
         original = GenerationMixin.generate
         instruments = self
 
@@ -141,11 +159,21 @@ class Instruments:
             sequences = output if hasattr(output, "shape") else output.sequences
             width = input_ids.shape[1] if input_ids is not None else 0
             new = sequences[:, width:]
-            lengths = completion_mask(new, instruments.stop_ids).sum(1).tolist() if instruments.stop_ids else None
-            instruments.generate_calls.append({"start": start, "seconds": seconds, "rows": int(sequences.shape[0]),
-                                               "prompt_width": int(width), "new_width": int(new.shape[1]),
-                                               "lengths": lengths})
+            lengths = (
+                completion_mask(new, instruments.stop_ids).sum(1).tolist() if instruments.stop_ids else None
+            )
+            instruments.generate_calls.append(
+                {
+                    "start": start,
+                    "seconds": seconds,
+                    "rows": int(sequences.shape[0]),
+                    "prompt_width": int(width),
+                    "new_width": int(new.shape[1]),
+                    "lengths": lengths,
+                }
+            )
             return output
+
         GenerationMixin.generate = generate
 
     def timed_call(self, kind: str, fn, *args, **kwargs):
@@ -157,8 +185,12 @@ class Instruments:
         return result
 
     def by_model(self) -> dict:
-        return {tag: {phase: {kind: sorted(seen) for kind, seen in kinds.items()} for phase, kinds in phases.items()}
-                for tag, phases in self.dtypes.items()}
+        return {
+            tag: {
+                phase: {kind: sorted(seen) for kind, seen in kinds.items()} for phase, kinds in phases.items()
+            }
+            for tag, phases in self.dtypes.items()
+        }
 
     def observed(self) -> dict:
         """phase -> {matmul: [...], layer_output: [...]}, over every model of the process."""
@@ -167,7 +199,9 @@ class Instruments:
             for phase, kinds in phases.items():
                 for kind, seen in kinds.items():
                     merged.setdefault(phase, {}).setdefault(kind, set()).update(seen)
-        return {phase: {kind: sorted(seen) for kind, seen in kinds.items()} for phase, kinds in merged.items()}
+        return {
+            phase: {kind: sorted(seen) for kind, seen in kinds.items()} for phase, kinds in merged.items()
+        }
 
 
 def split_steps(steps: list[dict], instruments: Instruments, rewards: list[dict] | None = None) -> None:
@@ -182,7 +216,9 @@ def split_steps(steps: list[dict], instruments: Instruments, rewards: list[dict]
         step["completion_lengths"] = lengths or None
         step["longest_completion"] = max(lengths) if lengths else None
         step["completion_length"] = sum(lengths) / len(lengths) if lengths else step.get("completion_length")
-        step["generate_calls"] = [{k: c[k] for k in ("seconds", "rows", "prompt_width", "new_width")} for c in calls]
+        step["generate_calls"] = [
+            {k: c[k] for k in ("seconds", "rows", "prompt_width", "new_width")} for c in calls
+        ]
         for kind in ("old_logprobs", "ref_logprobs", "loss_forward"):
             step[f"{kind}_s"] = sum(t["seconds"] for t in timed if t["kind"] == kind)
         if rewards is not None:
@@ -191,7 +227,10 @@ def split_steps(steps: list[dict], instruments: Instruments, rewards: list[dict]
             step["prompts"] = [p for r in mine for p in r["prompts"]] or None
             reported = [n for r in mine for n in (r["completion_lengths"] or [])]
             step["reported_completion_lengths"] = reported or None
-        parts = [step.get(k) for k in ("generate_s", "score_s", "old_logprobs_s", "ref_logprobs_s", "loss_forward_s")]
+        parts = [
+            step.get(k)
+            for k in ("generate_s", "score_s", "old_logprobs_s", "ref_logprobs_s", "loss_forward_s")
+        ]
         step["rest_s"] = step["seconds"] - sum(parts) if None not in parts else None
 
 
@@ -200,25 +239,66 @@ def split_steps(steps: list[dict], instruments: Instruments, rewards: list[dict]
 # --------------------------------------------------------------------------------------------
 def run_ours(spec: dict, run: dict) -> int:
     import torch
+
     import stage2_grpo
-    from modeling import load_embedder, stop_token_ids
+    from srt.modeling import load_embedder, stop_token_ids
 
     cuda = torch.cuda.is_available()
     instruments = Instruments(torch.cuda.synchronize if cuda else None)
     instruments.wrap_generate()
     run_dir = Path(run["dir"])
     shutil.rmtree(run_dir, ignore_errors=True)
-    argv = ["--model", spec["model_dir"], "--data", spec["data"], "--out", str(run_dir), "--seed", str(spec["seed"]),
-            "--max-steps", str(spec["steps"]), "-K", str(spec["num_generations"]),
-            "--prompts-per-step", str(spec["prompts_per_step"]), "--sample-ratio", str(spec["sample_ratio"]),
-            "--mu", str(spec["mu"]), "--max-new-tokens", str(spec["max_new_tokens"]),
-            "--max-prompt-length", str(spec["max_prompt_length"]), "--temperature", str(spec["temperature"]),
-            "--top-p", str(spec["top_p"]), "--lr", str(spec["lr"]), "--warmup-steps", "0",
-            "--weight-decay", "0", "--max-grad-norm", "1.0", "--beta", str(spec["beta"]),
-            "--clip-eps", str(spec["clip_eps"]), "--loss-norm", spec["loss_norm"],
-            "--dtype", "float32" if run["precision"] == "fp32" else "auto",
-            "--gradient-checkpointing" if spec["gradient_checkpointing"] else "--no-gradient-checkpointing",
-            "--eval-limit", "0", "--sample-every", "0", "--save-every", "0"]
+    argv = [
+        "--model",
+        spec["model_dir"],
+        "--data",
+        spec["data"],
+        "--out",
+        str(run_dir),
+        "--seed",
+        str(spec["seed"]),
+        "--max-steps",
+        str(spec["steps"]),
+        "-K",
+        str(spec["num_generations"]),
+        "--prompts-per-step",
+        str(spec["prompts_per_step"]),
+        "--sample-ratio",
+        str(spec["sample_ratio"]),
+        "--mu",
+        str(spec["mu"]),
+        "--max-new-tokens",
+        str(spec["max_new_tokens"]),
+        "--max-prompt-length",
+        str(spec["max_prompt_length"]),
+        "--temperature",
+        str(spec["temperature"]),
+        "--top-p",
+        str(spec["top_p"]),
+        "--lr",
+        str(spec["lr"]),
+        "--warmup-steps",
+        "0",
+        "--weight-decay",
+        "0",
+        "--max-grad-norm",
+        "1.0",
+        "--beta",
+        str(spec["beta"]),
+        "--clip-eps",
+        str(spec["clip_eps"]),
+        "--loss-norm",
+        spec["loss_norm"],
+        "--dtype",
+        "float32" if run["precision"] == "fp32" else "auto",
+        "--gradient-checkpointing" if spec["gradient_checkpointing"] else "--no-gradient-checkpointing",
+        "--eval-limit",
+        "0",
+        "--sample-every",
+        "0",
+        "--save-every",
+        "0",
+    ]
 
     loaded = []
     load = stage2_grpo.load_model_and_tokenizer
@@ -253,8 +333,14 @@ def run_ours(spec: dict, run: dict) -> int:
         t0 = time.perf_counter()
         result = grpo_step(*args, **kwargs)
         instruments.sync()
-        windows.append({"t0": t0, "t1": time.perf_counter(), "prompts": [digest(p) for p in bound["prompts"]],
-                        **memory_mark()})
+        windows.append(
+            {
+                "t0": t0,
+                "t1": time.perf_counter(),
+                "prompts": [digest(p) for p in bound["prompts"]],
+                **memory_mark(),
+            }
+        )
         return result
 
     # train() looks these names up in its module at call time
@@ -268,22 +354,44 @@ def run_ours(spec: dict, run: dict) -> int:
 
     metrics = read_jsonl(run_dir / "metrics.jsonl", validate=False)
     if not metrics or "step_s" not in metrics[0]:
-        sys.exit(f"error: {run_dir / 'metrics.jsonl'} has no step_s: stage 2's log changed; update the ours worker")
-    steps = [{"step": m["step"], "seconds": m["step_s"], "generate_s": m.get("generate_s"),
-              "score_s": m.get("score_s"), "train_s": m.get("train_s"),
-              "reported_completion_length": m.get("completion_length"), "updates": m.get("updates"), **window}
-             for m, window in zip(metrics, windows)]
+        sys.exit(
+            f"error: {run_dir / 'metrics.jsonl'} has no step_s: stage 2's log changed; update the ours worker"
+        )
+    steps = [
+        {
+            "step": m["step"],
+            "seconds": m["step_s"],
+            "generate_s": m.get("generate_s"),
+            "score_s": m.get("score_s"),
+            "train_s": m.get("train_s"),
+            "reported_completion_length": m.get("completion_length"),
+            "updates": m.get("updates"),
+            **window,
+        }
+        for m, window in zip(metrics, windows)
+    ]
     split_steps(steps, instruments)
     for bulky in ("checkpoint", "final"):  # two copies of the weights the benchmark does not need
         shutil.rmtree(run_dir / bulky, ignore_errors=True)
     last = windows[-1] if windows else {}
-    side = {"side": "ours", "precision": run["precision"], "repeat": run["repeat"], "steps": steps,
-            "updates_per_step": spec["updates_per_step"], "device": "cuda" if cuda else "cpu",
-            "observed": instruments.observed(), "observed_by_model": instruments.by_model(),
-            "stop_ids": instruments.stop_ids, "embedder_loaded": True,
-            **{k: last.get(k) for k in ("peak_rss_gib", "peak_cuda_allocated_gib", "peak_cuda_reserved_gib")},
-            "peak_rss_gib_process": peak_rss_gib(), "total_s": total, "argv": argv, "versions": versions(),
-            "torch_threads": torch.get_num_threads()}
+    side = {
+        "side": "ours",
+        "precision": run["precision"],
+        "repeat": run["repeat"],
+        "steps": steps,
+        "updates_per_step": spec["updates_per_step"],
+        "device": "cuda" if cuda else "cpu",
+        "observed": instruments.observed(),
+        "observed_by_model": instruments.by_model(),
+        "stop_ids": instruments.stop_ids,
+        "embedder_loaded": True,
+        **{k: last.get(k) for k in ("peak_rss_gib", "peak_cuda_allocated_gib", "peak_cuda_reserved_gib")},
+        "peak_rss_gib_process": peak_rss_gib(),
+        "total_s": total,
+        "argv": argv,
+        "versions": versions(),
+        "torch_threads": torch.get_num_threads(),
+    }
     write_json(run["report"], side)
     return 0
 
@@ -299,12 +407,15 @@ def run_trl(spec: dict, run: dict) -> int:
     except ImportError as e:
         sys.exit(f"error: {e}; {trl_install_hint()}")
     import torch
-    from modeling import load_embedder, load_model_and_tokenizer, stop_token_ids
+
+    from srt.modeling import load_embedder, load_model_and_tokenizer, stop_token_ids
 
     for method in ("_generate", "_get_per_token_logps_and_entropies"):
         if not hasattr(GRPOTrainer, method):
-            sys.exit(f"error: this TRL has no GRPOTrainer.{method}, which the benchmark times; "
-                     f"use the version bench/requirements-trl.txt pins")
+            sys.exit(
+                f"error: this TRL has no GRPOTrainer.{method}, which the benchmark times; "
+                f"use the version bench/requirements-trl.txt pins"
+            )
     cuda = torch.cuda.is_available()
     instruments = Instruments(torch.cuda.synchronize if cuda else None)
     instruments.wrap_generate()
@@ -314,27 +425,54 @@ def run_trl(spec: dict, run: dict) -> int:
     instruments.hook_precision(model, "policy")
     rows = read_jsonl(spec["trl_prompts"], validate=False)
     prompt_tokens_identical = all(
-        tokenizer(text=r["prompt"])["input_ids"] == tokenizer(r["prompt"], add_special_tokens=False)["input_ids"]
-        for r in rows)
+        tokenizer(text=r["prompt"])["input_ids"]
+        == tokenizer(r["prompt"], add_special_tokens=False)["input_ids"]
+        for r in rows
+    )
 
     K, P, S, mu = spec["num_generations"], spec["prompts_per_step"], spec["minibatches"], spec["mu"]
     run_dir = Path(run["dir"])
     shutil.rmtree(run_dir, ignore_errors=True)
     config = GRPOConfig(
-        output_dir=str(run_dir), seed=spec["seed"], data_seed=spec["seed"],
-        num_generations=K, per_device_train_batch_size=P * K // S, gradient_accumulation_steps=1,
-        steps_per_generation=S, num_iterations=mu, max_steps=spec["steps"] * S * mu,
-        max_completion_length=spec["max_new_tokens"], temperature=spec["temperature"], top_p=spec["top_p"],
-        top_k=0, learning_rate=spec["lr"], lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
-        max_grad_norm=1.0, optim="adamw_torch", beta=spec["beta"], epsilon=spec["clip_eps"],
-        loss_type={"seq": "grpo", "token": "bnpo"}[spec["loss_norm"]], scale_rewards="group",
-        shuffle_dataset=False, gradient_checkpointing=spec["gradient_checkpointing"],
+        output_dir=str(run_dir),
+        seed=spec["seed"],
+        data_seed=spec["seed"],
+        num_generations=K,
+        per_device_train_batch_size=P * K // S,
+        gradient_accumulation_steps=1,
+        steps_per_generation=S,
+        num_iterations=mu,
+        max_steps=spec["steps"] * S * mu,
+        max_completion_length=spec["max_new_tokens"],
+        temperature=spec["temperature"],
+        top_p=spec["top_p"],
+        top_k=0,
+        learning_rate=spec["lr"],
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        weight_decay=0.0,
+        max_grad_norm=1.0,
+        optim="adamw_torch",
+        beta=spec["beta"],
+        epsilon=spec["clip_eps"],
+        loss_type={"seq": "grpo", "token": "bnpo"}[spec["loss_norm"]],
+        scale_rewards="group",
+        shuffle_dataset=False,
+        gradient_checkpointing=spec["gradient_checkpointing"],
         gradient_checkpointing_kwargs={"use_reentrant": False},
         # Equal work: no stop token can be sampled, so every completion runs to max_completion_length.
         generation_kwargs={"suppress_tokens": list(instruments.stop_ids)},
-        bf16=run["precision"] == "bf16", fp16=False, use_cpu=not cuda,
-        report_to="none", save_strategy="no", eval_strategy="no", logging_strategy="no", log_completions=False,
-        dataloader_num_workers=0, remove_unused_columns=False)
+        bf16=run["precision"] == "bf16",
+        fp16=False,
+        use_cpu=not cuda,
+        report_to="none",
+        save_strategy="no",
+        eval_strategy="no",
+        logging_strategy="no",
+        log_completions=False,
+        dataloader_num_workers=0,
+        remove_unused_columns=False,
+    )
 
     updates = []  # per optimizer update: {start, seconds, mark}
 
@@ -363,13 +501,20 @@ def run_trl(spec: dict, run: dict) -> int:
                 kind = "loss_forward"
             else:
                 kind = "ref_logprobs" if model is self.ref_model else "old_logprobs"
-            return instruments.timed_call(kind, super()._get_per_token_logps_and_entropies, model, *args, **kwargs)
+            return instruments.timed_call(
+                kind, super()._get_per_token_logps_and_entropies, model, *args, **kwargs
+            )
 
     reward_log = []
     load_embedder()  # both sides carry the embedder, whether or not a sample reaches `Final answer:`
-    trainer = TimedGRPOTrainer(model=model, reward_funcs=make_trl_reward(log=reward_log), args=config,
-                               train_dataset=Dataset.from_list(rows), processing_class=tokenizer,
-                               callbacks=[StepClock()])
+    trainer = TimedGRPOTrainer(
+        model=model,
+        reward_funcs=make_trl_reward(log=reward_log),
+        args=config,
+        train_dataset=Dataset.from_list(rows),
+        processing_class=tokenizer,
+        callbacks=[StepClock()],
+    )
     if trainer.ref_model is not None:
         instruments.hook_precision(trainer.ref_model, "ref")
     start = time.perf_counter()
@@ -381,33 +526,70 @@ def run_trl(spec: dict, run: dict) -> int:
     n = S * mu  # optimizer updates per GRPO step
     steps = []
     for i in range(len(updates) // n):
-        mine = updates[i * n:(i + 1) * n]
+        mine = updates[i * n : (i + 1) * n]
         t0, t1 = mine[0]["start"], mine[-1]["end"]
         gen = [g for g in generated if t0 <= g["start"] <= t1]
-        steps.append({"step": i + 1, "t0": t0, "t1": t1, "seconds": sum(u["end"] - u["start"] for u in mine),
-                      "generate_s": sum(g["seconds"] for g in gen) if gen else None, "updates": n,
-                      "update_seconds": [u["end"] - u["start"] for u in mine],
-                      **{k: v for k, v in mine[-1].items() if k not in ("start", "end")}})
+        steps.append(
+            {
+                "step": i + 1,
+                "t0": t0,
+                "t1": t1,
+                "seconds": sum(u["end"] - u["start"] for u in mine),
+                "generate_s": sum(g["seconds"] for g in gen) if gen else None,
+                "updates": n,
+                "update_seconds": [u["end"] - u["start"] for u in mine],
+                **{k: v for k, v in mine[-1].items() if k not in ("start", "end")},
+            }
+        )
     split_steps(steps, instruments, rewards=reward_log)
     last = updates[-1] if updates else {}
-    side = {"side": "trl", "precision": run["precision"], "repeat": run["repeat"], "steps": steps,
-            "updates_per_step": n, "device": "cuda" if cuda else "cpu", "observed": instruments.observed(),
-            "observed_by_model": instruments.by_model(),
-            "stop_ids": instruments.stop_ids, "embedder_loaded": True,
-            **{k: last.get(k) for k in ("peak_rss_gib", "peak_cuda_allocated_gib", "peak_cuda_reserved_gib")},
-            "peak_rss_gib_process": peak_rss_gib(), "total_s": total,
-            "prompt_tokens_identical": prompt_tokens_identical, "versions": versions(),
-            "torch_threads": torch.get_num_threads(),
-            "grpo_config": {k: getattr(config, k) for k in (
-                "num_generations", "per_device_train_batch_size", "gradient_accumulation_steps",
-                "steps_per_generation", "generation_batch_size", "num_iterations", "max_steps",
-                "max_completion_length", "temperature", "top_p", "top_k", "learning_rate", "beta", "epsilon",
-                "loss_type", "scale_rewards", "bf16", "use_cpu", "gradient_checkpointing", "shuffle_dataset",
-                "generation_kwargs", "cast_lm_head_to_fp32")}}
+    side = {
+        "side": "trl",
+        "precision": run["precision"],
+        "repeat": run["repeat"],
+        "steps": steps,
+        "updates_per_step": n,
+        "device": "cuda" if cuda else "cpu",
+        "observed": instruments.observed(),
+        "observed_by_model": instruments.by_model(),
+        "stop_ids": instruments.stop_ids,
+        "embedder_loaded": True,
+        **{k: last.get(k) for k in ("peak_rss_gib", "peak_cuda_allocated_gib", "peak_cuda_reserved_gib")},
+        "peak_rss_gib_process": peak_rss_gib(),
+        "total_s": total,
+        "prompt_tokens_identical": prompt_tokens_identical,
+        "versions": versions(),
+        "torch_threads": torch.get_num_threads(),
+        "grpo_config": {
+            k: getattr(config, k)
+            for k in (
+                "num_generations",
+                "per_device_train_batch_size",
+                "gradient_accumulation_steps",
+                "steps_per_generation",
+                "generation_batch_size",
+                "num_iterations",
+                "max_steps",
+                "max_completion_length",
+                "temperature",
+                "top_p",
+                "top_k",
+                "learning_rate",
+                "beta",
+                "epsilon",
+                "loss_type",
+                "scale_rewards",
+                "bf16",
+                "use_cpu",
+                "gradient_checkpointing",
+                "shuffle_dataset",
+                "generation_kwargs",
+                "cast_lm_head_to_fp32",
+            )
+        },
+    }
     write_json(run["report"], side)
     return 0
-
-
 
 
 def main(argv=None) -> int:

@@ -1,6 +1,7 @@
 """What the three benchmarks share: the machine they ran on, the median and spread of repeated
 timings, Markdown tables, and the results folder (runs/bench/). Imported by grpo_vs_trl.py,
 sft_throughput.py and eval_latency.py, which put bench/ and the repository root on sys.path."""
+
 from __future__ import annotations
 
 import json
@@ -51,13 +52,23 @@ def machine() -> dict:
     avx512_bf16 only converts and dots; the matmul speed-up the repository measured needs AMX
     (amx_bf16), which modeling.cpu_has_bf16_matmul probes, so both are recorded."""
     import torch
-    from modeling import cpu_has_bf16_matmul
+
+    from srt.modeling import cpu_has_bf16_matmul
+
     flags = cpu_flags()
-    info = {"cpu": cpu_model(), "logical_cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-            "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"), "torch": torch.__version__,
-            "transformers": _version("transformers"), "python": platform.python_version(),
-            "avx512_bf16": "avx512_bf16" in flags, "amx_bf16": "amx_bf16" in flags,
-            "bf16_matmul_units": cpu_has_bf16_matmul(), "gpu": None}
+    info = {
+        "cpu": cpu_model(),
+        "logical_cpus": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"),
+        "torch": torch.__version__,
+        "transformers": _version("transformers"),
+        "python": platform.python_version(),
+        "avx512_bf16": "avx512_bf16" in flags,
+        "amx_bf16": "amx_bf16" in flags,
+        "bf16_matmul_units": cpu_has_bf16_matmul(),
+        "gpu": None,
+    }
     if torch.cuda.is_available():
         info["gpu"] = torch.cuda.get_device_name(0)
         info["bf16_matmul_units"] = True
@@ -67,8 +78,10 @@ def machine() -> dict:
 def machine_line(info: dict) -> str:
     where = info["gpu"] or f"{info['cpu']}, {info['logical_cpus']} logical CPUs"
     bf16 = "has bf16 matmul units" if info["bf16_matmul_units"] else "no bf16 matmul units (fp32 only)"
-    return (f"{where}; {bf16}; torch {info['torch']}, {info['torch_threads']} threads, "
-            f"transformers {info['transformers']}")
+    return (
+        f"{where}; {bf16}; torch {info['torch']}, {info['torch_threads']} threads, "
+        f"transformers {info['transformers']}"
+    )
 
 
 def _version(name: str):
@@ -81,7 +94,9 @@ def _version(name: str):
 def bf16_available() -> bool:
     """Where bf16 autocast pays: a GPU or an AMX CPU (modeling.resolve_dtype's rule)."""
     import torch
-    from modeling import cpu_has_bf16_matmul
+
+    from srt.modeling import cpu_has_bf16_matmul
+
     return torch.cuda.is_available() or cpu_has_bf16_matmul()
 
 
@@ -96,8 +111,10 @@ def resolve_precisions(spec: str) -> list[str]:
     if unknown or not wanted:
         sys.exit(f"error: --precisions {spec!r}: use auto, fp32, bf16 or fp32,bf16")
     if "bf16" in wanted and not bf16_available():
-        sys.exit("error: --precisions bf16 needs a GPU or a CPU with AMX bf16 units; this machine has neither "
-                 "(use --precisions fp32)")
+        sys.exit(
+            "error: --precisions bf16 needs a GPU or a CPU with AMX bf16 units; this machine has neither "
+            "(use --precisions fp32)"
+        )
     return list(dict.fromkeys(wanted))
 
 
@@ -130,8 +147,14 @@ def describe(values) -> dict | None:
         q1 = q3 = values[0]
     else:
         q1, _, q3 = statistics.quantiles(values, n=4, method="inclusive")
-    return {"median": statistics.median(values), "min": values[0], "max": values[-1], "q1": q1, "q3": q3,
-            "n": len(values)}
+    return {
+        "median": statistics.median(values),
+        "min": values[0],
+        "max": values[-1],
+        "q1": q1,
+        "q3": q3,
+        "n": len(values),
+    }
 
 
 def fmt(value, digits: int = 3) -> str:
@@ -156,15 +179,18 @@ def markdown_table(header: list[str], rows: list[list], align: str | None = None
     column, l or r (default: first left, the rest right)."""
     align = align or "l" + "r" * (len(header) - 1)
     cell = lambda v: v if isinstance(v, str) else fmt(v)
-    lines = ["| " + " | ".join(header) + " |",
-             "|" + "|".join("---" if a == "l" else "---:" for a in align) + "|"]
+    lines = [
+        "| " + " | ".join(header) + " |",
+        "|" + "|".join("---" if a == "l" else "---:" for a in align) + "|",
+    ]
     lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
     return "\n".join(lines)
 
 
 def write_results(out: Path, name: str, payload: dict, markdown: str) -> tuple[Path, Path]:
     """<out>/<name>.json and <out>/<name>.md, written atomically."""
-    from data_io import atomic_write_text
+    from srt.data_io import atomic_write_text
+
     out.mkdir(parents=True, exist_ok=True)
     json_path, md_path = out / f"{name}.json", out / f"{name}.md"
     atomic_write_text(json_path, json.dumps(payload, indent=2, default=str) + "\n")
@@ -177,10 +203,13 @@ def bench_records(data: str, synthetic: int = 0, split: str = "train") -> list[d
     dialogues in a temporary folder (its `split` file, else its train file). Exits with one line
     when the file is missing or malformed."""
     import tempfile
-    from data_io import DataError, read_jsonl
+
+    from srt.data_io import DataError, read_jsonl
+
     try:
         if synthetic:
             import stage0_build
+
             tmp = Path(tempfile.mkdtemp())
             stage0_build.main(["--num-dialogues", str(synthetic), "--out", str(tmp), "--quiet"])
             return read_jsonl(tmp / f"{split}.jsonl") or read_jsonl(tmp / "train.jsonl")

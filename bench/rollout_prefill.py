@@ -13,6 +13,7 @@ from the flags), so both sides are seen to do the same work.
 
 Writes <out>/results.json and <out>/results.md (default runs/bench/rollout_prefill).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,11 +31,16 @@ from measure import bench_records, describe, machine, machine_line, write_result
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--model", default="runs/demo/sft/final", help="policy: a folder, an HF id, smollm2-135m, tiny-random")
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
+    p.add_argument(
+        "--model", default="runs/demo/sft/final", help="policy: a folder, an HF id, smollm2-135m, tiny-random"
+    )
     p.add_argument("--data", default="runs/data/train.jsonl", help="stage-0 JSONL the prompts come from")
-    p.add_argument("--synthetic", type=int, default=0, help="build this many synthetic dialogues instead of --data")
+    p.add_argument(
+        "--synthetic", type=int, default=0, help="build this many synthetic dialogues instead of --data"
+    )
     p.add_argument("--prompts", type=int, default=2, help="prompts per rollout (stage 2's prompts per step)")
     p.add_argument("-K", "--num-generations", type=int, default=4, help="samples per prompt")
     p.add_argument("--max-new-tokens", type=int, default=64, help="token cap per sample")
@@ -50,9 +56,9 @@ def main(argv=None) -> None:
     args = build_parser().parse_args(argv)
     import torch
 
-    import modeling
-    from data_io import DataError
-    from stage0_build import PromptStream
+    from srt import modeling
+    from srt.data_io import DataError
+    from srt.rollouts import PromptStream
 
     model, tokenizer = modeling.load_model_and_tokenizer(args.model, dtype="float32")
     records = bench_records(args.data, args.synthetic, "train")
@@ -65,13 +71,23 @@ def main(argv=None) -> None:
     def rollout(prefill_once: bool) -> dict:
         torch.manual_seed(args.seed)
         start = time.perf_counter()
-        out = modeling.generate(model, tokenizer, prompts, max_new_tokens=args.max_new_tokens,
-                                num_generations=args.num_generations, temperature=args.temperature,
-                                prefill_once=prefill_once)
+        out = modeling.generate(
+            model,
+            tokenizer,
+            prompts,
+            max_new_tokens=args.max_new_tokens,
+            num_generations=args.num_generations,
+            temperature=args.temperature,
+            prefill_once=prefill_once,
+        )
         seconds = time.perf_counter() - start
-        return {"seconds": seconds, "generated": int(out["completion_mask"].sum()),
-                "prompt_tokens": int(out["prompt_mask"].sum()), "rows": out["completion_ids"].shape[0],
-                "ids": out["completion_ids"]}
+        return {
+            "seconds": seconds,
+            "generated": int(out["completion_mask"].sum()),
+            "prompt_tokens": int(out["prompt_mask"].sum()),
+            "rows": out["completion_ids"].shape[0],
+            "ids": out["completion_ids"],
+        }
 
     sides = {"prefill once": True, "K prefills": False}
     for flag in sides.values():
@@ -87,22 +103,36 @@ def main(argv=None) -> None:
     for name, rows in runs.items():
         seconds = describe([r["seconds"] for r in rows])
         generated = rows[0]["generated"]
-        results["sides"][name] = {"seconds": seconds, "generated_tokens": generated,
-                                  "prompt_tokens_per_row": rows[0]["prompt_tokens"] / rows[0]["rows"],
-                                  "rows": rows[0]["rows"], "tokens_per_s": generated / seconds["median"]}
-    ratio = results["sides"]["prefill once"]["seconds"]["median"] / results["sides"]["K prefills"]["seconds"]["median"]
+        results["sides"][name] = {
+            "seconds": seconds,
+            "generated_tokens": generated,
+            "prompt_tokens_per_row": rows[0]["prompt_tokens"] / rows[0]["rows"],
+            "rows": rows[0]["rows"],
+            "tokens_per_s": generated / seconds["median"],
+        }
+    ratio = (
+        results["sides"]["prefill once"]["seconds"]["median"]
+        / results["sides"]["K prefills"]["seconds"]["median"]
+    )
     results["time_ratio_once_over_k"] = ratio
-    lines = [f"# Rollouts: prefill once vs K prefills\n", machine_line(results["machine"]) + "\n",
-             f"{args.prompts} prompts x K = {args.num_generations}, up to {args.max_new_tokens} new tokens, "
-             f"T = {args.temperature}, {args.repeats} timed repeats per side (median).\n",
-             "| Side | rows | prompt tokens per row | generated tokens | rollout s (median) | generated tokens/s |",
-             "|---|---|---|---|---|---|"]
+    lines = [
+        "# Rollouts: prefill once vs K prefills\n",
+        machine_line(results["machine"]) + "\n",
+        f"{args.prompts} prompts x K = {args.num_generations}, up to {args.max_new_tokens} new tokens, "
+        f"T = {args.temperature}, {args.repeats} timed repeats per side (median).\n",
+        "| Side | rows | prompt tokens per row | generated tokens | rollout s (median) | generated tokens/s |",
+        "|---|---|---|---|---|---|",
+    ]
     for name, side in results["sides"].items():
-        lines.append(f"| {name} | {side['rows']} | {side['prompt_tokens_per_row']:.0f} | {side['generated_tokens']} | "
-                     f"{side['seconds']['median']:.2f} | {side['tokens_per_s']:.1f} |")
-    lines.append(f"\nTime ratio prefill once / K prefills: {ratio:.2f}. Same sampled tokens under one seed: "
-                 f"{same_samples} (fp32 kernels may differ in the last bit between the two shapes, so False "
-                 "with equal lengths is possible; see tests/test_stage2.py for the exactness check).")
+        lines.append(
+            f"| {name} | {side['rows']} | {side['prompt_tokens_per_row']:.0f} | {side['generated_tokens']} | "
+            f"{side['seconds']['median']:.2f} | {side['tokens_per_s']:.1f} |"
+        )
+    lines.append(
+        f"\nTime ratio prefill once / K prefills: {ratio:.2f}. Same sampled tokens under one seed: "
+        f"{same_samples} (fp32 kernels may differ in the last bit between the two shapes, so False "
+        "with equal lengths is possible; see tests/test_stage2.py for the exactness check)."
+    )
     write_results(Path(args.out), "results", results, "\n".join(lines) + "\n")
     print("\n".join(lines))
 

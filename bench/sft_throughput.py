@@ -22,6 +22,7 @@ change the cost of a step.
 
 Writes <out>/results.json and <out>/results.md (default runs/bench/sft_throughput).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -36,21 +37,37 @@ for _path in (str(ROOT), str(BENCH)):
     if _path not in sys.path:
         sys.path.insert(0, _path)
 
-from measure import describe, fmt_stat, machine, machine_line, markdown_table, resolve_precisions, write_results  # noqa: E402
+from measure import (  # noqa: E402
+    describe,
+    fmt_stat,
+    machine,
+    machine_line,
+    markdown_table,
+    resolve_precisions,
+    write_results,
+)
 
 ORDERS = ("grouped", "ungrouped")
 
 
 def build_parser() -> argparse.ArgumentParser:
     from stage1_sft import build_parser as stage1_parser
+
     D = vars(stage1_parser().parse_args([]))  # stage 1's own defaults
-    p = argparse.ArgumentParser(description="Stage 1 training tokens/s and padding share, with and without "
-                                            "length grouping, fp32 and bf16 where available.",
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = argparse.ArgumentParser(
+        description="Stage 1 training tokens/s and padding share, with and without "
+        "length grouping, fp32 and bf16 where available.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
     add = p.add_argument
     add("--model", default=D["model"], help="a local folder, a Hugging Face id, smollm2-135m or tiny-random")
     add("--data", default=D["data"], help="stage-0 training records (JSONL)")
-    add("--synthetic", type=int, metavar="N", help="instead of --data, build N synthetic dialogues in a temporary folder")
+    add(
+        "--synthetic",
+        type=int,
+        metavar="N",
+        help="instead of --data, build N synthetic dialogues in a temporary folder",
+    )
     add("--out", default="runs/bench/sft_throughput", help="writes results.json and results.md here")
     add("--phases", default="1,2", help="stage 1 phases to measure: 1 (pruned histories), 2 (full), or 1,2")
     add("--steps", type=int, default=4, help="optimizer steps per phase, precision and order")
@@ -58,11 +75,23 @@ def build_parser() -> argparse.ArgumentParser:
     add("--batch-size", type=int, default=D["batch_size"], help="examples per step (one micro-batch)")
     add("--max-length", type=int, default=D["max_length"], help="tokens per example, as stage 1")
     add("--lr", type=float, default=D["lr"], help="AdamW learning rate (does not change the cost)")
-    add("--gradient-checkpointing", action=argparse.BooleanOptionalAction, default=D["gradient_checkpointing"],
-        help="as stage 1's flag")
-    add("--precisions", default="auto", help="auto (fp32, plus bf16 on a GPU or an AMX CPU), fp32, bf16 or fp32,bf16")
-    add("--padding-batches", type=int, default=64,
-        help="batches of each order tokenized (not trained) for the padding share of a larger sample")
+    add(
+        "--gradient-checkpointing",
+        action=argparse.BooleanOptionalAction,
+        default=D["gradient_checkpointing"],
+        help="as stage 1's flag",
+    )
+    add(
+        "--precisions",
+        default="auto",
+        help="auto (fp32, plus bf16 on a GPU or an AMX CPU), fp32, bf16 or fp32,bf16",
+    )
+    add(
+        "--padding-batches",
+        type=int,
+        default=64,
+        help="batches of each order tokenized (not trained) for the padding share of a larger sample",
+    )
     add("--seed", type=int, default=0, help="data order")
     return p
 
@@ -81,8 +110,10 @@ def check_arguments(args) -> list[int]:
     if args.padding_batches < 0:
         sys.exit("error: --padding-batches must be 0 or more")
     if not args.synthetic and not Path(args.data).exists():
-        sys.exit(f"error: {args.data} not found; build it with `python stage0_build.py --source synthetic "
-                 f"--out {Path(args.data).parent}`, or pass --synthetic N")
+        sys.exit(
+            f"error: {args.data} not found; build it with `python stage0_build.py --source synthetic "
+            f"--out {Path(args.data).parent}`, or pass --synthetic N"
+        )
     return phases
 
 
@@ -93,9 +124,12 @@ def ungrouped_batches(data, epoch: int = 0) -> list[list[int]]:
     """PhaseData.epoch_batches without its length sort: the same seeded permutation (wrapped to fill
     the last batch), cut into consecutive batches."""
     import numpy as np
+
     rng = np.random.default_rng([data.seed, data.phase, epoch])
     order = np.resize(rng.permutation(len(data.records)), data.batches_per_epoch * data.global_batch)
-    return [[int(i) for i in order[k:k + data.global_batch]] for k in range(0, len(order), data.global_batch)]
+    return [
+        [int(i) for i in order[k : k + data.global_batch]] for k in range(0, len(order), data.global_batch)
+    ]
 
 
 def batch_indices(data, order: str, k: int) -> list[int]:
@@ -110,8 +144,13 @@ def padding(examples) -> dict:
     width = max(len(e["input_ids"]) for e in examples)
     real = sum(len(e["input_ids"]) for e in examples)
     padded = width * len(examples)
-    return {"rows": len(examples), "width": width, "real_tokens": real, "padded_tokens": padded,
-            "padding_share": 1 - real / padded}
+    return {
+        "rows": len(examples),
+        "width": width,
+        "real_tokens": real,
+        "padded_tokens": padded,
+        "padding_share": 1 - real / padded,
+    }
 
 
 def sample_padding(data, order: str, batches: int) -> float | None:
@@ -128,7 +167,9 @@ def sample_padding(data, order: str, batches: int) -> float | None:
 # --------------------------------------------------------------------------------------------
 def train_step(model, optimizer, examples, pad_id, autocast_dtype, max_grad_norm=1.0) -> dict:
     import torch
+
     from stage1_sft import collate, sft_loss_sums
+
     device = next(model.parameters()).device
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     batch = {k: v.to(device) for k, v in collate(examples, pad_id).items()}
@@ -146,9 +187,11 @@ def train_step(model, optimizer, examples, pad_id, autocast_dtype, max_grad_norm
 
 def measure_precision(args, precision: str, phases: list[int], records) -> dict:
     import torch
-    from modeling import load_model_and_tokenizer, resolve_dtype
+
+    from srt.modeling import load_model_and_tokenizer, resolve_dtype
+    from srt.training import seed_everything
     from stage1_sft import PhaseData
-    from training import seed_everything
+
     seed_everything(args.seed)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = "float32" if precision == "fp32" else "auto"  # auto = fp32 weights + bf16 autocast (GPU / AMX)
@@ -165,12 +208,21 @@ def measure_precision(args, precision: str, phases: list[int], records) -> dict:
         for k in range(args.steps):  # alternate the orders step by step: a slow spell hits both
             for order in ORDERS:
                 examples = [data.example(i) for i in batch_indices(data, order, k)]
-                steps[order].append(dict(train_step(model, optimizer, examples, tokenizer.pad_token_id,
-                                                    autocast_dtype), step=k + 1))
-        result["phases"][phase] = {order: {"steps": steps[order],
-                                           "sample_padding_share": sample_padding(data, order, args.padding_batches)
-                                           if args.padding_batches else None}
-                                   for order in ORDERS}
+                steps[order].append(
+                    dict(
+                        train_step(model, optimizer, examples, tokenizer.pad_token_id, autocast_dtype),
+                        step=k + 1,
+                    )
+                )
+        result["phases"][phase] = {
+            order: {
+                "steps": steps[order],
+                "sample_padding_share": sample_padding(data, order, args.padding_batches)
+                if args.padding_batches
+                else None,
+            }
+            for order in ORDERS
+        }
     return result
 
 
@@ -178,12 +230,15 @@ def summarize(steps: list[dict], warmup: int) -> dict:
     measured = steps[warmup:]
     real = sum(s["real_tokens"] for s in measured)
     padded = sum(s["padded_tokens"] for s in measured)
-    return {"steps": len(measured), "seconds": describe([s["seconds"] for s in measured]),
-            "tokens_per_s": describe([s["real_tokens"] / s["seconds"] for s in measured]),
-            "padded_tokens_per_s": describe([s["padded_tokens"] / s["seconds"] for s in measured]),
-            "target_tokens_per_s": describe([s["target_tokens"] / s["seconds"] for s in measured]),
-            "padding_share": 1 - real / padded if padded else None,
-            "mean_real_tokens": real / len(measured) if measured else None}
+    return {
+        "steps": len(measured),
+        "seconds": describe([s["seconds"] for s in measured]),
+        "tokens_per_s": describe([s["real_tokens"] / s["seconds"] for s in measured]),
+        "padded_tokens_per_s": describe([s["padded_tokens"] / s["seconds"] for s in measured]),
+        "target_tokens_per_s": describe([s["target_tokens"] / s["seconds"] for s in measured]),
+        "padding_share": 1 - real / padded if padded else None,
+        "mean_real_tokens": real / len(measured) if measured else None,
+    }
 
 
 def table_rows(results: dict, warmup: int) -> list[list]:
@@ -193,28 +248,63 @@ def table_rows(results: dict, warmup: int) -> list[list]:
             for order, data in orders.items():
                 s = summarize(data["steps"], warmup)
                 share = data["sample_padding_share"]
-                rows.append([precision, str(phase), order, s["steps"], fmt_stat(s["seconds"]),
-                             fmt_stat(s["tokens_per_s"]), fmt_stat(s["padded_tokens_per_s"]),
-                             f"{s['padding_share']:.1%}" if s["padding_share"] is not None else "n/a",
-                             f"{share:.1%}" if share is not None else "n/a"])
+                rows.append(
+                    [
+                        precision,
+                        str(phase),
+                        order,
+                        s["steps"],
+                        fmt_stat(s["seconds"]),
+                        fmt_stat(s["tokens_per_s"]),
+                        fmt_stat(s["padded_tokens_per_s"]),
+                        f"{s['padding_share']:.1%}" if s["padding_share"] is not None else "n/a",
+                        f"{share:.1%}" if share is not None else "n/a",
+                    ]
+                )
     return rows
 
 
-HEADER = ["precision", "phase", "order", "steps", "s / step", "training tokens / s", "padded tokens / s",
-          "padding (measured)", "padding (sample)"]
+HEADER = [
+    "precision",
+    "phase",
+    "order",
+    "steps",
+    "s / step",
+    "training tokens / s",
+    "padded tokens / s",
+    "padding (measured)",
+    "padding (sample)",
+]
 
 
 def main(argv=None) -> None:
     args = build_parser().parse_args(argv)
     phases = check_arguments(args)
     precisions = resolve_precisions(args.precisions)
-    from data_io import DataError, read_jsonl
+    from srt.data_io import DataError, read_jsonl
+
     with tempfile.TemporaryDirectory(prefix="sft_throughput-") as tmp:
         data = args.data
         if args.synthetic:
             import stage0_build
-            stage0_build.main(["--source", "synthetic", "--num-dialogues", str(args.synthetic), "--out", tmp,
-                               "--seed", str(args.seed), "--quiet", "--dev-fraction", "0", "--test-fraction", "0"])
+
+            stage0_build.main(
+                [
+                    "--source",
+                    "synthetic",
+                    "--num-dialogues",
+                    str(args.synthetic),
+                    "--out",
+                    tmp,
+                    "--seed",
+                    str(args.seed),
+                    "--quiet",
+                    "--dev-fraction",
+                    "0",
+                    "--test-fraction",
+                    "0",
+                ]
+            )
             data = str(Path(tmp) / "train.jsonl")
         try:
             records = read_jsonl(data)
@@ -231,17 +321,37 @@ def main(argv=None) -> None:
     host = machine()
     command = "python bench/sft_throughput.py " + " ".join(argv if argv is not None else sys.argv[1:])
     table = markdown_table(HEADER, table_rows(results, args.warmup), "lllrrrrrr")
-    text = "\n".join([
-        "# Stage 1 (SFT) throughput: length grouping on and off", "", f"`{command}`", "",
-        f"Machine: {machine_line(host)}.", "",
-        f"model `{args.model}`, batch {args.batch_size} x up to {args.max_length} tokens, one micro-batch a step, "
-        f"gradient checkpointing {args.gradient_checkpointing}; {args.steps} steps per order "
-        f"({args.steps - args.warmup} measured), orders alternated step by step; medians (min-max). "
-        f"Training tokens are the real, unpadded tokens; padding (sample) is over {args.padding_batches} "
-        f"batches of each order, tokenized only.", "", table, ""])
-    payload = {"command": command, "config": vars(args), "machine": host, "results": results,
-               "summary": {p: {ph: {o: summarize(d["steps"], args.warmup) for o, d in orders.items()}
-                               for ph, orders in r["phases"].items()} for p, r in results.items()}}
+    text = "\n".join(
+        [
+            "# Stage 1 (SFT) throughput: length grouping on and off",
+            "",
+            f"`{command}`",
+            "",
+            f"Machine: {machine_line(host)}.",
+            "",
+            f"model `{args.model}`, batch {args.batch_size} x up to {args.max_length} tokens, one micro-batch a step, "
+            f"gradient checkpointing {args.gradient_checkpointing}; {args.steps} steps per order "
+            f"({args.steps - args.warmup} measured), orders alternated step by step; medians (min-max). "
+            f"Training tokens are the real, unpadded tokens; padding (sample) is over {args.padding_batches} "
+            f"batches of each order, tokenized only.",
+            "",
+            table,
+            "",
+        ]
+    )
+    payload = {
+        "command": command,
+        "config": vars(args),
+        "machine": host,
+        "results": results,
+        "summary": {
+            p: {
+                ph: {o: summarize(d["steps"], args.warmup) for o, d in orders.items()}
+                for ph, orders in r["phases"].items()
+            }
+            for p, r in results.items()
+        },
+    }
     json_path, md_path = write_results(Path(args.out), "results", payload, text)
     print(text + f"\nwritten: {md_path}, {json_path}", flush=True)
 

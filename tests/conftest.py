@@ -1,8 +1,9 @@
 """Fixtures shared by the training tests."""
+
 import pytest
 import torch
 
-from modeling import load_model_and_tokenizer
+from srt.modeling import load_model_and_tokenizer
 
 
 @pytest.fixture(scope="module")

@@ -3,16 +3,17 @@
 the Markdown rows, the one-line argument errors, and tiny-random smokes of the SFT throughput and
 evaluation latency benchmarks. The GRPO comparison itself (grpo_workers.py's two training
 subprocesses, TRL in its own venv) is run by hand: see bench/README.md."""
+
 import importlib.util
 import json
 import sys
 from pathlib import Path
 
 import pytest
-
-from data_io import write_jsonl
 from records import hand_record
+
 from reward import compute_rewards
+from srt.data_io import write_jsonl
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "bench"))  # the benchmarks import their shared bench/measure.py
@@ -49,8 +50,13 @@ def test_trl_reward_wrapper_decodes_records_shares_them_per_group_and_logs():
     reward = workers.make_trl_reward(fake_reward, log=log)
     prompts = ["prompt a", "prompt a", "prompt b", "prompt b"]
     records = [json.dumps(a), json.dumps(a), json.dumps(b), json.dumps(b)]
-    out = reward(prompts=prompts, completions=["x", "xx", "xxx", "xxxx"], record=records,
-                 completion_ids=[[1], [1, 2], [1, 2, 3], [1, 2, 3, 4]], trainer_state=None)
+    out = reward(
+        prompts=prompts,
+        completions=["x", "xx", "xxx", "xxxx"],
+        record=records,
+        completion_ids=[[1], [1, 2], [1, 2, 3], [1, 2, 3, 4]],
+        trainer_state=None,
+    )
     assert out == [0.1, 0.2, 0.3, None]  # a NaN total goes back to TRL as None
     examples = seen[0]
     assert examples[0] == a and examples[2] == b
@@ -63,10 +69,14 @@ def test_trl_reward_wrapper_gives_compute_rewards_totals():
     """The real reward, on completions that need no sentence embedder (no final answer)."""
     record = hand_record(3, recall=("Q1", "A2"))
     text = {t["label"]: t["text"] for t in record["history"]}
-    completions = [f"<think>\n<HIS>Q1: {text['Q1']}</HIS>\n<HIS>A2: {text['A2']}</HIS>\n</think>",
-                   f"<think>\n<HIS>A4: {text['A4']}</HIS>\n</think>"]
+    completions = [
+        f"<think>\n<HIS>Q1: {text['Q1']}</HIS>\n<HIS>A2: {text['A2']}</HIS>\n</think>",
+        f"<think>\n<HIS>A4: {text['A4']}</HIS>\n</think>",
+    ]
     expected = [s["total"] for s in compute_rewards(completions, [record, record])]
-    got = workers.make_trl_reward()(prompts=["p", "p"], completions=completions, record=[json.dumps(record)] * 2)
+    got = workers.make_trl_reward()(
+        prompts=["p", "p"], completions=completions, record=[json.dumps(record)] * 2
+    )
     assert got == pytest.approx(expected)
 
 
@@ -80,14 +90,28 @@ def observed(generate="float32", logprobs="float32", loss="float32"):
 
 def run_report(lengths, prompts, torch="2.13.0", dtypes=None, updates=2, **extra):
     """A side's report: one step per entry of `lengths` (each a list of completion lengths)."""
-    steps = [{"step": i + 1, "seconds": 10.0 + i, "completion_lengths": rows, "prompts": p, "updates": updates}
-             for i, (rows, p) in enumerate(zip(lengths, prompts))]
-    return {"steps": steps, "observed": dtypes or observed(), "versions": {"torch": torch}, "stop_ids": [2],
-            "embedder_loaded": True, **extra}
+    steps = [
+        {"step": i + 1, "seconds": 10.0 + i, "completion_lengths": rows, "prompts": p, "updates": updates}
+        for i, (rows, p) in enumerate(zip(lengths, prompts))
+    ]
+    return {
+        "steps": steps,
+        "observed": dtypes or observed(),
+        "versions": {"torch": torch},
+        "stop_ids": [2],
+        "embedder_loaded": True,
+        **extra,
+    }
 
 
-SPEC = {"max_new_tokens": 4, "prompts_per_step": 1, "num_generations": 2, "steps": 2, "updates_per_step": 2,
-        "expected_prompts": [["a"], ["b"]]}
+SPEC = {
+    "max_new_tokens": 4,
+    "prompts_per_step": 1,
+    "num_generations": 2,
+    "steps": 2,
+    "updates_per_step": 2,
+    "expected_prompts": [["a"], ["b"]],
+}
 
 
 def test_precision_check_passes_when_both_sides_computed_alike():
@@ -98,12 +122,15 @@ def test_precision_check_passes_when_both_sides_computed_alike():
     assert bench.precision_problems(dict(ours, observed=bf16), dict(trl, observed=bf16), "bf16") == []
 
 
-@pytest.mark.parametrize("trl_dtypes, message", [
-    (observed(loss="bfloat16"), "loss: ours computed in float32, TRL in bfloat16"),
-    (observed(generate="bfloat16"), "generate: ours computed in float32, TRL in bfloat16"),
-    (observed(logprobs="bfloat16"), "logprobs: ours computed in float32, TRL in bfloat16"),
-    (observed(generate=None), "generate: precision not observed on TRL"),
-])
+@pytest.mark.parametrize(
+    "trl_dtypes, message",
+    [
+        (observed(loss="bfloat16"), "loss: ours computed in float32, TRL in bfloat16"),
+        (observed(generate="bfloat16"), "generate: ours computed in float32, TRL in bfloat16"),
+        (observed(logprobs="bfloat16"), "logprobs: ours computed in float32, TRL in bfloat16"),
+        (observed(generate=None), "generate: precision not observed on TRL"),
+    ],
+)
 def test_precision_check_refuses_differing_or_unobserved_dtypes(trl_dtypes, message):
     ours = run_report([[4, 4]], [["a"]])
     trl = run_report([[4, 4]], [["a"]], dtypes=trl_dtypes)
@@ -123,14 +150,24 @@ def test_a_refused_comparison_prints_no_ratio():
     spec = dict(SPEC)
     ours = [run_report([[4, 4], [4, 4]], [["a"], ["b"]], peak_rss_gib=1.0)]
     fair = [run_report([[4, 4], [4, 4]], [["a"], ["b"]], peak_rss_gib=2.0)]
-    unfair = [run_report([[4, 4], [4, 4]], [["a"], ["b"]], peak_rss_gib=2.0,
-                         dtypes=observed("bfloat16", "bfloat16", "bfloat16"))]
+    unfair = [
+        run_report(
+            [[4, 4], [4, 4]],
+            [["a"], ["b"]],
+            peak_rss_gib=2.0,
+            dtypes=observed("bfloat16", "bfloat16", "bfloat16"),
+        )
+    ]
     ok = bench.compare_precision(ours, fair, spec, "fp32", warmup=1)
-    assert ok["problems"] == [] and "| peak RSS, GiB (embedder loaded on both) | 1 | 2 | 0.50 |" in ok["table"]
+    assert (
+        ok["problems"] == [] and "| peak RSS, GiB (embedder loaded on both) | 1 | 2 | 0.50 |" in ok["table"]
+    )
     refused = bench.compare_precision(ours, unfair, spec, "fp32", warmup=1)
     assert refused["problems"] and all(r["ratio"] is None for r in refused["rows"])
     assert "refused" in refused["table"] and "0.50" not in refused["table"]
-    other_torch = bench.compare_precision(ours, [dict(fair[0], versions={"torch": "2.14.1"})], spec, "fp32", 1)
+    other_torch = bench.compare_precision(
+        ours, [dict(fair[0], versions={"torch": "2.14.1"})], spec, "fp32", 1
+    )
     assert all(r["ratio"] is None for r in other_torch["rows"]) and "refused" in other_torch["table"]
 
 
@@ -138,7 +175,9 @@ def test_hooks_read_the_dtype_of_the_computation_not_a_flag():
     """Under bf16 autocast the matmuls run in bf16 while the residual stream (the layer's output)
     stays fp32: the matmul dtype is the one that tells the precision."""
     import torch
-    from modeling import load_model_and_tokenizer
+
+    from srt.modeling import load_model_and_tokenizer
+
     model, _ = load_model_and_tokenizer("tiny-random", dtype="float32")
     inst = workers.Instruments()
     inst.hook_precision(model, "policy")
@@ -151,9 +190,11 @@ def test_hooks_read_the_dtype_of_the_computation_not_a_flag():
     with torch.no_grad():
         model(input_ids=ids)
     inst.generating.on = False
-    assert inst.observed() == {"logprobs": {"matmul": ["float32"], "layer_output": ["float32"]},
-                               "loss": {"matmul": ["bfloat16"], "layer_output": ["float32"]},
-                               "generate": {"matmul": ["float32"], "layer_output": ["float32"]}}
+    assert inst.observed() == {
+        "logprobs": {"matmul": ["float32"], "layer_output": ["float32"]},
+        "loss": {"matmul": ["bfloat16"], "layer_output": ["float32"]},
+        "generate": {"matmul": ["float32"], "layer_output": ["float32"]},
+    }
 
 
 def test_suppressed_stop_tokens_reach_our_generate_and_every_row_runs_to_the_cap(monkeypatch):
@@ -163,7 +204,9 @@ def test_suppressed_stop_tokens_reach_our_generate_and_every_row_runs_to_the_cap
     import torch
     from transformers.generation.logits_process import SuppressTokensLogitsProcessor
     from transformers.generation.utils import GenerationMixin
-    from modeling import generate, load_model_and_tokenizer, stop_token_ids
+
+    from srt.modeling import generate, load_model_and_tokenizer, stop_token_ids
+
     model, tokenizer = load_model_and_tokenizer("tiny-random", dtype="float32")
     stops = stop_token_ids(model, tokenizer)
     model.generation_config.suppress_tokens = stops
@@ -174,6 +217,7 @@ def test_suppressed_stop_tokens_reach_our_generate_and_every_row_runs_to_the_cap
         out = original(self, input_ids, scores)
         seen.append(out[:, stops])
         return out
+
     monkeypatch.setattr(SuppressTokensLogitsProcessor, "__call__", spy)
     monkeypatch.setattr(GenerationMixin, "generate", GenerationMixin.generate)  # restored after the test
     inst = workers.Instruments()
@@ -220,16 +264,30 @@ def test_equal_work_flags_prompt_order_missing_rows_self_reports_and_updates():
 
 def test_split_steps_assigns_events_to_step_windows():
     inst = workers.Instruments()
-    inst.generate_calls = [{"start": 1.0, "seconds": 2.0, "rows": 2, "prompt_width": 9, "new_width": 4, "lengths": [4, 4]},
-                           {"start": 11.0, "seconds": 3.0, "rows": 2, "prompt_width": 9, "new_width": 4, "lengths": [4, 3]}]
-    inst.timed = [{"start": 3.5, "seconds": 1.0, "kind": "old_logprobs"}, {"start": 4.5, "seconds": 0.5, "kind": "ref_logprobs"},
-                  {"start": 5.0, "seconds": 1.5, "kind": "loss_forward"}, {"start": 6.0, "seconds": 1.5, "kind": "loss_forward"}]
-    steps = [{"step": 1, "t0": 0.5, "t1": 9.0, "seconds": 9.0, "generate_s": 2.5, "score_s": 0.5},
-             {"step": 2, "t0": 10.0, "t1": 20.0, "seconds": 8.0, "generate_s": 3.5, "score_s": 0.5}]
+    inst.generate_calls = [
+        {"start": 1.0, "seconds": 2.0, "rows": 2, "prompt_width": 9, "new_width": 4, "lengths": [4, 4]},
+        {"start": 11.0, "seconds": 3.0, "rows": 2, "prompt_width": 9, "new_width": 4, "lengths": [4, 3]},
+    ]
+    inst.timed = [
+        {"start": 3.5, "seconds": 1.0, "kind": "old_logprobs"},
+        {"start": 4.5, "seconds": 0.5, "kind": "ref_logprobs"},
+        {"start": 5.0, "seconds": 1.5, "kind": "loss_forward"},
+        {"start": 6.0, "seconds": 1.5, "kind": "loss_forward"},
+    ]
+    steps = [
+        {"step": 1, "t0": 0.5, "t1": 9.0, "seconds": 9.0, "generate_s": 2.5, "score_s": 0.5},
+        {"step": 2, "t0": 10.0, "t1": 20.0, "seconds": 8.0, "generate_s": 3.5, "score_s": 0.5},
+    ]
     workers.split_steps(steps, inst)
     first, second = steps
-    assert first["decode_s"] == 2.0 and first["completion_lengths"] == [4, 4] and first["longest_completion"] == 4
-    assert first["old_logprobs_s"] == 1.0 and first["ref_logprobs_s"] == 0.5 and first["loss_forward_s"] == 3.0
+    assert (
+        first["decode_s"] == 2.0
+        and first["completion_lengths"] == [4, 4]
+        and first["longest_completion"] == 4
+    )
+    assert (
+        first["old_logprobs_s"] == 1.0 and first["ref_logprobs_s"] == 0.5 and first["loss_forward_s"] == 3.0
+    )
     assert first["rest_s"] == pytest.approx(9.0 - 2.5 - 0.5 - 1.0 - 0.5 - 3.0)
     assert second["completion_lengths"] == [4, 3] and second["completion_length"] == 3.5
     assert second["loss_forward_s"] == 0 and second["rest_s"] == pytest.approx(4.0)
@@ -241,15 +299,27 @@ def test_split_steps_assigns_events_to_step_windows():
 def test_describe_median_quartiles_and_range_by_hand():
     # sorted 1, 2, 3, 10: median (2 + 3) / 2; quartiles at positions 0.75 and 2.25 of 0..3
     assert measure.describe([3, 1, None, 2, 10, float("nan")]) == {
-        "median": 2.5, "min": 1.0, "max": 10.0, "q1": 1.75, "q3": 4.75, "n": 4}
+        "median": 2.5,
+        "min": 1.0,
+        "max": 10.0,
+        "q1": 1.75,
+        "q3": 4.75,
+        "n": 4,
+    }
     assert measure.describe([7]) == {"median": 7.0, "min": 7.0, "max": 7.0, "q1": 7.0, "q3": 7.0, "n": 1}
     assert measure.describe([None]) is None
 
 
 def test_summary_pools_the_measured_steps_of_every_run():
     def run(seconds, rss):
-        return {"steps": [{"step": i + 1, "seconds": s, "updates": 2, "completion_lengths": [4, 4]}
-                          for i, s in enumerate(seconds)], "peak_rss_gib": rss}
+        return {
+            "steps": [
+                {"step": i + 1, "seconds": s, "updates": 2, "completion_lengths": [4, 4]}
+                for i, s in enumerate(seconds)
+            ],
+            "peak_rss_gib": rss,
+        }
+
     s = bench.summarize([run([100.0, 6.0, 8.0], 1.0), run([90.0, 10.0, 4.0], 3.0)], warmup=1)
     assert s["measured_steps"] == 4 and s["runs"] == 2
     assert s["seconds"]["median"] == 7.0 and (s["seconds"]["min"], s["seconds"]["max"]) == (4.0, 10.0)
@@ -261,11 +331,21 @@ def test_summary_pools_the_measured_steps_of_every_run():
 def test_markdown_rows():
     rows = bench.ratio_rows({"seconds": measure.describe([5, 6, 7])}, {"seconds": measure.describe([8])}, [])
     table = bench.render_table(rows, refused=False)
-    assert table.splitlines()[:2] == ["| median (min-max) | ours | TRL | ours / TRL |", "|---|---:|---:|---:|"]
+    assert table.splitlines()[:2] == [
+        "| median (min-max) | ours | TRL | ours / TRL |",
+        "|---|---:|---:|---:|",
+    ]
     assert "| GRPO step, s | 6 (5-7) | 8 | 0.75 |" in table
     assert measure.markdown_table(["a", "b"], [["x", 1234.5], ["y", None]]).splitlines() == [
-        "| a | b |", "|---|---:|", "| x | 1234 |", "| y | n/a |"]
-    assert measure.fmt_stat(None) == "n/a" and measure.fmt_stat(measure.describe([0.5, 0.25])) == "0.375 (0.25-0.5)"
+        "| a | b |",
+        "|---|---:|",
+        "| x | 1234 |",
+        "| y | n/a |",
+    ]
+    assert (
+        measure.fmt_stat(None) == "n/a"
+        and measure.fmt_stat(measure.describe([0.5, 0.25])) == "0.375 (0.25-0.5)"
+    )
 
 
 def test_machine_record_names_the_cpu_and_its_bf16_units():
@@ -280,24 +360,36 @@ def test_a_workers_peak_memory_is_its_own_not_its_parents():
     parent's peak. The peak the workers report must be the child's own."""
     import resource
     import subprocess
+
     parent_gib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # torch and a model loaded
     code = f"import sys; sys.path.insert(0, {str(REPO / 'bench')!r}); import measure; print(measure.peak_rss_gib())"
-    child_gib = float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
+    child_gib = float(
+        subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    )
     assert 0 < child_gib < parent_gib / 2
 
 
 # ---------------------------------------------------------------------------------------------
 # Argument checks: one line each, before any model, data or TRL is touched
 # ---------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("argv, message", [
-    (["--steps", "1"], "more than --warmup"),
-    (["--repeats", "0"], "--repeats must be at least 1"),
-    (["-K", "1", "--sample-ratio", "1"], "-K must be at least 2"),
-    (["-K", "3", "--sample-ratio", "2"], "equal minibatches"),
-    (["-K", "2", "--sample-ratio", "2", "--data", "no/such/train.jsonl"], "--synthetic N"),
-    (["-K", "2", "--sample-ratio", "2", "--synthetic", "3", "--precisions", "fp16"], "--precisions 'fp16'"),
-    (["-K", "2", "--sample-ratio", "2", "--synthetic", "3", "--trl-python", "no/such/python"], "not found"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--steps", "1"], "more than --warmup"),
+        (["--repeats", "0"], "--repeats must be at least 1"),
+        (["-K", "1", "--sample-ratio", "1"], "-K must be at least 2"),
+        (["-K", "3", "--sample-ratio", "2"], "equal minibatches"),
+        (["-K", "2", "--sample-ratio", "2", "--data", "no/such/train.jsonl"], "--synthetic N"),
+        (
+            ["-K", "2", "--sample-ratio", "2", "--synthetic", "3", "--precisions", "fp16"],
+            "--precisions 'fp16'",
+        ),
+        (
+            ["-K", "2", "--sample-ratio", "2", "--synthetic", "3", "--trl-python", "no/such/python"],
+            "not found",
+        ),
+    ],
+)
 def test_grpo_bad_arguments_stop_with_one_line(argv, message, tmp_path):
     with pytest.raises(SystemExit) as stop:
         bench.main(argv + ["--out", str(tmp_path)])
@@ -314,14 +406,17 @@ def test_bf16_without_bf16_units_stops_with_one_line(monkeypatch):
     assert measure.resolve_precisions("auto") == ["fp32", "bf16"]
 
 
-@pytest.mark.parametrize("module, argv, message", [
-    ("sft", ["--phases", "3"], "--phases '3'"),
-    ("sft", ["--steps", "1", "--warmup", "1"], "more than --warmup"),
-    ("sft", ["--data", "no/such.jsonl"], "--synthetic N"),
-    ("eval", ["--methods", "full,oracle"], "--methods 'full,oracle'"),
-    ("eval", ["--per-bucket", "0"], "--per-bucket must be at least 1"),
-    ("eval", ["--data", "no/such.jsonl"], "--synthetic N"),
-])
+@pytest.mark.parametrize(
+    "module, argv, message",
+    [
+        ("sft", ["--phases", "3"], "--phases '3'"),
+        ("sft", ["--steps", "1", "--warmup", "1"], "more than --warmup"),
+        ("sft", ["--data", "no/such.jsonl"], "--synthetic N"),
+        ("eval", ["--methods", "full,oracle"], "--methods 'full,oracle'"),
+        ("eval", ["--per-bucket", "0"], "--per-bucket must be at least 1"),
+        ("eval", ["--data", "no/such.jsonl"], "--synthetic N"),
+    ],
+)
 def test_sft_and_eval_bad_arguments_stop_with_one_line(module, argv, message):
     with pytest.raises(SystemExit) as stop:
         (sft_bench if module == "sft" else eval_bench).main(argv)
@@ -332,8 +427,18 @@ def test_help_lists_the_flags(capsys):
     with pytest.raises(SystemExit):
         bench.main(["--help"])
     text = capsys.readouterr().out
-    for flag in ("--model", "--data", "--synthetic", "--steps", "--repeats", "--precisions", "-K",
-                 "--max-new-tokens", "--out", "--trl-python"):
+    for flag in (
+        "--model",
+        "--data",
+        "--synthetic",
+        "--steps",
+        "--repeats",
+        "--precisions",
+        "-K",
+        "--max-new-tokens",
+        "--out",
+        "--trl-python",
+    ):
         assert flag in text
     assert "--worker" not in text
 
@@ -349,8 +454,26 @@ def records_file(tmp_path, rounds=(6, 6, 14, 14, 22, 30)):
 
 def test_sft_throughput_smoke(tmp_path, capsys):
     out = tmp_path / "sft"
-    sft_bench.main(["--model", "tiny-random", "--data", records_file(tmp_path), "--out", str(out), "--steps", "2",
-                    "--batch-size", "2", "--max-length", "512", "--precisions", "fp32", "--padding-batches", "2"])
+    sft_bench.main(
+        [
+            "--model",
+            "tiny-random",
+            "--data",
+            records_file(tmp_path),
+            "--out",
+            str(out),
+            "--steps",
+            "2",
+            "--batch-size",
+            "2",
+            "--max-length",
+            "512",
+            "--precisions",
+            "fp32",
+            "--padding-batches",
+            "2",
+        ]
+    )
     result = json.loads((out / "results.json").read_text())
     for phase in ("1", "2"):
         for order in ("grouped", "ungrouped"):
@@ -363,28 +486,54 @@ def test_sft_throughput_smoke(tmp_path, capsys):
 
 def test_ungrouped_order_is_phase_data_shuffle_without_the_sort(tiny):
     from stage1_sft import PhaseData
+
     _, tokenizer = tiny
     records = [hand_record(i, rounds=r) for i, r in enumerate((4, 12, 6, 20, 8, 3, 16))]
     data = PhaseData(tokenizer, records, 2, 512, True, 0, 2)
     grouped = [sorted(data.batch_indices(k)) for k in range(data.batches_per_epoch)]
     ungrouped = [sorted(b) for b in sft_bench.ungrouped_batches(data)]
-    assert sorted(i for b in grouped for i in b) == sorted(i for b in ungrouped for i in b)  # the same examples
+    assert sorted(i for b in grouped for i in b) == sorted(
+        i for b in ungrouped for i in b
+    )  # the same examples
     assert len(ungrouped) == data.batches_per_epoch and all(len(b) == 2 for b in ungrouped)
-    assert sft_bench.padding([{"input_ids": [1, 2, 3]}, {"input_ids": [1]}])["padding_share"] == pytest.approx(1 / 3)
+    assert sft_bench.padding([{"input_ids": [1, 2, 3]}, {"input_ids": [1]}])[
+        "padding_share"
+    ] == pytest.approx(1 / 3)
 
 
 def test_eval_latency_smoke(tmp_path):
     out = tmp_path / "eval"
-    eval_bench.main(["--model", "tiny-random", "--data", records_file(tmp_path), "--out", str(out),
-                     "--methods", "full,recency,rag,cuemem,srt", "--per-bucket", "1", "--batch-size", "2",
-                     "--max-new-tokens", "3", "--max-new-tokens-direct", "2", "--dtype", "float32"])
+    eval_bench.main(
+        [
+            "--model",
+            "tiny-random",
+            "--data",
+            records_file(tmp_path),
+            "--out",
+            str(out),
+            "--methods",
+            "full,recency,rag,cuemem,srt",
+            "--per-bucket",
+            "1",
+            "--batch-size",
+            "2",
+            "--max-new-tokens",
+            "3",
+            "--max-new-tokens-direct",
+            "2",
+            "--dtype",
+            "float32",
+        ]
+    )
     result = json.loads((out / "results.json").read_text())
     buckets = {r["bucket"] for r in result["requests"]}
     assert buckets == {8, 16, 24, 32}
     # one query per bucket, five methods (rag and cuemem: a regression, their options went stale once)
     assert len(result["requests"]) == 5 * 4
-    assert all(r["latency_s"] > 0 and r["input_tokens"] > 0 and 1 <= r["generated_tokens"] <= 3
-               for r in result["requests"])
+    assert all(
+        r["latency_s"] > 0 and r["input_tokens"] > 0 and 1 <= r["generated_tokens"] <= 3
+        for r in result["requests"]
+    )
     rows = {(r["method"], r["bucket"]): r for r in result["rows"]}
     assert rows[("full", "all")]["input_vs_full"] == 1.0 and rows[("recency", 32)]["input_vs_full"] < 1.0
     assert rows[("srt", 8)]["batch_rows"] == 2 and rows[("srt", 32)]["batch_rows"] == 1
@@ -393,13 +542,31 @@ def test_eval_latency_smoke(tmp_path):
 
 def test_rollout_prefill_smoke_both_sides_do_the_same_work(tmp_path):
     out = tmp_path / "prefill"
-    load("rollout_prefill").main(["--model", "tiny-random", "--data", records_file(tmp_path), "--out", str(out),
-                                  "--prompts", "2", "-K", "3", "--max-new-tokens", "4", "--repeats", "1"])
+    load("rollout_prefill").main(
+        [
+            "--model",
+            "tiny-random",
+            "--data",
+            records_file(tmp_path),
+            "--out",
+            str(out),
+            "--prompts",
+            "2",
+            "-K",
+            "3",
+            "--max-new-tokens",
+            "4",
+            "--repeats",
+            "1",
+        ]
+    )
     result = json.loads((out / "results.json").read_text())
     once, k_prefills = result["sides"]["prefill once"], result["sides"]["K prefills"]
     assert once["rows"] == k_prefills["rows"] == 6
     assert once["prompt_tokens_per_row"] == k_prefills["prompt_tokens_per_row"] > 0
-    assert once["generated_tokens"] == k_prefills["generated_tokens"] == 6 * 4  # a random model never stops early
+    assert (
+        once["generated_tokens"] == k_prefills["generated_tokens"] == 6 * 4
+    )  # a random model never stops early
     assert result["same_samples"] is True  # fp32: one seed samples the same tokens either way
     assert result["time_ratio_once_over_k"] > 0
 
@@ -408,16 +575,35 @@ def test_temperature_sweep_entropy_rises_with_temperature(tmp_path):
     """The entropy of softmax(logits / T) grows with T for any fixed logits: a sweep that computed it
     at T = 1 for every row, or divided by the wrong T, would show equal or falling entropies."""
     out = tmp_path / "sweep"
-    load("temperature_sweep").main(["--model", "tiny-random", "--data", records_file(tmp_path), "--out", str(out),
-                                    "--prompts", "2", "-K", "2", "--max-new-tokens", "4",
-                                    "--temperatures", "0.5,2.0", "--max-prompt-length", "0"])
+    load("temperature_sweep").main(
+        [
+            "--model",
+            "tiny-random",
+            "--data",
+            records_file(tmp_path),
+            "--out",
+            str(out),
+            "--prompts",
+            "2",
+            "-K",
+            "2",
+            "--max-new-tokens",
+            "4",
+            "--temperatures",
+            "0.5,2.0",
+            "--max-prompt-length",
+            "0",
+        ]
+    )
     rows = json.loads((out / "results.json").read_text())["rows"]
     assert [r["temperature"] for r in rows] == [0.5, 2.0]
     assert rows[0]["entropy_per_token"] < rows[1]["entropy_per_token"]
     for r in rows:
         assert 0 <= r["informative_recall"] <= 1 and 0 <= r["informative_total"] <= 1
         assert r["groups"] == 2 and r["mean_length"] == 4 and r["capped"] == 1.0
-        assert list(r["exploration"]) == ["1", "2"] and r["groups_needing_recall"] == 2  # every hand record needs recall
+        assert (
+            list(r["exploration"]) == ["1", "2"] and r["groups_needing_recall"] == 2
+        )  # every hand record needs recall
         assert r["exploration"]["1"][0] == 0.0  # one sample is never a group with a signal
 
 
@@ -428,9 +614,20 @@ def test_exploration_at_k_counts_the_first_k_samples_of_recall_needing_groups_on
     took Jaccard > 0 for a hit would give other shares."""
     exploration_at_k = load("temperature_sweep").exploration_at_k
     s = lambda recall, jaccard: {"recall": recall, "jaccard": jaccard}
-    scores = [s(-1.25, 0.0), s(-0.4, 0.5), s(-0.4, 0.5), s(1.25, 1.0),   # needs recall: informative at k=2, hit at k=4
-              s(1.0, 1.0), s(0.0, 1.0), s(1.0, 1.0), s(1.0, 1.0),        # H* empty: not counted
-              s(-1.25, 0.0), s(-1.25, 0.0), s(-1.25, 0.0), s(-1.25, 0.0)]  # constant, no hit
+    scores = [
+        s(-1.25, 0.0),
+        s(-0.4, 0.5),
+        s(-0.4, 0.5),
+        s(1.25, 1.0),  # needs recall: informative at k=2, hit at k=4
+        s(1.0, 1.0),
+        s(0.0, 1.0),
+        s(1.0, 1.0),
+        s(1.0, 1.0),  # H* empty: not counted
+        s(-1.25, 0.0),
+        s(-1.25, 0.0),
+        s(-1.25, 0.0),
+        s(-1.25, 0.0),
+    ]  # constant, no hit
     got = exploration_at_k(scores, [True, False, True], 4)
     assert list(got) == [1, 2, 4]
     assert got[1] == (0.0, 0.0)
@@ -445,6 +642,7 @@ def test_placebo_permutes_rewards_inside_each_group_and_never_across():
     records (so its mean, spread and dynamic-sampling fate are unchanged) while the link to the
     completions is cut. A shuffle across the whole batch, or one that forgot to write back, fails."""
     import random
+
     placebo = load("grpo_placebo")
     K, groups = 4, 10
     fake = lambda completions, examples: [{"total": float(i), "text": c} for i, c in enumerate(completions)]
@@ -452,7 +650,7 @@ def test_placebo_permutes_rewards_inside_each_group_and_never_across():
     texts = [f"c{i}" for i in range(K * groups)]
     out = shuffled(texts, [None] * len(texts))
     for g in range(0, len(texts), K):
-        assert sorted(r["total"] for r in out[g:g + K]) == [float(i) for i in range(g, g + K)]
+        assert sorted(r["total"] for r in out[g : g + K]) == [float(i) for i in range(g, g + K)]
     moved = sum(r["text"] != t for r, t in zip(out, texts))
     assert moved >= groups  # seed 0 is fixed; a shuffle that is never written back moves nothing
     with pytest.raises(ValueError, match="whole groups"):
@@ -464,6 +662,7 @@ def test_placebo_run_trains_writes_its_marker_and_restores_stage2(tmp_path, monk
     the true rewards and still save a model."""
     placebo = load("grpo_placebo")
     import stage2_grpo
+
     real_step = stage2_grpo.grpo_step
     shuffled_calls = []
 
@@ -475,12 +674,37 @@ def test_placebo_run_trains_writes_its_marker_and_restores_stage2(tmp_path, monk
         def scored(completions, examples):
             shuffled_calls.append(len(completions))
             return shuffled(completions, examples)
+
         return scored
+
     monkeypatch.setattr(placebo, "shuffled_within_groups", recording)
     out = tmp_path / "placebo"
-    placebo.main(["--model", "tiny-random", "--dtype", "float32", "--data", records_file(tmp_path), "--out", str(out),
-                  "-K", "2", "--max-new-tokens", "3", "--beta", "0", "--max-steps", "1", "--save-every", "0",
-                  "--eval-limit", "0", "--max-prompt-length", "0"])
+    placebo.main(
+        [
+            "--model",
+            "tiny-random",
+            "--dtype",
+            "float32",
+            "--data",
+            records_file(tmp_path),
+            "--out",
+            str(out),
+            "-K",
+            "2",
+            "--max-new-tokens",
+            "3",
+            "--beta",
+            "0",
+            "--max-steps",
+            "1",
+            "--save-every",
+            "0",
+            "--eval-limit",
+            "0",
+            "--max-prompt-length",
+            "0",
+        ]
+    )
     assert json.loads((out / "placebo.json").read_text())["seed"] == 0
     assert (out / "final" / "model.safetensors").exists()
     assert [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()] == [1]
@@ -490,11 +714,16 @@ def test_placebo_run_trains_writes_its_marker_and_restores_stage2(tmp_path, monk
 
 def test_placebo_help_names_the_placebo_not_stage2(capsys):
     import stage2_grpo
+
     placebo = load("grpo_placebo")
     with pytest.raises(SystemExit):
         placebo.main(["--help"])
     out = " ".join(capsys.readouterr().out.split())  # argparse wraps to the terminal's width
-    assert out.startswith("usage: grpo_placebo.py") and "shuffled among its K samples" in out and "--num-generations" in out
+    assert (
+        out.startswith("usage: grpo_placebo.py")
+        and "shuffled among its K samples" in out
+        and "--num-generations" in out
+    )
     assert stage2_grpo.build_parser is placebo.REAL_PARSER
 
 
@@ -507,24 +736,48 @@ def test_grpo_seeds_passes_only_a_jaccard_gain_above_zero_with_f1_within_two_poi
     """The issue's test at its boundaries: an interval touching 0 is not a gain, and an F1 drop of
     2.1 points is more than 2."""
     variants = {name: {"jaccard": 0.1, "f1": 0.5, "silent": 0.4} for name in ("sft", "a", "b", "c", "d")}
-    summary = {"variants": variants, "comparisons": {
-        "a": _comparison((0.05, 0.01, 0.09), (-0.019, -0.05, 0.01)),   # passes
-        "b": _comparison((0.05, 0.0, 0.09), (0.01, -0.02, 0.03)),      # interval touches 0
-        "c": _comparison((0.05, 0.02, 0.09), (-0.021, -0.05, 0.01)),   # F1 down 2.1 points
-        "d": _comparison((-0.05, -0.09, -0.01), (0.0, -0.02, 0.02)),   # recall got worse
-    }}
+    summary = {
+        "variants": variants,
+        "comparisons": {
+            "a": _comparison((0.05, 0.01, 0.09), (-0.019, -0.05, 0.01)),  # passes
+            "b": _comparison((0.05, 0.0, 0.09), (0.01, -0.02, 0.03)),  # interval touches 0
+            "c": _comparison((0.05, 0.02, 0.09), (-0.021, -0.05, 0.01)),  # F1 down 2.1 points
+            "d": _comparison((-0.05, -0.09, -0.01), (0.0, -0.02, 0.02)),  # recall got worse
+        },
+    }
     (tmp_path / "eval").mkdir()
     (tmp_path / "eval" / "summary.json").write_text(json.dumps(summary))
     run = tmp_path / "run"
     run.mkdir()
     write_jsonl(run / "probe.jsonl", [{"step": s, "jaccard_needed": 0.1 * s, "f1": 0.5} for s in (0, 10, 20)])
-    write_jsonl(run / "metrics.jsonl", [{"step": s, "reward_recall_mean": -1.0 + 0.1 * s} for s in range(1, 21)])
+    write_jsonl(
+        run / "metrics.jsonl", [{"step": s, "reward_recall_mean": -1.0 + 0.1 * s} for s in range(1, 21)]
+    )
     grpo_seeds = load("grpo_seeds")
-    result = grpo_seeds.main(["--eval", str(tmp_path / "eval"), "--sft", "sft", "--out", str(tmp_path / "out"),
-                              "--curves", f"cosine={run}", f"keys={run}"])
-    assert {r["variant"]: r["passes"] for r in result["rows"]} == {"a": True, "b": False, "c": False, "d": False}
+    result = grpo_seeds.main(
+        [
+            "--eval",
+            str(tmp_path / "eval"),
+            "--sft",
+            "sft",
+            "--out",
+            str(tmp_path / "out"),
+            "--curves",
+            f"cosine={run}",
+            f"keys={run}",
+        ]
+    )
+    assert {r["variant"]: r["passes"] for r in result["rows"]} == {
+        "a": True,
+        "b": False,
+        "c": False,
+        "d": False,
+    }
     assert (tmp_path / "out" / "curves.png").stat().st_size > 10_000
-    assert "| a | 120 (100) | 10.0 -> 10.0 | +5.0 [+1.0, +9.0] |" in (tmp_path / "out" / "results.md").read_text()
+    assert (
+        "| a | 120 (100) | 10.0 -> 10.0 | +5.0 [+1.0, +9.0] |"
+        in (tmp_path / "out" / "results.md").read_text()
+    )
     summary["comparisons"]["e"] = _comparison((0.05, 0.01, 0.09), (0.0, -0.01, 0.01), against="a")
     (tmp_path / "eval" / "summary.json").write_text(json.dumps(summary))
     with pytest.raises(SystemExit, match="SRT=sft"):  # paired against another model: not the SFT start
@@ -535,27 +788,48 @@ def test_grpo_seeds_counts_right_answers_whose_recall_missed_h_star_paired_by_qu
     """A right answer counts as 'without recall' only when its recall shares no turn with H*: a
     partial recall (Jaccard 0.5) does not count, a wrong answer does not count, and a query that
     needs no recall is left out. Queries are paired by id, whatever the file order."""
+
     def row(i, accuracy, jaccard, gold=("Q1",)):
         return {"id": f"q{i}", "accuracy": accuracy, "jaccard": jaccard, "gold_recall": list(gold)}
+
     sft = [row(0, 1.0, 0.0), row(1, 1.0, 0.5), row(2, 0.0, 0.0), row(3, 1.0, 1.0), row(4, 1.0, None, gold=())]
-    grpo = [row(3, 1.0, 0.0), row(2, 1.0, 0.0), row(1, 1.0, 0.0), row(0, 0.0, 0.0), row(4, 1.0, None, gold=())]
+    grpo = [
+        row(3, 1.0, 0.0),
+        row(2, 1.0, 0.0),
+        row(1, 1.0, 0.0),
+        row(0, 0.0, 0.0),
+        row(4, 1.0, None, gold=()),
+    ]
     # per query q0..q3: sft 1, 0, 0, 0 (1 of 4); grpo 0, 1, 1, 1 (3 of 4); mean difference +0.5
     (tmp_path / "eval").mkdir()
     write_jsonl(tmp_path / "eval" / "sft.jsonl", sft)
     write_jsonl(tmp_path / "eval" / "a.jsonl", grpo)
-    summary = {"variants": {"sft": {"jaccard": 0.3, "f1": 0.5, "accuracy": 0.8},
-                            "a": {"jaccard": 0.2, "f1": 0.6, "accuracy": 1.0}},
-               "comparisons": {"a": dict(_comparison((-0.1, -0.3, 0.1), (0.1, 0.0, 0.2)),
-                                         accuracy={"diff": 0.2, "low": -0.2, "high": 0.6, "n": 5})}}
+    summary = {
+        "variants": {
+            "sft": {"jaccard": 0.3, "f1": 0.5, "accuracy": 0.8},
+            "a": {"jaccard": 0.2, "f1": 0.6, "accuracy": 1.0},
+        },
+        "comparisons": {
+            "a": dict(
+                _comparison((-0.1, -0.3, 0.1), (0.1, 0.0, 0.2)),
+                accuracy={"diff": 0.2, "low": -0.2, "high": 0.6, "n": 5},
+            )
+        },
+    }
     (tmp_path / "eval" / "summary.json").write_text(json.dumps(summary))
     grpo_seeds = load("grpo_seeds")
-    result = grpo_seeds.main(["--eval", str(tmp_path / "eval"), "--sft", "sft", "--out", str(tmp_path / "out")])
+    result = grpo_seeds.main(
+        ["--eval", str(tmp_path / "eval"), "--sft", "sft", "--out", str(tmp_path / "out")]
+    )
     bypass = result["rows"][0]["right_without_recall"]
     assert (bypass["sft"], bypass["grpo"], bypass["diff"], bypass["n"]) == (0.25, 0.75, 0.5, 4)
     # paired by id the differences are -1, +1, +1, +1 (an interval reaching below 0); paired by file
     # position they would be 0, +1, +1, 0, whose resampled means never go below 0
     assert bypass["low"] < 0 < 0.5 <= bypass["high"]
-    assert "| 80.0 -> 100.0 | +20.0 [-20.0, +60.0] | 25.0 -> 75.0 | +50.0 [" in (tmp_path / "out" / "results.md").read_text()
+    assert (
+        "| 80.0 -> 100.0 | +20.0 [-20.0, +60.0] | 25.0 -> 75.0 | +50.0 ["
+        in (tmp_path / "out" / "results.md").read_text()
+    )
     write_jsonl(tmp_path / "eval" / "a.jsonl", grpo[:3])  # one query missing: not the same dev items
     with pytest.raises(SystemExit, match="different queries"):
         grpo_seeds.main(["--eval", str(tmp_path / "eval"), "--sft", "sft", "--out", str(tmp_path / "out")])

@@ -1,6 +1,7 @@
 """corpora.py: each loader against a small fixture written in that corpus's published schema; the
 LoCoMo windows and evidence blemishes; the shared conventions (merging, opening assistant turns,
 query marks). Each test names the fields its fixture relies on."""
+
 import json
 import subprocess
 import sys
@@ -8,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-import corpora
-from data_io import DataError
+from srt import corpora
+from srt.data_io import DataError
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -17,7 +18,11 @@ ROOT = Path(__file__).resolve().parent.parent
 def labelled(dialogue, upto=None):
     """{label: text} of a dialogue's rounds (before round `upto`, 1-based, when given)."""
     rounds = dialogue["rounds"][: (upto - 1) if upto else None]
-    return {f"{side}{i}": r[key] for i, r in enumerate(rounds, 1) for side, key in (("Q", "user"), ("A", "assistant"))}
+    return {
+        f"{side}{i}": r[key]
+        for i, r in enumerate(rounds, 1)
+        for side, key in (("Q", "user"), ("A", "assistant"))
+    }
 
 
 def check_form(dialogues):
@@ -28,7 +33,9 @@ def check_form(dialogues):
         assert len(d["rounds"]) >= 2
         for t, r in enumerate(d["rounds"], 1):
             assert isinstance(r["user"], str) and isinstance(r["assistant"], str) and r["user"]
-            assert r["assistant"] or (d["source"] == "locomo" and t == len(d["rounds"]) - 1)  # an unanswered last turn
+            assert r["assistant"] or (
+                d["source"] == "locomo" and t == len(d["rounds"]) - 1
+            )  # an unanswered last turn
             if "gold" in r:
                 assert set(r["gold"]["recall"]) <= set(labelled(d, t))
             if r.get("query") or "gold" in r:
@@ -37,9 +44,13 @@ def check_form(dialogues):
 
 # ---- LoCoMo ----------------------------------------------------------------------------------
 DATES = {1: "1:56 pm on 8 May, 2023", 2: "1:14 pm on 25 May, 2023", 3: "7:55 pm on 9 June, 2023"}
-PLANTED = {"D1:3": "I went to a LGBTQ support group yesterday.", "D2:4": "I ran a charity race for mental health.",
-           "D3:5": "My dog is called Pip and he loves the beach.", "D3:20": "We painted a sunrise last week.",
-           "D3:21": "Bye, see you at the lake!"}
+PLANTED = {
+    "D1:3": "I went to a LGBTQ support group yesterday.",
+    "D2:4": "I ran a charity race for mental health.",
+    "D3:5": "My dog is called Pip and he loves the beach.",
+    "D3:20": "We painted a sunrise last week.",
+    "D3:21": "Bye, see you at the lake!",
+}
 
 
 def locomo_fixture(tmp_path) -> Path:
@@ -52,7 +63,9 @@ def locomo_fixture(tmp_path) -> Path:
         turns, speaker = [], "Caroline" if s != 2 else "Melanie"
         for k in range(1, 21):
             dia_id = f"D{s}:{k}"
-            turns.append({"speaker": speaker, "dia_id": dia_id, "text": PLANTED.get(dia_id, f"chat line {s}-{k}")})
+            turns.append(
+                {"speaker": speaker, "dia_id": dia_id, "text": PLANTED.get(dia_id, f"chat line {s}-{k}")}
+            )
             if dia_id != "D2:7":
                 speaker = "Melanie" if speaker == "Caroline" else "Caroline"
         turns[9]["blip_caption"] = "a painted bowl"
@@ -61,19 +74,57 @@ def locomo_fixture(tmp_path) -> Path:
         conversation[f"session_{s}"] = turns
         conversation[f"session_{s}_date_time"] = DATES[s]
     qa = [
-        {"question": "When did Caroline go to the support group?", "answer": "7 May 2023", "evidence": ["D1:3"], "category": 2},
-        {"question": "What is the dog's name and what did they paint?", "answer": "Pip; a sunrise",
-         "evidence": ["D3:20", "D3:5"], "category": 1},                                   # given out of order
-        {"question": "What did Melanie do for charity?", "answer": "a race", "evidence": ["D2:04"], "category": 4},  # leading zero
-        {"question": "Support group and dog?", "answer": "yes", "evidence": ["D1:3; D3:5"], "category": 1},           # packed
-        {"question": "Race and sunrise?", "answer": "both", "evidence": ["D2:4 D3:20"], "category": 1},              # packed
-        {"question": "Odd id?", "answer": "x", "evidence": ["D:1:3"], "category": 4},                                # stray colon
-        {"question": "Dangling?", "answer": "x", "evidence": ["D1:3", "D9:99"], "category": 4},                      # no such turn
-        {"question": "Bare D?", "answer": "x", "evidence": ["D"], "category": 4},                                    # unreadable
-        {"question": "What year?", "answer": 2022, "evidence": [], "category": 3},                                   # number, no evidence
-        {"question": "Where will they meet?", "answer": "the lake", "evidence": ["D3:21"], "category": 4},       # last turn
-        {"question": "What did Caroline run for charity?", "adversarial_answer": "a charity race",
-         "evidence": ["D2:4"], "category": 5},
+        {
+            "question": "When did Caroline go to the support group?",
+            "answer": "7 May 2023",
+            "evidence": ["D1:3"],
+            "category": 2,
+        },
+        {
+            "question": "What is the dog's name and what did they paint?",
+            "answer": "Pip; a sunrise",
+            "evidence": ["D3:20", "D3:5"],
+            "category": 1,
+        },  # given out of order
+        {
+            "question": "What did Melanie do for charity?",
+            "answer": "a race",
+            "evidence": ["D2:04"],
+            "category": 4,
+        },  # leading zero
+        {
+            "question": "Support group and dog?",
+            "answer": "yes",
+            "evidence": ["D1:3; D3:5"],
+            "category": 1,
+        },  # packed
+        {
+            "question": "Race and sunrise?",
+            "answer": "both",
+            "evidence": ["D2:4 D3:20"],
+            "category": 1,
+        },  # packed
+        {"question": "Odd id?", "answer": "x", "evidence": ["D:1:3"], "category": 4},  # stray colon
+        {
+            "question": "Dangling?",
+            "answer": "x",
+            "evidence": ["D1:3", "D9:99"],
+            "category": 4,
+        },  # no such turn
+        {"question": "Bare D?", "answer": "x", "evidence": ["D"], "category": 4},  # unreadable
+        {"question": "What year?", "answer": 2022, "evidence": [], "category": 3},  # number, no evidence
+        {
+            "question": "Where will they meet?",
+            "answer": "the lake",
+            "evidence": ["D3:21"],
+            "category": 4,
+        },  # last turn
+        {
+            "question": "What did Caroline run for charity?",
+            "adversarial_answer": "a charity race",
+            "evidence": ["D2:4"],
+            "category": 5,
+        },
     ]
     path = tmp_path / "locomo10.json"
     path.write_text(json.dumps([{"sample_id": "conv-1", "conversation": conversation, "qa": qa}]))
@@ -89,11 +140,15 @@ def test_locomo_planted_evidence_maps_to_the_right_labels(tmp_path):
         for dia_id in query["gold"]["evidence"]:
             holders = [label for label, text in texts.items() if PLANTED.get(dia_id, "@@") in text]
             assert holders and holders[0] in query["gold"]["recall"], (d["id"], dia_id)
-        assert len(query["gold"]["recall"]) == len({t for i in query["gold"]["evidence"] for t in texts if PLANTED[i] in texts[t]})
+        assert len(query["gold"]["recall"]) == len(
+            {t for i in query["gold"]["evidence"] for t in texts if PLANTED[i] in texts[t]}
+        )
     by_question = {d["rounds"][-1]["user"]: d for d in dialogues}
     two = by_question["What is the dog's name and what did they paint?"]["rounds"][-1]["gold"]
     assert two["evidence"] == ["D3:20", "D3:5"]
-    assert [int(label[1:]) for label in two["recall"]] == sorted(int(label[1:]) for label in two["recall"])  # dialogue order
+    assert [int(label[1:]) for label in two["recall"]] == sorted(
+        int(label[1:]) for label in two["recall"]
+    )  # dialogue order
 
 
 def test_locomo_blemishes_normalised_or_counted(tmp_path):
@@ -109,7 +164,10 @@ def test_locomo_blemishes_normalised_or_counted(tmp_path):
     assert report["evidence_ids_dangling"] == 1 and report["evidence_fragments_unreadable"] == 1
     assert report["evidence_ids_normalised"] >= 6  # two leading-zero/colon fixes + two packed pairs
     assert corpora.normalise_evidence(["D8:6; D9:17", "D30:05", "D:11:26", "D"]) == (
-        ["D8:6", "D9:17", "D30:5", "D11:26"], ["D"], 4)
+        ["D8:6", "D9:17", "D30:5", "D11:26"],
+        ["D"],
+        4,
+    )
 
 
 def test_locomo_answers_categories_dates_and_roles(tmp_path):
@@ -118,7 +176,10 @@ def test_locomo_answers_categories_dates_and_roles(tmp_path):
     year = questions["What year?"]["rounds"][-1]
     assert year["assistant"] == "2022" and year["gold"]["recall"] == [] and year["gold"]["category"] == 3
     adversarial = questions["What did Caroline run for charity?"]["rounds"][-1]
-    assert adversarial["assistant"] == "a charity race" and adversarial["gold"]["query_type"] == "locomo-adversarial"
+    assert (
+        adversarial["assistant"] == "a charity race"
+        and adversarial["gold"]["query_type"] == "locomo-adversarial"
+    )
     abstain, _ = corpora.load_corpus("locomo", locomo_fixture(tmp_path), adversarial="abstain")
     assert abstain[-1]["rounds"][-1]["assistant"] == corpora.LOCOMO_ABSTAIN
     skip, report = corpora.load_corpus("locomo", locomo_fixture(tmp_path), adversarial="skip")
@@ -127,10 +188,16 @@ def test_locomo_answers_categories_dates_and_roles(tmp_path):
         assert d["meta"]["user_speaker"] == "Caroline" and d["meta"]["split_group"] == "conv-1"
         history = d["rounds"][:-1]
         assert all("Caroline: " in r["user"] and "Melanie: " not in r["user"] for r in history)
-        assert all(r["assistant"].startswith("Melanie: ") or r["assistant"].split("] ", 1)[-1].startswith("Melanie: ")
-                   or not r["assistant"] for r in history)
+        assert all(
+            r["assistant"].startswith("Melanie: ")
+            or r["assistant"].split("] ", 1)[-1].startswith("Melanie: ")
+            or not r["assistant"]
+            for r in history
+        )
         first = history[0]["user"]
-        assert first.startswith("[") and any(date in first for date in DATES.values())  # the window opens on its date
+        assert first.startswith("[") and any(
+            date in first for date in DATES.values()
+        )  # the window opens on its date
     whole = next(d for d in dialogues if d["meta"]["window"]["how"] == "whole")
     text = " ".join(r["user"] + " " + r["assistant"] for r in whole["rounds"])
     assert "chat line 1-10 [shares a photo of a painted bowl]" in text  # an image turn keeps its caption
@@ -146,11 +213,19 @@ def test_locomo_window_keeps_evidence_and_at_most_max_rounds(tmp_path):
             assert len(d["rounds"]) <= max_rounds
             texts = labelled(d, len(d["rounds"]))
             in_conversation_order = sorted(gold["evidence"], key=lambda i: tuple(map(int, i[1:].split(":"))))
-            positions = [list(texts).index(next(t for t in texts if PLANTED[i] in texts[t])) for i in in_conversation_order]
+            positions = [
+                list(texts).index(next(t for t in texts if PLANTED[i] in texts[t]))
+                for i in in_conversation_order
+            ]
             assert positions == sorted(positions)  # the window keeps the evidence turns in order
             assert all(any(PLANTED[i] in texts[t] for t in gold["recall"]) for i in gold["evidence"])
             kept = sum(b - a + 1 for a, b in window["kept_rounds"])
-            assert kept == len(d["rounds"]) - 1 and window["how"] in ("whole", "latest", "contiguous", "segments")
+            assert kept == len(d["rounds"]) - 1 and window["how"] in (
+                "whole",
+                "latest",
+                "contiguous",
+                "segments",
+            )
             assert all(any(a <= e <= b for a, b in window["kept_rounds"]) for e in window["evidence_rounds"])
     small, _ = corpora.load_corpus("locomo", locomo_fixture(tmp_path), max_rounds=6)
     far = next(d for d in small if d["rounds"][-1]["user"] == "Support group and dog?")
@@ -161,30 +236,54 @@ def test_locomo_window_keeps_evidence_and_at_most_max_rounds(tmp_path):
 
 def test_locomo_window_placement_is_seeded():
     import random
+
     a = corpora.choose_window(100, [40, 45], 10, random.Random("s"))
     assert a == corpora.choose_window(100, [40, 45], 10, random.Random("s"))
     assert a[1] == "contiguous" and 40 in a[0] and 45 in a[0] and len(a[0]) == 10
     starts = {corpora.choose_window(100, [40, 45], 10, random.Random(seed))[0][0] for seed in range(30)}
     assert len(starts) > 1  # the evidence does not always sit at the same place in the window
-    assert corpora.choose_window(100, list(range(0, 100, 5)), 10, random.Random(0)) == (None, "evidence_exceeds_window")
+    assert corpora.choose_window(100, list(range(0, 100, 5)), 10, random.Random(0)) == (
+        None,
+        "evidence_exceeds_window",
+    )
 
 
 # ---- CoQA ------------------------------------------------------------------------------------
 def coqa_fixture(tmp_path) -> Path:
     """Fields: data[].id, .source, .story, .questions[] {turn_id, input_text}, .answers[]
     {turn_id, input_text, span_text, span_start}."""
-    story = ("Once upon a time, in a barn near a farm house, there lived a little white kitten named Cotton. "
-             "Cotton lived high up in a nice warm place above the barn where all of the farmer's horses slept. "
-             "But Cotton wasn't alone in her little home above the barn, oh no. She shared her hay bed with her "
-             "mommy and 5 other sisters. All of her sisters were cute and fluffy, like Cotton. "
-             "But she was the only white one in the bunch. The rest of her sisters were all orange with beautiful "
-             "white tiger stripes like Cotton's mommy.")
+    story = (
+        "Once upon a time, in a barn near a farm house, there lived a little white kitten named Cotton. "
+        "Cotton lived high up in a nice warm place above the barn where all of the farmer's horses slept. "
+        "But Cotton wasn't alone in her little home above the barn, oh no. She shared her hay bed with her "
+        "mommy and 5 other sisters. All of her sisters were cute and fluffy, like Cotton. "
+        "But she was the only white one in the bunch. The rest of her sisters were all orange with beautiful "
+        "white tiger stripes like Cotton's mommy."
+    )
     late = story.index("The rest of her sisters")
-    data = {"version": "1.0", "data": [{"id": "3dr23u6we5", "source": "mctest", "story": story,
-            "questions": [{"input_text": "what color was cotton?", "turn_id": 1},
-                          {"input_text": "what color were her sisters?", "turn_id": 2}],
-            "answers": [{"input_text": "white", "span_text": "a little white kitten named Cotton", "span_start": 59, "turn_id": 1},
-                        {"input_text": "orange", "span_text": "all orange", "span_start": late, "turn_id": 2}]}]}
+    data = {
+        "version": "1.0",
+        "data": [
+            {
+                "id": "3dr23u6we5",
+                "source": "mctest",
+                "story": story,
+                "questions": [
+                    {"input_text": "what color was cotton?", "turn_id": 1},
+                    {"input_text": "what color were her sisters?", "turn_id": 2},
+                ],
+                "answers": [
+                    {
+                        "input_text": "white",
+                        "span_text": "a little white kitten named Cotton",
+                        "span_start": 59,
+                        "turn_id": 1,
+                    },
+                    {"input_text": "orange", "span_text": "all orange", "span_start": late, "turn_id": 2},
+                ],
+            }
+        ],
+    }
     path = tmp_path / "coqa-dev-v1.0.json"
     path.write_text(json.dumps(data))
     return path
@@ -196,7 +295,7 @@ def test_coqa_story_parts_then_questions(tmp_path):
     check_form([d])
     parts = [r for r in d["rounds"] if r["user"].startswith("Story (part")]
     assert len(parts) >= 2 and all(r["assistant"] == corpora.STORY_ACK for r in parts)
-    questions = d["rounds"][len(parts):]
+    questions = d["rounds"][len(parts) :]
     assert [q["user"] for q in questions] == ["what color was cotton?", "what color were her sisters?"]
     assert [q["assistant"] for q in questions] == ["white", "orange"] and all(q["query"] for q in questions)
     assert questions[0]["meta"]["rationale_label"] == "Q1"
@@ -214,9 +313,13 @@ def multiwoz_fixture(tmp_path) -> tuple[Path, list]:
         log.append({"text": f"I need a hotel in the north, request {i}.", "metadata": {}})
         log.append({"text": f"The Acorn Guest House has {i} rooms free.", "metadata": {"hotel": {}}})
     log.append({"text": "Thanks, bye.", "metadata": {}})  # ends on the user side
-    data = {"SNG0129.json": {"goal": {"hotel": {"info": {"area": "north"}}, "taxi": {}, "train": {"info": {}}},
-                             "log": log},
-            "BROKEN.json": {"goal": {}}}
+    data = {
+        "SNG0129.json": {
+            "goal": {"hotel": {"info": {"area": "north"}}, "taxi": {}, "train": {"info": {}}},
+            "log": log,
+        },
+        "BROKEN.json": {"goal": {}},
+    }
     (tmp_path / "data.json").write_text(json.dumps(data))
     return tmp_path / "data.json", log
 
@@ -238,10 +341,12 @@ def test_multiwoz_log_alternates_user_system(tmp_path):
 def dailydialog_fixture(tmp_path) -> Path:
     """Fields: one dialogue per line, utterances ended by '__eou__', speakers alternate;
     dialogues_topic.txt beside it gives the topic number."""
-    lines = ["Say , Jim , how about going for a few beers after dinner ? __eou__ You know that is tempting but "
-             "is really not good for our fitness . __eou__ What do you mean ? It will help us to relax . __eou__ "
-             "Do you really think so ? I don't . __eou__ I guess you are right . __eou__\n",
-             "Hi ! __eou__\n"]
+    lines = [
+        "Say , Jim , how about going for a few beers after dinner ? __eou__ You know that is tempting but "
+        "is really not good for our fitness . __eou__ What do you mean ? It will help us to relax . __eou__ "
+        "Do you really think so ? I don't . __eou__ I guess you are right . __eou__\n",
+        "Hi ! __eou__\n",
+    ]
     (tmp_path / "dialogues_text.txt").write_text("".join(lines))
     (tmp_path / "dialogues_topic.txt").write_text("1\n6\n")
     return tmp_path
@@ -262,11 +367,24 @@ def redial_fixture(tmp_path) -> Path:
     """Fields: conversationId, initiatorWorkerId (seeker), messages[] {text, senderWorkerId},
     movieMentions {id: title}. The recommender speaks first here: that greeting is dropped. Two
     malformed lines follow the conversation."""
-    messages = [(1, "Hello! What kind of movies do you like?"), (0, "hi"), (0, "I loved @111776"),
-                (1, "Then try @204974"), (0, "Seen it. Anything else like @111776?"), (1, "Maybe @999 then")]
-    record = {"conversationId": "391", "initiatorWorkerId": 0, "respondentWorkerId": 1,
-              "movieMentions": {"111776": "Super Troopers (2001)", "204974": "Hot Fuzz (2007)"},
-              "messages": [{"timeOffset": k, "text": t, "senderWorkerId": w, "messageId": k} for k, (w, t) in enumerate(messages)]}
+    messages = [
+        (1, "Hello! What kind of movies do you like?"),
+        (0, "hi"),
+        (0, "I loved @111776"),
+        (1, "Then try @204974"),
+        (0, "Seen it. Anything else like @111776?"),
+        (1, "Maybe @999 then"),
+    ]
+    record = {
+        "conversationId": "391",
+        "initiatorWorkerId": 0,
+        "respondentWorkerId": 1,
+        "movieMentions": {"111776": "Super Troopers (2001)", "204974": "Hot Fuzz (2007)"},
+        "messages": [
+            {"timeOffset": k, "text": t, "senderWorkerId": w, "messageId": k}
+            for k, (w, t) in enumerate(messages)
+        ],
+    }
     path = tmp_path / "train_data.jsonl"
     path.write_text(json.dumps(record) + "\n{not json\n" + json.dumps({"conversationId": "x"}) + "\n")
     return path
@@ -275,9 +393,16 @@ def redial_fixture(tmp_path) -> Path:
 def test_redial_seeker_is_user_and_movies_named(tmp_path):
     (d,), report = corpora.load_corpus("redial", redial_fixture(tmp_path))
     check_form([d])
-    assert d["rounds"][0] == {"user": "hi I loved Super Troopers (2001)", "assistant": "Then try Hot Fuzz (2007)"}
+    assert d["rounds"][0] == {
+        "user": "hi I loved Super Troopers (2001)",
+        "assistant": "Then try Hot Fuzz (2007)",
+    }
     assert d["rounds"][1]["assistant"] == "Maybe @999 then"  # an unknown id stays as written
-    assert report["leading_assistant_dropped"] == 1 and report["merged_messages"] == 1 and report["malformed"] == 2
+    assert (
+        report["leading_assistant_dropped"] == 1
+        and report["merged_messages"] == 1
+        and report["malformed"] == 2
+    )
     assert d["rounds"][-1]["query"] and d["domain"] == "movies"
 
 
@@ -285,14 +410,29 @@ def test_redial_seeker_is_user_and_movies_named(tmp_path):
 def mgshopdial_fixture(tmp_path) -> Path:
     """Fields: id ("Books:45:109:118"), metadata.desc, utterances[] {utterance_id, participant
     Client|Wizard, utterance, goal}."""
-    said = [("Wizard", "Hello, how I can help?", "recommendation"), ("Client", "Hello! I'm looking for some book", "recommendation"),
-            ("Wizard", "Any genre or author in particular?", "recommendation"), ("Client", "romance, probably", "recommendation"),
-            ("Wizard", "I have Regretting You by Colleen Hoover", "recommendation"), ("Client", "what's the price?", "qa"),
-            ("Wizard", "Only $6.99", "qa"), ("Wizard", "$4.99 for the ebook", "recommendation"),
-            ("Client", "is it a family drama?", "qa"), ("Wizard", "Yes that is correct", "qa"), ("Client", "thanks!", "meta")]
-    data = [{"id": "Books:45:109:118", "metadata": {"desc": "You are looking for a book.", "type": "simple"},
-             "utterances": [{"utterance_id": k + 1, "participant": p, "utterance": u, "goal": g, "intents": []}
-                            for k, (p, u, g) in enumerate(said)]}]
+    said = [
+        ("Wizard", "Hello, how I can help?", "recommendation"),
+        ("Client", "Hello! I'm looking for some book", "recommendation"),
+        ("Wizard", "Any genre or author in particular?", "recommendation"),
+        ("Client", "romance, probably", "recommendation"),
+        ("Wizard", "I have Regretting You by Colleen Hoover", "recommendation"),
+        ("Client", "what's the price?", "qa"),
+        ("Wizard", "Only $6.99", "qa"),
+        ("Wizard", "$4.99 for the ebook", "recommendation"),
+        ("Client", "is it a family drama?", "qa"),
+        ("Wizard", "Yes that is correct", "qa"),
+        ("Client", "thanks!", "meta"),
+    ]
+    data = [
+        {
+            "id": "Books:45:109:118",
+            "metadata": {"desc": "You are looking for a book.", "type": "simple"},
+            "utterances": [
+                {"utterance_id": k + 1, "participant": p, "utterance": u, "goal": g, "intents": []}
+                for k, (p, u, g) in enumerate(said)
+            ],
+        }
+    ]
     path = tmp_path / "MGShopDial.json"
     path.write_text(json.dumps(data))
     return path
@@ -312,17 +452,30 @@ def test_mgshopdial_roles_and_qa_queries(tmp_path):
 # ---- chitchat --------------------------------------------------------------------------------
 def chitchat_fixture(tmp_path) -> Path:
     """Fields: {conversation id: {"messages": [[{text, sender, timestamp}]], "prompt"}}."""
-    conv = {"messages": [[{"text": "Hello", "sender": "a", "timestamp": "t"}, {"text": "How are you?", "sender": "a", "timestamp": "t"}],
-                         [{"text": "good, you?", "sender": "b", "timestamp": "t"}],
-                         [{"text": "fine", "sender": "a", "timestamp": "t"}], [{"text": "cool", "sender": "b", "timestamp": "t"}]],
-            "prompt": "Do you like dogs?"}
-    (tmp_path / "dataset.json").write_text(json.dumps({"c1": conv, "c2": {"messages": [[conv["messages"][0][0]]]}}))
+    conv = {
+        "messages": [
+            [
+                {"text": "Hello", "sender": "a", "timestamp": "t"},
+                {"text": "How are you?", "sender": "a", "timestamp": "t"},
+            ],
+            [{"text": "good, you?", "sender": "b", "timestamp": "t"}],
+            [{"text": "fine", "sender": "a", "timestamp": "t"}],
+            [{"text": "cool", "sender": "b", "timestamp": "t"}],
+        ],
+        "prompt": "Do you like dogs?",
+    }
+    (tmp_path / "dataset.json").write_text(
+        json.dumps({"c1": conv, "c2": {"messages": [[conv["messages"][0][0]]]}})
+    )
     return tmp_path
 
 
 def test_chitchat_fixture_and_the_installed_package(tmp_path):
     (d,), report = corpora.load_corpus("chitchat", chitchat_fixture(tmp_path))
-    assert d["rounds"][0] == {"user": "Hello How are you?", "assistant": "good, you?"} and report["too_short"] == 1
+    assert (
+        d["rounds"][0] == {"user": "Hello How are you?", "assistant": "good, you?"}
+        and report["too_short"] == 1
+    )
     real, report = corpora.load_corpus("chitchat", limit=40)  # the real conversations in the wheel
     check_form(real)
     assert len(real) == 40 and report["dialogues"] == 40
@@ -333,14 +486,34 @@ def test_chitchat_fixture_and_the_installed_package(tmp_path):
 def jsonl_fixture(tmp_path) -> Path:
     """Fields: id; rounds [{user, assistant, gold?, query?}] or messages [{role, content}]. The
     third line's gold names a turn that does not exist."""
-    gold_dialogue = {"id": "g1", "domain": "spa", "rounds": [
-        {"user": "I'm Apex tier.", "assistant": "Welcome back."},
-        {"user": "Price of Chakra Balancing?", "assistant": "$180."},
-        {"user": "What do I pay?", "assistant": "$153", "gold": {"recall": ["Q1", "A2"], "answer_keys": ["$153"]}}]}
-    chat = {"id": 7, "messages": [{"role": "system", "content": "be nice"}, {"role": "user", "content": "hi"},
-                                  {"role": "assistant", "content": "hello"}, {"role": "user", "content": "my name is Ana"},
-                                  {"role": "user", "content": "and yours?"}, {"role": "assistant", "content": "Bot."}]}
-    bad_recall = {"id": "b", "rounds": [{"user": "a", "assistant": "b", "gold": {"recall": ["A3"], "answer_keys": []}}]}
+    gold_dialogue = {
+        "id": "g1",
+        "domain": "spa",
+        "rounds": [
+            {"user": "I'm Apex tier.", "assistant": "Welcome back."},
+            {"user": "Price of Chakra Balancing?", "assistant": "$180."},
+            {
+                "user": "What do I pay?",
+                "assistant": "$153",
+                "gold": {"recall": ["Q1", "A2"], "answer_keys": ["$153"]},
+            },
+        ],
+    }
+    chat = {
+        "id": 7,
+        "messages": [
+            {"role": "system", "content": "be nice"},
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": "hello"},
+            {"role": "user", "content": "my name is Ana"},
+            {"role": "user", "content": "and yours?"},
+            {"role": "assistant", "content": "Bot."},
+        ],
+    }
+    bad_recall = {
+        "id": "b",
+        "rounds": [{"user": "a", "assistant": "b", "gold": {"recall": ["A3"], "answer_keys": []}}],
+    }
     path = tmp_path / "mine.jsonl"
     path.write_text("\n".join(json.dumps(x) for x in (gold_dialogue, chat, bad_recall)) + "\n")
     return path
@@ -354,7 +527,11 @@ def test_jsonl_rounds_with_gold_and_chat_messages(tmp_path):
     check_form(dialogues)
     g, c = dialogues
     assert g["rounds"][-1]["gold"]["recall"] == ["Q1", "A2"] and not any(r.get("query") for r in g["rounds"])
-    assert c["id"] == "7" and c["rounds"][1] == {"user": "my name is Ana and yours?", "assistant": "Bot.", "query": True}
+    assert c["id"] == "7" and c["rounds"][1] == {
+        "user": "my name is Ana and yours?",
+        "assistant": "Bot.",
+        "query": True,
+    }
     assert report["malformed"] == 1 and report["rounds_with_gold"] == 1
 
 
@@ -368,7 +545,18 @@ def test_load_corpus_errors_and_imports(tmp_path):
     (tmp_path / "data.json").write_text("{oops")
     with pytest.raises(DataError, match="not valid JSON"):
         corpora.load_corpus("multiwoz", tmp_path)
-    assert set(corpora.LOADERS) == {"locomo", "coqa", "multiwoz", "dailydialog", "redial", "mgshopdial", "chitchat", "jsonl"}
-    code = "import sys, corpora, teacher; print(sorted(m for m in sys.modules if m.startswith('stage')))"
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    assert set(corpora.LOADERS) == {
+        "locomo",
+        "coqa",
+        "multiwoz",
+        "dailydialog",
+        "redial",
+        "mgshopdial",
+        "chitchat",
+        "jsonl",
+    }
+    code = "import sys; import srt.corpora, srt.teacher; print(sorted(m for m in sys.modules if m.startswith('stage')))"
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout
     assert out.strip() == "[]"

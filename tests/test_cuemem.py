@@ -2,6 +2,7 @@
 bag-of-words embedder whose cosines are computed by hand), retrieval of planted evidence with the
 real embedder and rule extractor, incremental = batch construction, forgetting, the LLM
 extractor's parser on messy output, the answer prompt, the metrics and the CLI."""
+
 import json
 import math
 import re
@@ -15,10 +16,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import cuemem  # noqa: E402
 from cuemem import CueMemory, Triple  # noqa: E402
-from data_io import bucket_of  # noqa: E402
-from metrics import recall_metrics  # noqa: E402
+from srt.data_io import bucket_of  # noqa: E402
+from srt.metrics import recall_metrics  # noqa: E402
+from srt.synthetic import generate_synthetic  # noqa: E402
 from stage0_build import utterances  # noqa: E402
-from synthetic import generate_synthetic  # noqa: E402
 
 
 # ---------------------------------------------------------------------------------------------
@@ -45,16 +46,27 @@ def history_of(texts):
     """[(Q1 text, A1 text), ...] -> stage0 history."""
     history = []
     for i, (q, a) in enumerate(texts, 1):
-        history += [{"label": f"Q{i}", "speaker": "user", "text": q},
-                    {"label": f"A{i}", "speaker": "assistant", "text": a}]
+        history += [
+            {"label": f"Q{i}", "speaker": "user", "text": q},
+            {"label": f"A{i}", "speaker": "assistant", "text": a},
+        ]
     return history
 
 
 def make_record(rounds, query, recall, index=0):
     t = len(rounds) + 1
-    return {"id": f"hand-{index}", "source": "jsonl", "history": history_of(rounds), "query": query,
-            "query_turn": t, "recall": recall, "reasoning": "", "answer": "", "pruned": [],
-            "meta": {"num_turns": t, "bucket": bucket_of(t)}}
+    return {
+        "id": f"hand-{index}",
+        "source": "jsonl",
+        "history": history_of(rounds),
+        "query": query,
+        "query_turn": t,
+        "recall": recall,
+        "reasoning": "",
+        "answer": "",
+        "pruned": [],
+        "meta": {"num_turns": t, "bucket": bucket_of(t)},
+    }
 
 
 def records_of(dialogue):
@@ -62,30 +74,43 @@ def records_of(dialogue):
     utts, records = utterances(dialogue), []
     for t, rnd in enumerate(dialogue["rounds"], 1):
         if "gold" in rnd:
-            history = [{k: u[k] for k in ("label", "speaker", "text")} for u in utts[:2 * (t - 1)]]
-            records.append({"id": f"{dialogue['id']}-t{t:02d}", "source": "synthetic", "history": history,
-                            "query": rnd["user"], "query_turn": t, "recall": rnd["gold"]["recall"],
-                            "reasoning": "", "answer": rnd["assistant"], "pruned": [],
-                            "meta": {"num_turns": t, "bucket": bucket_of(t)}})
+            history = [{k: u[k] for k in ("label", "speaker", "text")} for u in utts[: 2 * (t - 1)]]
+            records.append(
+                {
+                    "id": f"{dialogue['id']}-t{t:02d}",
+                    "source": "synthetic",
+                    "history": history,
+                    "query": rnd["user"],
+                    "query_turn": t,
+                    "recall": rnd["gold"]["recall"],
+                    "reasoning": "",
+                    "answer": rnd["assistant"],
+                    "pruned": [],
+                    "meta": {"num_turns": t, "bucket": bucket_of(t)},
+                }
+            )
     return records
 
 
 ORDER = ("user", "order number", "48213")
 TOY = {  # text -> triples; the cue texts below are what the bag-of-words embedder sees
-    "My order number is 48213.": [ORDER],                              # "user order number 48213"
-    "Order number 48213, noted.": [ORDER],                             # same cue, adjacent turn
+    "My order number is 48213.": [ORDER],  # "user order number 48213"
+    "Order number 48213, noted.": [ORDER],  # same cue, adjacent turn
     "Order 48213 ships Monday.": [("user order number", "48213", "ships")],  # 5 words, 4 shared
-    "Also add a lamp.": [("user", "buys", "lamp")],                    # shares only "user"
+    "Also add a lamp.": [("user", "buys", "lamp")],  # shares only "user"
 }
-TOY_ROUNDS = [("My order number is 48213.", "Order number 48213, noted."),
-              ("Nice weather today.", "Indeed."),
-              ("When does it ship?", "Order 48213 ships Monday."),
-              ("Also add a lamp.", "Done.")]
+TOY_ROUNDS = [
+    ("My order number is 48213.", "Order number 48213, noted."),
+    ("Nice weather today.", "Indeed."),
+    ("When does it ship?", "Order 48213 ships Monday."),
+    ("Also add a lamp.", "Done."),
+]
 
 
 def toy_memory(**options):
-    return CueMemory.build(history_of(TOY_ROUNDS), extractor=table_extractor(TOY), embed_fn=BagOfWords(),
-                           **options)
+    return CueMemory.build(
+        history_of(TOY_ROUNDS), extractor=table_extractor(TOY), embed_fn=BagOfWords(), **options
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -93,7 +118,10 @@ def toy_memory(**options):
 # ---------------------------------------------------------------------------------------------
 def test_temporal_window_neighbours():
     memory = toy_memory(window=1)
-    assert memory.temporal_neighbours("A2") == ["Q2", "Q3"]  # utterance nodes: A_i sits between Q_i and Q_{i+1}
+    assert memory.temporal_neighbours("A2") == [
+        "Q2",
+        "Q3",
+    ]  # utterance nodes: A_i sits between Q_i and Q_{i+1}
     assert memory.temporal_neighbours("Q1") == ["A1"]
     assert memory.temporal_neighbours("A4") == ["Q4"]
     assert toy_memory(window=2).temporal_neighbours("A2") == ["A1", "Q2", "Q3", "A3"]
@@ -107,7 +135,9 @@ def test_graph_edges_hand_computed():
     # 4 shared words -> 4 / sqrt(4 * 5) = 0.894 >= 0.6. Q1-A1 are identical (cosine 1) but adjacent,
     # so not a non-local link. Q4's "user buys lamp": 1 / sqrt(3 * 4) = 0.289 < 0.6 -> no link.
     assert memory.edges() == temporal | {("semantic", "Q1", "A3"), ("semantic", "A1", "A3")}
-    assert memory.semantic_neighbours("A3") == pytest.approx({"Q1": 4 / math.sqrt(20), "A1": 4 / math.sqrt(20)})
+    assert memory.semantic_neighbours("A3") == pytest.approx(
+        {"Q1": 4 / math.sqrt(20), "A1": 4 / math.sqrt(20)}
+    )
     assert memory.semantic_neighbours("Q4") == {}
     # Raising the threshold above 0.894 removes the semantic links, not the temporal ones.
     assert toy_memory(link_threshold=0.9).edges() == temporal
@@ -123,15 +153,17 @@ def test_links_per_cue_keeps_the_nearest_and_the_older_on_ties():
 
 
 def test_semantic_link_between_distant_turns_with_real_embedder():
-    rounds = [("How much is the Chakra Balancing?", "The Chakra Balancing service is $180."),
-              ("Nice weather today.", "It really is, enjoy it!"),
-              ("Hold on one second.", "Of course."),
-              ("Do you have parking?", "Yes, free parking for guests."),
-              ("Sorry, my internet is slow.", "No worries, take your time."),
-              ("Who does it?", "Lena performs the Chakra Balancing on weekends.")]
+    rounds = [
+        ("How much is the Chakra Balancing?", "The Chakra Balancing service is $180."),
+        ("Nice weather today.", "It really is, enjoy it!"),
+        ("Hold on one second.", "Of course."),
+        ("Do you have parking?", "Yes, free parking for guests."),
+        ("Sorry, my internet is slow.", "No worries, take your time."),
+        ("Who does it?", "Lena performs the Chakra Balancing on weekends."),
+    ]
     memory = CueMemory.build(history_of(rounds))
     semantic = {(a, b) for kind, a, b in memory.edges() if kind == "semantic"}
-    assert ("A1", "A6") in semantic              # same entity, five rounds apart
+    assert ("A1", "A6") in semantic  # same entity, five rounds apart
     assert not any("A2" in pair or "A3" in pair for pair in semantic)  # small talk links to nothing
 
 
@@ -160,28 +192,51 @@ def test_rule_extractor_catches_customer_service_facts():
 # ---------------------------------------------------------------------------------------------
 # §4.3 retrieval of planted evidence
 # ---------------------------------------------------------------------------------------------
-DISTRACTORS = [("Thanks, that's helpful.", "You're welcome!"), ("How's your day going?", "Busy but good."),
-               ("Do you sell gift cards?", "Yes, gift cards are available at the front desk."),
-               ("Is there parking nearby?", "Yes, every branch has free parking."),
-               ("Sorry, my internet is slow today.", "No worries, take your time."),
-               ("What are your opening hours?", "We are open from 9 am to 8 pm every day.")]
+DISTRACTORS = [
+    ("Thanks, that's helpful.", "You're welcome!"),
+    ("How's your day going?", "Busy but good."),
+    ("Do you sell gift cards?", "Yes, gift cards are available at the front desk."),
+    ("Is there parking nearby?", "Yes, every branch has free parking."),
+    ("Sorry, my internet is slow today.", "No worries, take your time."),
+    ("What are your opening hours?", "We are open from 9 am to 8 pm every day."),
+]
 
 
 def test_retrieval_finds_planted_evidence():
     filler = [DISTRACTORS[i % len(DISTRACTORS)] for i in range(16)]
-    order = make_record([("Hi, I'm calling about a delivery.", "Sure. I found it: your order number is 48213.")]
-                        + [("I also want a desk lamp.", "The desk lamp costs $45.")] + filler
-                        + [("Where is it going?", "It ships to 12 Cedar Street, Denver.")],
-                        "What was my order number again?", ["A1"])
-    prices = make_record([("How much is the Chakra Balancing?", "The Chakra Balancing is $180.")] + filler[:5]
-                         + [("And the Hot Stone Therapy?", "The Hot Stone Therapy costs $95.")] + filler[5:12],
-                         "Remind me, how much was the Chakra Balancing?", ["A1"])
-    update = make_record([("Please book me for Monday at 3 pm.", "Your appointment is set for Monday at 3 pm.")]
-                         + filler[:9] + [("Can I switch to Friday at 10 am instead?", "Done, your appointment is now Friday at 10 am.")]
-                         + filler[9:12], "When is my appointment now?", ["A11"])
-    pair = make_record(filler[:2] + [("Who performs the Deep Tissue Massage?", "Marco performs the Deep Tissue Massage.")]
-                       + filler[2:10] + [("Where can I find Marco?", "Marco works at the Riverside branch.")] + filler[10:14],
-                       "Who am I seeing for the Deep Tissue Massage, and at which branch?", ["A3", "A12"])
+    order = make_record(
+        [("Hi, I'm calling about a delivery.", "Sure. I found it: your order number is 48213.")]
+        + [("I also want a desk lamp.", "The desk lamp costs $45.")]
+        + filler
+        + [("Where is it going?", "It ships to 12 Cedar Street, Denver.")],
+        "What was my order number again?",
+        ["A1"],
+    )
+    prices = make_record(
+        [("How much is the Chakra Balancing?", "The Chakra Balancing is $180.")]
+        + filler[:5]
+        + [("And the Hot Stone Therapy?", "The Hot Stone Therapy costs $95.")]
+        + filler[5:12],
+        "Remind me, how much was the Chakra Balancing?",
+        ["A1"],
+    )
+    update = make_record(
+        [("Please book me for Monday at 3 pm.", "Your appointment is set for Monday at 3 pm.")]
+        + filler[:9]
+        + [("Can I switch to Friday at 10 am instead?", "Done, your appointment is now Friday at 10 am.")]
+        + filler[9:12],
+        "When is my appointment now?",
+        ["A11"],
+    )
+    pair = make_record(
+        filler[:2]
+        + [("Who performs the Deep Tissue Massage?", "Marco performs the Deep Tissue Massage.")]
+        + filler[2:10]
+        + [("Where can I find Marco?", "Marco works at the Riverside branch.")]
+        + filler[10:14],
+        "Who am I seeing for the Deep Tissue Massage, and at which branch?",
+        ["A3", "A12"],
+    )
     for record in (order, prices, update, pair):
         evidence = cuemem.cuemem_evidence(record)
         assert set(record["recall"]) <= set(evidence), (record["query"], evidence)
@@ -209,17 +264,26 @@ def test_generated_records_recall_and_token_budget():
 def test_no_graph_returns_anchors_only():
     memory = toy_memory()
     # Query shares 3 words with Q1/A1's cue, 3 with A3's: the anchors are Q1, A1, A3.
-    anchors = memory.query("order number 48213", top_k=3, use_graph=False, max_evidence=None, min_relative_score=0)
+    anchors = memory.query(
+        "order number 48213", top_k=3, use_graph=False, max_evidence=None, min_relative_score=0
+    )
     assert [l for l, _ in anchors] == ["Q1", "A1", "A3"]
-    assert [round(s, 4) for _, s in anchors] == [round(3 / math.sqrt(12), 4)] * 2 + [round(3 / math.sqrt(15), 4)]
+    assert [round(s, 4) for _, s in anchors] == [round(3 / math.sqrt(12), 4)] * 2 + [
+        round(3 / math.sqrt(15), 4)
+    ]
     # With the graph, the one-hop neighbours join: temporal (Q3, Q4, Q2) with decay, scores hand-computed.
-    expanded = dict(memory.query("order number 48213", top_k=3, max_evidence=None, min_relative_score=0,
-                                 temporal_decay=0.5))
+    expanded = dict(
+        memory.query(
+            "order number 48213", top_k=3, max_evidence=None, min_relative_score=0, temporal_decay=0.5
+        )
+    )
     assert set(expanded) == {"Q1", "A1", "Q2", "Q3", "A3", "Q4"}
-    assert expanded["Q2"] == pytest.approx(0.5 * 3 / math.sqrt(12))   # neighbour of A1
-    assert expanded["Q4"] == pytest.approx(0.5 * 3 / math.sqrt(15))   # neighbour of A3
+    assert expanded["Q2"] == pytest.approx(0.5 * 3 / math.sqrt(12))  # neighbour of A1
+    assert expanded["Q4"] == pytest.approx(0.5 * 3 / math.sqrt(15))  # neighbour of A3
     # The cap keeps the best-scoring utterances (ties: earlier first), returned in dialogue order.
-    capped = memory.query("order number 48213", top_k=3, max_evidence=2, min_relative_score=0, temporal_decay=0.5)
+    capped = memory.query(
+        "order number 48213", top_k=3, max_evidence=2, min_relative_score=0, temporal_decay=0.5
+    )
     assert [l for l, _ in capped] == ["Q1", "A1"]
 
 
@@ -242,7 +306,7 @@ def test_incremental_equals_batch_on_a_generated_dialogue():
     assert any(kind == "semantic" for kind, _, _ in batch.edges())  # the comparison covers semantic links
     query = dialogue["rounds"][-1]["user"]
     got, expected = incremental.query(query), batch.query(query)
-    assert [label for label, _ in got] == [label for label, _ in expected]   # same evidence, same order
+    assert [label for label, _ in got] == [label for label, _ in expected]  # same evidence, same order
     assert [score for _, score in got] == pytest.approx([score for _, score in expected])
     with pytest.raises(ValueError):
         incremental.add_turn("Q1", "user", "again", 1)
@@ -264,8 +328,13 @@ def test_forget_capacity_removes_oldest_with_cues_and_edges():
 def test_forget_repairs_neighbour_lists():
     table = {"one": [("a", "b", "c d")], "three": [("a", "b", "c d")], "five": [("a", "b", "c e")]}
     rounds = [("one", "-"), ("-", "-"), ("three", "-"), ("-", "-"), ("five", "-")]
-    memory = CueMemory.build(history_of(rounds), extractor=table_extractor(table), embed_fn=BagOfWords(),
-                             links_per_cue=1, link_threshold=0.6)
+    memory = CueMemory.build(
+        history_of(rounds),
+        extractor=table_extractor(table),
+        embed_fn=BagOfWords(),
+        links_per_cue=1,
+        link_threshold=0.6,
+    )
     # "a b c e" vs "a b c d": 3 / 4 = 0.75 to both Q1 and Q3; the tie goes to the older Q1.
     assert memory.semantic_neighbours("Q5") == {"Q1": pytest.approx(0.75)}
     memory.forget(capacity=8)  # drops Q1, A1
@@ -290,26 +359,40 @@ def test_forgetting_through_cuemem_evidence():
 # ---------------------------------------------------------------------------------------------
 # §4.1 the LLM extractor's parser
 # ---------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("output, expected", [
-    ('```json\n[["user", "order number", "#48213"], ["Lena", "works at", "Uptown"]]\n```',
-     [("user", "order number", "#48213"), ("Lena", "works at", "Uptown")]),
-    ("Here are the triples:\n1. (user, order number, #48213)\n2) (Lena, works at, Uptown branch)",
-     [("user", "order number", "#48213"), ("Lena", "works at", "Uptown branch")]),
-    ('[{"subject": "Chakra Balancing", "relation": "costs", "object": "$180"}]',
-     [("Chakra Balancing", "costs", "$180")]),
-    ('{"triples": [["a", "b", "c"]]}', [("a", "b", "c")]),
-    ('Sure! [["a", "b", "c"], "oops", 5, ["x", "y"]] Hope this helps.', [("a", "b", "c")]),
-    ("- user | prefers | window seat\n- this line is garbage\n* Lena; performs; Chakra Balancing",
-     [("user", "prefers", "window seat"), ("Lena", "performs", "Chakra Balancing")]),
-    ('["user", "booked", "Friday 3 pm"]', [("user", "booked", "Friday 3 pm")]),
-    ("(user, booked, Friday) and (user, paid, $45)", [("user", "booked", "Friday"), ("user", "paid", "$45")]),
-    ("I could not find any facts.", []),
-    ("[]", []),
-    ("", []),
-    ('{"a": [', []),
-    ("((((]]]}}}", []),
-    ("[[1, 2]]", []),
-])
+@pytest.mark.parametrize(
+    "output, expected",
+    [
+        (
+            '```json\n[["user", "order number", "#48213"], ["Lena", "works at", "Uptown"]]\n```',
+            [("user", "order number", "#48213"), ("Lena", "works at", "Uptown")],
+        ),
+        (
+            "Here are the triples:\n1. (user, order number, #48213)\n2) (Lena, works at, Uptown branch)",
+            [("user", "order number", "#48213"), ("Lena", "works at", "Uptown branch")],
+        ),
+        (
+            '[{"subject": "Chakra Balancing", "relation": "costs", "object": "$180"}]',
+            [("Chakra Balancing", "costs", "$180")],
+        ),
+        ('{"triples": [["a", "b", "c"]]}', [("a", "b", "c")]),
+        ('Sure! [["a", "b", "c"], "oops", 5, ["x", "y"]] Hope this helps.', [("a", "b", "c")]),
+        (
+            "- user | prefers | window seat\n- this line is garbage\n* Lena; performs; Chakra Balancing",
+            [("user", "prefers", "window seat"), ("Lena", "performs", "Chakra Balancing")],
+        ),
+        ('["user", "booked", "Friday 3 pm"]', [("user", "booked", "Friday 3 pm")]),
+        (
+            "(user, booked, Friday) and (user, paid, $45)",
+            [("user", "booked", "Friday"), ("user", "paid", "$45")],
+        ),
+        ("I could not find any facts.", []),
+        ("[]", []),
+        ("", []),
+        ('{"a": [', []),
+        ("((((]]]}}}", []),
+        ("[[1, 2]]", []),
+    ],
+)
 def test_parse_triples_messy_output(output, expected):
     assert cuemem.parse_triples(output) == [Triple(*t) for t in expected]
 
@@ -329,8 +412,11 @@ def test_llm_extractor_builds_memory_and_caches():
         return '```\n[["user", "order number", "48213"]]\n```' if "48213" in text else "No facts here."
 
     extractor = cuemem.LLMExtractor(fake_llm)
-    memory = CueMemory.build(history_of([("My order is 48213.", "Thanks."), ("Thanks.", "My order is 48213.")]),
-                             extractor=extractor, embed_fn=BagOfWords())
+    memory = CueMemory.build(
+        history_of([("My order is 48213.", "Thanks."), ("Thanks.", "My order is 48213.")]),
+        extractor=extractor,
+        embed_fn=BagOfWords(),
+    )
     assert [c.label for c in memory.cues] == ["Q1", "A2"]
     assert len(calls) == 4  # (user, "Thanks.") and (assistant, "Thanks.") differ; repeats hit the cache
     extractor("My order is 48213.", "user")
@@ -348,15 +434,19 @@ def test_build_answer_messages():
     user = messages[1]["content"]
     assert re.findall(r"^([QA]\d+): ", user, re.M) == ["Q1", "A3"]  # dialogue order, only the evidence
     assert "Q5" in user and "When does order 48213 ship?" in user and "Final answer:" in user
-    assert "more recent" not in cuemem.build_answer_messages(record, ["A3"], prioritize_recent=False)[0]["content"]
+    assert (
+        "more recent"
+        not in cuemem.build_answer_messages(record, ["A3"], prioritize_recent=False)[0]["content"]
+    )
     assert "(none)" in cuemem.build_answer_messages(record, [])[1]["content"]
 
 
 def test_answer_calls_generate_with_evidence_only():
     memory = toy_memory()
     seen = []
-    completion, labels = memory.answer("order number 48213", lambda m: seen.append(m) or "Final answer: 48213",
-                                       top_k=1, use_graph=False)
+    completion, labels = memory.answer(
+        "order number 48213", lambda m: seen.append(m) or "Final answer: 48213", top_k=1, use_graph=False
+    )
     assert labels == ["Q1"] and completion == "Final answer: 48213"
     assert "Q1: My order number is 48213." in seen[0][1]["content"]
     assert "Lamp" not in seen[0][1]["content"] and "Query (Q5)" in seen[0][1]["content"]
@@ -375,8 +465,22 @@ def cli_records():
 def test_cli_retrieval_only_and_resume(tmp_path):
     data = write_records(tmp_path / "test.jsonl", cli_records())
     out = tmp_path / "out"
-    assert cuemem.main(["--data", str(data), "--out", str(out), "--retrieval-only", "--model", "tiny-random",
-                        "--limit", "2"]) is None
+    assert (
+        cuemem.main(
+            [
+                "--data",
+                str(data),
+                "--out",
+                str(out),
+                "--retrieval-only",
+                "--model",
+                "tiny-random",
+                "--limit",
+                "2",
+            ]
+        )
+        is None
+    )
     summary = json.loads((out / "summary.json").read_text())
     rows = [json.loads(l) for l in (out / "predictions.jsonl").read_text().splitlines()]
     assert [r["id"] for r in rows] == ["hand-4", "hand-5"]
@@ -386,7 +490,9 @@ def test_cli_retrieval_only_and_resume(tmp_path):
     expected = sum(r["input_tokens"] for r in rows) / sum(r["full_input_tokens"] for r in rows)
     assert summary["token_fraction"] == pytest.approx(expected)
     assert json.loads((out / "config.json").read_text())["top_k"] == cuemem.TOP_K
-    cuemem.main(["--data", str(data), "--out", str(out), "--retrieval-only", "--model", "tiny-random", "--resume"])
+    cuemem.main(
+        ["--data", str(data), "--out", str(out), "--retrieval-only", "--model", "tiny-random", "--resume"]
+    )
     summary = json.loads((out / "summary.json").read_text())
     rows = [json.loads(l) for l in (out / "predictions.jsonl").read_text().splitlines()]
     assert [r["id"] for r in rows] == ["hand-4", "hand-5", "hand-6"] and summary["n"] == 3
@@ -404,8 +510,20 @@ def test_cli_bad_data_is_one_line_error(tmp_path):
 def test_cli_answers_with_tiny_random_and_compares_full(tmp_path):
     data = write_records(tmp_path / "test.jsonl", cli_records()[:1])
     out = tmp_path / "out"
-    cuemem.main(["--data", str(data), "--out", str(out), "--model", "tiny-random",
-                 "--compare-full", "--max-new-tokens", "3", "--no-priority"])
+    cuemem.main(
+        [
+            "--data",
+            str(data),
+            "--out",
+            str(out),
+            "--model",
+            "tiny-random",
+            "--compare-full",
+            "--max-new-tokens",
+            "3",
+            "--no-priority",
+        ]
+    )
     summary = json.loads((out / "summary.json").read_text())
     row = json.loads((out / "predictions.jsonl").read_text())
     assert {"answer", "completion", "f1", "latency_s", "full_latency_s", "full_f1"} <= set(row)
@@ -417,15 +535,23 @@ def test_cli_answers_with_tiny_random_and_compares_full(tmp_path):
 def test_preset_applies_and_flags_win(tmp_path):
     data = write_records(tmp_path / "test.jsonl", cli_records())
     out = tmp_path / "out"
-    cuemem.main(["--data", str(data), "--out", str(out), "--retrieval-only", "--preset", "cpu-demo", "--top-k", "3"])
+    cuemem.main(
+        ["--data", str(data), "--out", str(out), "--retrieval-only", "--preset", "cpu-demo", "--top-k", "3"]
+    )
     config = json.loads((out / "config.json").read_text())
-    assert (config["preset"], config["limit"], config["max_new_tokens"], config["top_k"]) == ("cpu-demo", 50, 48, 3)
+    assert (config["preset"], config["limit"], config["max_new_tokens"], config["top_k"]) == (
+        "cpu-demo",
+        50,
+        48,
+        3,
+    )
 
 
 def test_cuemem_imports_nothing_from_evaluate():
     """evaluate.py imports cuemem for its `cuemem` method; the reverse would be a cycle."""
     import ast
+
     tree = ast.parse(Path(cuemem.__file__).read_text())
     modules = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     modules |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
-    assert "evaluate" not in modules and "metrics" in modules
+    assert "evaluate" not in modules and "srt.metrics" in modules

@@ -1,5 +1,6 @@
 """Stage 0 (§3.2): Eq. (2), the synthetic generator's planted ground truth, the verification
 filter, deduplication, splits and bad input."""
+
 import copy
 import json
 import math
@@ -10,8 +11,9 @@ from pathlib import Path
 import pytest
 
 import stage0_build as s0
-from data_io import DataError, bucket_of, read_jsonl, validate_record, write_jsonl
-from synthetic import generate_synthetic
+from srt import prompt
+from srt.data_io import DataError, bucket_of, read_jsonl, validate_record, write_jsonl
+from srt.synthetic import generate_synthetic
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -99,8 +101,12 @@ def test_long_range_confusers_and_updates_occur():
 def test_four_domains_and_varied_phrasing():
     dialogues = generate_synthetic(200, seed=1)
     assert {d["domain"] for d in dialogues} == {"spa", "shop", "travel", "telecom"}
-    order_questions = {r["user"] for d in dialogues for r in d["rounds"]
-                       if r.get("gold", {}).get("query_type") == "single" and "order number" in r["user"]}
+    order_questions = {
+        r["user"]
+        for d in dialogues
+        for r in d["rounds"]
+        if r.get("gold", {}).get("query_type") == "single" and "order number" in r["user"]
+    }
     assert len(order_questions) >= 2
 
 
@@ -119,7 +125,9 @@ def test_stats_written(built):
     records = all_records(built)
     equal = sum(set(r["pruned"]) == set(r["recall"]) for r in records) / len(records)
     assert stats["share_pruned_equals_recall"] == round(equal, 3)
-    assert stats["mean_pruned_over_history"] == round(sum(len(r["pruned"]) / len(r["history"]) for r in records) / len(records), 3)
+    assert stats["mean_pruned_over_history"] == round(
+        sum(len(r["pruned"]) / len(r["history"]) for r in records) / len(records), 3
+    )
     assert stats["share_key_outside_recall"] == 0
 
 
@@ -149,7 +157,9 @@ def test_verification_drops_tampered_records(built):
     assert s0.verify_record(missing) == "inconsistent_reasoning"
     altered = copy.deepcopy(r)  # a tag that no longer copies its turn verbatim
     first = next(u for u in r["history"] if u["label"] == r["recall"][0])
-    altered["reasoning"] = altered["reasoning"].replace(s0.his_tag(first), f"<HIS>{first['label']}: something else</HIS>")
+    altered["reasoning"] = altered["reasoning"].replace(
+        prompt.his_tag(first), f"<HIS>{first['label']}: something else</HIS>"
+    )
     assert altered["reasoning"] != r["reasoning"]
     assert s0.verify_record(altered) == "inconsistent_reasoning"
     outside = copy.deepcopy(r)
@@ -183,8 +193,21 @@ def test_malformed_source_names_file_line_field(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     (out / "train.jsonl").write_text("precious\n")
-    proc = subprocess.run([sys.executable, str(ROOT / "stage0_build.py"), "--source", "jsonl", "--input", str(src),
-                           "--out", str(out), "--quiet"], capture_output=True, text=True)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "stage0_build.py"),
+            "--source",
+            "jsonl",
+            "--input",
+            str(src),
+            "--out",
+            str(out),
+            "--quiet",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 1 and len(proc.stderr.strip().splitlines()) == 1
     assert f"{src}:6: field 'rounds[2].assistant'" in proc.stderr
     assert (out / "train.jsonl").read_text() == "precious\n"  # nothing already written is lost
@@ -210,14 +233,14 @@ def test_atomic_write_leaves_no_temp_files(tmp_path):
 
 def test_prompt_and_target_format(built):
     r = next(r for r in all_records(built) if r["recall"])
-    msgs = s0.build_messages(r, keep=set(r["pruned"]))
-    assert msgs[0]["content"] == s0.SRT_SYSTEM_PROMPT and r["query"] in msgs[1]["content"]
+    msgs = prompt.build_messages(r, keep=set(r["pruned"]))
+    assert msgs[0]["content"] == prompt.SRT_SYSTEM_PROMPT and r["query"] in msgs[1]["content"]
     dropped = [u for u in r["history"] if u["label"] not in r["pruned"]]
     for u in dropped:
         assert f"{u['label']}: {u['text']}" not in msgs[1]["content"]
-    target = s0.format_target(r)
+    target = prompt.format_target(r)
     assert target.startswith("<think>\n1. Analyze Query:") and "</think>\nFinal answer: " in target
-    assert s0.format_target(r, with_reasoning=False) == f"Final answer: {r['answer']}"
+    assert prompt.format_target(r, with_reasoning=False) == f"Final answer: {r['answer']}"
 
 
 def test_preset_defaults_and_explicit_flags_win(built):

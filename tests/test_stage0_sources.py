@@ -5,6 +5,7 @@ LoCoMo's H* = evidence, its split groups, and a LoCoMo file at the release's sca
 
 Eq. (2) needs only cosines, so a hashing bag-of-words embedder stands in for all-MiniLM-L6-v2
 (tests/test_stage0.py runs the real one on the synthetic corpus)."""
+
 import json
 import random
 import re
@@ -12,13 +13,22 @@ import zlib
 
 import numpy as np
 import pytest
+from test_corpora import (
+    PLANTED,
+    chitchat_fixture,
+    coqa_fixture,
+    dailydialog_fixture,
+    jsonl_fixture,
+    locomo_fixture,
+    mgshopdial_fixture,
+    multiwoz_fixture,
+    redial_fixture,
+)
+from test_teacher import KEY, ChatServer
 
 import stage0_build as s0
-import teacher as T
-from data_io import read_jsonl, validate_record
-from test_corpora import (PLANTED, chitchat_fixture, coqa_fixture, dailydialog_fixture, jsonl_fixture, locomo_fixture,
-                          mgshopdial_fixture, multiwoz_fixture, redial_fixture)
-from test_teacher import KEY, ChatServer
+from srt import teacher as T
+from srt.data_io import read_jsonl, validate_record
 
 SPLITS = ("train", "dev", "test")
 
@@ -67,8 +77,22 @@ SOURCES = {  # source -> (fixture writer, flags its fixture needs)
 def build(out, source, path, *flags):
     """stage0 on a tiny fixture: the §3.2 length filter and Eq. (2)'s selection relaxed so that
     every query round reaches the teacher."""
-    s0.main(["--source", source, "--path", str(path), "--out", str(out), "--min-rounds", "2",
-             "--threshold", "0.3", "--quiet", *flags])
+    s0.main(
+        [
+            "--source",
+            source,
+            "--path",
+            str(path),
+            "--out",
+            str(out),
+            "--min-rounds",
+            "2",
+            "--threshold",
+            "0.3",
+            "--quiet",
+            *flags,
+        ]
+    )
     records = [r for split in SPLITS for r in read_jsonl(out / f"{split}.jsonl")]
     return records, json.loads((out / "stats.json").read_text())
 
@@ -97,12 +121,26 @@ def test_each_source_end_to_end(tmp_path, monkeypatch, source):
 
     monkeypatch.setenv("SRT_TEST_KEY", KEY)
     with ChatServer(default=reads_its_prompt) as server:
-        records, stats = build(tmp_path / "api", source, path, *flags, "--teacher", "api:test-model",
-                               "--api-base", server.base, "--api-key-env", "SRT_TEST_KEY", "--max-concurrency", "2")
+        records, stats = build(
+            tmp_path / "api",
+            source,
+            path,
+            *flags,
+            "--teacher",
+            "api:test-model",
+            "--api-base",
+            server.base,
+            "--api-key-env",
+            "SRT_TEST_KEY",
+            "--max-concurrency",
+            "2",
+        )
     assert records and accounted(stats) and stats["teacher"]["requests"] == len(server.requests) > 0
     for r in records:
         validate_record(r)
-        assert r["source"] == source and r["meta"]["teacher"] == "api:test-model" and s0.verify_record(r) is None
+        assert (
+            r["source"] == source and r["meta"]["teacher"] == "api:test-model" and s0.verify_record(r) is None
+        )
         assert r["meta"]["reference_answer"] and r["meta"]["reasoning_source"] == "teacher"
         if r["recall"] and not r["answer_keys"]:
             assert r["meta"]["grounding"]["grounded"] or r["meta"].get("derived_answer")
@@ -113,7 +151,14 @@ def test_each_source_end_to_end(tmp_path, monkeypatch, source):
 def test_api_teacher_second_run_from_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("SRT_TEST_KEY", KEY)
     path = locomo_fixture(tmp_path)
-    flags = ["--teacher", "api:test-model", "--api-key-env", "SRT_TEST_KEY", "--teacher-cache", str(tmp_path / "cache")]
+    flags = [
+        "--teacher",
+        "api:test-model",
+        "--api-key-env",
+        "SRT_TEST_KEY",
+        "--teacher-cache",
+        str(tmp_path / "cache"),
+    ]
     with ChatServer(default=reads_its_prompt) as server:
         first, stats = build(tmp_path / "a", "locomo", path, *flags, "--api-base", server.base)
         paid = len(server.requests)
@@ -123,7 +168,9 @@ def test_api_teacher_second_run_from_cache(tmp_path, monkeypatch):
         assert len(server.requests) == 0
     assert stats["teacher"] == {"name": "api:test-model", "cache_hits": 9, "annotated": 9}
     for split in SPLITS:
-        assert (tmp_path / "a" / f"{split}.jsonl").read_bytes() == (tmp_path / "b" / f"{split}.jsonl").read_bytes()
+        assert (tmp_path / "a" / f"{split}.jsonl").read_bytes() == (
+            tmp_path / "b" / f"{split}.jsonl"
+        ).read_bytes()
     for r in second:  # the teacher wrote Z, but H* is LoCoMo's evidence
         assert r["recall"] == evidence_labels(r)
 
@@ -131,8 +178,27 @@ def test_api_teacher_second_run_from_cache(tmp_path, monkeypatch):
 def test_api_teacher_on_real_chitchat_runs_concurrently_across_dialogues(tmp_path):
     """One query per dialogue: the requests of different dialogues are in flight together."""
     with ChatServer([("sleep", 0.2)] * 12, default=reads_its_prompt) as server:
-        s0.main(["--source", "chitchat", "--limit", "12", "--out", str(tmp_path), "--min-rounds", "2", "--threshold", "0.3", "--quiet",
-                 "--teacher", "api:m", "--api-base", server.base, "--max-concurrency", "4"])
+        s0.main(
+            [
+                "--source",
+                "chitchat",
+                "--limit",
+                "12",
+                "--out",
+                str(tmp_path),
+                "--min-rounds",
+                "2",
+                "--threshold",
+                "0.3",
+                "--quiet",
+                "--teacher",
+                "api:m",
+                "--api-base",
+                server.base,
+                "--max-concurrency",
+                "4",
+            ]
+        )
     stats = json.loads((tmp_path / "stats.json").read_text())
     assert len(server.requests) == stats["teacher"]["requests"] >= 10 and server.max_in_flight > 1
     assert stats["queries"] > 0 and accounted(stats)
@@ -140,8 +206,17 @@ def test_api_teacher_on_real_chitchat_runs_concurrently_across_dialogues(tmp_pat
 
 def test_api_failures_are_counted_drops(tmp_path, monkeypatch):
     with ChatServer(["malformed", 400]) as server:
-        records, stats = build(tmp_path / "x", "coqa", coqa_fixture(tmp_path), "--teacher", "api:test-model",
-                               "--api-base", server.base, "--max-concurrency", "1")
+        records, stats = build(
+            tmp_path / "x",
+            "coqa",
+            coqa_fixture(tmp_path),
+            "--teacher",
+            "api:test-model",
+            "--api-base",
+            server.base,
+            "--max-concurrency",
+            "1",
+        )
     assert records == [] and len(server.requests) == 2 and accounted(stats)
     assert stats["dropped"]["teacher:malformed_response"] == 1 and stats["dropped"]["teacher:http_400"] == 1
 
@@ -150,20 +225,46 @@ def test_ungrounded_teacher_answer_is_dropped_unless_derived(tmp_path, monkeypat
     """No answer keys: §3.2's string matching between A* and H* decides; a LoCoMo answer (derived
     from session dates) that fails it is kept and reported."""
     invent = "RECALL:\nTurn Q1: '{q1}'\nANALYSIS: x\nREASONING: y\nANSWER: Zanzibar on 31 March"
-    with ChatServer(default=lambda body: invent.format(
-            q1=re.search(r"^Q1: (.+)$", body["messages"][1]["content"], re.M)[1])) as server:
-        records, stats = build(tmp_path / "m", "multiwoz", multiwoz_fixture(tmp_path)[0], "--teacher", "api:m",
-                               "--api-base", server.base)
+    with ChatServer(
+        default=lambda body: invent.format(
+            q1=re.search(r"^Q1: (.+)$", body["messages"][1]["content"], re.M)[1]
+        )
+    ) as server:
+        records, stats = build(
+            tmp_path / "m",
+            "multiwoz",
+            multiwoz_fixture(tmp_path)[0],
+            "--teacher",
+            "api:m",
+            "--api-base",
+            server.base,
+        )
         assert records == [] and stats["dropped"]["verification:ungrounded_answer_words"] == 1
-        records, stats = build(tmp_path / "l", "locomo", locomo_fixture(tmp_path), "--teacher", "api:m",
-                               "--api-base", server.base)
-    assert len(records) == 9 and stats["ungrounded_kept_as_derived"] == sum(bool(r["recall"]) for r in records)
+        records, stats = build(
+            tmp_path / "l",
+            "locomo",
+            locomo_fixture(tmp_path),
+            "--teacher",
+            "api:m",
+            "--api-base",
+            server.base,
+        )
+    assert len(records) == 9 and stats["ungrounded_kept_as_derived"] == sum(
+        bool(r["recall"]) for r in records
+    )
     assert all(r["answer"] == "Zanzibar on 31 March" for r in records)
 
 
 def test_hf_tiny_random_counts_and_drops_unreadable(tmp_path, one_thread):
-    records, stats = build(tmp_path / "hf", "coqa", coqa_fixture(tmp_path), "--teacher", "hf:tiny-random",
-                           "--teacher-max-new-tokens", "8")
+    records, stats = build(
+        tmp_path / "hf",
+        "coqa",
+        coqa_fixture(tmp_path),
+        "--teacher",
+        "hf:tiny-random",
+        "--teacher-max-new-tokens",
+        "8",
+    )
     rejected = {k: v for k, v in stats["dropped"].items() if k.startswith("teacher:")}
     assert records == [] and sum(rejected.values()) == 2 == stats["teacher"]["requests"]
     assert accounted(stats)
@@ -171,7 +272,11 @@ def test_hf_tiny_random_counts_and_drops_unreadable(tmp_path, one_thread):
 
 def test_flags(tmp_path):
     assert s0.parse_args(["--source", "jsonl", "--input", "x.jsonl"]).path == "x.jsonl"
-    for argv in (["--source", "coqa"], ["--teacher", "gpt-4"], ["--source", "multiwoz", "--path", "x", "--queries", "qa"]):
+    for argv in (
+        ["--source", "coqa"],
+        ["--teacher", "gpt-4"],
+        ["--source", "multiwoz", "--path", "x", "--queries", "qa"],
+    ):
         with pytest.raises(SystemExit):
             s0.parse_args(argv)
     assert s0.parse_args(["--source", "chitchat"]).path is None  # the installed package
@@ -182,7 +287,10 @@ def evidence_labels(record):
     """The history labels whose utterance holds an evidence turn of the record's question (the
     fixture's PLANTED texts, or locomo_release's <conversation/dia_id> marks)."""
     conversation = record["meta"]["conversation_id"]
-    wanted = [PLANTED[i] if conversation == "conv-1" else f"<{conversation}/{i}>" for i in record["meta"]["evidence"]]
+    wanted = [
+        PLANTED[i] if conversation == "conv-1" else f"<{conversation}/{i}>"
+        for i in record["meta"]["evidence"]
+    ]
     return [u["label"] for u in record["history"] if any(w in u["text"] for w in wanted)]
 
 
@@ -191,8 +299,14 @@ def test_locomo_oracle_h_star_is_the_evidence_and_eq2_only_scores(tmp_path):
     assert len(records) == 9 and "dependency_selection" not in stats["dropped"]  # corpus H* is exempt
     for r in records:
         assert r["recall"] == evidence_labels(r) and r["meta"]["reasoning_source"] == "template"
-        assert set(r["pruned"]) >= set(r["recall"]) and set(r["meta"]["scores"]) == {u["label"] for u in r["history"]}
-        assert r["meta"]["derived_answer"] and r["meta"]["category"] in range(1, 6) and r["meta"]["window"]["how"]
+        assert set(r["pruned"]) >= set(r["recall"]) and set(r["meta"]["scores"]) == {
+            u["label"] for u in r["history"]
+        }
+        assert (
+            r["meta"]["derived_answer"]
+            and r["meta"]["category"] in range(1, 6)
+            and r["meta"]["window"]["how"]
+        )
     assert stats["grounding_checked"] == sum(bool(r["recall"]) for r in records)
 
 
@@ -210,15 +324,22 @@ def locomo_release(path, conversations=10, sessions=30, turns=20, questions=1986
         for s in range(1, sessions + 1):
             conversation[f"session_{s}_date_time"] = f"{1 + s % 12}:{s:02d} pm on {1 + s % 28} May, 2023"
             conversation[f"session_{s}"] = [
-                {"speaker": (a, b)[k % 2], "dia_id": f"D{s}:{k + 1}",
-                 "text": f"Line {k + 1} of session {s} in chat {c} <chat-{c}/D{s}:{k + 1}>",
-                 **({"blip_caption": "a photo of a lake"} if k == 9 else {})} for k in range(turns)]
+                {
+                    "speaker": (a, b)[k % 2],
+                    "dia_id": f"D{s}:{k + 1}",
+                    "text": f"Line {k + 1} of session {s} in chat {c} <chat-{c}/D{s}:{k + 1}>",
+                    **({"blip_caption": "a photo of a lake"} if k == 9 else {}),
+                }
+                for k in range(turns)
+            ]
         qa = []
         for _ in range(questions // conversations + (c < questions % conversations)):
             category = rng.choices([1, 2, 3, 4, 5], [282, 321, 96, 841, 446])[0]
             s = rng.randint(1, sessions)
-            ids = [f"D{s}:{rng.randint(1, turns)}"] + [f"D{rng.randint(1, sessions)}:{rng.randint(1, turns)}"
-                                                     for _ in range(rng.randint(0, 2) if category == 1 else 0)]
+            ids = [f"D{s}:{rng.randint(1, turns)}"] + [
+                f"D{rng.randint(1, sessions)}:{rng.randint(1, turns)}"
+                for _ in range(rng.randint(0, 2) if category == 1 else 0)
+            ]
             evidence = [] if category == 3 and rng.random() < 0.3 else ids
             style = rng.random()
             if n in broken_at:
@@ -230,8 +351,14 @@ def locomo_release(path, conversations=10, sessions=30, turns=20, questions=1986
             elif evidence and style < 0.35:
                 evidence = ["D:" + evidence[0][1:]] + evidence[1:]
             answer = rng.choice([f"in session {s}", 2023, "a lake"])
-            qa.append({"question": f"Question {n} about chat {c}?", "evidence": evidence, "category": category,
-                       **({"adversarial_answer": str(answer)} if category == 5 else {"answer": answer})})
+            qa.append(
+                {
+                    "question": f"Question {n} about chat {c}?",
+                    "evidence": evidence,
+                    "category": category,
+                    **({"adversarial_answer": str(answer)} if category == 5 else {"answer": answer}),
+                }
+            )
             n += 1
         samples.append({"sample_id": f"chat-{c}", "conversation": conversation, "qa": qa})
     path.write_text(json.dumps(samples))
@@ -239,8 +366,12 @@ def locomo_release(path, conversations=10, sessions=30, turns=20, questions=1986
 
 
 def test_locomo_conversations_never_span_splits_nor_dedup_each_other(tmp_path):
-    path = locomo_release(tmp_path / "locomo10.json", conversations=4, sessions=2, turns=10, questions=40, broken=0)
-    records, stats = build(tmp_path / "o", "locomo", path, "--dev-fraction", "0.25", "--test-fraction", "0.25")
+    path = locomo_release(
+        tmp_path / "locomo10.json", conversations=4, sessions=2, turns=10, questions=40, broken=0
+    )
+    records, stats = build(
+        tmp_path / "o", "locomo", path, "--dev-fraction", "0.25", "--test-fraction", "0.25"
+    )
     assert len(records) == 40 and stats["dropped"]["deduplication"] == 0
     owner = {}
     for split in SPLITS:
@@ -250,7 +381,9 @@ def test_locomo_conversations_never_span_splits_nor_dedup_each_other(tmp_path):
     dialogues, _ = s0.load_corpus("locomo", path)
     for d in dialogues:
         del d["meta"]
-    assert s0.deduplicate(dialogues)[1] > 30  # whole-conversation windows: near-identical but for the question
+    assert (
+        s0.deduplicate(dialogues)[1] > 30
+    )  # whole-conversation windows: near-identical but for the question
 
 
 def test_locomo_release_scale_converts_every_resolvable_question(tmp_path):
@@ -262,5 +395,7 @@ def test_locomo_release_scale_converts_every_resolvable_question(tmp_path):
     assert stats["queries"] == len(records) == 1980 and set(stats["dropped"]) == {"deduplication", "length"}
     assert all(r["recall"] == evidence_labels(r) and len(r["history"]) <= 62 for r in records)
     assert stats["dialogues_per_split"]["test"] and len({r["meta"]["split_group"] for r in records}) == 10
-    print(f"LoCoMo at release scale: {stats['queries']} of {report['qa_read']} questions converted; "
-          f"dropped {stats['dropped']}; report {report}")
+    print(
+        f"LoCoMo at release scale: {stats['queries']} of {report['qa_read']} questions converted; "
+        f"dropped {stats['dropped']}; report {report}"
+    )

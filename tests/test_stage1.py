@@ -1,5 +1,6 @@
 """Stage 1 (§3.3): the loader, Eq. (3) masking and loss, the two phases, truncation, resume, DDP.
 Everything runs on the tiny random Llama; records are built by hand."""
+
 import json
 import os
 import subprocess
@@ -9,13 +10,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from records import hand_record
 from safetensors.torch import load_file
 
-import modeling
 import stage1_sft
-from data_io import write_jsonl
-from stage0_build import format_target, render_prompt
-from records import hand_record
+from srt import modeling
+from srt.data_io import write_jsonl
+from srt.prompt import format_target, render_prompt
 from stage1_sft import IGNORE_INDEX, build_example, collate, load_model_and_tokenizer, sft_loss_sums
 
 REPO = Path(__file__).resolve().parents[1]
@@ -35,8 +36,23 @@ def write_records(tmp_path, records) -> str:
 
 
 def run_args(data, out, *extra):
-    return stage1_sft.parse_args(["--model", "tiny-random", "--data", data, "--out", str(out), "--dtype", "float32",
-                                  "--warmup-steps", "0", "--log-every", "1", *extra])
+    return stage1_sft.parse_args(
+        [
+            "--model",
+            "tiny-random",
+            "--data",
+            data,
+            "--out",
+            str(out),
+            "--dtype",
+            "float32",
+            "--warmup-steps",
+            "0",
+            "--log-every",
+            "1",
+            *extra,
+        ]
+    )
 
 
 def read_metrics(out):
@@ -92,9 +108,15 @@ def test_labels_mask_exactly_the_prompt_and_loss_is_hand_nll(tiny):
                 for key in ("all", part):
                     nll[key] += token_nll
                     counts[key] += 1
-    assert got["tokens"].item() == counts["all"] == sum(len(e["input_ids"]) - e["labels"].count(IGNORE_INDEX)
-                                                       for e in examples)
-    assert got["answer_tokens"].item() == counts["answer"] and got["reasoning_tokens"].item() == counts["reasoning"]
+    assert (
+        got["tokens"].item()
+        == counts["all"]
+        == sum(len(e["input_ids"]) - e["labels"].count(IGNORE_INDEX) for e in examples)
+    )
+    assert (
+        got["answer_tokens"].item() == counts["answer"]
+        and got["reasoning_tokens"].item() == counts["reasoning"]
+    )
     assert got["nll"].item() == pytest.approx(nll["all"], rel=1e-5)
     assert got["reasoning_nll"].item() == pytest.approx(nll["reasoning"], rel=1e-5)
     assert got["answer_nll"].item() == pytest.approx(nll["answer"], rel=1e-5)
@@ -110,7 +132,9 @@ def test_labels_mask_exactly_the_prompt_and_loss_is_hand_nll(tiny):
 def test_phase1_sees_pruned_history_and_phase2_the_full_one(tmp_path, tiny):
     _, tok = tiny
     records = [make_record(i) for i in range(4)]
-    args = run_args(write_records(tmp_path, records), tmp_path / "out", "--max-steps", "4", "--batch-size", "2")
+    args = run_args(
+        write_records(tmp_path, records), tmp_path / "out", "--max-steps", "4", "--batch-size", "2"
+    )
     plan = stage1_sft.phase_plan(argparse_ns(args, world_size=1), {1: 4, 2: 4})
     assert plan == [(1, 2), (2, 2)]
     for phase in (1, 2):
@@ -119,7 +143,7 @@ def test_phase1_sees_pruned_history_and_phase2_the_full_one(tmp_path, tiny):
         assert sorted(e["id"] for e in seen) == sorted(r["id"] for r in records)  # one epoch = every record
         for ex in seen:
             rec = next(r for r in records if r["id"] == ex["id"])
-            prompt = tok.decode(ex["input_ids"][:ex["labels"].count(IGNORE_INDEX)])
+            prompt = tok.decode(ex["input_ids"][: ex["labels"].count(IGNORE_INDEX)])
             assert prompt == ex["prompt"]
             for turn in rec["history"]:
                 shown = f"{turn['label']}: {turn['text']}" in prompt
@@ -145,12 +169,15 @@ def test_truncation_drops_the_oldest_turns_whatever_they_are_and_never_the_query
         assert tok.decode(ex["input_ids"][n_prompt:]) == format_target(rec) + "<|im_end|>"
         assert ex["prompt"].rstrip().endswith(f"{rec['query']}<|im_end|>\n<|im_start|>assistant")
         shown = [t for t in rec["history"] if f"{t['label']}: {t['text']}\n" in ex["prompt"] + "\n"]
-        assert shown == rec["history"][ex["dropped"]:]  # a suffix: no old turn survives for being gold
+        assert shown == rec["history"][ex["dropped"] :]  # a suffix: no old turn survives for being gold
         # Minimal: keeping one more (the newest dropped) turn would not fit.
-        back = rec["history"][ex["dropped"] - 1:]
+        back = rec["history"][ex["dropped"] - 1 :]
         target_len = len(ex["input_ids"]) - n_prompt
-        assert len(tok(render_prompt(tok, rec, history=back), add_special_tokens=False)["input_ids"]) \
-            + target_len > max_length
+        assert (
+            len(tok(render_prompt(tok, rec, history=back), add_special_tokens=False)["input_ids"])
+            + target_len
+            > max_length
+        )
     # The same dialogue with an old gold turn: cutting it would leave a target that cites a turn the
     # prompt lost, so the record is dropped instead of its gold turn protected.
     old_gold = make_record(5, rounds=12, recall=("Q1", "A9"))
@@ -159,7 +186,9 @@ def test_truncation_drops_the_oldest_turns_whatever_they_are_and_never_the_query
     # Without reasoning (w/o CoT) the target cites nothing: the truncated example is kept.
     assert build_example(tok, old_gold, phase=2, max_length=len(full["input_ids"]) - 40, with_reasoning=False)
     # Not even the H* turns fit: no example, and PhaseData substitutes the next record and counts it.
-    assert build_example(tok, rec, phase=2, max_length=len(full["input_ids"]) - len(full["prompt"]) // 2) is None
+    assert (
+        build_example(tok, rec, phase=2, max_length=len(full["input_ids"]) - len(full["prompt"]) // 2) is None
+    )
     small = make_record(6, rounds=3, recall=("Q1",), pruned_extra=())
     limit = len(build_example(tok, small, phase=2, max_length=100_000)["input_ids"])
     data = stage1_sft.PhaseData(tok, [rec, small], 2, limit, True, seed=0, global_batch=2)
@@ -169,8 +198,11 @@ def test_truncation_drops_the_oldest_turns_whatever_they_are_and_never_the_query
 # ---------------------------------------------------------------------------------------------- learning
 def test_tiny_model_overfits_a_handful_of_records(tmp_path):
     data = write_records(tmp_path, [make_record(i) for i in range(2)])
-    stage1_sft.train(run_args(data, tmp_path / "out", "--phase", "2", "--max-steps", "30", "--lr", "5e-3",
-                              "--batch-size", "2"))
+    stage1_sft.train(
+        run_args(
+            data, tmp_path / "out", "--phase", "2", "--max-steps", "30", "--lr", "5e-3", "--batch-size", "2"
+        )
+    )
     losses = [m["loss"] for m in read_metrics(tmp_path / "out")]
     assert len(losses) == 30 and losses[-1] < losses[0] / 5
     metrics = read_metrics(tmp_path / "out")[-1]
@@ -187,16 +219,27 @@ def test_tiny_model_overfits_a_handful_of_records(tmp_path):
     held_out = [make_record(7, rounds=2, recall=("Q1",)), make_record(8, rounds=6)]
     eval_path = tmp_path / "dev.jsonl"
     write_jsonl(eval_path, held_out)
-    args = run_args(data, tmp_path / "out", "--eval-data", str(eval_path), "--eval-limit", "2",
-                    "--eval-max-new-tokens", "6")
+    args = run_args(
+        data,
+        tmp_path / "out",
+        "--eval-data",
+        str(eval_path),
+        "--eval-limit",
+        "2",
+        "--eval-max-new-tokens",
+        "6",
+    )
     result = stage1_sft.evaluate_format(reloaded, reloaded_tok, args, "cpu", None)
     assert result["n"] == 2 and json.loads((tmp_path / "out" / "eval_format.json").read_text()) == result
-    import reward
+    from srt.completion import is_valid_format
+
     for rec, sample in zip(held_out, result["samples"]):
         ids = reloaded_tok(render_prompt(reloaded_tok, rec), return_tensors="pt", add_special_tokens=False)
-        alone = reloaded.generate(**ids, max_new_tokens=6, do_sample=False)[0, ids["input_ids"].shape[1]:]
-        assert sample["completion"] == reloaded_tok.decode(alone, skip_special_tokens=True)  # padding is harmless
-        assert sample["valid"] == reward.is_valid_format(sample["completion"])
+        alone = reloaded.generate(**ids, max_new_tokens=6, do_sample=False)[0, ids["input_ids"].shape[1] :]
+        assert sample["completion"] == reloaded_tok.decode(
+            alone, skip_special_tokens=True
+        )  # padding is harmless
+        assert sample["valid"] == is_valid_format(sample["completion"])
     assert json.loads((tmp_path / "out" / "config.json").read_text())["lr"] == 5e-3
 
 
@@ -205,15 +248,45 @@ def test_killed_run_resumes_to_the_uninterrupted_result(tmp_path):
     """SIGKILL a real run once it has written a mid-run checkpoint; --resume must then reach the
     same weights and the same metrics lines as a run that was never interrupted."""
     data = write_records(tmp_path, [make_record(i, rounds=3 + i % 3) for i in range(6)])
-    common = ["--max-steps", "40", "--phase1-fraction", "0.5", "--batch-size", "2", "--grad-accum", "2",
-              "--warmup-steps", "3", "--lr", "3e-3", "--save-every", "2"]
+    common = [
+        "--max-steps",
+        "40",
+        "--phase1-fraction",
+        "0.5",
+        "--batch-size",
+        "2",
+        "--grad-accum",
+        "2",
+        "--warmup-steps",
+        "3",
+        "--lr",
+        "3e-3",
+        "--save-every",
+        "2",
+    ]
     whole = stage1_sft.train(run_args(data, tmp_path / "a", *common))
 
-    args = ["--model", "tiny-random", "--data", data, "--out", str(tmp_path / "b"), "--dtype", "float32",
-            "--log-every", "1", *common]
+    args = [
+        "--model",
+        "tiny-random",
+        "--data",
+        data,
+        "--out",
+        str(tmp_path / "b"),
+        "--dtype",
+        "float32",
+        "--log-every",
+        "1",
+        *common,
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    run = subprocess.Popen([sys.executable, str(REPO / "stage1_sft.py"), *args], cwd=REPO, env=env,
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    run = subprocess.Popen(
+        [sys.executable, str(REPO / "stage1_sft.py"), *args],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     state_file = tmp_path / "b" / "checkpoint" / "trainer_state.json"
     deadline = time.time() + 120
     while time.time() < deadline and run.poll() is None:
@@ -230,7 +303,8 @@ def test_killed_run_resumes_to_the_uninterrupted_result(tmp_path):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=name)
     assert [m["step"] for m in read_metrics(tmp_path / "b")] == list(range(1, 41))
     assert [m["loss"] for m in read_metrics(tmp_path / "b")] == pytest.approx(
-        [m["loss"] for m in read_metrics(tmp_path / "a")], rel=1e-5)
+        [m["loss"] for m in read_metrics(tmp_path / "a")], rel=1e-5
+    )
     # Regression: --resume on a finished run re-saved final/ (for checkpoints above 2 GiB, which
     # evaluate.py keys by modification time, a new model). A finished run is now left untouched.
     final = tmp_path / "b" / "final" / "model.safetensors"
@@ -269,16 +343,52 @@ def test_torchrun_two_ranks_equal_single_process_on_same_global_batch(tmp_path):
     script = tmp_path / "ddp_step.py"
     script.write_text(DDP_SCRIPT)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-    common = ["--model", "tiny-random", "--data", data, "--dtype", "float32", "--phase", "2",
-              "--max-steps", "1", "--lr", "1e-2", "--warmup-steps", "0"]
-    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                             str(script), str(tmp_path), *common, "--out", str(tmp_path / "ddp"),
-                             "--batch-size", "1", "--grad-accum", "2"],
-                            cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    common = [
+        "--model",
+        "tiny-random",
+        "--data",
+        data,
+        "--dtype",
+        "float32",
+        "--phase",
+        "2",
+        "--max-steps",
+        "1",
+        "--lr",
+        "1e-2",
+        "--warmup-steps",
+        "0",
+    ]
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node=2",
+            str(script),
+            str(tmp_path),
+            *common,
+            "--out",
+            str(tmp_path / "ddp"),
+            "--batch-size",
+            "1",
+            "--grad-accum",
+            "2",
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     rank0, rank1 = load_file(tmp_path / "rank0.safetensors"), load_file(tmp_path / "rank1.safetensors")
-    single = stage1_sft.train(run_args(data, tmp_path / "single", "--phase", "2", "--max-steps", "1",
-                                       "--lr", "1e-2", "--batch-size", "4"))
+    single = stage1_sft.train(
+        run_args(
+            data, tmp_path / "single", "--phase", "2", "--max-steps", "1", "--lr", "1e-2", "--batch-size", "4"
+        )
+    )
     initial, _ = load_model_and_tokenizer("tiny-random")
     moved = 0
     for name, value in single.state_dict().items():
@@ -290,7 +400,9 @@ def test_torchrun_two_ranks_equal_single_process_on_same_global_batch(tmp_path):
     assert moved > 10  # the step really changed the weights
     ddp, alone = read_metrics(tmp_path / "ddp")[0], read_metrics(tmp_path / "single")[0]
     assert ddp["loss"] == pytest.approx(alone["loss"], rel=1e-5)
-    assert ddp["grad_norm"] == pytest.approx(alone["grad_norm"], rel=1e-4)  # same gradient scale, not just sign
+    assert ddp["grad_norm"] == pytest.approx(
+        alone["grad_norm"], rel=1e-4
+    )  # same gradient scale, not just sign
 
 
 def test_auto_dtype_autocasts_bf16_only_where_the_hardware_has_it(monkeypatch):
@@ -305,5 +417,10 @@ def test_auto_dtype_autocasts_bf16_only_where_the_hardware_has_it(monkeypatch):
 def test_cpu_long_preset_doubles_the_demo_steps_and_keeps_its_phase_split():
     demo, long = (stage1_sft.parse_args(["--preset", name]) for name in ("cpu-demo", "cpu-long"))
     assert (demo.max_steps, long.max_steps) == (64, 128)
-    assert (long.lr, long.batch_size, long.phase1_fraction, long.max_length) == (demo.lr, demo.batch_size, 0.4, 1536)
+    assert (long.lr, long.batch_size, long.phase1_fraction, long.max_length) == (
+        demo.lr,
+        demo.batch_size,
+        0.4,
+        1536,
+    )
     assert stage1_sft.parse_args(["--preset", "cpu-long", "--max-steps", "7"]).max_steps == 7

@@ -1,6 +1,7 @@
 """Stage 2 (§3.4): Eq. (8) advantages, Eq. (9) loss, the k3 KL, sampling and log-probs, learning on
 a toy verifiable task, a skipped non-finite step, resume, and DDP under torchrun. Everything runs on
 the tiny random Llama; records are built by hand."""
+
 import json
 import math
 import os
@@ -11,16 +12,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from records import hand_record
 from safetensors.torch import load_file
 
-import modeling
 import stage2_grpo as g
-from data_io import read_jsonl, write_jsonl
-from stage0_build import PromptStream, fit_prompt, render_prompt
-from records import hand_record
-from probe import pick_eval_records, sample_lines
-from training import warmup_lr
-from modeling import load_model_and_tokenizer
+from srt import modeling
+from srt.data_io import read_jsonl, write_jsonl
+from srt.modeling import load_model_and_tokenizer
+from srt.probe import pick_eval_records, sample_lines
+from srt.prompt import fit_prompt, render_prompt
+from srt.rollouts import PromptStream
+from srt.training import warmup_lr
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -45,9 +47,13 @@ def config(*extra):
 # Eq. (8)
 # ---------------------------------------------------------------------------------------------
 def test_group_advantages_against_hand_values():
-    rewards = torch.tensor([[1.0, 2.0, 3.0, 4.0],      # mean 2.5, population std sqrt(1.25)
-                            [0.7, 0.7, 0.7, 0.7],      # all equal: nothing to learn
-                            [-1.0, 1.0, -1.0, 1.0]])   # mean 0, std 1
+    rewards = torch.tensor(
+        [
+            [1.0, 2.0, 3.0, 4.0],  # mean 2.5, population std sqrt(1.25)
+            [0.7, 0.7, 0.7, 0.7],  # all equal: nothing to learn
+            [-1.0, 1.0, -1.0, 1.0],
+        ]
+    )  # mean 0, std 1
     a = g.group_advantages(rewards)
     s = math.sqrt(1.25)
     assert torch.allclose(a[0], torch.tensor([-1.5 / s, -0.5 / s, 0.5 / s, 1.5 / s]), atol=1e-6)
@@ -108,14 +114,16 @@ def test_seq_and_token_normalisation_differ_on_unequal_lengths():
     def run(loss_norm):
         logprobs = torch.zeros(2, 3, requires_grad=True)
         mask = torch.tensor([[1, 0, 0], [1, 1, 1]])  # |o_1| = 1, |o_2| = 3
-        loss, _ = g.grpo_loss(logprobs, logprobs.detach(), None, torch.tensor([1.0, -1.0]), mask, beta=0.0,
-                              loss_norm=loss_norm)
+        loss, _ = g.grpo_loss(
+            logprobs, logprobs.detach(), None, torch.tensor([1.0, -1.0]), mask, beta=0.0, loss_norm=loss_norm
+        )
         loss.backward()
         return loss.item(), logprobs.grad
-    loss, grad = run("seq")        # -(1/2)(1 - 1) = 0; token of the short one weighs 1/2, others 1/6
+
+    loss, grad = run("seq")  # -(1/2)(1 - 1) = 0; token of the short one weighs 1/2, others 1/6
     assert loss == pytest.approx(0.0, abs=1e-7)
     assert torch.allclose(grad, torch.tensor([[-0.5, 0.0, 0.0], [1 / 6, 1 / 6, 1 / 6]]))
-    loss, grad = run("token")      # -(1 - 3) / 4 = 0.5; every token weighs 1/4
+    loss, grad = run("token")  # -(1 - 3) / 4 = 0.5; every token weighs 1/4
     assert loss == pytest.approx(0.5)
     assert torch.allclose(grad, torch.tensor([[-0.25, 0.0, 0.0], [0.25, 0.25, 0.25]]))
 
@@ -146,8 +154,10 @@ def test_k3_kl_is_non_negative_and_zero_for_the_same_model(tiny):
 # ---------------------------------------------------------------------------------------------
 def test_completion_mask_stops_after_the_first_stop_token():
     ids = torch.tensor([[5, 2, 7, 2], [5, 6, 7, 8], [2, 0, 0, 0], [9, 9, 3, 0]])
-    assert torch.equal(modeling.completion_mask(ids, [2, 3]),
-                       torch.tensor([[1, 1, 0, 0], [1, 1, 1, 1], [1, 0, 0, 0], [1, 1, 1, 0]]))
+    assert torch.equal(
+        modeling.completion_mask(ids, [2, 3]),
+        torch.tensor([[1, 1, 0, 0], [1, 1, 1, 1], [1, 0, 0, 0], [1, 1, 1, 0]]),
+    )
 
 
 def test_logprobs_match_the_sampling_distribution_under_left_padding(tiny):
@@ -159,15 +169,26 @@ def test_logprobs_match_the_sampling_distribution_under_left_padding(tiny):
     tokenizer.padding_side = "left"
     enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
     assert enc.attention_mask[0, 0] == 0  # the short prompt is padded
-    out = model.generate(**enc, do_sample=True, temperature=0.7, top_k=0, top_p=1.0, max_new_tokens=6,
-                         output_logits=True, return_dict_in_generate=True, pad_token_id=tokenizer.pad_token_id)
+    out = model.generate(
+        **enc,
+        do_sample=True,
+        temperature=0.7,
+        top_k=0,
+        top_p=1.0,
+        max_new_tokens=6,
+        output_logits=True,
+        return_dict_in_generate=True,
+        pad_token_id=tokenizer.pad_token_id,
+    )
     logits = torch.stack(out.logits, dim=1)
     C = logits.shape[1]
     completion = out.sequences[:, -C:]
     expected = (logits / 0.7).log_softmax(-1).gather(-1, completion.unsqueeze(-1)).squeeze(-1)
     mask = modeling.completion_mask(completion, modeling.stop_token_ids(model, tokenizer))
     attention = torch.cat([enc.attention_mask, mask], dim=1)
-    logprobs, entropy = g.completion_logprobs(model, out.sequences, attention, C, temperature=0.7, with_entropy=True)
+    logprobs, entropy = g.completion_logprobs(
+        model, out.sequences, attention, C, temperature=0.7, with_entropy=True
+    )
     keep = mask.bool()
     assert torch.allclose(logprobs[keep], expected[keep], atol=1e-4)
     full = (logits / 0.7).log_softmax(-1)
@@ -181,18 +202,28 @@ def test_shared_prompt_logprobs_and_gradients_equal_the_unshared_ones(tiny):
     be those of one plain pass over the six rows."""
     model, tokenizer = tiny
     torch.manual_seed(0)
-    out = modeling.generate(model, tokenizer, ["Hello", "Q1: I need the Chakra Balancing service. A1: It is $180."],
-                            max_new_tokens=5, num_generations=3, temperature=1.0)
+    out = modeling.generate(
+        model,
+        tokenizer,
+        ["Hello", "Q1: I need the Chakra Balancing service. A1: It is $180."],
+        max_new_tokens=5,
+        num_generations=3,
+        temperature=1.0,
+    )
     mask = out["completion_mask"].clone()
     mask[0, 3:] = 0  # one row stopped early: its tail is padding
     ids = torch.cat([out["prompt_ids"], out["completion_ids"]], 1)
     attention = torch.cat([out["prompt_mask"], mask], 1)
-    assert out["prompt_mask"][0, 0] == 0 and not torch.equal(out["completion_ids"][0], out["completion_ids"][1])
+    assert out["prompt_mask"][0, 0] == 0 and not torch.equal(
+        out["completion_ids"][0], out["completion_ids"][1]
+    )
     weights = torch.randn(6, 5)
     results = {}
     for share in (False, True):
         model.zero_grad(set_to_none=True)
-        logprobs, entropy = modeling.completion_logprobs(model, ids, attention, 5, 0.9, True, share_prompts=share)
+        logprobs, entropy = modeling.completion_logprobs(
+            model, ids, attention, 5, 0.9, True, share_prompts=share
+        )
         ((logprobs * weights * mask).sum()).backward()
         grads = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
         results[share] = (logprobs.detach(), entropy, grads)
@@ -212,14 +243,26 @@ def test_generate_ignores_a_checkpoints_repetition_penalty_and_top_k():
     model.generation_config.repetition_penalty, model.generation_config.top_k = 1.05, 20
     prompts = ["Q1: I need the Chakra Balancing service. A1: It is $180. Q2: and the price?"]
     torch.manual_seed(7)
-    ours = modeling.generate(model, tokenizer, prompts, max_new_tokens=24, num_generations=32, temperature=0.9)
+    ours = modeling.generate(
+        model, tokenizer, prompts, max_new_tokens=24, num_generations=32, temperature=0.9
+    )
     stops = modeling.stop_token_ids(model, tokenizer)
+
     def sample(**settings):
         torch.manual_seed(7)
-        out = model.generate(input_ids=ours["prompt_ids"], attention_mask=ours["prompt_mask"], do_sample=True,
-                             temperature=0.9, top_p=1.0, max_new_tokens=24, eos_token_id=stops,
-                             pad_token_id=tokenizer.pad_token_id, **settings)
-        return out[:, ours["prompt_ids"].shape[1]:]
+        out = model.generate(
+            input_ids=ours["prompt_ids"],
+            attention_mask=ours["prompt_mask"],
+            do_sample=True,
+            temperature=0.9,
+            top_p=1.0,
+            max_new_tokens=24,
+            eos_token_id=stops,
+            pad_token_id=tokenizer.pad_token_id,
+            **settings,
+        )
+        return out[:, ours["prompt_ids"].shape[1] :]
+
     plain = sample(top_k=0, repetition_penalty=1.0)
     assert torch.equal(ours["completion_ids"], plain)
     # Either of the checkpoint's settings alone would have sampled otherwise (the test can fail).
@@ -233,10 +276,13 @@ def test_prefilling_each_prompt_once_samples_exactly_what_k_prefills_do(tiny):
     prompts = ["Hello", "Q1: I need the Chakra Balancing service. A1: It is $180. Q2: and the price?"]
     for greedy in (False, True):
         torch.manual_seed(11)
-        shared = modeling.generate(model, tokenizer, prompts, max_new_tokens=16, num_generations=6, greedy=greedy)
+        shared = modeling.generate(
+            model, tokenizer, prompts, max_new_tokens=16, num_generations=6, greedy=greedy
+        )
         torch.manual_seed(11)
-        repeated = modeling.generate(model, tokenizer, prompts, max_new_tokens=16, num_generations=6, greedy=greedy,
-                                     prefill_once=False)
+        repeated = modeling.generate(
+            model, tokenizer, prompts, max_new_tokens=16, num_generations=6, greedy=greedy, prefill_once=False
+        )
         assert torch.equal(shared["completion_ids"], repeated["completion_ids"])
         assert torch.equal(shared["completion_mask"], repeated["completion_mask"])
 
@@ -244,12 +290,19 @@ def test_prefilling_each_prompt_once_samples_exactly_what_k_prefills_do(tiny):
 def test_generate_groups_k_completions_per_prompt(tiny):
     model, tokenizer = tiny
     torch.manual_seed(0)
-    out = modeling.generate(model, tokenizer, ["Hello", "Q1: a much longer prompt than the first one"], num_generations=3,
-                     max_new_tokens=5)
+    out = modeling.generate(
+        model,
+        tokenizer,
+        ["Hello", "Q1: a much longer prompt than the first one"],
+        num_generations=3,
+        max_new_tokens=5,
+    )
     assert out["completion_ids"].shape[0] == 6 and len(out["texts"]) == 6
     assert out["prompt_ids"].shape[1] == out["prompt_mask"].shape[1]
     # rows 0-2 belong to prompt 0 (left padded), rows 3-5 to prompt 1
-    assert torch.equal(out["prompt_ids"][0], out["prompt_ids"][2]) and torch.equal(out["prompt_ids"][3], out["prompt_ids"][5])
+    assert torch.equal(out["prompt_ids"][0], out["prompt_ids"][2]) and torch.equal(
+        out["prompt_ids"][3], out["prompt_ids"][5]
+    )
     assert out["prompt_mask"][:3, 0].sum() == 0 and out["prompt_mask"][3:, 0].sum() == 3
     assert (out["completion_mask"].sum(1) >= 1).all()
 
@@ -292,7 +345,9 @@ def test_prompt_stream_truncates_long_histories_and_skips_what_cannot_fit(tiny):
     short = [make_record(i, rounds=2) for i in range(3)]
     long_history = [make_record(10 + i, rounds=12, recall=("Q1",)) for i in range(2)]
     long_query = [{**make_record(20 + i, rounds=2), "query": "why " * 400} for i in range(2)]
-    limit = max(len(tokenizer(render_prompt(tokenizer, r), add_special_tokens=False).input_ids) for r in short)
+    limit = max(
+        len(tokenizer(render_prompt(tokenizer, r), add_special_tokens=False).input_ids) for r in short
+    )
     stream = PromptStream(short + long_history + long_query, tokenizer, limit, seed=0)
     batches = [stream.next_batch(1)[0] for _ in range(10)]
     ids = {rec["id"] for rec, _ in batches}
@@ -348,9 +403,13 @@ def test_only_the_first_minibatch_is_on_policy():
     for ratio in ("1", "2"):
         policy, tokenizer = load_model_and_tokenizer("tiny-random", dtype="float32")
         optimizer = torch.optim.SGD(policy.parameters(), lr=0.5)
-        cfg = config("-K", "4", "--max-new-tokens", "6", "--sample-ratio", ratio, "--beta", "0", "--clip-eps", "10")
+        cfg = config(
+            "-K", "4", "--max-new-tokens", "6", "--sample-ratio", ratio, "--beta", "0", "--clip-eps", "10"
+        )
         torch.manual_seed(0)
-        result = g.grpo_step(policy, None, tokenizer, optimizer, records, prompts, cfg, reward_fn=length_reward)
+        result = g.grpo_step(
+            policy, None, tokenizer, optimizer, records, prompts, cfg, reward_fn=length_reward
+        )
         ratios[ratio] = result["ratio"], result["updates"]
     assert ratios["1"] == (1.0, 1)
     mean_ratio, updates = ratios["2"]
@@ -363,27 +422,81 @@ def test_dynamic_sampling_replaces_groups_whose_rewards_are_all_equal():
     recall both, by drawing fresh prompts within --max-draws."""
     policy, tokenizer = load_model_and_tokenizer("tiny-random", dtype="float32")
     flat, echo, varied = make_record(0), make_record(1), make_record(2)
+
     def reward(completions, examples):
-        return [{"total": 0.0 if e is flat else len(c) / 100.0,
-                 "recall": len(c) / 100.0 if e is varied else -1.25} for c, e in zip(completions, examples)]
-    cases = [("off", flat, 1, flat), ("total", flat, 2, varied), ("total", echo, 1, echo), ("recall", echo, 2, varied)]
+        return [
+            {
+                "total": 0.0 if e is flat else len(c) / 100.0,
+                "recall": len(c) / 100.0 if e is varied else -1.25,
+            }
+            for c, e in zip(completions, examples)
+        ]
+
+    cases = [
+        ("off", flat, 1, flat),
+        ("total", flat, 2, varied),
+        ("total", echo, 1, echo),
+        ("recall", echo, 2, varied),
+    ]
     for mode, first, expected_draws, kept in cases:
         queue = [([varied], ["Q1: What time is it?"])] * 3
         optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-3)
-        cfg = config("-K", "4", "--max-new-tokens", "6", "--sample-ratio", "1", "--beta", "0",
-                     "--dynamic-sampling", mode, "--max-draws", "3")
+        cfg = config(
+            "-K",
+            "4",
+            "--max-new-tokens",
+            "6",
+            "--sample-ratio",
+            "1",
+            "--beta",
+            "0",
+            "--dynamic-sampling",
+            mode,
+            "--max-draws",
+            "3",
+        )
         torch.manual_seed(0)
-        result = g.grpo_step(policy, None, tokenizer, optimizer, [first], ["Hello"], cfg, reward_fn=reward,
-                             draw_more=lambda: queue.pop(0))
+        result = g.grpo_step(
+            policy,
+            None,
+            tokenizer,
+            optimizer,
+            [first],
+            ["Hello"],
+            cfg,
+            reward_fn=reward,
+            draw_more=lambda: queue.pop(0),
+        )
         assert result["draws"] == expected_draws and result["groups_drawn"] == expected_draws, mode
         assert result["groups_all_equal"] == (first is flat) and result["groups_recall_constant"] == 1, mode
         assert {r["id"] for r in result["records"]} == {kept["id"]}, mode
     # Bounded: a stream of flat prompts only stops after --max-draws and keeps a flat group.
     queue = [([flat], ["Hello"])] * 5
-    cfg = config("-K", "2", "--max-new-tokens", "4", "--sample-ratio", "1", "--beta", "0", "--dynamic-sampling",
-                 "total", "--max-draws", "3")
-    result = g.grpo_step(policy, None, tokenizer, optimizer, [flat], ["Hello"], cfg, reward_fn=reward,
-                         draw_more=lambda: queue.pop(0))
+    cfg = config(
+        "-K",
+        "2",
+        "--max-new-tokens",
+        "4",
+        "--sample-ratio",
+        "1",
+        "--beta",
+        "0",
+        "--dynamic-sampling",
+        "total",
+        "--max-draws",
+        "3",
+    )
+    result = g.grpo_step(
+        policy,
+        None,
+        tokenizer,
+        optimizer,
+        [flat],
+        ["Hello"],
+        cfg,
+        reward_fn=reward,
+        draw_more=lambda: queue.pop(0),
+    )
     assert result["draws"] == 3 and len(queue) == 3 and result["groups_all_equal"] == 3
 
 
@@ -402,41 +515,61 @@ def test_per_token_advantages_enter_the_loss_token_by_token():
 
 def test_think_lengths_end_at_the_closing_think_tag(tiny):
     _, tokenizer = tiny
-    texts = ["<think>\n<HIS>Q1: The spa opens at 9.</HIS>\n</think>\nFinal answer: at 9", "Final answer: at 9"]
+    texts = [
+        "<think>\n<HIS>Q1: The spa opens at 9.</HIS>\n</think>\nFinal answer: at 9",
+        "Final answer: at 9",
+    ]
     rows = [tokenizer(t, add_special_tokens=False).input_ids for t in texts]
     width = max(map(len, rows))
     ids = torch.tensor([r + [tokenizer.pad_token_id] * (width - len(r)) for r in rows])
     lengths = g.think_lengths(tokenizer, ids).tolist()
-    first = rows[0][:lengths[0]]
+    first = rows[0][: lengths[0]]
     assert tokenizer.decode(first).endswith("</think>") and "</think>" not in tokenizer.decode(first[:-1])
     assert lengths[0] < len(rows[0]) and lengths[1] == width  # no tag: every token is the think part's
 
 
-def test_segment_credit_pays_the_recall_tokens_for_the_recall_and_the_answer_tokens_for_the_answer(monkeypatch):
+def test_segment_credit_pays_the_recall_tokens_for_the_recall_and_the_answer_tokens_for_the_answer(
+    monkeypatch,
+):
     """Sample 0 recalls H* and answers wrong; samples 1-3 miss H* and answer right. The totals are equal,
     so Eq. (8) gives the whole group advantage 0 (--credit sequence); --credit segment gives sample 0's
     think tokens +sqrt(3) and its answer tokens -sqrt(3), the others -1/sqrt(3) and +1/sqrt(3)."""
     policy, tokenizer = load_model_and_tokenizer("tiny-random", dtype="float32")
-    reward = lambda completions, examples: [{"total": 0.0, "format": 1.0, "recall": r, "answer": -r - 1.0}
-                                            for r in (1.0, -1.0, -1.0, -1.0)]
+    reward = lambda completions, examples: [
+        {"total": 0.0, "format": 1.0, "recall": r, "answer": -r - 1.0} for r in (1.0, -1.0, -1.0, -1.0)
+    ]
     seen = []
     real_loss = g.grpo_loss
-    monkeypatch.setattr(g, "grpo_loss", lambda lp, old, ref, adv, *rest: seen.append(adv.clone()) or real_loss(
-        lp, old, ref, adv, *rest))
+    monkeypatch.setattr(
+        g,
+        "grpo_loss",
+        lambda lp, old, ref, adv, *rest: seen.append(adv.clone()) or real_loss(lp, old, ref, adv, *rest),
+    )
     monkeypatch.setattr(g, "think_lengths", lambda tok, ids: torch.tensor([1, 2, 0, ids.shape[1]]))
     for credit in ("sequence", "segment"):
         seen.clear()
-        cfg = config("-K", "4", "--max-new-tokens", "6", "--sample-ratio", "1", "--beta", "0", "--credit", credit)
+        cfg = config(
+            "-K", "4", "--max-new-tokens", "6", "--sample-ratio", "1", "--beta", "0", "--credit", credit
+        )
         torch.manual_seed(0)
-        g.grpo_step(policy, None, tokenizer, torch.optim.SGD(policy.parameters(), lr=0.0), [make_record(0)],
-                    ["Hello"], cfg, reward_fn=reward)
+        g.grpo_step(
+            policy,
+            None,
+            tokenizer,
+            torch.optim.SGD(policy.parameters(), lr=0.0),
+            [make_record(0)],
+            ["Hello"],
+            cfg,
+            reward_fn=reward,
+        )
         (advantages,) = seen
         if credit == "sequence":
             assert torch.equal(advantages, torch.zeros(4))
             continue
         C, high, low = advantages.shape[1], math.sqrt(3), 1 / math.sqrt(3)
-        expected = torch.tensor([[high] * 1 + [-high] * (C - 1), [-low] * 2 + [low] * (C - 2),
-                                 [low] * C, [-low] * C])
+        expected = torch.tensor(
+            [[high] * 1 + [-high] * (C - 1), [-low] * 2 + [low] * (C - 2), [low] * C, [-low] * C]
+        )
         assert torch.allclose(advantages, expected, atol=1e-5), advantages
     assert "credit" in g.RESUME_MUST_MATCH
 
@@ -450,7 +583,9 @@ def test_non_finite_loss_is_skipped_and_leaves_weights_unchanged(tiny):
     nan_reward = lambda completions, examples: [{"total": float("nan")} for _ in completions]
     cfg = config("-K", "4", "--max-new-tokens", "4", "--sample-ratio", "2", "--mu", "2")
     torch.manual_seed(0)
-    result = g.grpo_step(policy, ref, tokenizer, optimizer, [make_record(0)], ["Hello"], cfg, reward_fn=nan_reward)
+    result = g.grpo_step(
+        policy, ref, tokenizer, optimizer, [make_record(0)], ["Hello"], cfg, reward_fn=nan_reward
+    )
     assert result["skipped_updates"] == 4 and result["updates"] == 0  # 2 minibatches x mu 2
     assert all(torch.equal(before[k], v) for k, v in policy.state_dict().items())
     assert not optimizer.state  # AdamW's moments untouched too
@@ -471,7 +606,10 @@ def test_evaluate_policy_with_the_real_reward(tiny):
         assert math.isfinite(result[key])
     assert result["total"] == pytest.approx(result["format"] + result["recall"] + result["answer"], abs=1e-5)
     assert -1.25 <= result["recall"] <= 1.25
-    assert g.evaluate_policy(model, tokenizer, records, 4, 2, max_prompt_length=10, progress=False)["skipped"] == 3
+    assert (
+        g.evaluate_policy(model, tokenizer, records, 4, 2, max_prompt_length=10, progress=False)["skipped"]
+        == 3
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -496,20 +634,50 @@ def test_presets_and_explicit_flags(tmp_path):
     cfg = g.parse_args(["--preset", "paper"])
     assert (cfg.lr, cfg.num_generations, cfg.sample_ratio, cfg.clip_eps) == (3e-7, 8, 4, 0.2)
     cfg = g.parse_args(["--preset", "cpu-demo", "--lr", "1e-5", "--no-gradient-checkpointing"])
-    assert cfg.lr == 1e-5 and cfg.gradient_checkpointing is False and cfg.max_new_tokens == 256 and cfg.dynamic_sampling == "recall"
-    assert warmup_lr(1, cfg.lr, cfg.warmup_steps) == pytest.approx(1e-5 / cfg.warmup_steps) and warmup_lr(50, cfg.lr, cfg.warmup_steps) == 1e-5
+    assert (
+        cfg.lr == 1e-5
+        and cfg.gradient_checkpointing is False
+        and cfg.max_new_tokens == 256
+        and cfg.dynamic_sampling == "recall"
+    )
+    assert (
+        warmup_lr(1, cfg.lr, cfg.warmup_steps) == pytest.approx(1e-5 / cfg.warmup_steps)
+        and warmup_lr(50, cfg.lr, cfg.warmup_steps) == 1e-5
+    )
 
 
 def test_train_turns_dependent_trains_only_on_turns_that_need_recall(tmp_path):
     data = tmp_path / "train.jsonl"
-    records = [make_record(i, recall=()) for i in range(4)] + [make_record(9)]  # one turn of five needs recall
+    records = [make_record(i, recall=()) for i in range(4)] + [
+        make_record(9)
+    ]  # one turn of five needs recall
     write_jsonl(data, records)
     seen = {}
+
     def spy(completions, examples):
         seen.setdefault(mode, set()).update(tuple(e["recall"]) for e in examples)
         return length_reward(completions, examples)
-    common = ["--model", "tiny-random", "--data", str(data), "--dtype", "float32", "-K", "2", "--max-new-tokens", "3",
-              "--beta", "0", "--max-steps", "1", "--prompts-per-step", "3", "--save-every", "0"]
+
+    common = [
+        "--model",
+        "tiny-random",
+        "--data",
+        str(data),
+        "--dtype",
+        "float32",
+        "-K",
+        "2",
+        "--max-new-tokens",
+        "3",
+        "--beta",
+        "0",
+        "--max-steps",
+        "1",
+        "--prompts-per-step",
+        "3",
+        "--save-every",
+        "0",
+    ]
     for mode in ("all", "dependent"):
         g.train(g.parse_args(common + ["--out", str(tmp_path / mode), "--train-turns", mode]), reward_fn=spy)
     assert () in seen["all"]  # three prompts of five: at least two need no recall
@@ -519,8 +687,17 @@ def test_train_turns_dependent_trains_only_on_turns_that_need_recall(tmp_path):
     with pytest.raises(SystemExit, match=r"no records \(--train-turns dependent\)"):
         g.main(common + ["--out", str(tmp_path / "none"), "--train-turns", "dependent"])
     cfg = g.parse_args(["--preset", "cpu-long", "--data", str(data)])
-    assert (cfg.train_turns, cfg.max_steps, cfg.num_generations, cfg.prompts_per_step, cfg.lr) == ("dependent", 30, 4, 2, 1e-5)
-    assert (cfg.answer_gate, cfg.answer_reward) == ("off", "cosine")  # the paper's reward: the gate is an option
+    assert (cfg.train_turns, cfg.max_steps, cfg.num_generations, cfg.prompts_per_step, cfg.lr) == (
+        "dependent",
+        30,
+        4,
+        2,
+        1e-5,
+    )
+    assert (cfg.answer_gate, cfg.answer_reward) == (
+        "off",
+        "cosine",
+    )  # the paper's reward: the gate is an option
 
 
 def test_answer_gate_reaches_the_reward_of_the_sampled_groups(tmp_path):
@@ -529,8 +706,28 @@ def test_answer_gate_reaches_the_reward_of_the_sampled_groups(tmp_path):
     `recall` and none under `off`. It is one of the settings a resume must match."""
     data = tmp_path / "train.jsonl"
     write_jsonl(data, [make_record(i) for i in range(3)])
-    common = ["--model", "tiny-random", "--data", str(data), "--dtype", "float32", "-K", "2", "--max-new-tokens", "3",
-              "--beta", "0", "--max-steps", "1", "--save-every", "0", "--sample-every", "1", "--answer-reward", "keys"]
+    common = [
+        "--model",
+        "tiny-random",
+        "--data",
+        str(data),
+        "--dtype",
+        "float32",
+        "-K",
+        "2",
+        "--max-new-tokens",
+        "3",
+        "--beta",
+        "0",
+        "--max-steps",
+        "1",
+        "--save-every",
+        "0",
+        "--sample-every",
+        "1",
+        "--answer-reward",
+        "keys",
+    ]
     for gate in ("off", "recall"):
         g.train(g.parse_args(common + ["--out", str(tmp_path / gate), "--answer-gate", gate]))
         samples = read_jsonl(tmp_path / gate / "samples.jsonl", validate=False)
@@ -542,24 +739,63 @@ def test_answer_gate_reaches_the_reward_of_the_sampled_groups(tmp_path):
 def test_resume_equals_an_uninterrupted_run(tmp_path):
     data = tmp_path / "train.jsonl"
     write_jsonl(data, [make_record(i) for i in range(5)])
-    common = ["--model", "tiny-random", "--data", str(data), "--dtype", "float32", "-K", "4",
-              "--max-new-tokens", "5", "--lr", "1e-2", "--warmup-steps", "2", "--sample-ratio", "2",
-              "--sample-every", "1", "--save-every", "0", "--seed", "7"]
+    common = [
+        "--model",
+        "tiny-random",
+        "--data",
+        str(data),
+        "--dtype",
+        "float32",
+        "-K",
+        "4",
+        "--max-new-tokens",
+        "5",
+        "--lr",
+        "1e-2",
+        "--warmup-steps",
+        "2",
+        "--sample-ratio",
+        "2",
+        "--sample-every",
+        "1",
+        "--save-every",
+        "0",
+        "--seed",
+        "7",
+    ]
     straight, split = tmp_path / "straight", tmp_path / "split"
     g.train(g.parse_args(common + ["--out", str(straight), "--max-steps", "4"]), reward_fn=length_reward)
     g.train(g.parse_args(common + ["--out", str(split), "--max-steps", "2"]), reward_fn=length_reward)
-    summary = g.train(g.parse_args(common + ["--out", str(split), "--max-steps", "4", "--resume"]), reward_fn=length_reward)
+    summary = g.train(
+        g.parse_args(common + ["--out", str(split), "--max-steps", "4", "--resume"]), reward_fn=length_reward
+    )
     assert summary["steps"] == 4
-    a, b = load_file(straight / "final" / "model.safetensors"), load_file(split / "final" / "model.safetensors")
+    a, b = (
+        load_file(straight / "final" / "model.safetensors"),
+        load_file(split / "final" / "model.safetensors"),
+    )
     initial = load_model_and_tokenizer("tiny-random", dtype="float32")[0].state_dict()
     assert any(not torch.equal(a[k], initial[k]) for k in a)  # training moved the weights
     for k in a:
         assert torch.allclose(a[k], b[k], atol=1e-6), k
-    ma, mb = read_jsonl(straight / "metrics.jsonl", validate=False), read_jsonl(split / "metrics.jsonl", validate=False)
+    ma, mb = (
+        read_jsonl(straight / "metrics.jsonl", validate=False),
+        read_jsonl(split / "metrics.jsonl", validate=False),
+    )
     assert [m["step"] for m in mb] == [1, 2, 3, 4]
     assert [m["reward_total_mean"] for m in ma] == pytest.approx([m["reward_total_mean"] for m in mb])
-    for key in ("reward_total_std", "kl", "clip_fraction", "entropy", "completion_length", "lr", "tokens_per_s",
-                "generate_s", "score_s", "train_s"):
+    for key in (
+        "reward_total_std",
+        "kl",
+        "clip_fraction",
+        "entropy",
+        "completion_length",
+        "lr",
+        "tokens_per_s",
+        "generate_s",
+        "score_s",
+        "train_s",
+    ):
         assert key in ma[-1]
     assert ma[1]["kl"] > 0  # after one step the policy has left the reference
     samples = read_jsonl(straight / "samples.jsonl", validate=False)
@@ -571,15 +807,44 @@ def test_resume_equals_an_uninterrupted_run(tmp_path):
 def test_probe_every_n_steps_draws_the_learning_curve(tmp_path):
     data, dev = tmp_path / "train.jsonl", tmp_path / "dev.jsonl"
     write_jsonl(data, [make_record(i) for i in range(3)])
-    held_out = [dict(make_record(10 + i), meta={"bucket": bucket, "num_turns": 6, "scores": {}})
-                for i, bucket in enumerate([8, 8, 8, 16, 24, 32])]
+    held_out = [
+        dict(make_record(10 + i), meta={"bucket": bucket, "num_turns": 6, "scores": {}})
+        for i, bucket in enumerate([8, 8, 8, 16, 24, 32])
+    ]
     held_out[0]["recall"] = []  # a query that needs no recall: no part of the probe's Jaccard
     write_jsonl(dev, held_out)
     out = tmp_path / "run"
-    g.train(g.parse_args(["--model", "tiny-random", "--data", str(data), "--out", str(out), "--dtype", "float32",
-                          "--max-steps", "3", "-K", "2", "--max-new-tokens", "3", "--beta", "0", "--eval-data",
-                          str(dev), "--eval-limit", "4", "--probe-every", "2", "--eval-max-new-tokens", "3"]),
-            reward_fn=length_reward)
+    g.train(
+        g.parse_args(
+            [
+                "--model",
+                "tiny-random",
+                "--data",
+                str(data),
+                "--out",
+                str(out),
+                "--dtype",
+                "float32",
+                "--max-steps",
+                "3",
+                "-K",
+                "2",
+                "--max-new-tokens",
+                "3",
+                "--beta",
+                "0",
+                "--eval-data",
+                str(dev),
+                "--eval-limit",
+                "4",
+                "--probe-every",
+                "2",
+                "--eval-max-new-tokens",
+                "3",
+            ]
+        ),
+        reward_fn=length_reward,
+    )
     probes = read_jsonl(out / "probe.jsonl", validate=False)
     assert [p["step"] for p in probes] == [0, 2, 3]  # before, every 2 steps, after
     assert all(p["n"] == 4 and {"f1", "jaccard_needed", "n_needed"} <= set(p) for p in probes)
@@ -593,12 +858,31 @@ def test_time_budget_stops_cleanly_then_resume_finishes_and_leaves_a_finished_ru
     data = tmp_path / "train.jsonl"
     write_jsonl(data, [make_record(0)])
     out = tmp_path / "run"
-    args = ["--model", "tiny-random", "--data", str(data), "--out", str(out), "--dtype", "float32",
-            "--max-steps", "2", "-K", "2", "--max-new-tokens", "3", "--beta", "0", "--resume"]
+    args = [
+        "--model",
+        "tiny-random",
+        "--data",
+        str(data),
+        "--out",
+        str(out),
+        "--dtype",
+        "float32",
+        "--max-steps",
+        "2",
+        "-K",
+        "2",
+        "--max-new-tokens",
+        "3",
+        "--beta",
+        "0",
+        "--resume",
+    ]
     summary = g.train(g.parse_args(args + ["--time-budget-minutes", "0"]), reward_fn=length_reward)
     assert "starting from scratch" in capsys.readouterr().out  # --resume without a checkpoint
     assert summary["steps"] == 0 and summary["stop_reason"] == "time_budget"
-    assert (out / "final" / "model.safetensors").exists() and (out / "checkpoint" / "trainer_state.pt").exists()
+    assert (out / "final" / "model.safetensors").exists() and (
+        out / "checkpoint" / "trainer_state.pt"
+    ).exists()
     assert g.train(g.parse_args(args), reward_fn=length_reward)["steps"] == 2
     assert len(read_jsonl(out / "metrics.jsonl", validate=False)) == 2
     assert g.train(g.parse_args(args), reward_fn=length_reward)["steps"] == 2  # finished: nothing redone
@@ -628,11 +912,42 @@ def test_torchrun_two_ranks_stay_identical(tmp_path):
     out = tmp_path / "ddp"
     env = dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")  # gloo on CPU, even on a GPU box
     proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(driver),
-         "--model", "tiny-random", "--data", str(data), "--out", str(out), "--dtype", "float32", "--max-steps", "1",
-         "-K", "4", "--max-new-tokens", "6", "--lr", "1e-2", "--warmup-steps", "0", "--sample-ratio", "2",
-         "--micro-batch-size", "1"],  # 2 micro-batches per minibatch: DDP's no_sync on the first
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node=2",
+            str(driver),
+            "--model",
+            "tiny-random",
+            "--data",
+            str(data),
+            "--out",
+            str(out),
+            "--dtype",
+            "float32",
+            "--max-steps",
+            "1",
+            "-K",
+            "4",
+            "--max-new-tokens",
+            "6",
+            "--lr",
+            "1e-2",
+            "--warmup-steps",
+            "0",
+            "--sample-ratio",
+            "2",
+            "--micro-batch-size",
+            "1",
+        ],  # 2 micro-batches per minibatch: DDP's no_sync on the first
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["world_size"] == 2 and summary["steps"] == 1

@@ -1,14 +1,22 @@
 """The synthetic task (issue 12): unique gold sets checked on every generated query, no position or
 template shortcut, yes/no queries that need the recalled facts, real and varied small talk.
 No embedder: these run on the raw dialogues in a few seconds."""
+
 import copy
 import re
 from collections import Counter, defaultdict
 
 import pytest
 
-from synthetic import (OFFENSIVE, SMALL_TALK_WORDS, distinctive_keys, generate_synthetic, keys_outside_recall,
-                       mentions, small_talk_exchanges)
+from srt.synthetic import (
+    OFFENSIVE,
+    SMALL_TALK_WORDS,
+    distinctive_keys,
+    generate_synthetic,
+    keys_outside_recall,
+    mentions,
+    small_talk_exchanges,
+)
 
 
 def queries_of(dialogues):
@@ -18,8 +26,10 @@ def queries_of(dialogues):
         for t, r in enumerate(d["rounds"], 1):
             if "gold" in r:
                 yield d, t, r, list(history)
-            history += [{"label": f"Q{t}", "text": r["user"], "kind": r["kind"]},
-                        {"label": f"A{t}", "text": r["assistant"], "kind": r["kind"]}]
+            history += [
+                {"label": f"Q{t}", "text": r["user"], "kind": r["kind"]},
+                {"label": f"A{t}", "text": r["assistant"], "kind": r["kind"]},
+            ]
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +39,12 @@ def corpus():
 
 # ---- unique gold -----------------------------------------------------------------------------
 def test_distinctive_keys_and_mentions():
-    assert distinctive_keys(["yes", "$180", "noon", "Lena", "3 pm", "no", "day 5", "at"]) == ["$180", "Lena", "3 pm", "day 5"]
+    assert distinctive_keys(["yes", "$180", "noon", "Lena", "3 pm", "no", "day 5", "at"]) == [
+        "$180",
+        "Lena",
+        "3 pm",
+        "day 5",
+    ]
     assert mentions("The Chakra Balancing service is $180.", "$180")
     assert not mentions("That one is $1800.", "$180") and not mentions("It was $18.", "$180")
     assert not mentions("You get 15 GB per month.", "5 GB") and mentions("you get 5 gb", "5 GB")
@@ -55,8 +70,11 @@ def test_every_generated_query_has_a_unique_gold_set(corpus):
 
 
 def test_checker_catches_a_planted_violation(corpus):
-    d, t, r, history = next((d, t, r, h) for d, t, r, h in queries_of(corpus)
-                            if r["gold"]["query_type"] == "pair" and distinctive_keys(r["gold"]["answer_keys"]))
+    d, t, r, history = next(
+        (d, t, r, h)
+        for d, t, r, h in queries_of(corpus)
+        if r["gold"]["query_type"] == "pair" and distinctive_keys(r["gold"]["answer_keys"])
+    )
     gold, key = r["gold"], distinctive_keys(r["gold"]["answer_keys"])[0]
     assert keys_outside_recall(history, gold["recall"], gold["answer_keys"]) == []
     # the flaw the old generator had: the request states the value its confirmation states again
@@ -70,9 +88,12 @@ def test_checker_catches_a_planted_violation(corpus):
 
 def test_old_style_template_leak_is_caught():
     """A hand-made dialogue in the old generator's style: the flight number stated in Q1 and A1."""
-    history = [{"label": "Q1", "text": "I'm flying to Oslo on flight TK4821."},
-               {"label": "A1", "text": "Great, I found flight TK4821 to Oslo."},
-               {"label": "Q2", "text": "My hotel is the Maple Inn, 3 nights."}, {"label": "A2", "text": "Noted."}]
+    history = [
+        {"label": "Q1", "text": "I'm flying to Oslo on flight TK4821."},
+        {"label": "A1", "text": "Great, I found flight TK4821 to Oslo."},
+        {"label": "Q2", "text": "My hotel is the Maple Inn, 3 nights."},
+        {"label": "A2", "text": "Noted."},
+    ]
     assert keys_outside_recall(history, ["Q1", "Q2"], ["TK4821", "Maple Inn"]) == [("A1", "TK4821")]
 
 
@@ -112,7 +133,9 @@ def test_facts_come_in_random_order(corpus):
     for d in corpus:
         facts = [r["user"] + " " + r["assistant"] for r in d["rounds"] if r["kind"] == "fact"]
         if d["domain"] == "telecom":
-            account = next((k for k, f in enumerate(facts) if "account number ends" in f or "account ending" in f), None)
+            account = next(
+                (k for k, f in enumerate(facts) if "account number ends" in f or "account ending" in f), None
+            )
             card = next((k for k, f in enumerate(facts) if "card ending" in f), None)
             if account is not None and card is not None:
                 before[account < card] += 1

@@ -2,6 +2,7 @@
 429/500 retried, 400 not, malformed bodies and timeouts counted, the cache serving a second run,
 the key kept out of the cache), the reply parser, the hf teacher on tiny-random, and the
 string-matching grounding check of §3.2."""
+
 import json
 import threading
 import time
@@ -9,18 +10,22 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-import teacher as T
+from srt import teacher as T
 
 KEY = "sk-test-0123456789-secret"
-HISTORY = [{"label": "Q1", "speaker": "user", "text": "I'm under Apex Tier."},
-           {"label": "A1", "speaker": "assistant", "text": "Apex Tier gives you 15% off any service over $150."},
-           {"label": "Q2", "speaker": "user", "text": "How much is the Chakra Balancing?"},
-           {"label": "A2", "speaker": "assistant", "text": "The Chakra Balancing service is $180."}]
-GOOD_REPLY = ("RECALL:\nTurn A1: 'Apex Tier gives you 15% off any service over $150.'\n"
-              "Turn A2: 'The Chakra Balancing service is $180.'\n"
-              "ANALYSIS: the price after the member discount\n"
-              "REASONING: A2 puts the service at $180, over $150, so A1's 15% applies: 180 - 27 = 153.\n"
-              "ANSWER: $153")
+HISTORY = [
+    {"label": "Q1", "speaker": "user", "text": "I'm under Apex Tier."},
+    {"label": "A1", "speaker": "assistant", "text": "Apex Tier gives you 15% off any service over $150."},
+    {"label": "Q2", "speaker": "user", "text": "How much is the Chakra Balancing?"},
+    {"label": "A2", "speaker": "assistant", "text": "The Chakra Balancing service is $180."},
+]
+GOOD_REPLY = (
+    "RECALL:\nTurn A1: 'Apex Tier gives you 15% off any service over $150.'\n"
+    "Turn A2: 'The Chakra Balancing service is $180.'\n"
+    "ANALYSIS: the price after the member discount\n"
+    "REASONING: A2 puts the service at $180, over $150, so A1's 15% applies: 180 - 27 = 153.\n"
+    "ANSWER: $153"
+)
 
 
 class ChatServer:
@@ -57,8 +62,13 @@ class ChatServer:
                         self.wfile.write(b'{"error": {"message": "nope"}}')
                         return
                     content = server.default(body) if callable(server.default) else server.default
-                    payload = (b"<html>502 from a proxy</html>" if action == "malformed" else json.dumps(
-                        {"choices": [{"message": {"role": "assistant", "content": content}}]}).encode())
+                    payload = (
+                        b"<html>502 from a proxy</html>"
+                        if action == "malformed"
+                        else json.dumps(
+                            {"choices": [{"message": {"role": "assistant", "content": content}}]}
+                        ).encode()
+                    )
                     self.send_response(200)
                     self.send_header("Content-Type", "application/json")
                     self.send_header("Content-Length", str(len(payload)))
@@ -86,8 +96,15 @@ class ChatServer:
 
 def api_teacher(server, tmp_path, monkeypatch, **options):
     monkeypatch.setenv("SRT_TEST_KEY", KEY)
-    settings = dict(api_base=server.base, key_env="SRT_TEST_KEY", cache_dir=tmp_path / "cache",
-                    timeout=2.0, retries=3, backoff_base=0.001, max_concurrency=1)
+    settings = dict(
+        api_base=server.base,
+        key_env="SRT_TEST_KEY",
+        cache_dir=tmp_path / "cache",
+        timeout=2.0,
+        retries=3,
+        backoff_base=0.001,
+        max_concurrency=1,
+    )
     settings.update(options)
     return T.APITeacher("api:test-model", **settings)
 
@@ -101,10 +118,20 @@ def test_api_normal_answer(tmp_path, monkeypatch):
     with ChatServer() as server:
         note, reason = ask(api_teacher(server, tmp_path, monkeypatch))
     assert reason is None and len(server.requests) == 1
-    assert note["recall_turns"] == ["Turn A1: 'Apex Tier gives you 15% off any service over $150.'",
-                                    "Turn A2: 'The Chakra Balancing service is $180.'"]
+    assert note["recall_turns"] == [
+        "Turn A1: 'Apex Tier gives you 15% off any service over $150.'",
+        "Turn A2: 'The Chakra Balancing service is $180.'",
+    ]
     assert note["answer"] == "$153" and note["analysis"] == "the price after the member discount"
-    assert set(note) >= {"recall_turns", "analysis", "reasoning", "answer", "answer_keys", "query_type", "derived_yes_no"}
+    assert set(note) >= {
+        "recall_turns",
+        "analysis",
+        "reasoning",
+        "answer",
+        "answer_keys",
+        "query_type",
+        "derived_yes_no",
+    }
     request = server.requests[0]
     assert request["path"] == "/v1/chat/completions" and request["body"]["model"] == "test-model"
     assert request["headers"]["Authorization"] == f"Bearer {KEY}"
@@ -180,7 +207,9 @@ def test_api_second_run_is_served_from_the_cache_and_keeps_no_key(tmp_path, monk
         assert KEY not in text and "Authorization" not in text and "Bearer" not in text
     assert KEY not in repr(t2) and KEY not in json.dumps(t2.stats)
     changed = T.ResponseCache.key("api:test-model", [{"role": "user", "content": "x"}], {"temperature": 0.0})
-    assert changed != T.ResponseCache.key("api:test-model", [{"role": "user", "content": "x"}], {"temperature": 0.7})
+    assert changed != T.ResponseCache.key(
+        "api:test-model", [{"role": "user", "content": "x"}], {"temperature": 0.7}
+    )
 
 
 def test_api_concurrency(tmp_path, monkeypatch):
@@ -195,37 +224,60 @@ def test_api_concurrency(tmp_path, monkeypatch):
 def test_api_fixed_recall_and_reference_answer(tmp_path, monkeypatch):
     """gold with a recall list (LoCoMo's evidence) fixes H*: the teacher is shown it and writes
     the rest; its own RECALL section is not what counts."""
-    reply = "RECALL: Turn Q1: 'I'm under Apex Tier.'\nANALYSIS: the price\nREASONING: A2 says $180.\nANSWER: $180"
+    reply = (
+        "RECALL: Turn Q1: 'I'm under Apex Tier.'\nANALYSIS: the price\nREASONING: A2 says $180.\nANSWER: $180"
+    )
     with ChatServer(default=reply) as server:
         t = api_teacher(server, tmp_path, monkeypatch)
-        note = t.annotate("How much is it?", HISTORY, {"recall": ["A2"], "answer_keys": ["$180"], "query_type": "price"}, "$180")
+        note = t.annotate(
+            "How much is it?",
+            HISTORY,
+            {"recall": ["A2"], "answer_keys": ["$180"], "query_type": "price"},
+            "$180",
+        )
     sent = server.requests[0]["body"]["messages"][1]["content"]
     assert "Turn A2: 'The Chakra Balancing service is $180.'" in sent and T.REFERENCE_NOTE + "$180" in sent
     assert note["recall_turns"] == ["Turn A2: 'The Chakra Balancing service is $180.'"]
-    assert note["answer_keys"] == ["$180"] and note["query_type"] == "price" and note["reference_answer"] == "$180"
+    assert (
+        note["answer_keys"] == ["$180"]
+        and note["query_type"] == "price"
+        and note["reference_answer"] == "$180"
+    )
 
 
 # ---- reading replies -----------------------------------------------------------------------------
 def test_parse_tolerates_markdown_prose_and_quotes():
-    reply = ("Sure! Here is the annotation.\n\n**Recall:**\n- Turn **A2**: \u201cThe Chakra Balancing service is $180.\u201d\n"
-             "- Turn Q1: \"I'm under Apex Tier\"\n\n**Analysis:** the discounted price.\n\n### Reasoning\n"
-             "Recall that Apex gives a discount.\nSo $153.\n\n**Final Answer:** \"$153\"\n\nHope this helps!")
+    reply = (
+        "Sure! Here is the annotation.\n\n**Recall:**\n- Turn **A2**: \u201cThe Chakra Balancing service is $180.\u201d\n"
+        '- Turn Q1: "I\'m under Apex Tier"\n\n**Analysis:** the discounted price.\n\n### Reasoning\n'
+        'Recall that Apex gives a discount.\nSo $153.\n\n**Final Answer:** "$153"\n\nHope this helps!'
+    )
     parsed, reason = T.parse_reply(reply, HISTORY)
     assert reason is None and parsed["recall"] == ["Q1", "A2"] and parsed["answer"] == "$153"
-    assert parsed["reasoning"] == "Recall that Apex gives a discount.\nSo $153."  # "Recall that" is not a section
+    assert (
+        parsed["reasoning"] == "Recall that Apex gives a discount.\nSo $153."
+    )  # "Recall that" is not a section
     think = "<think>RECALL: Turn Q9: 'x'</think>RECALL: none\nANALYSIS: a greeting\nREASONING: nothing earlier\nANSWER: Hi!"
-    assert T.parse_reply(think, HISTORY) == ({"recall": [], "analysis": "a greeting", "reasoning": "nothing earlier",
-                                              "answer": "Hi!"}, None)
+    assert T.parse_reply(think, HISTORY) == (
+        {"recall": [], "analysis": "a greeting", "reasoning": "nothing earlier", "answer": "Hi!"},
+        None,
+    )
 
 
-@pytest.mark.parametrize("reply, reason", [
-    ("I cannot help with that.", "no_answer"),
-    ("RECALL: Turn A1: 'x'\nANSWER: $153", "no_reasoning"),
-    ("ANALYSIS: x\nREASONING: y\nANSWER: $153", "no_recall"),
-    ("RECALL: Turn A7: 'The service is $180.'\nREASONING: y\nANSWER: $180", "recall_outside_history"),
-    ("RECALL: Turn A2: 'We open at nine on Sundays.'\nREASONING: y\nANSWER: $180", "recall_text_mismatch"),
-    ("RECALL: the second answer\nREASONING: y\nANSWER: $180", "unreadable_recall"),
-])
+@pytest.mark.parametrize(
+    "reply, reason",
+    [
+        ("I cannot help with that.", "no_answer"),
+        ("RECALL: Turn A1: 'x'\nANSWER: $153", "no_reasoning"),
+        ("ANALYSIS: x\nREASONING: y\nANSWER: $153", "no_recall"),
+        ("RECALL: Turn A7: 'The service is $180.'\nREASONING: y\nANSWER: $180", "recall_outside_history"),
+        (
+            "RECALL: Turn A2: 'We open at nine on Sundays.'\nREASONING: y\nANSWER: $180",
+            "recall_text_mismatch",
+        ),
+        ("RECALL: the second answer\nREASONING: y\nANSWER: $180", "unreadable_recall"),
+    ],
+)
 def test_parse_rejects_what_it_cannot_read(reply, reason):
     assert T.parse_reply(reply, HISTORY) == (None, reason)
 

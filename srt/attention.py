@@ -1,6 +1,7 @@
 """§4.6 attention analysis (Fig. 3): the share of attention mass flowing from the answer tokens
 onto each history turn's line in the prompt, with and without a self-recall chain before the
 answer. A library module used by evaluate.py: it imports no stage."""
+
 from __future__ import annotations
 
 import re
@@ -8,7 +9,7 @@ import re
 import numpy as np
 import torch
 
-from metrics import final_answer
+from srt.metrics import final_answer
 
 
 @torch.inference_mode()
@@ -42,6 +43,7 @@ def attention_share(model, tokenizer, prompt_text: str, completion_text: str, sp
         for s, e in ranges:
             inside |= (starts >= s) & (starts < e)
         return torch.from_numpy(np.flatnonzero(inside))
+
     columns = [tokens_in(ranges) for ranges in spans]
     previous = model.config._attn_implementation
     model.set_attn_implementation("eager")
@@ -61,7 +63,9 @@ def attention_share(model, tokenizer, prompt_text: str, completion_text: str, sp
 HIS_TAG = re.compile(r"<HIS>\s*([QA]\d+)\s*:(.*?)</HIS>", re.S)
 
 
-def turn_spans(record, prompt_text: str, completion_text: str = "", copies: bool = False) -> list[list[tuple[int, int]]]:
+def turn_spans(
+    record, prompt_text: str, completion_text: str = "", copies: bool = False
+) -> list[list[tuple[int, int]]]:
     """For each history turn: where its line sits in the prompt (offsets in prompt_text +
     completion_text); with copies=True also every <HIS> tag of the completion that names it.
     §4.6 compares the prompt lines alone: attention on a turn's own <HIS> copy, which sits right
@@ -77,12 +81,15 @@ def turn_spans(record, prompt_text: str, completion_text: str = "", copies: bool
         index = {turn["label"]: j for j, turn in enumerate(record["history"])}
         for match in HIS_TAG.finditer(completion_text):
             if match.group(1) in index:
-                spans[index[match.group(1)]].append((len(prompt_text) + match.start(),
-                                                     len(prompt_text) + match.end()))
+                spans[index[match.group(1)]].append(
+                    (len(prompt_text) + match.start(), len(prompt_text) + match.end())
+                )
     return spans
 
 
-def attention_analysis(model, tokenizer, rows, records_by_id, n_examples, build_prompt, reference_chain) -> list[dict]:
+def attention_analysis(
+    model, tokenizer, rows, records_by_id, n_examples, build_prompt, reference_chain
+) -> list[dict]:
     """Fig. 3: the per-turn attention share of the answer tokens when the model answers after
     recalling (its own chain; the reference chain Z_t where it recalled nothing) against the same
     answer written right after the same prompt, without recall; in both settings the share is
@@ -91,10 +98,14 @@ def attention_analysis(model, tokenizer, rows, records_by_id, n_examples, build_
     output_attentions keeps layers x heads x T x T floats, ~2.5 GB for SmolLM2-135M at T = 1500.
     build_prompt(record) -> the prompt text the variant answered; reference_chain(record) -> Z_t
     and A*_t as SFT learns them (stage0_build.format_target)."""
+
     def own_chain(row):
         return bool(HIS_TAG.search(row["completion"])) and bool(final_answer("srt", row["completion"]))
-    candidates = sorted((r for r in rows if records_by_id[r["id"]]["recall"]),
-                        key=lambda r: (not own_chain(r), -r["num_turns"], r["id"]))
+
+    candidates = sorted(
+        (r for r in rows if records_by_id[r["id"]]["recall"]),
+        key=lambda r: (not own_chain(r), -r["num_turns"], r["id"]),
+    )
     results = []
     for row in candidates[:n_examples]:
         record = records_by_id[row["id"]]
@@ -103,13 +114,23 @@ def attention_analysis(model, tokenizer, rows, records_by_id, n_examples, build_
         chain = row["completion"] if from_model else reference_chain(record)
         answer = final_answer("srt", chain)
         settings = {"no_recall": f"Final answer: {answer}", "self_recall": chain}
-        entry = {"id": record["id"], "num_turns": row["num_turns"], "chain": "model" if from_model else "reference",
-                 "turns": [t["label"] for t in record["history"]], "gold": record["recall"]}
+        entry = {
+            "id": record["id"],
+            "num_turns": row["num_turns"],
+            "chain": "model" if from_model else "reference",
+            "turns": [t["label"] for t in record["history"]],
+            "gold": record["recall"],
+        }
         for setting, completion in settings.items():
-            share = attention_share(model, tokenizer, prompt, completion, turn_spans(record, prompt, completion))
+            share = attention_share(
+                model, tokenizer, prompt, completion, turn_spans(record, prompt, completion)
+            )
             entry[setting] = share.tolist()
             total = share.sum()
-            entry[f"{setting}_on_gold"] = float(sum(s for t, s in zip(entry["turns"], share)
-                                                    if t in record["recall"]) / total) if total > 0 else 0.0
+            entry[f"{setting}_on_gold"] = (
+                float(sum(s for t, s in zip(entry["turns"], share) if t in record["recall"]) / total)
+                if total > 0
+                else 0.0
+            )
         results.append(entry)
     return results

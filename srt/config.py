@@ -1,19 +1,23 @@
 """The one configuration pattern every script uses: argparse defaults that work, `--preset NAME`
 applied with `parser.set_defaults(**PRESETS[NAME])` so that flags given on the command line win,
 and the resolved configuration written next to the outputs."""
+
 from __future__ import annotations
 
 import argparse
 import sys
 from pathlib import Path
 
-from data_io import write_json
+from srt.data_io import write_json
 
 
 def parse_config(parser: argparse.ArgumentParser, presets: dict, argv=None) -> argparse.Namespace:
     """Parse `argv` with `--preset` applied: argparse default < preset < explicit flag."""
-    parser.add_argument("--preset", choices=sorted(presets),
-                        help="a named set of defaults (explicit flags win): " + ", ".join(sorted(presets)))
+    parser.add_argument(
+        "--preset",
+        choices=sorted(presets),
+        help="a named set of defaults (explicit flags win): " + ", ".join(sorted(presets)),
+    )
     known, _ = parser.parse_known_args(argv)
     if known.preset:
         dests = {action.dest for action in parser._actions}

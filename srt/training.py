@@ -1,5 +1,6 @@
 """What the two training loops share and nothing else: seeding, the learning-rate schedule of
 §4.1 and the optional wall-clock budget."""
+
 from __future__ import annotations
 
 import random

@@ -27,6 +27,7 @@ peak = weights + moments + buckets + pi_ref + max(rollout, gradients + copies + 
 the rollout runs with no gradients (they are freed with set_to_none after every update). A plan
 fits when the peak stays under 90% of the GPU's memory (the rest: CUDA context, fragmentation).
 """
+
 from __future__ import annotations
 
 import json
@@ -34,8 +35,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 GB = 1e9
-HEADROOM = 0.9       # share of a GPU's memory a plan may fill
-LOGIT_CHUNK = 256    # positions per fp32 chunk in modeling.token_logprobs
+HEADROOM = 0.9  # share of a GPU's memory a plan may fill
+LOGIT_CHUNK = 256  # positions per fp32 chunk in modeling.token_logprobs
 DEFAULT_GPU_GB = 80  # the A100-80GB of §4.1
 
 
@@ -70,19 +71,37 @@ class Shape:
 
 
 # Published shapes (their config.json) of the models the presets name: planned without a download.
-QWEN25_7B = Shape(hidden=3584, layers=28, heads=28, kv_heads=4, intermediate=18944, vocab=152064, tied=False,
-                  attention_bias=True)
+QWEN25_7B = Shape(
+    hidden=3584,
+    layers=28,
+    heads=28,
+    kv_heads=4,
+    intermediate=18944,
+    vocab=152064,
+    tied=False,
+    attention_bias=True,
+)
 SMOLLM2_135M = Shape(hidden=576, layers=30, heads=9, kv_heads=3, intermediate=1536, vocab=49152, tied=True)
-KNOWN_SHAPES = {"Qwen/Qwen2.5-7B-Instruct": QWEN25_7B, "Qwen/Qwen2.5-7B": QWEN25_7B, "smollm2-135m": SMOLLM2_135M}
+KNOWN_SHAPES = {
+    "Qwen/Qwen2.5-7B-Instruct": QWEN25_7B,
+    "Qwen/Qwen2.5-7B": QWEN25_7B,
+    "smollm2-135m": SMOLLM2_135M,
+}
 
 
 def shape_from_config(config: dict) -> Shape:
     heads = config["num_attention_heads"]
-    return Shape(hidden=config["hidden_size"], layers=config["num_hidden_layers"], heads=heads,
-                 kv_heads=config.get("num_key_value_heads") or heads, intermediate=config["intermediate_size"],
-                 vocab=config["vocab_size"], tied=bool(config.get("tie_word_embeddings", False)),
-                 attention_bias=bool(config.get("attention_bias", config.get("model_type") == "qwen2")),
-                 head_dim=config.get("head_dim"))
+    return Shape(
+        hidden=config["hidden_size"],
+        layers=config["num_hidden_layers"],
+        heads=heads,
+        kv_heads=config.get("num_key_value_heads") or heads,
+        intermediate=config["intermediate_size"],
+        vocab=config["vocab_size"],
+        tied=bool(config.get("tie_word_embeddings", False)),
+        attention_bias=bool(config.get("attention_bias", config.get("model_type") == "qwen2")),
+        head_dim=config.get("head_dim"),
+    )
 
 
 def model_shape(name: str) -> Shape:
@@ -92,35 +111,43 @@ def model_shape(name: str) -> Shape:
     if name in KNOWN_SHAPES:
         return KNOWN_SHAPES[name]
     if name == "tiny-random":
-        from modeling import load_model_and_tokenizer
+        from srt.modeling import load_model_and_tokenizer
+
         return shape_from_config(load_model_and_tokenizer("tiny-random", dtype="float32")[0].config.to_dict())
-    raise SystemExit(f"error: no shape for --model {name!r} offline: give a folder with its config.json "
-                     f"(known without one: {', '.join(KNOWN_SHAPES)})")
+    raise SystemExit(
+        f"error: no shape for --model {name!r} offline: give a folder with its config.json "
+        f"(known without one: {', '.join(KNOWN_SHAPES)})"
+    )
 
 
 @dataclass(frozen=True)
 class Run:
     """What a stage will do per rank, in the planner's terms."""
-    stage: str                   # "sft" or "grpo"
+
+    stage: str  # "sft" or "grpo"
     world_size: int
     fsdp: bool
-    dtype: str                   # the stage's --dtype: auto (fp32 + bf16 compute), float32, bfloat16
+    dtype: str  # the stage's --dtype: auto (fp32 + bf16 compute), float32, bfloat16
     gradient_checkpointing: bool
-    micro_rows: int              # rows per forward / backward
-    tokens: int                  # tokens per row
-    loss_positions: int          # positions per row whose logits enter the loss
-    rollouts: int = 0            # GRPO: completions sampled per rank per step (K x prompts)
+    micro_rows: int  # rows per forward / backward
+    tokens: int  # tokens per row
+    loss_positions: int  # positions per row whose logits enter the loss
+    rollouts: int = 0  # GRPO: completions sampled per rank per step (K x prompts)
     with_reference: bool = False  # GRPO with beta > 0
 
 
 def plan(shape: Shape, run: Run) -> dict:
     """-> {item: bytes per rank}, with "peak"; see the module docstring for each item."""
     P, N = shape.parameters(), run.world_size
-    w = 2 if run.dtype == "bfloat16" else 4       # bytes per weight, gradient, AdamW moment
-    c = 4 if run.dtype == "float32" else 2        # bytes per number in compute
+    w = 2 if run.dtype == "bfloat16" else 4  # bytes per weight, gradient, AdamW moment
+    c = 4 if run.dtype == "float32" else 2  # bytes per number in compute
     shards = N if run.fsdp else 1
-    items = {"weights": w * P / shards, "gradients": w * P / shards, "adamw": 2 * w * P / shards,
-             "ddp_buckets": w * P if (N > 1 and not run.fsdp) else 0}
+    items = {
+        "weights": w * P / shards,
+        "gradients": w * P / shards,
+        "adamw": 2 * w * P / shards,
+        "ddp_buckets": w * P if (N > 1 and not run.fsdp) else 0,
+    }
     if run.fsdp:
         items["compute_copies"] = c * (shape.root_parameters() + 2 * shape.layer_parameters())
     else:
@@ -142,8 +169,14 @@ def plan(shape: Shape, run: Run) -> dict:
     persistent = items["weights"] + items["adamw"] + items["ddp_buckets"] + items.get("reference", 0)
     rollout = items.get("kv_cache", 0) + items.get("rollout_weights", 0) + items.get("sampling_logits", 0)
     training = items["gradients"] + items["compute_copies"] + items["activations"] + items["logits"]
-    return dict(items, persistent=persistent, rollout=rollout, training=training,
-                peak=persistent + max(rollout, training), parameters=P)
+    return dict(
+        items,
+        persistent=persistent,
+        rollout=rollout,
+        training=training,
+        peak=persistent + max(rollout, training),
+        parameters=P,
+    )
 
 
 def fits(peak_bytes: float, gpu_gb: float) -> bool:
@@ -164,53 +197,84 @@ def format_plan(name: str, shape: Shape, run: Run, gpu_gb: float) -> str:
     w = "bf16" if run.dtype == "bfloat16" else "fp32"
     c = "fp32" if run.dtype == "float32" else "bf16"
     part = f", sharded 1/{N}" if run.fsdp and N > 1 else ""
-    layout = f"FSDP over {N} GPU(s)" if run.fsdp else (f"DDP over {N} GPUs (full replicas)" if N > 1 else "one GPU")
+    layout = (
+        f"FSDP over {N} GPU(s)"
+        if run.fsdp
+        else (f"DDP over {N} GPUs (full replicas)" if N > 1 else "one GPU")
+    )
     ckpt = "with" if run.gradient_checkpointing else "without"
     other = plan(shape, replace(run, gradient_checkpointing=not run.gradient_checkpointing))["activations"]
-    lines = [f"memory plan per GPU: {'stage 1 (SFT)' if run.stage == 'sft' else 'stage 2 (GRPO)'}, {name} "
-             f"({p['parameters'] / 1e9:.2f} B parameters), {layout}, {w} weights, {c} compute (GB = 10^9 bytes)",
-             f"  weights ({w}{part})".ljust(84) + f"{p['weights'] / GB:8.2f}",
-             f"  AdamW moments (2 x {w}{part})".ljust(84) + f"{p['adamw'] / GB:8.2f}"]
+    lines = [
+        f"memory plan per GPU: {'stage 1 (SFT)' if run.stage == 'sft' else 'stage 2 (GRPO)'}, {name} "
+        f"({p['parameters'] / 1e9:.2f} B parameters), {layout}, {w} weights, {c} compute (GB = 10^9 bytes)",
+        f"  weights ({w}{part})".ljust(84) + f"{p['weights'] / GB:8.2f}",
+        f"  AdamW moments (2 x {w}{part})".ljust(84) + f"{p['adamw'] / GB:8.2f}",
+    ]
     if p["ddp_buckets"]:
         lines.append(f"  DDP gradient buckets ({w})".ljust(84) + f"{p['ddp_buckets'] / GB:8.2f}")
     if "reference" in p:
-        lines.append(f"  reference model pi_ref ({c if run.fsdp else w}{part}, no gradients)".ljust(84)
-                     + f"{p['reference'] / GB:8.2f}")
+        lines.append(
+            f"  reference model pi_ref ({c if run.fsdp else w}{part}, no gradients)".ljust(84)
+            + f"{p['reference'] / GB:8.2f}"
+        )
     if run.stage == "grpo":
-        lines += [f"  rollout: KV cache ({run.rollouts} x {run.tokens} tokens x {shape.layers} layers x 2 x "
-                  f"{shape.kv_heads} x {shape.dim} x {c})".ljust(84) + f"{p['kv_cache'] / GB:8.2f}",
-                  f"  rollout: sampling logits ({run.rollouts} x {shape.vocab} fp32)".ljust(84)
-                  + f"{p['sampling_logits'] / GB:8.2f}"]
+        lines += [
+            f"  rollout: KV cache ({run.rollouts} x {run.tokens} tokens x {shape.layers} layers x 2 x "
+            f"{shape.kv_heads} x {shape.dim} x {c})".ljust(84)
+            + f"{p['kv_cache'] / GB:8.2f}",
+            f"  rollout: sampling logits ({run.rollouts} x {shape.vocab} fp32)".ljust(84)
+            + f"{p['sampling_logits'] / GB:8.2f}",
+        ]
         if p["rollout_weights"]:
-            lines.append(f"  rollout: full {c} weights, gathered once per batch".ljust(84)
-                         + f"{p['rollout_weights'] / GB:8.2f}")
-    lines += [f"  training: gradients ({w}{part})".ljust(84) + f"{p['gradients'] / GB:8.2f}",
-              f"  training: {'gathered FSDP units (root + 2 layers)' if run.fsdp else 'autocast weight copies'} ({c})"
-              .ljust(84) + f"{p['compute_copies'] / GB:8.2f}",
-              f"  training: activations ({run.micro_rows} rows x {run.tokens} tokens, {ckpt} checkpointing; "
-              f"{'without' if run.gradient_checkpointing else 'with'}: {other / GB:.2f})".ljust(84)
-              + f"{p['activations'] / GB:8.2f}",
-              f"  training: logits and their gradient ({run.micro_rows} x {run.loss_positions} positions)".ljust(84)
-              + f"{p['logits'] / GB:8.2f}"]
+            lines.append(
+                f"  rollout: full {c} weights, gathered once per batch".ljust(84)
+                + f"{p['rollout_weights'] / GB:8.2f}"
+            )
+    lines += [
+        f"  training: gradients ({w}{part})".ljust(84) + f"{p['gradients'] / GB:8.2f}",
+        f"  training: {'gathered FSDP units (root + 2 layers)' if run.fsdp else 'autocast weight copies'} ({c})".ljust(
+            84
+        )
+        + f"{p['compute_copies'] / GB:8.2f}",
+        f"  training: activations ({run.micro_rows} rows x {run.tokens} tokens, {ckpt} checkpointing; "
+        f"{'without' if run.gradient_checkpointing else 'with'}: {other / GB:.2f})".ljust(84)
+        + f"{p['activations'] / GB:8.2f}",
+        f"  training: logits and their gradient ({run.micro_rows} x {run.loss_positions} positions)".ljust(84)
+        + f"{p['logits'] / GB:8.2f}",
+    ]
     if run.stage == "grpo":
-        lines.append(f"  (rollout phase {p['rollout'] / GB:.2f}, training phase {p['training'] / GB:.2f}: they never overlap)")
-    peak_line = "  peak = weights + moments" + (" + buckets" if p["ddp_buckets"] else "") + \
-        (" + pi_ref" if "reference" in p else "") + (" + max(rollout, training)" if run.stage == "grpo" else " + training")
+        lines.append(
+            f"  (rollout phase {p['rollout'] / GB:.2f}, training phase {p['training'] / GB:.2f}: they never overlap)"
+        )
+    peak_line = (
+        "  peak = weights + moments"
+        + (" + buckets" if p["ddp_buckets"] else "")
+        + (" + pi_ref" if "reference" in p else "")
+        + (" + max(rollout, training)" if run.stage == "grpo" else " + training")
+    )
     lines.append(peak_line.ljust(84) + f"{p['peak'] / GB:8.2f}")
     if fits(p["peak"], gpu_gb):
-        lines.append(f"fits: {p['peak'] / GB:.1f} GB of {gpu_gb:g} GB per GPU "
-                     f"(at most {HEADROOM:.0%}: the rest for the CUDA context and fragmentation)")
+        lines.append(
+            f"fits: {p['peak'] / GB:.1f} GB of {gpu_gb:g} GB per GPU "
+            f"(at most {HEADROOM:.0%}: the rest for the CUDA context and fragmentation)"
+        )
     else:
         fewest = smallest_fsdp_world(shape, run, gpu_gb)
-        advice = (f"with --fsdp it fits on {fewest} GPU(s) or more" if fewest else
-                  "even --fsdp on 64 GPUs does not fit: lower --micro-batch-size / lengths")
-        lines.append(f"WARNING: does not fit: needs {p['peak'] / GB:.1f} GB per GPU, more than {HEADROOM:.0%} of "
-                     f"{gpu_gb:g} GB; {advice}; --gradient-checkpointing and a smaller micro-batch shrink the rest")
+        advice = (
+            f"with --fsdp it fits on {fewest} GPU(s) or more"
+            if fewest
+            else "even --fsdp on 64 GPUs does not fit: lower --micro-batch-size / lengths"
+        )
+        lines.append(
+            f"WARNING: does not fit: needs {p['peak'] / GB:.1f} GB per GPU, more than {HEADROOM:.0%} of "
+            f"{gpu_gb:g} GB; {advice}; --gradient-checkpointing and a smaller micro-batch shrink the rest"
+        )
     return "\n".join(lines)
 
 
 def gpu_memory_gb(requested: float | None) -> float:
     import torch
+
     if requested:
         return requested
     if torch.cuda.is_available():
@@ -227,18 +291,38 @@ ASSUMED_PROMPT_TOKENS = 4096  # GRPO with --max-prompt-length 0 (no cap): plan f
 def stage_run(stage: str, args, world_size: int) -> Run:
     """stage1_sft's or stage2_grpo's parsed arguments -> Run."""
     if stage == "sft":  # logits from the earliest target on: planned for the whole row, the worst case
-        return Run("sft", world_size, args.fsdp, args.dtype, args.gradient_checkpointing, args.batch_size,
-                   args.max_length, args.max_length)
+        return Run(
+            "sft",
+            world_size,
+            args.fsdp,
+            args.dtype,
+            args.gradient_checkpointing,
+            args.batch_size,
+            args.max_length,
+            args.max_length,
+        )
     rows = args.prompts_per_step * args.num_generations
     minibatch = -(-rows // min(args.sample_ratio, rows))  # the largest of the sample_ratio minibatches
     micro = min(args.micro_batch_size or minibatch, minibatch)
     tokens = (args.max_prompt_length or ASSUMED_PROMPT_TOKENS) + args.max_new_tokens
-    return Run("grpo", world_size, args.fsdp, args.dtype, args.gradient_checkpointing, micro, tokens,
-               args.max_new_tokens + 1, rollouts=rows, with_reference=args.beta > 0)
+    return Run(
+        "grpo",
+        world_size,
+        args.fsdp,
+        args.dtype,
+        args.gradient_checkpointing,
+        micro,
+        tokens,
+        args.max_new_tokens + 1,
+        rollouts=rows,
+        with_reference=args.beta > 0,
+    )
 
 
 def stage_plan(stage: str, args, world_size: int, config=None) -> str:
     """The plan a stage prints at its start, from the loaded model's `config`, and alone with
     --dry-run, from model_shape(--model)."""
     shape = shape_from_config(config.to_dict()) if config is not None else model_shape(args.model)
-    return format_plan(args.model, shape, stage_run(stage, args, world_size), gpu_memory_gb(args.gpu_memory_gb))
+    return format_plan(
+        args.model, shape, stage_run(stage, args, world_size), gpu_memory_gb(args.gpu_memory_gb)
+    )

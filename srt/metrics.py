@@ -15,6 +15,7 @@ A library module: it imports no stage. The two small pieces it shares with rewar
 completion's final answer starts, and the Jaccard of two sets) are written out here with the same
 rules; tests/test_evaluate.py checks that both agree.
 """
+
 from __future__ import annotations
 
 import math
@@ -40,16 +41,20 @@ _ANSWER_ANYCASE = re.compile(re.escape("Final answer:"), re.IGNORECASE)
 # One number: optional currency sign, digits with optional thousands commas, an optional fraction,
 # an optional percent. "(?<![\w.])" keeps the digits of a label (A5) or a code (NU9MH3) out.
 _NUMBER = re.compile(r"(?<![\w.])[$€£¥₹]?\s?(\d{1,3}(?:,\d{3})+|\d+)(?:\.(\d+))?(?!\w)(\s?%|\s?percent\b)?")
-_QUOTES = str.maketrans({c: "'" for c in "\u2018\u2019\u201a\u201b\u2032\u2039\u203a`\u00b4"}
-                        | {c: '"' for c in "\u201c\u201d\u201e\u201f\u2033\u00ab\u00bb"})
+_QUOTES = str.maketrans(
+    {c: "'" for c in "\u2018\u2019\u201a\u201b\u2032\u2039\u203a`\u00b4"}
+    | {c: '"' for c in "\u201c\u201d\u201e\u201f\u2033\u00ab\u00bb"}
+)
 _POLAR = {"yes": "no", "no": "yes"}
 _PUNCTUATION = str.maketrans("", "", string.punctuation)
 
 
 def _number_form(m: re.Match) -> str:
-    """"$180.00" -> "180", "1,800" -> "1800", "12.50" -> "12.5", "20 %" -> "20%" (20% is not $20)."""
+    """ "$180.00" -> "180", "1,800" -> "1800", "12.50" -> "12.5", "20 %" -> "20%" (20% is not $20)."""
     whole, fraction = m.group(1).replace(",", ""), (m.group(2) or "").rstrip("0")
-    return whole.lstrip("0").rjust(1, "0") + (f".{fraction}" if fraction else "") + ("%" if m.group(3) else "")
+    return (
+        whole.lstrip("0").rjust(1, "0") + (f".{fraction}" if fraction else "") + ("%" if m.group(3) else "")
+    )
 
 
 def normalize_number(text: str) -> str | None:
@@ -70,7 +75,7 @@ def normalize_answer(text: str) -> str:
     text = unicodedata.normalize("NFKC", text).lower()
     pieces, last = [], 0
     for m in _NUMBER.finditer(text):
-        pieces += [text[last:m.start()].translate(_PUNCTUATION), f" {_number_form(m)} "]
+        pieces += [text[last : m.start()].translate(_PUNCTUATION), f" {_number_form(m)} "]
         last = m.end()
     text = "".join(pieces) + text[last:].translate(_PUNCTUATION)
     text = re.sub(r"\b(a|an|the)\b", " ", text)
@@ -138,7 +143,7 @@ def answer_text(completion: str) -> str | None:
     last_close = completion.rfind(THINK_CLOSE)
     tail_start = last_close + len(THINK_CLOSE) if last_close >= 0 else 0
     marks = list(_ANSWER_ANYCASE.finditer(completion, tail_start))
-    answer = completion[marks[-1].end():].strip() if marks else None
+    answer = completion[marks[-1].end() :].strip() if marks else None
     return answer or None
 
 
@@ -186,9 +191,11 @@ def recall_metrics(recalled, gold) -> dict:
     could be missed), and both empty is Jaccard 1."""
     recalled, gold = set(recalled), set(gold)
     hit = len(recalled & gold)
-    return {"precision": hit / len(recalled) if recalled else 1.0,
-            "recall": hit / len(gold) if gold else 1.0,
-            "jaccard": jaccard(recalled, gold)}
+    return {
+        "precision": hit / len(recalled) if recalled else 1.0,
+        "recall": hit / len(gold) if gold else 1.0,
+        "jaccard": jaccard(recalled, gold),
+    }
 
 
 def error_type(recalled, gold, truncated: bool = False) -> str:
@@ -223,8 +230,13 @@ def paired_bootstrap(a, b, resamples: int = 2000, seed: int = 0, confidence: flo
     means = diff[rng.integers(0, diff.size, size=(resamples, diff.size))].mean(axis=1)
     tail = 100 * (1 - confidence) / 2
     low, high = np.percentile(means, [tail, 100 - tail])
-    return {"diff": float(diff.mean()), "low": float(low), "high": float(high), "n": int(diff.size),
-            "resamples": resamples}
+    return {
+        "diff": float(diff.mean()),
+        "low": float(low),
+        "high": float(high),
+        "n": int(diff.size),
+        "resamples": resamples,
+    }
 
 
 def mcnemar_exact(a_correct, b_correct) -> dict:
@@ -235,5 +247,5 @@ def mcnemar_exact(a_correct, b_correct) -> dict:
     a_only = sum(1 for x, y in pairs if x and not y)
     b_only = sum(1 for x, y in pairs if y and not x)
     n = a_only + b_only
-    tail = sum(math.comb(n, i) for i in range(min(a_only, b_only) + 1)) / 2 ** n if n else 1.0
+    tail = sum(math.comb(n, i) for i in range(min(a_only, b_only) + 1)) / 2**n if n else 1.0
     return {"a_only": a_only, "b_only": b_only, "p": min(1.0, 2 * tail)}

@@ -1,7 +1,10 @@
-"""FSDP for models that do not fit one GPU (the paper's 7B backbone on 8 x A100-80GB, §4.1), and
-the checkpoints of sharded runs. PyTorch's own FSDP2 (`torch.distributed.fsdp.fully_shard`), no
-framework beyond torch.
+"""Everything distributed, in one place: torchrun's set-up and the few collectives the stages use,
+the one way both training stages wrap their model (DDP, FSDP or nothing), and FSDP for models that
+do not fit one GPU (the paper's 7B backbone on 8 x A100-80GB, §4.1). PyTorch's own DDP and FSDP2
+(`torch.distributed.fsdp.fully_shard`), no framework beyond torch.
 
+- `setup_distributed`: torchrun sets RANK, WORLD_SIZE and LOCAL_RANK; without it, one process.
+- `wrap_model`: DDP over 2+ processes, FSDP with --fsdp, the model itself otherwise.
 - `shard_model`: one FSDP unit per decoder layer plus the root (embeddings, final norm, lm_head).
   Each rank keeps 1/N of the fp32 master weights, of the gradients and, since AdamW is built on
   the sharded parameters, of AdamW's two moments. On a GPU a MixedPrecisionPolicy all-gathers bf16
@@ -13,18 +16,79 @@ framework beyond torch.
   full state dict to rank 0 and writes an ordinary save_pretrained folder (final/) that
   evaluate.py and the other stages load without FSDP.
 """
+
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 from contextlib import contextmanager, nullcontext
+from datetime import timedelta
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-from checkpoint import publish_dir, swap_in
-from data_io import write_json
+from srt.checkpoint import publish_dir, swap_in
+from srt.data_io import write_json
+
+# --------------------------------------------------------------------------------------------
+# Distributed set-up: torchrun sets RANK, WORLD_SIZE and LOCAL_RANK; without it, one process.
+# --------------------------------------------------------------------------------------------
+DEFAULT_TIMEOUT_MINUTES = 60.0
+
+
+def setup_distributed(timeout_minutes: float | None = None, always: bool = False):
+    """-> (rank, world_size, local_rank, device). nccl on GPUs, gloo on CPUs. Under torchrun a
+    process group is made when there are 2+ processes, or always (`always`, FSDP on one process).
+
+    The collective timeout (`timeout_minutes`, else $SRT_DIST_TIMEOUT_MINUTES, else 60) bounds
+    every barrier: while rank 0 writes a 7B checkpoint (about 91 GB with AdamW's moments, minutes
+    on a network disk) the others wait at one, and torch's default (10 minutes) would kill them."""
+    rank = int(os.environ.get("RANK", 0))
+    world_size = int(os.environ.get("WORLD_SIZE", 1))
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    if torch.cuda.is_available():
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    if timeout_minutes is None:
+        timeout_minutes = float(os.environ.get("SRT_DIST_TIMEOUT_MINUTES", DEFAULT_TIMEOUT_MINUTES))
+    under_torchrun = "MASTER_ADDR" in os.environ
+    if (world_size > 1 or (always and under_torchrun)) and not dist.is_initialized():
+        dist.init_process_group(
+            backend="nccl" if device.type == "cuda" else "gloo", timeout=timedelta(minutes=timeout_minutes)
+        )
+    return rank, world_size, local_rank, device
+
+
+def teardown_distributed() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def is_main_process() -> bool:
+    return not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
+
+
+def gather_objects(obj, world_size: int) -> list:
+    """Every rank's `obj`, in rank order, on every rank."""
+    if world_size == 1:
+        return [obj]
+    objects = [None] * world_size
+    dist.all_gather_object(objects, obj)
+    return objects
+
+
+def all_ranks_any(flag: bool, device) -> bool:
+    """True on every rank if it is true on one: every rank must take the same branch."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return flag
+    t = torch.tensor([1.0 if flag else 0.0], device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return bool(t.item())
+
 
 SHARDED_DIR = "sharded"  # the DCP folder inside a checkpoint of an FSDP run
 
@@ -32,18 +96,31 @@ SHARDED_DIR = "sharded"  # the DCP folder inside a checkpoint of an FSDP run
 def add_scale_flags(parser: argparse.ArgumentParser) -> None:
     """The flags both training stages share for running at scale, and for planning a run."""
     add = parser.add_argument
-    add("--fsdp", action="store_true", help="shard weights, gradients and AdamW state over the ranks (FSDP2); "
-        "run under torchrun (also with one process)")
-    add("--dist-timeout-minutes", type=float, default=None,
-        help="timeout of every collective and barrier (default: $SRT_DIST_TIMEOUT_MINUTES or 60)")
+    add(
+        "--fsdp",
+        action="store_true",
+        help="shard weights, gradients and AdamW state over the ranks (FSDP2); "
+        "run under torchrun (also with one process)",
+    )
+    add(
+        "--dist-timeout-minutes",
+        type=float,
+        default=None,
+        help="timeout of every collective and barrier (default: $SRT_DIST_TIMEOUT_MINUTES or 60)",
+    )
     add("--dry-run", action="store_true", help="print the per-GPU memory plan and exit; downloads nothing")
     add("--world-size", type=int, default=None, help="GPUs to plan for with --dry-run (default: this run's)")
-    add("--gpu-memory-gb", type=float, default=None,
-        help="memory per GPU the plan must fit (default: this GPU's, else 80 as on an A100-80GB)")
+    add(
+        "--gpu-memory-gb",
+        type=float,
+        default=None,
+        help="memory per GPU the plan must fit (default: this GPU's, else 80 as on an A100-80GB)",
+    )
 
 
 def is_fsdp(model) -> bool:
     from torch.distributed.fsdp import FSDPModule
+
     return isinstance(model, FSDPModule)
 
 
@@ -59,12 +136,18 @@ def shard_model(model, device, compute_dtype=None):
     exactly with one process). Returns the model, now an FSDPModule whose parameters are DTensors."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
     if not dist.is_initialized():
-        raise SystemExit("error: --fsdp needs torchrun (e.g. torchrun --nproc_per_node=8 ...; "
-                         "--nproc_per_node=1 on one GPU)")
+        raise SystemExit(
+            "error: --fsdp needs torchrun (e.g. torchrun --nproc_per_node=8 ...; "
+            "--nproc_per_node=1 on one GPU)"
+        )
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
-    policy = (MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
-              if compute_dtype is not None else MixedPrecisionPolicy())
+    policy = (
+        MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
+        if compute_dtype is not None
+        else MixedPrecisionPolicy()
+    )
     for layer in decoder_layers(model):
         fully_shard(layer, mesh=mesh, mp_policy=policy)
     fully_shard(model, mesh=mesh, mp_policy=policy)
@@ -81,6 +164,7 @@ def full_weights(model):
     rollouts' KV cache; memory_plan.py counts it. Since no forward pass communicates, ranks may also
     decode for different numbers of steps. A plain module passes through."""
     from torch.distributed.fsdp import FSDPModule
+
     units = [m for m in model.modules() if isinstance(m, FSDPModule)]
     if not units:
         yield model
@@ -133,6 +217,7 @@ def save_sharded(path, model, optimizer, tokenizer, trainer_state: dict, resume_
     collective: every rank calls it. No rank holds more than its shards at any point."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
+
     path = Path(path)
     tmp = path.parent / f".{path.name}.tmp.sharded"
     main = dist.get_rank() == 0
@@ -158,6 +243,7 @@ def load_sharded(path, model, optimizer) -> None:
     tensors to load into)."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
     model_state, optimizer_state = get_state_dict(model, optimizer)
     state = {"model": model_state, "optimizer": optimizer_state}
     dcp.load(state, checkpoint_id=str(Path(path) / SHARDED_DIR))
@@ -169,11 +255,14 @@ def save_full(path, model, tokenizer) -> None:
     parameter: 30 GB for a 7B model) and written as an ordinary save_pretrained folder. A
     collective: every rank calls it."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
     full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     if dist.get_rank() == 0:
+
         def write(tmp):
             model.save_pretrained(tmp, state_dict=full, safe_serialization=True)
             tokenizer.save_pretrained(tmp)
+
         publish_dir(Path(path), write)
     dist.barrier()
 
@@ -184,7 +273,8 @@ def save_full(path, model, tokenizer) -> None:
 def save_checkpoint(path, model, optimizer, tokenizer, state: dict, resume_config: dict, fsdp: bool) -> None:
     """checkpoint/: sharded (every rank writes its shards) or plain (rank 0 writes save_pretrained
     weights and the whole optimizer state). Every rank calls it."""
-    from checkpoint import save_model
+    from srt.checkpoint import save_model
+
     if fsdp:
         save_sharded(path, model, optimizer, tokenizer, state, resume_config)
     elif not dist.is_initialized() or dist.get_rank() == 0:
@@ -196,7 +286,8 @@ def save_checkpoint(path, model, optimizer, tokenizer, state: dict, resume_confi
 def load_checkpoint(path, model, optimizer, resume_config: dict, fsdp: bool) -> dict:
     """The trainer state of checkpoint/ (after the resume check) with the optimizer state, and under
     FSDP the weights too, loaded into `model` and `optimizer`."""
-    from checkpoint import load_trainer_state
+    from srt.checkpoint import load_trainer_state
+
     check_checkpoint_layout(path, fsdp)
     state = load_trainer_state(path, resume_config)
     if fsdp:
@@ -208,7 +299,8 @@ def load_checkpoint(path, model, optimizer, resume_config: dict, fsdp: bool) -> 
 
 def save_final(path, model, tokenizer, fsdp: bool) -> None:
     """final/: an ordinary save_pretrained folder either way (gathered to rank 0 under FSDP)."""
-    from checkpoint import save_model
+    from srt.checkpoint import save_model
+
     if fsdp:
         save_full(path, model, tokenizer)
     elif not dist.is_initialized() or dist.get_rank() == 0:
@@ -220,6 +312,7 @@ def merge_probes(results: list[dict]) -> dict:
     a single process had run them all: counts summed, means weighted by the records scored, the
     slowest rank's seconds, the first examples."""
     import math
+
     n = sum(r["n"] for r in results)
     merged = {}
     for key, value in results[0].items():
@@ -233,6 +326,8 @@ def merge_probes(results: list[dict]) -> dict:
         else:
             weight = "n_needed" if key == "jaccard_needed" else "n"  # its mean is over queries with H* only
             scored = [(v, r[weight]) for v, r in zip(values, results) if r[weight] and not math.isnan(v)]
-            merged[key] = sum(v * k for v, k in scored) / sum(k for _, k in scored) if scored else float("nan")
+            merged[key] = (
+                sum(v * k for v, k in scored) / sum(k for _, k in scored) if scored else float("nan")
+            )
     merged["n"] = n
     return merged

@@ -7,6 +7,7 @@ plus `trainer_state.json` (step, the settings a resumed run must share) and `tra
 in it is unpickled as code. A checkpoint of an FSDP run keeps the same two trainer files, but its
 weights and optimizer state are sharded (sharding.py: `sharded/`, torch.distributed.checkpoint).
 """
+
 from __future__ import annotations
 
 import json
@@ -20,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from data_io import read_jsonl, write_json, write_jsonl
+from srt.data_io import read_jsonl, write_json, write_jsonl
 
 
 def publish_dir(target: Path, write, replace: bool = True) -> None:
@@ -58,10 +59,13 @@ def swap_in(tmp: Path, target: Path) -> None:
 def rng_state() -> dict:
     """Python, numpy, torch (and CUDA) random states in types torch.load(weights_only=True) reads."""
     _, keys, pos, has_gauss, cached = np.random.get_state()
-    return {"python": json.dumps(random.getstate()), "torch": torch.get_rng_state(),
-            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-            "numpy_keys": torch.from_numpy(keys.astype(np.int64)),
-            "numpy_rest": [int(pos), int(has_gauss), float(cached)]}
+    return {
+        "python": json.dumps(random.getstate()),
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        "numpy_keys": torch.from_numpy(keys.astype(np.int64)),
+        "numpy_rest": [int(pos), int(has_gauss), float(cached)],
+    }
 
 
 def set_rng_state(state: dict) -> None:
@@ -74,15 +78,21 @@ def set_rng_state(state: dict) -> None:
     np.random.set_state(("MT19937", state["numpy_keys"].numpy().astype(np.uint32), pos, has_gauss, cached))
 
 
-def save_model(path, model, tokenizer, trainer_state: dict | None = None, resume_config: dict | None = None) -> None:
+def save_model(
+    path, model, tokenizer, trainer_state: dict | None = None, resume_config: dict | None = None
+) -> None:
     """A save_pretrained folder; with `trainer_state` ({"step": .., "optimizer": .., ...}) also
     the files --resume reads."""
+
     def write(tmp):
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
         if trainer_state is not None:
             torch.save(trainer_state, tmp / "trainer_state.pt")
-            write_json(tmp / "trainer_state.json", {"step": trainer_state["step"], "config": resume_config or {}})
+            write_json(
+                tmp / "trainer_state.json", {"step": trainer_state["step"], "config": resume_config or {}}
+            )
+
     publish_dir(Path(path), write)
 
 

@@ -3,6 +3,7 @@
 A library module: the caller passes the prompts (fitted by stage0's fit_prompt) and the reward
 function (reward.compute_rewards, or a toy one in tests), so nothing here imports a stage.
 """
+
 from __future__ import annotations
 
 import math
@@ -13,9 +14,9 @@ from pathlib import Path
 import numpy as np
 from tqdm.auto import tqdm
 
-from data_io import finite_or_none
-from metrics import answer_text, f1_score
-from modeling import generate
+from srt.data_io import finite_or_none
+from srt.metrics import answer_text, f1_score
+from srt.modeling import generate
 
 REWARD_COMPONENTS = ("format", "recall", "answer", "total")
 # What the learning curve follows: recall Jaccard on the queries that need recall (an empty H*
@@ -23,31 +24,52 @@ REWARD_COMPONENTS = ("format", "recall", "answer", "total")
 PROBE_KEYS = ("jaccard_needed", "f1", "format", "recall", "answer", "total")
 
 
-def greedy_probe(model, tokenizer, records, prompts, reward_fn, max_new_tokens=160, batch_size=8,
-                 autocast_dtype=None, progress=True) -> dict:
+def greedy_probe(
+    model,
+    tokenizer,
+    records,
+    prompts,
+    reward_fn,
+    max_new_tokens=160,
+    batch_size=8,
+    autocast_dtype=None,
+    progress=True,
+) -> dict:
     """Greedy completions of `prompts` (one per record; None = skipped, too long) -> the mean of
     every reward component and of the recall Jaccard, the number scored and skipped, 3 examples."""
     start = time.perf_counter()
     kept = sorted(((r, p) for r, p in zip(records, prompts) if p is not None), key=lambda rp: len(rp[1]))
     completions, examples = [], []  # sorted by length: similar lengths batch with less padding
     for i in tqdm(range(0, len(kept), batch_size), desc="eval", disable=not progress, leave=False):
-        batch = kept[i:i + batch_size]
-        out = generate(model, tokenizer, [p for _, p in batch], max_new_tokens=max_new_tokens, greedy=True,
-                       autocast_dtype=autocast_dtype)
+        batch = kept[i : i + batch_size]
+        out = generate(
+            model,
+            tokenizer,
+            [p for _, p in batch],
+            max_new_tokens=max_new_tokens,
+            greedy=True,
+            autocast_dtype=autocast_dtype,
+        )
         completions += out["texts"]
         examples += [r for r, _ in batch]
     scores = reward_fn(completions, examples) if completions else []
     needed = [float(s["jaccard"]) for s, r in zip(scores, examples) if r["recall"] and "jaccard" in s]
     f1 = [f1_score(answer_text(c) or "", r["answer"]) for c, r in zip(completions, examples)]
-    result = {"n": len(scores), "skipped": len(records) - len(kept), "n_needed": len(needed),
-              "jaccard_needed": float(np.mean(needed)) if needed else float("nan"),
-              "f1": float(np.mean(f1)) if f1 else float("nan")}
+    result = {
+        "n": len(scores),
+        "skipped": len(records) - len(kept),
+        "n_needed": len(needed),
+        "jaccard_needed": float(np.mean(needed)) if needed else float("nan"),
+        "f1": float(np.mean(f1)) if f1 else float("nan"),
+    }
     for key in REWARD_COMPONENTS + ("jaccard",):
         values = [float(s[key]) for s in scores if key in s]
         result[key] = float(np.mean(values)) if values else float("nan")
     result["seconds"] = time.perf_counter() - start
-    result["examples"] = [{"id": r["id"], "completion": c, **{k: s.get(k) for k in REWARD_COMPONENTS}}
-                          for r, c, s in list(zip(examples, completions, scores))[:3]]
+    result["examples"] = [
+        {"id": r["id"], "completion": c, **{k: s.get(k) for k in REWARD_COMPONENTS}}
+        for r, c, s in list(zip(examples, completions, scores))[:3]
+    ]
     return result
 
 
@@ -62,7 +84,7 @@ def pick_eval_records(records, limit):
     queues = [rng.sample(indices, len(indices)) for _, indices in sorted(by_bucket.items())]
     chosen = []
     while len(chosen) < limit:
-        chosen += [queue.pop() for queue in queues if queue][:limit - len(chosen)]
+        chosen += [queue.pop() for queue in queues if queue][: limit - len(chosen)]
     return [records[i] for i in sorted(chosen)]
 
 
@@ -72,7 +94,10 @@ def reward_metrics(scores) -> dict:
     for key in REWARD_COMPONENTS:
         values = np.array([float(s[key]) for s in scores if key in s], dtype=np.float64)
         if len(values):
-            metrics[f"reward_{key}_mean"], metrics[f"reward_{key}_std"] = float(values.mean()), float(values.std())
+            metrics[f"reward_{key}_mean"], metrics[f"reward_{key}_std"] = (
+                float(values.mean()),
+                float(values.std()),
+            )
     jaccard = [float(s["jaccard"]) for s in scores if "jaccard" in s]
     if jaccard:
         metrics["recall_jaccard_mean"] = float(np.mean(jaccard))
@@ -85,31 +110,60 @@ def step_metrics(step, results, step_s, **extra) -> dict:
     rewards were all equal (no gradient) or whose recall part was constant."""
     avg = lambda key: float(np.nanmean([r[key] for r in results]))
     total = lambda key: sum(r[key] for r in results)
-    return {"step": step, **reward_metrics([s for r in results for s in r["scores"]]),
-            **{k: avg(k) for k in ("kl", "clip_fraction", "ratio", "entropy", "loss", "grad_norm",
-                                   "completion_length", "generate_s", "score_s", "train_s", "draws")},
-            "skipped_updates": total("skipped_updates"), "updates": results[0]["updates"],
-            "tokens_per_s": total("sequence_tokens") / step_s,
-            "generated_tokens_per_s": total("completion_tokens") / max(avg("generate_s"), 1e-9),
-            "groups_all_equal_share": total("groups_all_equal") / total("groups_drawn"),
-            "groups_recall_constant_share": total("groups_recall_constant") / total("groups_drawn"),
-            "step_s": step_s, **extra}
+    return {
+        "step": step,
+        **reward_metrics([s for r in results for s in r["scores"]]),
+        **{
+            k: avg(k)
+            for k in (
+                "kl",
+                "clip_fraction",
+                "ratio",
+                "entropy",
+                "loss",
+                "grad_norm",
+                "completion_length",
+                "generate_s",
+                "score_s",
+                "train_s",
+                "draws",
+            )
+        },
+        "skipped_updates": total("skipped_updates"),
+        "updates": results[0]["updates"],
+        "tokens_per_s": total("sequence_tokens") / step_s,
+        "generated_tokens_per_s": total("completion_tokens") / max(avg("generate_s"), 1e-9),
+        "groups_all_equal_share": total("groups_all_equal") / total("groups_drawn"),
+        "groups_recall_constant_share": total("groups_recall_constant") / total("groups_drawn"),
+        "step_s": step_s,
+        **extra,
+    }
 
 
 def sample_lines(step, result, K) -> list[dict]:
     """The best and the worst completion of the first group: what the policy writes, and what the
     reward prefers."""
+
     def total(i):  # NaN (a broken reward) sorts lowest
         value = float(result["scores"][i]["total"])
         return value if math.isfinite(value) else -math.inf
+
     group = sorted(range(min(K, len(result["texts"]))), key=total)
     picks = dict.fromkeys([group[-1], group[0]]) if group else {}
     lines = []
     for i in picks:
         record, score = result["records"][i], result["scores"][i]
-        lines.append({"step": step, "id": record["id"], "query": record["query"], "gold_recall": record["recall"],
-                      "gold_answer": record["answer"], "completion": result["texts"][i],
-                      **{k: finite_or_none(v) for k, v in score.items() if isinstance(v, (int, float, str, list))}})
+        lines.append(
+            {
+                "step": step,
+                "id": record["id"],
+                "query": record["query"],
+                "gold_recall": record["recall"],
+                "gold_answer": record["answer"],
+                "completion": result["texts"][i],
+                **{k: finite_or_none(v) for k, v in score.items() if isinstance(v, (int, float, str, list))},
+            }
+        )
     return lines
 
 
@@ -118,8 +172,10 @@ def plot_learning_curve(metrics, probes, path) -> None:
     spread), the probe's recall Jaccard and F1, the KL to pi_ref and the share of informative groups,
     each against the GRPO step."""
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     fig, axes = plt.subplots(1, 4, figsize=(18, 3.8))
     steps = [m["step"] for m in metrics]
     for key in REWARD_COMPONENTS:
@@ -134,7 +190,9 @@ def plot_learning_curve(metrics, probes, path) -> None:
     axes[2].plot(steps, [m.get("kl") for m in metrics])
     axes[2].set_title("KL(pi_theta || pi_ref), k3")
     axes[3].plot(steps, [1 - (m.get("groups_all_equal_share") or 0) for m in metrics], label="total reward")
-    axes[3].plot(steps, [1 - (m.get("groups_recall_constant_share") or 0) for m in metrics], label="recall part")
+    axes[3].plot(
+        steps, [1 - (m.get("groups_recall_constant_share") or 0) for m in metrics], label="recall part"
+    )
     axes[3].set_title("share of groups whose rewards differ")
     for ax in axes:
         ax.set_xlabel("GRPO step")

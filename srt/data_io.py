@@ -1,6 +1,7 @@
 """The data files every stage shares (../shared/DESIGN.md, "Data"): the record format and its
 validation, a JSONL reader whose errors name the file, the line and the field, and atomic writers
 (a temporary file, then a rename), so that a killed run never leaves half a file behind."""
+
 from __future__ import annotations
 
 import json
@@ -13,8 +14,16 @@ from pathlib import Path
 # The data format (../shared/DESIGN.md, "Data"). One record per annotated query turn.
 # --------------------------------------------------------------------------------------------
 RECORD_FIELDS = {
-    "id": str, "source": str, "history": list, "query": str, "query_turn": int,
-    "recall": list, "reasoning": str, "answer": str, "pruned": list, "meta": dict,
+    "id": str,
+    "source": str,
+    "history": list,
+    "query": str,
+    "query_turn": int,
+    "recall": list,
+    "reasoning": str,
+    "answer": str,
+    "pruned": list,
+    "meta": dict,
 }
 BUCKETS = (8, 16, 24, 32)  # Table 3 length buckets (rounds)
 
@@ -35,11 +44,14 @@ def validate_record(record, path="<record>", line=0) -> dict:
         if field not in record:
             raise DataError(f"{path}:{line}: field '{field}' is missing")
         if not isinstance(record[field], kind) or (kind is int and isinstance(record[field], bool)):
-            raise DataError(f"{path}:{line}: field '{field}' must be {kind.__name__}, "
-                            f"got {type(record[field]).__name__}")
+            raise DataError(
+                f"{path}:{line}: field '{field}' must be {kind.__name__}, got {type(record[field]).__name__}"
+            )
     labels = set()
     for k, turn in enumerate(record["history"]):
-        if not isinstance(turn, dict) or not all(isinstance(turn.get(f), str) for f in ("label", "speaker", "text")):
+        if not isinstance(turn, dict) or not all(
+            isinstance(turn.get(f), str) for f in ("label", "speaker", "text")
+        ):
             raise DataError(f"{path}:{line}: field 'history[{k}]' needs string label, speaker and text")
         labels.add(turn["label"])
     for field in ("recall", "pruned"):

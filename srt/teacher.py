@@ -22,6 +22,7 @@ A reply the parser cannot read gives None; the reason is counted in `teacher.sta
 writes only the analysis, the reasoning and the answer. `answer` is the corpus's reference reply:
 the teacher's answer must agree with it. Every reply is cached on disk (ResponseCache).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -38,7 +39,7 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from data_io import atomic_write_text
+from srt.data_io import atomic_write_text
 
 # --------------------------------------------------------------------------------------------
 # The prompt (§3.2): H*_t as "Turn X: 'content'", reasoning grounded in it, a concise answer
@@ -54,9 +55,13 @@ TEACHER_SYSTEM = (
     "say; newer information overrides older\n"
     "ANSWER: a concise answer"
 )
-FIXED_RECALL_NOTE = ("The minimal recall set is already known; copy it as your RECALL section and "
-                     "ground your reasoning in it:\n")
-REFERENCE_NOTE = "Reference answer from the original conversation (your ANSWER must agree with it; you may shorten it): "
+FIXED_RECALL_NOTE = (
+    "The minimal recall set is already known; copy it as your RECALL section and "
+    "ground your reasoning in it:\n"
+)
+REFERENCE_NOTE = (
+    "Reference answer from the original conversation (your ANSWER must agree with it; you may shorten it): "
+)
 
 
 def format_history(history) -> str:
@@ -92,8 +97,12 @@ def fixed_recall(history, gold):
 def gold_is_complete(gold) -> bool:
     """True when a round's gold already holds H*, Z and A* (the oracle can serve it); otherwise an
     LLM teacher must write what is missing (§3.2)."""
-    return bool(gold) and isinstance(gold.get("recall"), list) and bool(gold.get("reasoning")) \
+    return (
+        bool(gold)
+        and isinstance(gold.get("recall"), list)
+        and bool(gold.get("reasoning"))
         and gold.get("reasoning_source") != "template"
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -101,8 +110,10 @@ def gold_is_complete(gold) -> bool:
 # --------------------------------------------------------------------------------------------
 # A section starts a line: "ANSWER:", "**Answer:**", "- Final answer:", or a heading alone on its line
 # ("### Reasoning"); a colon is required otherwise, so a reasoning line "Recall that ..." stays reasoning.
-SECTION = re.compile(r"^[ \t>*_`-]*(?:#+[ \t]*)?(recall|analysis|reasoning|final answer|answer)\b[ \t*_`]*(?:[:：]|$)[ \t*_`]*",
-                     re.IGNORECASE | re.MULTILINE)
+SECTION = re.compile(
+    r"^[ \t>*_`-]*(?:#+[ \t]*)?(recall|analysis|reasoning|final answer|answer)\b[ \t*_`]*(?:[:：]|$)[ \t*_`]*",
+    re.IGNORECASE | re.MULTILINE,
+)
 RECALL_LINE = re.compile(r"(?:turn\s*)?\[?\b([QA])\s*(\d+)\b\]?\s*[:\-–—]\s*(.*)", re.IGNORECASE)
 NO_RECALL = re.compile(r"^\W*(none|no earlier turn|nothing|n/?a|empty)\b", re.IGNORECASE)
 QUOTES = "'\"‘’“”`"
@@ -135,7 +146,7 @@ def parse_reply(text, history, fixed=None, min_overlap=0.6) -> tuple[dict | None
     for k, m in enumerate(marks):
         name = "answer" if m[1].lower() == "final answer" else m[1].lower()
         end = marks[k + 1].start() if k + 1 < len(marks) else len(text)
-        sections.setdefault(name, text[m.end():end].strip())
+        sections.setdefault(name, text[m.end() : end].strip())
     if "answer" not in sections or not clean(sections["answer"].split("\n\n")[0]):
         return None, "no_answer"
     if not clean(sections.get("reasoning", "")):
@@ -165,18 +176,24 @@ def parse_reply(text, history, fixed=None, min_overlap=0.6) -> tuple[dict | None
         order = {u["label"]: k for k, u in enumerate(history)}
         recall.sort(key=order.get)
     answer = " ".join(clean(line) for line in sections["answer"].split("\n\n")[0].splitlines() if clean(line))
-    return {"recall": recall, "analysis": " ".join(clean(sections.get("analysis", "")).split()).rstrip("."),
-            "reasoning": clean(sections["reasoning"]), "answer": answer}, None
+    return {
+        "recall": recall,
+        "analysis": " ".join(clean(sections.get("analysis", "")).split()).rstrip("."),
+        "reasoning": clean(sections["reasoning"]),
+        "answer": answer,
+    }, None
 
 
 # --------------------------------------------------------------------------------------------
 # Verification without answer keys (§3.2): A*'s numbers and content words found in H*
 # --------------------------------------------------------------------------------------------
-STOPWORDS = set("""a an the and or but if then so of to in on at by for with from into onto over under about as is
+STOPWORDS = set(
+    """a an the and or but if then so of to in on at by for with from into onto over under about as is
 are was were be been being am do does did done have has had having it its it's this that these those there here
 i you he she we they me him her us them my your his our their mine yours what which who whom whose when where why
 how not no yes yeah ok okay please thanks thank can could would should will shall may might must just also very
-really too only than up down out off again all any both each few more most other some such own same s t""".split())
+really too only than up down out off again all any both each few more most other some such own same s t""".split()
+)
 ANSWER_TOKEN = re.compile(r"\$?\d+(?:[.,:]\d+)*%?|[A-Za-z][A-Za-z'’-]*")
 
 
@@ -197,8 +214,13 @@ def grounded(answer, recalled_texts, min_word_share=0.5) -> dict:
     numbers_missing = [n for n in numbers if not _found(n, evidence)]
     words_missing = [w for w in words if not _found(w, evidence)]
     share = 1 - len(words_missing) / len(words) if words else 1.0
-    return {"grounded": not numbers_missing and share >= min_word_share, "numbers_missing": numbers_missing,
-            "words_missing": words_missing, "word_share": round(share, 3), "checked": len(numbers) + len(words)}
+    return {
+        "grounded": not numbers_missing and share >= min_word_share,
+        "numbers_missing": numbers_missing,
+        "words_missing": words_missing,
+        "word_share": round(share, 3),
+        "checked": len(numbers) + len(words),
+    }
 
 
 # --------------------------------------------------------------------------------------------
@@ -213,7 +235,9 @@ class ResponseCache:
 
     @staticmethod
     def key(model, messages, settings) -> str:
-        blob = json.dumps({"model": model, "messages": messages, "settings": settings}, sort_keys=True, ensure_ascii=False)
+        blob = json.dumps(
+            {"model": model, "messages": messages, "settings": settings}, sort_keys=True, ensure_ascii=False
+        )
         return hashlib.sha256(blob.encode()).hexdigest()
 
     def _path(self, key) -> Path:
@@ -229,8 +253,10 @@ class ResponseCache:
 
     def put(self, key, model, content) -> None:
         if self.folder is not None:
-            atomic_write_text(self._path(key), json.dumps({"key": key, "model": model, "content": content},
-                                                          ensure_ascii=False))
+            atomic_write_text(
+                self._path(key),
+                json.dumps({"key": key, "model": model, "content": content}, ensure_ascii=False),
+            )
 
 
 # --------------------------------------------------------------------------------------------
@@ -279,12 +305,16 @@ class LLMTeacher:
         by_label = {u["label"]: u for u in history}
         gold = gold or {}
         self.count("annotated")
-        return {"recall_turns": [turn_ref(by_label[label]) for label in parsed["recall"]],
-                "analysis": parsed["analysis"] or "what the user needs", "reasoning": parsed["reasoning"],
-                "answer": parsed["answer"], "answer_keys": list(gold.get("answer_keys", [])),
-                "query_type": gold.get("query_type", "teacher" if parsed["recall"] else "none"),
-                "derived_yes_no": bool(gold.get("derived_yes_no")),
-                "reference_answer": None if answer is None else str(answer)}, None
+        return {
+            "recall_turns": [turn_ref(by_label[label]) for label in parsed["recall"]],
+            "analysis": parsed["analysis"] or "what the user needs",
+            "reasoning": parsed["reasoning"],
+            "answer": parsed["answer"],
+            "answer_keys": list(gold.get("answer_keys", [])),
+            "query_type": gold.get("query_type", "teacher" if parsed["recall"] else "none"),
+            "derived_yes_no": bool(gold.get("derived_yes_no")),
+            "reference_answer": None if answer is None else str(answer),
+        }, None
 
     def annotate_many(self, items, batch_size=8) -> list[tuple[dict | None, str | None]]:
         """items: (query, history, gold | None, answer | None) tuples -> (note | None, reason | None)
@@ -292,9 +322,12 @@ class LLMTeacher:
         items = list(items)
         out = []
         for start in range(0, len(items), batch_size):
-            chunk = items[start:start + batch_size]
+            chunk = items[start : start + batch_size]
             replies = self._complete_cached([teacher_messages(*item) for item in chunk])
-            out.extend(self._note(text, reason, item[1], item[2], item[3]) for (text, reason), item in zip(replies, chunk))
+            out.extend(
+                self._note(text, reason, item[1], item[2], item[3])
+                for (text, reason), item in zip(replies, chunk)
+            )
         return out
 
     def annotate_with_reason(self, query, history, gold=None, answer=None):
@@ -309,7 +342,9 @@ class HFTeacher(LLMTeacher):
     """A local model as the teacher: `hf:` + a folder, a Hugging Face id, 'smollm2-135m' or
     'tiny-random'. Greedy decoding, so a reply is a function of the prompt (and the cache exact)."""
 
-    def __init__(self, spec, cache_dir=None, max_new_tokens=384, device=None, dtype="auto", trust_remote_code=False):
+    def __init__(
+        self, spec, cache_dir=None, max_new_tokens=384, device=None, dtype="auto", trust_remote_code=False
+    ):
         name = spec[3:] if spec.startswith("hf:") else spec
         super().__init__(f"hf:{name}", cache_dir, {"max_new_tokens": max_new_tokens, "greedy": True})
         self.model_name, self.max_new_tokens, self.device, self.dtype = name, max_new_tokens, device, dtype
@@ -320,18 +355,27 @@ class HFTeacher(LLMTeacher):
         return f"HFTeacher({self.model!r})"
 
     def _complete_batch(self, batch):
-        from modeling import generate, load_model_and_tokenizer, render_chat, resolve_dtype
+        from srt.modeling import generate, load_model_and_tokenizer, render_chat, resolve_dtype
+
         if self._loaded is None:  # loaded on the first cache miss: a fully cached run never loads it
             import torch
+
             device = self.device or ("cuda" if torch.cuda.is_available() else None)
-            self._loaded = load_model_and_tokenizer(self.model_name, dtype=self.dtype, device=device,
-                                                    trust_remote_code=self.trust_remote_code)
+            self._loaded = load_model_and_tokenizer(
+                self.model_name, dtype=self.dtype, device=device, trust_remote_code=self.trust_remote_code
+            )
         model, tokenizer = self._loaded
         prompts = [render_chat(tokenizer, messages) for messages in batch]
         _, autocast_dtype = resolve_dtype(self.dtype, next(model.parameters()).device)
         self.count("requests", len(batch))
-        out = generate(model, tokenizer, prompts, max_new_tokens=self.max_new_tokens, greedy=True,
-                       autocast_dtype=autocast_dtype)
+        out = generate(
+            model,
+            tokenizer,
+            prompts,
+            max_new_tokens=self.max_new_tokens,
+            greedy=True,
+            autocast_dtype=autocast_dtype,
+        )
         return [(text, None) for text in out["texts"]]
 
 
@@ -352,14 +396,27 @@ class APITeacher(LLMTeacher):
     Retry-After, capped at max_backoff); no wait follows the last try. Other 4xx fail at once. A
     200 whose body is not a chat completion is not retried: counted as malformed_response."""
 
-    def __init__(self, spec, api_base="https://api.openai.com/v1", key_env="OPENAI_API_KEY", cache_dir=None,
-                 max_concurrency=4, timeout=120.0, retries=4, backoff_base=1.0, max_backoff=60.0,
-                 temperature=0.0, max_tokens=1024, seed=0):
+    def __init__(
+        self,
+        spec,
+        api_base="https://api.openai.com/v1",
+        key_env="OPENAI_API_KEY",
+        cache_dir=None,
+        max_concurrency=4,
+        timeout=120.0,
+        retries=4,
+        backoff_base=1.0,
+        max_backoff=60.0,
+        temperature=0.0,
+        max_tokens=1024,
+        seed=0,
+    ):
         name = spec[4:] if spec.startswith("api:") else spec
         # the endpoint is not part of the cache key: one model id behind another proxy or port
         # gives the same replies, and a run moved to a new host must not pay twice
-        super().__init__(f"api:{name}", cache_dir, {"temperature": temperature, "max_tokens": max_tokens},
-                         max_concurrency)
+        super().__init__(
+            f"api:{name}", cache_dir, {"temperature": temperature, "max_tokens": max_tokens}, max_concurrency
+        )
         self.model_name, self.url = name, api_base.rstrip("/") + "/chat/completions"
         self.key_env, self._key = key_env, os.environ.get(key_env, "")
         self.timeout, self.retries = float(timeout), int(retries)
@@ -375,8 +432,14 @@ class APITeacher(LLMTeacher):
         return text.replace(self._key, "***") if self._key else text
 
     def _request(self, messages) -> str:
-        body = json.dumps({"model": self.model_name, "messages": messages, "temperature": self.temperature,
-                           "max_tokens": self.max_tokens}).encode()
+        body = json.dumps(
+            {
+                "model": self.model_name,
+                "messages": messages,
+                "temperature": self.temperature,
+                "max_tokens": self.max_tokens,
+            }
+        ).encode()
         headers = {"Content-Type": "application/json"}
         if self._key:
             headers["Authorization"] = f"Bearer {self._key}"
@@ -388,8 +451,11 @@ class APITeacher(LLMTeacher):
         except urllib.error.HTTPError as e:
             retryable = e.code == 429 or e.code >= 500
             retry_after = e.headers.get("Retry-After") if e.headers else None
-            raise APIError(f"http_{e.code}", retryable,
-                           float(retry_after) if retry_after and retry_after.isdigit() else None) from None
+            raise APIError(
+                f"http_{e.code}",
+                retryable,
+                float(retry_after) if retry_after and retry_after.isdigit() else None,
+            ) from None
         except (socket.timeout, TimeoutError):
             raise APIError("timeout", True) from None
         except urllib.error.URLError as e:
@@ -414,7 +480,7 @@ class APITeacher(LLMTeacher):
                 if not e.retryable or attempt == self.retries:
                     return None, e.reason.split(":")[0]
                 self.count("retries")
-                delay = self.backoff_base * 2 ** attempt
+                delay = self.backoff_base * 2**attempt
                 with self._lock:
                     delay += self._rng.uniform(0, delay)
                 if e.retry_after is not None:
@@ -434,8 +500,19 @@ class APITeacher(LLMTeacher):
 
 
 HF_OPTIONS = ("cache_dir", "max_new_tokens", "device", "dtype", "trust_remote_code")
-API_OPTIONS = ("cache_dir", "api_base", "key_env", "max_concurrency", "timeout", "retries", "backoff_base",
-               "max_backoff", "temperature", "max_tokens", "seed")
+API_OPTIONS = (
+    "cache_dir",
+    "api_base",
+    "key_env",
+    "max_concurrency",
+    "timeout",
+    "retries",
+    "backoff_base",
+    "max_backoff",
+    "temperature",
+    "max_tokens",
+    "seed",
+)
 
 
 def make_teacher(spec, **options):
@@ -450,3 +527,52 @@ def make_teacher(spec, **options):
             options.setdefault("max_tokens", options["max_new_tokens"])
         return APITeacher(spec, **{k: v for k, v in options.items() if k in API_OPTIONS})
     raise ValueError(f"--teacher {spec!r}: use oracle, hf:MODEL or api:MODEL")
+
+
+# --------------------------------------------------------------------------------------------
+# The client for OpenAI-compatible chat APIs (the §3.2 teacher; SRT-P on closed models, §4.8)
+# --------------------------------------------------------------------------------------------
+class ChatClient:
+    """POST {api_base}/chat/completions. The key is read from an environment variable and never
+    printed; errors name the endpoint but not the key."""
+
+    def __init__(
+        self,
+        api_base: str,
+        model: str,
+        key_env: str = "OPENAI_API_KEY",
+        temperature: float = 0.0,
+        max_tokens: int = 512,
+        timeout: float = 120.0,
+        retries: int = 3,
+    ):
+        self.url = api_base.rstrip("/") + "/chat/completions"
+        self.model, self.temperature, self.max_tokens = model, temperature, max_tokens
+        self.timeout, self.retries = timeout, retries
+        self._key = os.environ.get(key_env, "")
+
+    def __repr__(self):  # keeps the key out of logs
+        return f"ChatClient(url={self.url!r}, model={self.model!r})"
+
+    def chat(self, messages: list[dict]) -> str:
+        body = json.dumps(
+            {
+                "model": self.model,
+                "messages": messages,
+                "temperature": self.temperature,
+                "max_tokens": self.max_tokens,
+            }
+        ).encode()
+        headers = {"Content-Type": "application/json"}
+        if self._key:
+            headers["Authorization"] = f"Bearer {self._key}"
+        last_error = None
+        for attempt in range(self.retries):
+            try:
+                request = urllib.request.Request(self.url, data=body, headers=headers)
+                with urllib.request.urlopen(request, timeout=self.timeout) as response:
+                    return json.loads(response.read())["choices"][0]["message"]["content"] or ""
+            except Exception as e:  # network errors and malformed replies alike: retry, then fail
+                last_error = f"{type(e).__name__}: {e}"
+                time.sleep(2**attempt)
+        raise RuntimeError(f"chat API {self.url} failed after {self.retries} tries: {last_error}")

@@ -34,6 +34,7 @@ Shared conventions (every loader, counted in the report):
   LoCoMo builds a window per question instead. Fewer than 2 rounds (no history) are skipped
   (`too_short`); the §3.2 length filter (8..32 rounds) stays in stage 0.
 """
+
 from __future__ import annotations
 
 import json
@@ -42,7 +43,7 @@ import re
 from collections import Counter
 from pathlib import Path
 
-from data_io import DataError, read_lines
+from srt.data_io import DataError, read_lines
 
 ROLES = ("user", "assistant")
 
@@ -82,7 +83,10 @@ def pair_merged(merged, report) -> list[tuple[dict, dict]]:
 
 def pair_rounds(turns, report) -> list[dict]:
     """Role-tagged turns {"role", "text"} -> rounds {"user", "assistant"} (the conventions above)."""
-    return [{"user": u["text"], "assistant": a["text"]} for u, a in pair_merged(merge_turns(turns, report), report)]
+    return [
+        {"user": u["text"], "assistant": a["text"]}
+        for u, a in pair_merged(merge_turns(turns, report), report)
+    ]
 
 
 def finish_dialogue(dialogue_id, source, domain, rounds, report, max_rounds=32, queries="last", meta=None):
@@ -171,8 +175,12 @@ def normalise_evidence(raw) -> tuple[list[str], list[str], int]:
 
 def locomo_stream(conversation) -> tuple[list[dict], dict]:
     """All sessions in order -> (turns {"speaker", "text", "session", "dia_id"}, session dates)."""
-    numbers = sorted(int(m[1]) for key in conversation for m in [re.fullmatch(r"session_(\d+)", key)]
-                     if m and isinstance(conversation[key], list))
+    numbers = sorted(
+        int(m[1])
+        for key in conversation
+        for m in [re.fullmatch(r"session_(\d+)", key)]
+        if m and isinstance(conversation[key], list)
+    )
     turns, dates = [], {}
     for n in numbers:
         dates[n] = str(conversation.get(f"session_{n}_date_time") or f"session {n}")
@@ -180,8 +188,14 @@ def locomo_stream(conversation) -> tuple[list[dict], dict]:
             text = str(turn.get("text") or "").strip()
             if turn.get("blip_caption"):  # a shared image: the caption is what a reader can recall
                 text = f"{text} [shares a photo of {turn['blip_caption']}]".strip()
-            turns.append({"speaker": str(turn.get("speaker", "")), "text": text, "session": n,
-                          "dia_id": normalise_dia_id(turn.get("dia_id", ""))})
+            turns.append(
+                {
+                    "speaker": str(turn.get("speaker", "")),
+                    "text": text,
+                    "session": n,
+                    "dia_id": normalise_dia_id(turn.get("dia_id", "")),
+                }
+            )
     return turns, dates
 
 
@@ -225,8 +239,9 @@ def runs_of(indices) -> list[list[int]]:
     return runs
 
 
-def load_locomo(path, max_rounds=32, report=None, seed=0, adversarial="keep", date_headers="session",
-                limit=None, **_) -> list[dict]:
+def load_locomo(
+    path, max_rounds=32, report=None, seed=0, adversarial="keep", date_headers="session", limit=None, **_
+) -> list[dict]:
     """One dialogue per question: a history window of at most `max_rounds - 1` rounds (so the
     dialogue, query round included, has at most `max_rounds`) and the question as the gold round.
 
@@ -264,10 +279,13 @@ def load_locomo(path, max_rounds=32, report=None, seed=0, adversarial="keep", da
             continue
         user_speaker = turns[0]["speaker"]
         names = [conversation.get("speaker_a"), conversation.get("speaker_b")]
-        assistant_speaker = next((n for n in names if n and n != user_speaker),
-                                 next((t["speaker"] for t in turns if t["speaker"] != user_speaker), ""))
-        merged = merge_turns([dict(t, role="user" if t["speaker"] == user_speaker else "assistant") for t in turns],
-                             report)
+        assistant_speaker = next(
+            (n for n in names if n and n != user_speaker),
+            next((t["speaker"] for t in turns if t["speaker"] != user_speaker), ""),
+        )
+        merged = merge_turns(
+            [dict(t, role="user" if t["speaker"] == user_speaker else "assistant") for t in turns], report
+        )
         if merged and merged[-1]["role"] == "user":  # the conversation ends on the user's side: the
             merged.append({"role": "assistant", "parts": []})  # turn may be evidence, so it stays, unanswered
             report["trailing_user_kept"] += 1
@@ -312,32 +330,56 @@ def load_locomo(path, max_rounds=32, report=None, seed=0, adversarial="keep", da
                     texts.append(text)
                 rounds.append({"user": texts[0], "assistant": texts[1]})
             position = {r_index: k + 1 for k, r_index in enumerate(kept)}
-            recall = sorted({f"{where[i][1]}{position[where[i][0]]}" for i in ids},
-                            key=lambda label: (int(label[1:]), label[0] == "A"))
+            recall = sorted(
+                {f"{where[i][1]}{position[where[i][0]]}" for i in ids},
+                key=lambda label: (int(label[1:]), label[0] == "A"),
+            )
             answer = str(answer)
             kind = LOCOMO_CATEGORIES.get(category, "unknown")
-            gold = {"recall": recall, "answer_keys": [], "answer": answer, "query_type": f"locomo-{kind}",
-                    "category": category, "evidence": ids, "derived_answer": True,
-                    # a templated Z so that the oracle teacher can serve LoCoMo; an LLM teacher
-                    # writes the real chain from the same H* (teacher.py)
-                    "analysis": f"about the earlier conversation: {str(qa['question']).strip().rstrip('?.! ')}",
-                    "reasoning": ("The recalled turns, with their session dates, hold what the question "
-                                  f"needs; from them the answer is: {answer}") if recall else
-                                 f"No single earlier turn states it; the answer is: {answer}",
-                    "reasoning_source": "template"}
+            gold = {
+                "recall": recall,
+                "answer_keys": [],
+                "answer": answer,
+                "query_type": f"locomo-{kind}",
+                "category": category,
+                "evidence": ids,
+                "derived_answer": True,
+                # a templated Z so that the oracle teacher can serve LoCoMo; an LLM teacher
+                # writes the real chain from the same H* (teacher.py)
+                "analysis": f"about the earlier conversation: {str(qa['question']).strip().rstrip('?.! ')}",
+                "reasoning": (
+                    "The recalled turns, with their session dates, hold what the question "
+                    f"needs; from them the answer is: {answer}"
+                )
+                if recall
+                else f"No single earlier turn states it; the answer is: {answer}",
+                "reasoning_source": "template",
+            }
             if category == 5:
                 gold["adversarial_answer"] = str(qa.get("adversarial_answer"))
             rounds.append({"user": str(qa["question"]).strip(), "assistant": answer, "gold": gold})
             report["queries"] += 1
-            dialogues.append({
-                "id": f"locomo-{sample_id}-q{q_index:03d}", "source": "locomo", "domain": "long-term-chat",
-                "rounds": rounds,
-                "meta": {"conversation_id": sample_id, "split_group": sample_id,
-                         "user_speaker": user_speaker, "assistant_speaker": assistant_speaker,
-                         "window": {"how": how, "max_rounds": max_rounds,
-                                    "conversation_rounds": len(rounds_parts),
-                                    "kept_rounds": runs_of(kept),
-                                    "evidence_rounds": sorted({where[i][0] + 1 for i in ids})}}})
+            dialogues.append(
+                {
+                    "id": f"locomo-{sample_id}-q{q_index:03d}",
+                    "source": "locomo",
+                    "domain": "long-term-chat",
+                    "rounds": rounds,
+                    "meta": {
+                        "conversation_id": sample_id,
+                        "split_group": sample_id,
+                        "user_speaker": user_speaker,
+                        "assistant_speaker": assistant_speaker,
+                        "window": {
+                            "how": how,
+                            "max_rounds": max_rounds,
+                            "conversation_rounds": len(rounds_parts),
+                            "kept_rounds": runs_of(kept),
+                            "evidence_rounds": sorted({where[i][0] + 1 for i in ids}),
+                        },
+                    },
+                }
+            )
             if limit and len(dialogues) >= limit:
                 return dialogues
     return dialogues
@@ -351,7 +393,9 @@ def render_locomo_utterance(parts, last_session, dates, date_headers) -> tuple[s
         return "", last_session
     pieces, header = [], None
     for k, part in enumerate(parts):
-        if date_headers != "none" and (part["session"] != last_session or (date_headers == "turn" and k == 0)):
+        if date_headers != "none" and (
+            part["session"] != last_session or (date_headers == "turn" and k == 0)
+        ):
             if k == 0:
                 header = f"[{dates[part['session']]}]"
             else:
@@ -383,7 +427,9 @@ def split_story(story: str, words_per_part: int) -> list[str]:
     return parts
 
 
-def load_coqa(path, max_rounds=32, report=None, story_part_words=60, queries="all", limit=None, **_) -> list[dict]:
+def load_coqa(
+    path, max_rounds=32, report=None, story_part_words=60, queries="all", limit=None, **_
+) -> list[dict]:
     """One dialogue per story. The story comes first, split into sentence-aligned parts, one part
     per round: "Story (part k of m): ..." as the user utterance, "OK." as the assistant's. Then
     each question is a round (question, answer input_text), marked `query` for the teacher
@@ -402,8 +448,10 @@ def load_coqa(path, max_rounds=32, report=None, story_part_words=60, queries="al
         if not parts:
             report["too_short"] += 1
             continue
-        rounds = [{"user": f"Story (part {k} of {len(parts)}): {part}", "assistant": STORY_ACK}
-                  for k, part in enumerate(parts, 1)]
+        rounds = [
+            {"user": f"Story (part {k} of {len(parts)}): {part}", "assistant": STORY_ACK}
+            for k, part in enumerate(parts, 1)
+        ]
         starts = _part_offsets(story, parts)
         for question in sorted(item.get("questions", []), key=lambda q: q.get("turn_id", 0)):
             answer = answers.get(question.get("turn_id"))
@@ -414,13 +462,26 @@ def load_coqa(path, max_rounds=32, report=None, story_part_words=60, queries="al
             span_start = answer.get("span_start", -1)
             if isinstance(span_start, int) and span_start >= 0:
                 meta["rationale_label"] = f"Q{max(k for k, s in enumerate(starts, 1) if s <= span_start)}"
-            rounds.append({"user": str(question["input_text"]).strip(), "assistant": str(answer.get("input_text", "")).strip(),
-                           "meta": meta, **({"query": True} if queries == "all" else {})})
+            rounds.append(
+                {
+                    "user": str(question["input_text"]).strip(),
+                    "assistant": str(answer.get("input_text", "")).strip(),
+                    "meta": meta,
+                    **({"query": True} if queries == "all" else {}),
+                }
+            )
         if len(rounds) == len(parts):
             report["too_short"] += 1
             continue
-        dialogue = finish_dialogue(f"coqa-{item.get('id', story_index)}", "coqa", str(item.get("source", "coqa")),
-                                   rounds, report, max_rounds, "last" if queries == "last" else "none")
+        dialogue = finish_dialogue(
+            f"coqa-{item.get('id', story_index)}",
+            "coqa",
+            str(item.get("source", "coqa")),
+            rounds,
+            report,
+            max_rounds,
+            "last" if queries == "last" else "none",
+        )
         if dialogue:
             dialogues.append(dialogue)
         if limit and len(dialogues) >= limit:
@@ -463,8 +524,15 @@ def load_multiwoz(path, max_rounds=32, report=None, queries="last", limit=None, 
         turns = [{"role": ROLES[k % 2], "text": turn.get("text", "")} for k, turn in enumerate(log)]
         goal = item.get("goal") or {}
         domains = [d for d in MULTIWOZ_DOMAINS if goal.get(d)]
-        dialogue = finish_dialogue(f"multiwoz-{Path(dialogue_id).stem}", "multiwoz", "+".join(domains) or "multiwoz",
-                                   pair_rounds(turns, report), report, max_rounds, queries)
+        dialogue = finish_dialogue(
+            f"multiwoz-{Path(dialogue_id).stem}",
+            "multiwoz",
+            "+".join(domains) or "multiwoz",
+            pair_rounds(turns, report),
+            report,
+            max_rounds,
+            queries,
+        )
         if dialogue:
             dialogues.append(dialogue)
         if limit and len(dialogues) >= limit:
@@ -475,8 +543,18 @@ def load_multiwoz(path, max_rounds=32, report=None, queries="last", limit=None, 
 # --------------------------------------------------------------------------------------------
 # DailyDialog (Li et al., 2017): dialogues_text.txt, one dialogue a line, __eou__ after each turn
 # --------------------------------------------------------------------------------------------
-DAILYDIALOG_TOPICS = {1: "ordinary-life", 2: "school-life", 3: "culture-education", 4: "attitude-emotion",
-                      5: "relationship", 6: "tourism", 7: "health", 8: "work", 9: "politics", 10: "finance"}
+DAILYDIALOG_TOPICS = {
+    1: "ordinary-life",
+    2: "school-life",
+    3: "culture-education",
+    4: "attitude-emotion",
+    5: "relationship",
+    6: "tourism",
+    7: "health",
+    8: "work",
+    9: "politics",
+    10: "finance",
+}
 
 
 def detokenize(text: str) -> str:
@@ -496,8 +574,11 @@ def load_dailydialog(path, max_rounds=32, report=None, queries="last", limit=Non
     report = Counter() if report is None else report
     text_file = resolve_file(path, ["dialogues_text.txt", "dialogues_*.txt"])
     topic_file = text_file.with_name("dialogues_topic.txt")
-    topics = topic_file.read_text(encoding="utf-8").split() if text_file.name == "dialogues_text.txt" \
-        and topic_file.exists() else []
+    topics = (
+        topic_file.read_text(encoding="utf-8").split()
+        if text_file.name == "dialogues_text.txt" and topic_file.exists()
+        else []
+    )
     dialogues = []
     with open(text_file, encoding="utf-8") as f:
         for line_no, line in enumerate(f):
@@ -506,9 +587,15 @@ def load_dailydialog(path, max_rounds=32, report=None, queries="last", limit=Non
             if not turns:
                 continue
             topic = int(topics[line_no]) if line_no < len(topics) and topics[line_no].isdigit() else 0
-            dialogue = finish_dialogue(f"dailydialog-{line_no:05d}", "dailydialog",
-                                       DAILYDIALOG_TOPICS.get(topic, "daily-life"),
-                                       pair_rounds(turns, report), report, max_rounds, queries)
+            dialogue = finish_dialogue(
+                f"dailydialog-{line_no:05d}",
+                "dailydialog",
+                DAILYDIALOG_TOPICS.get(topic, "daily-life"),
+                pair_rounds(turns, report),
+                report,
+                max_rounds,
+                queries,
+            )
             if dialogue:
                 dialogues.append(dialogue)
             if limit and len(dialogues) >= limit:
@@ -522,7 +609,9 @@ def load_dailydialog(path, max_rounds=32, report=None, queries="last", limit=Non
 MOVIE_MENTION = re.compile(r"@(\d+)")
 
 
-def load_redial(path, max_rounds=32, report=None, queries="last", limit=None, on_error="skip", **_) -> list[dict]:
+def load_redial(
+    path, max_rounds=32, report=None, queries="last", limit=None, on_error="skip", **_
+) -> list[dict]:
     """Fields relied on: conversationId, initiatorWorkerId (the seeker: our user), messages[]
     {text, senderWorkerId}, movieMentions {movie id: "Title (year)"} (a list of {movieId,
     movieName} is read too). "@<movie id>" in a message becomes the movie's title."""
@@ -539,14 +628,30 @@ def load_redial(path, max_rounds=32, report=None, queries="last", limit=None, on
         mentions = item.get("movieMentions") or {}
         if isinstance(mentions, list):
             mentions = {str(m.get("movieId")): m.get("movieName") for m in mentions if isinstance(m, dict)}
-        seeker = item.get("initiatorWorkerId", item["messages"][0].get("senderWorkerId") if item["messages"] else None)
+        seeker = item.get(
+            "initiatorWorkerId", item["messages"][0].get("senderWorkerId") if item["messages"] else None
+        )
 
         def titles(text):
             return MOVIE_MENTION.sub(lambda m: str(mentions.get(m[1]) or m[0]), str(text or ""))
-        turns = [{"role": "user" if m.get("senderWorkerId") == seeker else "assistant", "text": titles(m.get("text"))}
-                 for m in item["messages"] if isinstance(m, dict)]
-        dialogue = finish_dialogue(f"redial-{item.get('conversationId', len(dialogues))}", "redial", "movies",
-                                   pair_rounds(turns, report), report, max_rounds, queries)
+
+        turns = [
+            {
+                "role": "user" if m.get("senderWorkerId") == seeker else "assistant",
+                "text": titles(m.get("text")),
+            }
+            for m in item["messages"]
+            if isinstance(m, dict)
+        ]
+        dialogue = finish_dialogue(
+            f"redial-{item.get('conversationId', len(dialogues))}",
+            "redial",
+            "movies",
+            pair_rounds(turns, report),
+            report,
+            max_rounds,
+            queries,
+        )
         if dialogue:
             dialogues.append(dialogue)
         if limit and len(dialogues) >= limit:
@@ -584,8 +689,13 @@ def load_mgshopdial(path, max_rounds=32, report=None, queries="last", limit=None
             if who not in MGSHOPDIAL_USER | MGSHOPDIAL_ASSISTANT:
                 report["unknown_participant"] += 1
                 continue
-            turns.append({"role": "user" if who in MGSHOPDIAL_USER else "assistant", "text": u.get("utterance", ""),
-                          "goal": u.get("goal")})
+            turns.append(
+                {
+                    "role": "user" if who in MGSHOPDIAL_USER else "assistant",
+                    "text": u.get("utterance", ""),
+                    "goal": u.get("goal"),
+                }
+            )
         pairs = pair_merged(merge_turns(turns, report), report)
         rounds = [{"user": u["text"], "assistant": a["text"]} for u, a in pairs]
         if queries == "qa":
@@ -593,9 +703,16 @@ def load_mgshopdial(path, max_rounds=32, report=None, queries="last", limit=None
                 if k > 0 and "qa" in [p.get("goal") for p in user["parts"]]:
                     rounds[k]["query"] = True
         domain = str(item.get("id", "")).split(":")[0].lower() or "shopping"
-        dialogue = finish_dialogue(f"mgshopdial-{item.get('id', index)}", "mgshopdial", domain, rounds, report,
-                                   max_rounds, "none" if queries == "qa" else queries,
-                                   {"scenario": (item.get("metadata") or {}).get("desc", "")})
+        dialogue = finish_dialogue(
+            f"mgshopdial-{item.get('id', index)}",
+            "mgshopdial",
+            domain,
+            rounds,
+            report,
+            max_rounds,
+            "none" if queries == "qa" else queries,
+            {"scenario": (item.get("metadata") or {}).get("desc", "")},
+        )
         if dialogue and (queries != "qa" or any(r.get("query") for r in dialogue["rounds"])):
             dialogues.append(dialogue)
         elif dialogue:
@@ -611,6 +728,7 @@ def load_mgshopdial(path, max_rounds=32, report=None, queries="last", limit=None
 def chitchat_path() -> Path:
     """dataset.json inside the installed chitchat-dataset package (found without importing it)."""
     import importlib.util
+
     spec = importlib.util.find_spec("chitchat_dataset")
     if spec is None or not spec.submodule_search_locations:
         raise DataError("the chitchat corpus is missing; install it with `pip install chitchat-dataset`")
@@ -628,10 +746,20 @@ def load_chitchat(path=None, max_rounds=32, report=None, queries="last", limit=N
     for conversation_id, item in corpus.items():
         messages = [m for group in item.get("messages", []) for m in group if isinstance(m, dict)]
         opener = messages[0].get("sender") if messages else None
-        turns = [{"role": "user" if m.get("sender") == opener else "assistant", "text": m.get("text")} for m in messages]
-        dialogue = finish_dialogue(f"chitchat-{conversation_id}", "chitchat", "open-domain",
-                                   pair_rounds(turns, report), report, max_rounds, queries,
-                                   {"prompt": item.get("prompt", "")} if item.get("prompt") else None)
+        turns = [
+            {"role": "user" if m.get("sender") == opener else "assistant", "text": m.get("text")}
+            for m in messages
+        ]
+        dialogue = finish_dialogue(
+            f"chitchat-{conversation_id}",
+            "chitchat",
+            "open-domain",
+            pair_rounds(turns, report),
+            report,
+            max_rounds,
+            queries,
+            {"prompt": item.get("prompt", "")} if item.get("prompt") else None,
+        )
         if dialogue:
             dialogues.append(dialogue)
         if limit and len(dialogues) >= limit:
@@ -653,9 +781,14 @@ def parse_jsonl_dialogue(obj, where="<dialogue>", line=0) -> dict:
         raise DataError(f"{where}:{line}: field 'id' is missing or not a string")
     if isinstance(obj.get("messages"), list) and "rounds" not in obj:
         for k, m in enumerate(obj["messages"]):
-            if not isinstance(m, dict) or m.get("role") not in ("user", "assistant", "system") \
-                    or not isinstance(m.get("content"), str):
-                raise DataError(f"{where}:{line}: field 'messages[{k}]' needs role user|assistant|system and string content")
+            if (
+                not isinstance(m, dict)
+                or m.get("role") not in ("user", "assistant", "system")
+                or not isinstance(m.get("content"), str)
+            ):
+                raise DataError(
+                    f"{where}:{line}: field 'messages[{k}]' needs role user|assistant|system and string content"
+                )
         return obj
     if not isinstance(obj.get("rounds"), list):
         raise DataError(f"{where}:{line}: field 'rounds' (or 'messages') is missing or not a list")
@@ -664,13 +797,18 @@ def parse_jsonl_dialogue(obj, where="<dialogue>", line=0) -> dict:
             if not isinstance(r, dict) or not isinstance(r.get(field), str):
                 raise DataError(f"{where}:{line}: field 'rounds[{k}].{field}' is missing or not a string")
         gold = r.get("gold")
-        if gold is not None and not (isinstance(gold, dict) and isinstance(gold.get("recall", []), list)
-                                     and isinstance(gold.get("answer_keys", []), list)):
+        if gold is not None and not (
+            isinstance(gold, dict)
+            and isinstance(gold.get("recall", []), list)
+            and isinstance(gold.get("answer_keys", []), list)
+        ):
             raise DataError(f"{where}:{line}: field 'rounds[{k}].gold' needs list 'recall' and 'answer_keys'")
         labels = {f"{side}{i}" for i in range(1, k + 1) for side in "QA"}
         bad = [x for x in (gold or {}).get("recall", []) if x not in labels]
         if bad:
-            raise DataError(f"{where}:{line}: field 'rounds[{k}].gold.recall' names {bad[0]!r}, not an earlier turn")
+            raise DataError(
+                f"{where}:{line}: field 'rounds[{k}].gold.recall' names {bad[0]!r}, not an earlier turn"
+            )
     return obj
 
 
@@ -686,11 +824,21 @@ def load_jsonl(path, max_rounds=None, report=None, on_error="raise", limit=None,
             rounds = [dict(r) for r in obj["rounds"]]
             marks = any("gold" in r or r.get("query") for r in rounds)
         else:
-            turns = [{"role": m["role"], "text": m["content"]} for m in obj["messages"] if m["role"] != "system"]
+            turns = [
+                {"role": m["role"], "text": m["content"]} for m in obj["messages"] if m["role"] != "system"
+            ]
             rounds, marks = pair_rounds(turns, report), False
         report["rounds_with_gold"] += sum("gold" in r for r in rounds)
-        dialogue = finish_dialogue(obj["id"], str(obj.get("source", "jsonl")), str(obj.get("domain", "unknown")),
-                                   rounds, report, max_rounds, "none" if marks else "last", obj.get("meta"))
+        dialogue = finish_dialogue(
+            obj["id"],
+            str(obj.get("source", "jsonl")),
+            str(obj.get("domain", "unknown")),
+            rounds,
+            report,
+            max_rounds,
+            "none" if marks else "last",
+            obj.get("meta"),
+        )
         if dialogue:
             dialogues.append(dialogue)
         if limit and len(dialogues) >= limit:
@@ -703,8 +851,16 @@ def load_jsonl(path, max_rounds=None, report=None, on_error="raise", limit=None,
 # --------------------------------------------------------------------------------------------
 # The registry stage 0 uses: --source NAME --path FILE_OR_DIR
 # --------------------------------------------------------------------------------------------
-LOADERS = {"locomo": load_locomo, "coqa": load_coqa, "multiwoz": load_multiwoz, "dailydialog": load_dailydialog,
-           "redial": load_redial, "mgshopdial": load_mgshopdial, "chitchat": load_chitchat, "jsonl": load_jsonl}
+LOADERS = {
+    "locomo": load_locomo,
+    "coqa": load_coqa,
+    "multiwoz": load_multiwoz,
+    "dailydialog": load_dailydialog,
+    "redial": load_redial,
+    "mgshopdial": load_mgshopdial,
+    "chitchat": load_chitchat,
+    "jsonl": load_jsonl,
+}
 
 
 def load_corpus(source, path=None, **options) -> tuple[list[dict], dict]:

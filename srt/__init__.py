@@ -1,0 +1,23 @@
+"""The library the SRT scripts share, as nanochat keeps its own beside its scripts.
+
+The scripts at the top of the repository read like the paper (stage0_build.py §3.2, stage1_sft.py
+§3.3, stage2_grpo.py and reward.py §3.4, evaluate.py §4, cuemem.py the CueMem baseline); what they
+share lives here, one job a module:
+
+    prompt        the prompt P(Q_t, C_t), the target (Z_t, A*_t), fitting a prompt to a token budget
+    modeling      models and tokenizers, precision, the one batched `generate`, log-probs, the embedder
+    rollouts      GRPO's prompt stream and its K samples per prompt (dynamic sampling)
+    probe         the greedy probes a training run logs (recall Jaccard, F1, format)
+    distributed   torchrun set-up, DDP / FSDP wrapping, sharded checkpoints
+    checkpoint    atomic save_pretrained folders, trainer state, RNG state, append-only logs
+    training      seeding, the learning-rate schedule of §4.1, the wall-clock budget
+    config        argparse with presets, flag checks, the resolved config written beside outputs
+    data_io       the JSONL record format and atomic writes
+    synthetic     the embedded synthetic corpus (planted dependencies)
+    corpora       readers for LoCoMo, CoQA, MultiWOZ, DailyDialog, ReDial, MG-ShopDial, chit-chat, JSONL
+    teacher       the LLM teachers of §3.2 and the chat-API client
+    metrics       F1, accuracy, recall Jaccard, the error taxonomy, paired bootstrap, McNemar
+    report        Table 2 / Table 3 / Fig. 4 reports and plots
+    attention     the §4.6 attention analysis
+    memory_plan   the per-GPU memory planner behind --dry-run
+"""

@@ -1,0 +1,1643 @@
+"""The synthetic corpus: the embedded default data of stage 0 (SRQA, the paper's set, is not public).
+
+A dialogue is a list of rounds (user utterance Q_i, assistant utterance A_i) in one of four
+customer-service domains. Fact rounds (a membership tier, discount rules, prices, who performs
+what where, order numbers, dates, addresses, codes) sit at random positions and in random order
+among distractor rounds; some facts are updated later (the newer value is right); same-entity
+confusers stand beside them (two services and two prices, two tiers in one rule, a second
+therapist); the queries at the end need one, two or three facts combined, or none at all. Each
+query round carries its ground truth (H*, Z, A*, answer_keys) under "gold", which stage 0's
+oracle teacher serves.
+
+What makes the task honest (issue 12):
+- Unique gold: no utterance outside H* states a fact the answer needs. Every value that can be an
+  answer key is drawn distinct within its dialogue, a template states it in one utterance only,
+  queries in one dialogue never share a fact, and no distractor mentions it.
+  `keys_outside_recall` is the check; tests run it on every generated query.
+- No position or template shortcut: fact positions and order are random, so no gold label set
+  dominates a query type.
+- Yes/no queries need the recalled facts: the answer is a fair coin drawn before the facts, and
+  the number in the query is drawn independently of it, so reading the query alone is chance.
+- Real distractors: most filler rounds are whole short exchanges of real human small talk from
+  the chitchat-dataset package (about 7,000 conversations, MIT); "related" rounds that talk about
+  the queried entity without stating the fact sit shortly before a query, so that Eq. (2) keeps
+  distractors in the pruned history the way real data does.
+
+The output is the raw dialogue format stage0_build.py reads from every source:
+    {"id", "source": "synthetic", "domain", "rounds": [{"user", "assistant", "kind", "gold"?}, ...]}
+
+    generate_synthetic(num_dialogues, seed) -> list of dialogues (same seed, same bytes)
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import json
+import random
+import re
+from pathlib import Path
+
+NAMES = [
+    "Lena",
+    "Marco",
+    "Priya",
+    "Jonas",
+    "Aiko",
+    "Sofia",
+    "Tomas",
+    "Nadia",
+    "Ravi",
+    "Elena",
+    "Omar",
+    "Greta",
+    "Mateo",
+    "Ingrid",
+    "Kofi",
+    "Yara",
+    "Dmitri",
+    "Leila",
+    "Hugo",
+    "Amara",
+]
+BRANCHES = [
+    "Uptown",
+    "Downtown",
+    "Riverside",
+    "Lakeside",
+    "Midtown",
+    "Harbor",
+    "Westgate",
+    "Hillcrest",
+    "Northgate",
+    "Bayview",
+]
+TIERS = ["Apex", "Gold", "Silver", "Platinum", "Emerald", "Summit", "Azure", "Onyx"]
+SERVICES = [
+    "Chakra Balancing",
+    "Deep Tissue Massage",
+    "Hot Stone Therapy",
+    "Aromatherapy Facial",
+    "Reflexology Session",
+    "Hydra Glow Facial",
+    "Bamboo Massage",
+    "Salt Scrub Ritual",
+    "Lymphatic Drainage",
+    "Thai Massage",
+    "Seaweed Wrap",
+    "Cupping Therapy",
+]
+DAYS = ["Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday"]
+TIMES = ["9 am", "10 am", "11 am", "noon", "1 pm", "2 pm", "3 pm", "4 pm", "5 pm", "6 pm"]
+MONTHS = ["March", "April", "May", "June", "July", "August", "September", "October"]
+ITEMS = [
+    "wireless headphones",
+    "coffee grinder",
+    "yoga mat",
+    "desk lamp",
+    "hiking backpack",
+    "blender",
+    "smartwatch",
+    "rain jacket",
+    "air fryer",
+    "bookshelf",
+    "espresso machine",
+    "standing desk",
+    "robot vacuum",
+    "electric kettle",
+    "office chair",
+    "camping tent",
+]
+STREETS = ["Maple", "Cedar", "Harbor", "Elm", "Willow", "Sunset", "Oak", "Lincoln", "Park", "River"]
+CITIES = [
+    "Lisbon",
+    "Denver",
+    "Osaka",
+    "Toronto",
+    "Madrid",
+    "Austin",
+    "Dublin",
+    "Seoul",
+    "Oslo",
+    "Nairobi",
+    "Lima",
+    "Prague",
+]
+HOTELS = [
+    "Grand Harbor Hotel",
+    "Maple Inn",
+    "Sunset Suites",
+    "Blue Lagoon Resort",
+    "City Loft Hotel",
+    "Alpine Lodge",
+    "Old Mill Hotel",
+    "Riverview Inn",
+]
+PLANS = ["Unlimited Plus", "Basic Talk", "Family Share", "Value Saver", "Premium Max", "Starter Lite"]
+RETURN_WINDOWS = [7, 14, 30, 45, 60, 90]  # days
+DATA_ALLOWANCES = [2, 5, 10, 20, 50, 100]  # GB a month
+
+
+def _pick(rng, options):
+    return options[rng.randrange(len(options))]
+
+
+def _distinct(rng, draw, used: set):
+    """A value from `draw(rng)` that no other fact of this dialogue holds: two facts with one
+    value would make a second utterance state the answer."""
+    while True:
+        value = draw(rng)
+        if value not in used:
+            used.add(value)
+            return value
+
+
+def _yes_no_split(rng, query_values, fact_values, holds):
+    """(answer, query value, fact value) for a yes/no query: the answer is a fair coin drawn first,
+    the query value uniformly, and the fact value among those that give that answer. So
+    P(yes | query value) = 1/2: the number in the query alone tells nothing."""
+    answer = rng.random() < 0.5
+    while True:
+        q = _pick(rng, query_values)
+        fitting = [f for f in fact_values if holds(q, f) == answer]
+        if fitting:
+            return answer, q, _pick(rng, fitting)
+
+
+# --------------------------------------------------------------------------------------------
+# Unique gold: the distinctive answer keys (a digit, or a capitalised word of three letters or
+# more) of a query may appear in H* only. "yes", "no", "noon" are not distinctive.
+# --------------------------------------------------------------------------------------------
+DISTINCTIVE = re.compile(r"\d|\b[A-Z][A-Za-z]{2,}")
+
+
+def distinctive_keys(answer_keys) -> list[str]:
+    return [k for k in answer_keys if DISTINCTIVE.search(k)]
+
+
+def mentions(text: str, key: str) -> bool:
+    """Case-insensitive, on token boundaries: "$18" is not in "$180", "5 GB" not in "15 GB"."""
+    return (
+        re.search(r"(?<![0-9a-z])" + re.escape(key.casefold()) + r"(?![0-9a-z])", text.casefold()) is not None
+    )
+
+
+def keys_outside_recall(history, recall, answer_keys) -> list[tuple[str, str]]:
+    """(label, key) for every utterance outside H* that contains a distinctive answer key.
+    `history` holds {"label", "text"} utterances; empty means the gold set is unique."""
+    keys, gold = distinctive_keys(answer_keys), set(recall)
+    return [
+        (u["label"], k) for u in history if u["label"] not in gold for k in keys if mentions(u["text"], k)
+    ]
+
+
+# --------------------------------------------------------------------------------------------
+# Real small talk: whole short exchanges (one message group and the other speaker's reply) from
+# chitchat-dataset, filtered for length, plain English text and nothing offensive.
+# --------------------------------------------------------------------------------------------
+OFFENSIVE = re.compile(
+    r"\b(?:fuck\w*|shit\w*|bitch\w*|damn\w*|crap\w*|ass|asses|asshole\w*|dick\w*|sex\w*|porn\w*|wtf"
+    r"|stfu|piss\w*|bastard\w*|slut\w*|whore\w*|cunt\w*|nigg\w*|fag\w*|retard\w*|rape\w*|kill\w*"
+    r"|suicid\w*|drunk\w*|weed|boobs?|nude\w*|naked|hooker\w*|gun\w*|drugs?)\b",
+    re.I,
+)
+ENGLISH_WORDS = {
+    "the",
+    "i",
+    "you",
+    "a",
+    "to",
+    "and",
+    "is",
+    "it",
+    "that",
+    "of",
+    "in",
+    "my",
+    "what",
+    "do",
+    "have",
+    "so",
+    "for",
+    "was",
+    "are",
+    "me",
+    "but",
+    "be",
+    "like",
+    "how",
+    "that's",
+    "i'm",
+    "it's",
+    "your",
+}
+SMALL_TALK_WORDS = (4, 20)  # words per utterance: no "lol", no paragraphs
+
+
+def _plain_english(text: str) -> bool:
+    words = text.split()
+    return (
+        SMALL_TALK_WORDS[0] <= len(words) <= SMALL_TALK_WORDS[1]
+        and len(text) <= 120
+        and all(32 <= ord(c) < 127 for c in text)
+        and sum(c.isalpha() or c == " " for c in text) >= 0.8 * len(text)
+        and max(len(w) for w in words) <= 18
+        and any(w.lower().strip(".,!?") in ENGLISH_WORDS for w in words)
+        and not OFFENSIVE.search(text)
+        and not re.search(r"http|www\.|@|<|>|\b[QA]\d+\b|answer:", text, re.I)
+    )  # nothing that looks like a label
+
+
+@functools.lru_cache(maxsize=1)
+def small_talk_exchanges() -> tuple[tuple[str, str], ...]:
+    """Every usable (user line, reply) pair of chitchat-dataset, in a fixed order. The opening
+    group of each conversation is skipped: greetings would repeat across thousands of dialogues."""
+    spec = importlib.util.find_spec("chitchat_dataset")
+    if spec is None or spec.origin is None:
+        raise FileNotFoundError(
+            "the synthetic corpus needs the chitchat-dataset package: pip install chitchat-dataset==0.9.0"
+        )
+    conversations = json.loads((Path(spec.origin).parent / "dataset.json").read_text(encoding="utf-8"))
+    pairs, seen = [], set()
+    for conversation_id in sorted(conversations):
+        groups = conversations[conversation_id]["messages"]
+        texts = [" ".join(" ".join(m["text"].split()) for m in group) for group in groups]
+        for i in range(1, len(groups) - 1):
+            if groups[i][0]["sender"] == groups[i + 1][0]["sender"]:
+                continue
+            pair = (texts[i], texts[i + 1])
+            if (
+                pair[0] not in seen
+                and pair[1] not in seen
+                and _plain_english(pair[0])
+                and _plain_english(pair[1])
+            ):
+                seen.update(pair)
+                pairs.append(pair)
+    return tuple(pairs)
+
+
+# --------------------------------------------------------------------------------------------
+# The domains. Each returns (name, state, facts, updates, queries, general, protected): fact
+# rounds, updates of facts, query specs, general service questions that need no history
+# (question, answer, topic, a remark that leads to it), and the distinctive values of this
+# dialogue that no distractor may mention.
+# --------------------------------------------------------------------------------------------
+class Round:
+    """One round: the user's Q_i, the assistant's A_i, the facts it states ({key: "Q" | "A"}), and
+    an optional state change applied when the round is laid out (a knowledge update)."""
+
+    def __init__(self, user, assistant, provides=None, apply=None, kind="fact"):
+        self.user, self.assistant, self.kind = user, assistant, kind
+        self.provides, self.apply = provides or {}, apply
+
+
+class QuerySpec:
+    """A query that needs the facts `needs`; `make(state)` returns (query, answer, answer_keys,
+    analysis, reasoning, derived_yes_no), built from the state at the moment it is asked.
+    `topic` names what it asks about without a value; `related` are (user, assistant) remarks
+    about the same entity that state none of its facts."""
+
+    def __init__(self, kind, needs, topic, make, related=()):
+        self.kind, self.needs, self.topic, self.make, self.related = kind, needs, topic, make, list(related)
+
+
+def _spa(rng):
+    used = set()
+    tier, other_tier = rng.sample(TIERS, 2)
+    pct, other_pct = rng.sample([10, 15, 20, 25, 30], 2)
+    threshold, other_threshold = rng.sample([100, 120, 150, 200], 2)
+    used |= {threshold, other_threshold}
+    service_a, service_b = rng.sample(SERVICES, 2)
+    # the discount query is a fair coin; the price lands on the side of the threshold it says
+    applies = rng.random() < 0.5
+    price_a = _distinct(
+        rng,
+        lambda r: (
+            r.randrange(threshold + 5, threshold + 120, 5)
+            if applies
+            else r.randrange(max(40, threshold - 90), threshold, 5)
+        ),
+        used,
+    )
+    price_b = _distinct(rng, lambda r: r.randrange(40, 320, 5), used)
+    therapist, therapist_b = rng.sample(NAMES, 2)
+    branch = _pick(rng, BRANCHES)
+    s = {"day": _pick(rng, DAYS), "time": _pick(rng, TIMES)}
+    new_day, new_time = (
+        _pick(rng, [d for d in DAYS if d != s["day"]]),
+        _pick(rng, [t for t in TIMES if t != s["time"]]),
+    )
+    rules = [
+        f"{tier} Tier gives {pct}% off any service over ${threshold}",
+        f"{other_tier} Tier gives {other_pct}% off services over ${other_threshold}",
+    ]
+    rng.shuffle(rules)
+    facts = [
+        Round(
+            _pick(
+                rng,
+                [
+                    f"I need to check my membership status. I'm under {tier} Tier.",
+                    f"Hi, I'm {'an' if tier[0] in 'AEIOU' else 'a'} {tier} Tier member and want to book something.",
+                    f"Hello! My membership level is {tier} Tier.",
+                    f"Just so you know, I hold a {tier} Tier membership.",
+                ],
+            ),
+            _pick(
+                rng,
+                [
+                    "Welcome back. I can confirm your membership.",
+                    "Thanks, your membership is confirmed.",
+                    "Great, I have found your member profile.",
+                    "Lovely, your membership shows as active.",
+                ],
+            ),
+            {"tier": "Q"},
+        ),
+        Round(
+            _pick(
+                rng,
+                [
+                    "How do the member discounts work?",
+                    "What do the different tiers get?",
+                    "Do members get any discount on treatments?",
+                    "Can you explain the tier discounts?",
+                ],
+            ),
+            _pick(
+                rng,
+                [
+                    f"{rules[0]}, and {rules[1]}.",
+                    f"Two tiers have discounts: {rules[0]}; {rules[1]}.",
+                    f"It depends on the tier. {rules[0]}. {rules[1]}.",
+                ],
+            ),
+            {"rule": "A"},
+        ),
+        Round(
+            _pick(
+                rng,
+                [
+                    f"How much is the {service_a}?",
+                    f"What does the {service_a} cost?",
+                    f"Could you tell me the price of the {service_a}?",
+                ],
+            ),
+            _pick(
+                rng,
+                [
+                    f"The {service_a} is ${price_a}.",
+                    f"The {service_a} costs ${price_a}.",
+                    f"Our {service_a} is priced at ${price_a}.",
+                ],
+            ),
+            {"price_a": "A"},
+        ),
+        Round(
+            _pick(
+                rng,
+                [
+                    f"And the {service_b}?",
+                    f"What about the {service_b}, how much is that?",
+                    f"Is the {service_b} more expensive?",
+                ],
+            ),
+            _pick(
+                rng,
+                [
+                    f"The {service_b} is ${price_b}.",
+                    f"The {service_b} costs ${price_b}.",
+                    f"We charge ${price_b} for the {service_b}.",
+                ],
+            ),
+            {"price_b": "A"},
+        ),
+        Round(
+            _pick(
+                rng,
+                [
+                    f"Who performs the {service_a}?",
+                    f"Which therapist does the {service_a}?",
+                    f"Is there a specialist for the {service_a}?",
+                ],
+            ),
+            _pick(
+                rng,
+                [
+                    f"Our senior therapist, {therapist}, is the specialist for the {service_a}.",
+                    f"{therapist} performs the {service_a}; they designed that treatment.",
+                    f"That would be {therapist}, our {service_a} specialist.",
+                ],
+            ),
+            {"therapist": "A"},
+        ),
+        Round(
+            _pick(rng, [f"Who does the {service_b}?", f"Is the {service_b} done by someone else?"]),
+            _pick(
+                rng, [f"{therapist_b} handles the {service_b}.", f"The {service_b} is done by {therapist_b}."]
+            ),
+            {"therapist_b": "A"},
+        ),
+        Round(
+            _pick(
+                rng,
+                [
+                    "Where would my treatment take place?",
+                    "Which of your locations would I go to?",
+                    "Where is the treatment done?",
+                ],
+            ),
+            _pick(
+                rng,
+                [
+                    f"{therapist} only works at our {branch} branch, so it would be there.",
+                    f"{therapist} is based at the {branch} branch.",
+                    f"You'd see {therapist} at our {branch} location.",
+                ],
+            ),
+            {"branch": "A"},
+        ),
+        Round(
+            _pick(
+                rng,
+                [
+                    f"Can I book the {service_a} this week?",
+                    "Could you put me down for an appointment?",
+                    f"I'd like to schedule the {service_a}, please.",
+                ],
+            ),
+            _pick(
+                rng,
+                [
+                    f"Done, you're booked for {s['day']} at {s['time']}.",
+                    f"Your appointment is set for {s['day']} at {s['time']}.",
+                ],
+            ),
+            {"appointment": "A"},
+        ),
+    ]
+    updates = {
+        "appointment": Round(
+            _pick(
+                rng,
+                [
+                    "Actually, something came up. Could we move my appointment?",
+                    "Can I switch my appointment to another slot?",
+                    "I need to reschedule, sorry.",
+                ],
+            ),
+            _pick(
+                rng,
+                [
+                    f"No problem, your appointment is now {new_day} at {new_time}.",
+                    f"I've moved you to {new_day} at {new_time}.",
+                ],
+            ),
+            {"appointment": "A"},
+            apply=lambda st: st.update(day=new_day, time=new_time),
+            kind="update",
+        )
+    }
+
+    def discount(st):
+        verdict = (
+            f"Yes. The {service_a} is ${price_a}, which is over ${threshold}, so your {pct}% {tier} Tier discount applies."
+            if applies
+            else f"No. The {service_a} is ${price_a}, which is not over ${threshold}, so the {pct}% discount does not apply."
+        )
+        return (
+            _pick(
+                rng,
+                [
+                    f"For that {service_a} booking, will my discount apply?",
+                    f"Great. So will my member discount work on the {service_a}?",
+                    f"Do I get my tier discount on the {service_a}?",
+                ],
+            ),
+            verdict,
+            ["yes" if applies else "no", f"${price_a}"],
+            f"whether their membership discount applies to the {service_a}",
+            f"The user is {tier} Tier; that tier gives {pct}% off services over ${threshold}. The {service_a} "
+            f"costs ${price_a}, which is {'over' if applies else 'not over'} ${threshold}, so the discount "
+            f"{'applies' if applies else 'does not apply'}.",
+            True,
+        )
+
+    def cheaper(st):
+        name, price = (service_a, price_a) if price_a < price_b else (service_b, price_b)
+        return (
+            _pick(
+                rng,
+                [
+                    f"Which is cheaper, the {service_a} or the {service_b}?",
+                    f"Between the {service_a} and the {service_b}, which costs less?",
+                ],
+            ),
+            f"The {name} is cheaper, at ${price}.",
+            [f"${price}"],
+            "which of the two services costs less",
+            f"The {service_a} costs ${price_a} and the {service_b} costs ${price_b}, so the {name} is cheaper.",
+            False,
+        )
+
+    about_a = [
+        (
+            f"My sister tried the {service_a} last month and loved it.",
+            f"The {service_a} is one of our favourites.",
+        ),
+        (
+            f"I've been curious about the {service_a} for a while.",
+            f"Many guests come back for the {service_a}.",
+        ),
+        (f"Is the {service_a} relaxing?", f"Most guests find the {service_a} very relaxing."),
+    ]
+    queries = [
+        QuerySpec(
+            "single",
+            ["price_a"],
+            f"the price of the {service_a}",
+            lambda st: (
+                _pick(
+                    rng,
+                    [
+                        f"Remind me, how much was the {service_a}?",
+                        f"What was the price of the {service_a} again?",
+                    ],
+                ),
+                f"The {service_a} is ${price_a}.",
+                [f"${price_a}"],
+                f"for the price of the {service_a}",
+                f"The price was stated earlier: the {service_a} is ${price_a}.",
+                False,
+            ),
+            about_a,
+        ),
+        QuerySpec(
+            "pair",
+            ["therapist", "branch"],
+            f"who does the {service_a} and where",
+            lambda st: (
+                _pick(
+                    rng,
+                    [
+                        f"So who would do my {service_a}, and where?",
+                        f"Who am I seeing for the {service_a}, and at which branch?",
+                    ],
+                ),
+                f"{therapist} performs it, at the {branch} branch.",
+                [therapist, branch],
+                f"who performs the {service_a} and at which branch",
+                f"{therapist} is the {service_a} specialist and works at the {branch} branch.",
+                False,
+            ),
+            about_a,
+        ),
+        QuerySpec(
+            "triple",
+            ["tier", "rule", "price_a"],
+            f"your member discount on the {service_a}",
+            discount,
+            [
+                ("I love getting a good deal on treatments.", "Our members do save quite a bit over a year."),
+                (
+                    f"I'm trying to keep the {service_a} within my budget.",
+                    "That makes sense; treatments add up.",
+                ),
+            ],
+        ),
+        QuerySpec(
+            "update",
+            ["appointment"],
+            "your appointment time",
+            lambda st: (
+                _pick(
+                    rng,
+                    [
+                        "What time is my appointment again?",
+                        "When am I booked in?",
+                        "Can you confirm my appointment time?",
+                    ],
+                ),
+                f"Your appointment is on {st['day']} at {st['time']}.",
+                [st["day"], st["time"]],
+                "for the current appointment time",
+                f"The most recent booking says {st['day']} at {st['time']}; a later change overrides an earlier one.",
+                False,
+            ),
+            [
+                ("I keep forgetting my appointments lately.", "A reminder on your phone can help with that."),
+                (
+                    "My calendar is a mess this week.",
+                    "Busy weeks happen; we can help keep track of your booking.",
+                ),
+            ],
+        ),
+        QuerySpec(
+            "pair",
+            ["price_a", "price_b"],
+            f"the prices of the {service_a} and the {service_b}",
+            cheaper,
+            [
+                (
+                    f"I can't decide between the {service_a} and the {service_b}.",
+                    "Both are popular choices with our guests.",
+                )
+            ],
+        ),
+        QuerySpec(
+            "single",
+            ["therapist_b"],
+            f"who does the {service_b}",
+            lambda st: (
+                _pick(
+                    rng,
+                    [f"Who was it that does the {service_b}?", f"Remind me who performs the {service_b}?"],
+                ),
+                f"{therapist_b} does the {service_b}.",
+                [therapist_b],
+                f"who performs the {service_b}",
+                f"Earlier I said the {service_b} is done by {therapist_b}.",
+                False,
+            ),
+            [(f"A friend recommended the {service_b} to me.", f"The {service_b} has lovely reviews.")],
+        ),
+    ]
+    general = [
+        (
+            "Do you sell gift cards?",
+            "Yes, gift cards are available at the front desk in any amount.",
+            "gift cards",
+            "My mother's birthday is coming up soon.",
+        ),
+        (
+            "What are your opening hours?",
+            "We are open from early morning until late every day.",
+            "our opening hours",
+            "My work schedule is all over the place.",
+        ),
+        (
+            "Is there parking nearby?",
+            "Yes, every branch has free parking for guests.",
+            "parking at our branches",
+            "I'll probably drive over.",
+        ),
+        (
+            "Do I need to bring anything to a session?",
+            "No, we provide robes, towels and slippers.",
+            "what to bring to a session",
+            "I've never been to a spa before.",
+        ),
+        (
+            "Can I bring a friend along?",
+            "Yes, we have couple rooms if you book them ahead.",
+            "bringing a friend along",
+            "My best friend could use a day off too.",
+        ),
+        (
+            "Do you sell the oils you use?",
+            "Yes, our oils are on sale at the reception desk.",
+            "the oils we use",
+            "The lavender smell last time was lovely.",
+        ),
+    ]
+    protected = [f"${p}" for p in (price_a, price_b)] + [
+        therapist,
+        therapist_b,
+        branch,
+        s["day"],
+        s["time"],
+        new_day,
+        new_time,
+    ]
+    return "spa", s, facts, updates, queries, general, protected
+
+
+def _shop(rng):
+    used = set()
+    order = str(rng.randrange(10000, 99999))
+    item_a, item_b = rng.sample(ITEMS, 2)
+    price_a = _distinct(rng, lambda r: r.randrange(15, 400), used)
+    price_b = _distinct(rng, lambda r: r.randrange(15, 400), used)
+    address = f"{rng.randrange(2, 999)} {_pick(rng, STREETS)} Street, {_pick(rng, CITIES)}"
+    ok, days_since, window = _yes_no_split(
+        rng, [d for d in range(5, 95) if d not in RETURN_WINDOWS], RETURN_WINDOWS, lambda days, w: days <= w
+    )
+    s = {"date": f"{_pick(rng, MONTHS)} {rng.randrange(1, 29)}"}
+    new_date = _distinct(rng, lambda r: f"{_pick(r, MONTHS)} {r.randrange(1, 29)}", {s["date"]})
+    facts = [
+        Round(
+            _pick(
+                rng,
+                [
+                    f"Hi, I'm calling about order #{order}.",
+                    f"My order number is {order}.",
+                    f"Hello, I have a question about my order, number {order}.",
+                ],
+            ),
+            _pick(
+                rng,
+                [
+                    "Thanks, I've pulled up your order.",
+                    "Sure, I have the order in front of me.",
+                    "Got it, the order is open on my screen.",
+                    "Thank you, I can see that order now.",
+                ],
+            ),
+            {"order": "Q"},
+        ),
+        Round(
+            _pick(
+                rng,
+                [
+                    f"I bought the {item_a} for ${price_a}.",
+                    f"It has the {item_a}, which was ${price_a}.",
+                    f"The {item_a} I paid ${price_a} for is on it.",
+                ],
+            ),
+            _pick(
+                rng,
+                [
+                    f"I see the {item_a} on the order.",
+                    f"Yes, the {item_a} is listed.",
+                    f"Right, the {item_a} is there.",
+                ],
+            ),
+            {"price_a": "Q"},
+        ),
+        Round(
+            _pick(
+                rng,
+                [
+                    f"There's also a {item_b} at ${price_b} on it.",
+                    f"I also added the {item_b} for ${price_b}.",
+                ],
+            ),
+            _pick(rng, [f"Yes, the {item_b} is on the same order.", f"I see the {item_b} as well."]),
+            {"price_b": "Q"},
+        ),
+        Round(
+            _pick(
+                rng,
+                [
+                    "Where is it being shipped?",
+                    "Can you confirm the delivery address?",
+                    "Which address do you have for delivery?",
+                ],
+            ),
+            _pick(rng, [f"It's shipping to {address}.", f"The delivery address on file is {address}."]),
+            {"address": "A"},
+        ),
+        Round(
+            _pick(
+                rng, ["When should it arrive?", "What's the delivery date?", "When can I expect the package?"]
+            ),
+            _pick(rng, [f"It is scheduled to arrive on {s['date']}.", f"Expected delivery is {s['date']}."]),
+            {"delivery": "A"},
+        ),
+        Round(
+            _pick(
+                rng,
+                [
+                    "What's your return policy?",
+                    "How long do I have to return something?",
+                    f"If the {item_a} doesn't work out, can I send it back?",
+                ],
+            ),
+            _pick(
+                rng,
+                [
+                    f"You can return items within {window} days of delivery for a full refund.",
+                    f"Returns are accepted up to {window} days after delivery, with a full refund.",
+                ],
+            ),
+            {"window": "A"},
+        ),
+    ]
+    updates = {
+        "delivery": Round(
+            _pick(rng, ["Is there any update on the shipment?", "Has anything changed with the delivery?"]),
+            _pick(
+                rng,
+                [
+                    f"Yes, the carrier moved your delivery to {new_date}.",
+                    f"Update: it will now arrive on {new_date}.",
+                ],
+            ),
+            {"delivery": "A"},
+            apply=lambda st: st.update(date=new_date),
+            kind="update",
+        )
+    }
+
+    def can_return(st):
+        answer = (
+            f"Yes. {days_since} days is within the {window}-day window, so you would get back ${price_a}."
+            if ok
+            else f"No. {days_since} days is past the {window}-day return window, so the ${price_a} cannot be refunded."
+        )
+        return (
+            _pick(
+                rng,
+                [
+                    f"It's been {days_since} days since delivery. Can I still return the {item_a} for a full refund?",
+                    f"If I send the {item_a} back now, {days_since} days after delivery, do I get my money back?",
+                ],
+            ),
+            answer,
+            ["yes" if ok else "no", f"${price_a}"],
+            f"whether the {item_a} can still be returned for a refund",
+            f"The return window is {window} days and it has been {days_since} days; the {item_a} cost ${price_a}.",
+            True,
+        )
+
+    about_order = [
+        ("I've been waiting for this package all week.", "I understand, waiting is never fun."),
+        ("This is the first time I've ordered from you.", "Thanks for choosing us for your order."),
+    ]
+    queries = [
+        QuerySpec(
+            "single",
+            ["order"],
+            "your order number",
+            lambda st: (
+                _pick(rng, ["What was my order number again?", "Can you remind me of my order number?"]),
+                f"Your order number is {order}.",
+                [order],
+                "for their order number",
+                f"The user gave the order number earlier: {order}.",
+                False,
+            ),
+            about_order,
+        ),
+        QuerySpec(
+            "single",
+            ["address"],
+            "the delivery address",
+            lambda st: (
+                _pick(rng, ["Where is the package going?", "Which address will it be delivered to?"]),
+                f"It is going to {address}.",
+                [address],
+                "for the delivery address",
+                f"The delivery address on file is {address}.",
+                False,
+            ),
+            [
+                (
+                    "I moved house recently, so I worry about deliveries.",
+                    "Moving is a lot; let's make sure the package finds you.",
+                )
+            ],
+        ),
+        QuerySpec(
+            "update",
+            ["delivery"],
+            "the delivery date",
+            lambda st: (
+                _pick(rng, ["So when will it arrive?", "What's the latest delivery date?"]),
+                f"It should arrive on {st['date']}.",
+                [st["date"]],
+                "for the current delivery date",
+                f"The latest delivery date given is {st['date']}; it replaces any earlier date.",
+                False,
+            ),
+            [
+                ("I really need the delivery before my trip.", "I hope the delivery arrives in time for it."),
+                ("The tracking page hasn't changed in days.", "Tracking pages are sometimes slow to update."),
+            ],
+        ),
+        QuerySpec(
+            "pair",
+            ["window", "price_a"],
+            f"returning the {item_a} for a refund",
+            can_return,
+            [(f"Honestly, the {item_a} isn't what I expected.", f"I'm sorry the {item_a} disappointed you.")],
+        ),
+        QuerySpec(
+            "pair",
+            ["order", "address"],
+            "your order number and shipping address",
+            lambda st: (
+                _pick(
+                    rng,
+                    [
+                        "For my records, what's the order number and where is it shipping?",
+                        "Can you confirm both the order number and the address?",
+                    ],
+                ),
+                f"Order {order} is shipping to {address}.",
+                [order, address],
+                "for the order number and the shipping address",
+                f"The order number is {order} and the address on file is {address}.",
+                False,
+            ),
+            about_order,
+        ),
+        QuerySpec(
+            "single",
+            ["price_b"],
+            f"what you paid for the {item_b}",
+            lambda st: (
+                _pick(rng, [f"How much did I pay for the {item_b}?", f"What did the {item_b} cost me?"]),
+                f"The {item_b} was ${price_b}.",
+                [f"${price_b}"],
+                f"for the price of the {item_b}",
+                f"The user said the {item_b} was ${price_b}.",
+                False,
+            ),
+            [(f"I'm thinking of giving the {item_b} as a present.", f"A {item_b} makes a thoughtful gift.")],
+        ),
+    ]
+    general = [
+        (
+            "Do you offer gift wrapping?",
+            "Yes, gift wrapping is available at checkout.",
+            "gift wrapping",
+            "Part of this order is a present.",
+        ),
+        (
+            "Do you ship internationally?",
+            "Yes, we ship to most countries.",
+            "shipping abroad",
+            "My cousin lives overseas.",
+        ),
+        (
+            "Can I pay with PayPal?",
+            "Yes, we accept PayPal and all major cards.",
+            "payment methods",
+            "I don't like typing my card details online.",
+        ),
+        (
+            "Do you have a loyalty program?",
+            "Yes, you earn points on every purchase.",
+            "our loyalty program",
+            "I shop with you quite often.",
+        ),
+        (
+            "Do you price match?",
+            "Yes, we match the price of most major stores.",
+            "price matching",
+            "I saw some things cheaper elsewhere.",
+        ),
+        (
+            "Can I pick up in a store?",
+            "Yes, most orders can be collected in store.",
+            "picking up in a store",
+            "There's one of your stores near my office.",
+        ),
+    ]
+    protected = [order, f"${price_a}", f"${price_b}", address, s["date"], new_date]
+    return "shop", s, facts, updates, queries, general, protected
+
+
+def _travel(rng):
+    ref = "".join(rng.choice("ABCDEFGHJKLMNPQRSTUVWXYZ23456789") for _ in range(6))
+    flight = f"{rng.choice(['TK', 'LH', 'BA', 'AF', 'UA', 'QF'])}{rng.randrange(100, 9999)}"
+    city, hotel, nights = _pick(rng, CITIES), _pick(rng, HOTELS), rng.randrange(2, 9)
+    seat = f"{rng.randrange(3, 40)}{rng.choice('ABCDEF')}"
+    covered, want_bags, bags = _yes_no_split(rng, [1, 2, 3], [0, 1, 2, 3], lambda want, have: want <= have)
+    s = {"date": f"{_pick(rng, MONTHS)} {rng.randrange(1, 29)}", "time": _pick(rng, TIMES)}
+    new_time = _pick(rng, [t for t in TIMES if t != s["time"]])
+
+    def bag_words(n):
+        return "no checked bags" if n == 0 else f"{n} checked bag{'s' if n > 1 else ''}"
+
+    facts = [
+        Round(
+            _pick(
+                rng,
+                [f"I'm flying to {city} on flight {flight}.", f"I have a trip to {city}, flight {flight}."],
+            ),
+            _pick(
+                rng,
+                [
+                    "Great, I found your booking.",
+                    "Thanks, your trip is on my screen.",
+                    "Got it, I have your itinerary open.",
+                ],
+            ),
+            {"flight": "Q"},
+        ),
+        Round(
+            _pick(rng, ["What's my booking reference?", "Can I get the reference for this booking?"]),
+            _pick(rng, [f"Your booking reference is {ref}.", f"The reference code is {ref}."]),
+            {"ref": "A"},
+        ),
+        Round(
+            _pick(rng, ["When does the flight leave?", "What time is departure?", "When do I fly out?"]),
+            _pick(
+                rng,
+                [f"It departs on {s['date']} at {s['time']}.", f"It leaves on {s['date']} at {s['time']}."],
+            ),
+            {"departure": "A"},
+        ),
+        Round(
+            _pick(
+                rng,
+                [
+                    f"I also booked the {hotel} for {nights} nights.",
+                    f"My hotel is the {hotel}, {nights} nights.",
+                ],
+            ),
+            _pick(
+                rng,
+                [
+                    "Noted, I've linked the hotel to your trip.",
+                    "Thanks, the hotel is added to your itinerary.",
+                ],
+            ),
+            {"hotel": "Q"},
+        ),
+        Round(
+            _pick(rng, ["Do I have a seat assigned?", "Which seat did I get?"]),
+            _pick(rng, [f"You're in seat {seat}.", f"Seat {seat} is assigned to you."]),
+            {"seat": "A"},
+        ),
+        Round(
+            _pick(rng, ["How much luggage can I check?", "What's my baggage allowance?"]),
+            _pick(
+                rng,
+                [
+                    f"Your fare includes {bag_words(bags)}, 23 kg each."
+                    if bags
+                    else "Your fare includes no checked bags.",
+                    f"You can check {bags} bag{'s' if bags > 1 else ''}."
+                    if bags
+                    else "Your fare is cabin baggage only, with no checked bags.",
+                ],
+            ),
+            {"bags": "A"},
+        ),
+    ]
+    updates = {
+        "departure": Round(
+            _pick(rng, ["Any changes to my flight?", "Is my flight still on time?"]),
+            _pick(
+                rng,
+                [
+                    f"The airline rescheduled it: it now departs at {new_time}.",
+                    f"There's a schedule change; departure is now {new_time}.",
+                ],
+            ),
+            {"departure": "A"},
+            apply=lambda st: st.update(time=new_time),
+            kind="update",
+        )
+    }
+
+    def bag_check(st):
+        return (
+            _pick(
+                rng,
+                [
+                    f"Can I bring {bag_words(want_bags)} at no cost?",
+                    f"Is it fine if I check {want_bags} bag{'s' if want_bags > 1 else ''}?",
+                ],
+            ),
+            f"{'Yes' if covered else 'No'}. Your fare includes {bag_words(bags)}, "
+            f"so {want_bags} {'is' if covered else 'is not'} covered.",
+            ["yes" if covered else "no"],
+            "whether their checked bags are covered",
+            f"The fare includes {bag_words(bags)}; the user wants {want_bags}.",
+            True,
+        )
+
+    about_trip = [
+        (f"I've never been to {city} before.", f"{city} is a wonderful place to visit."),
+        (f"I'm so excited about this trip to {city}.", "It sounds like a great trip."),
+    ]
+    queries = [
+        QuerySpec(
+            "single",
+            ["ref"],
+            "your booking reference",
+            lambda st: (
+                _pick(rng, ["What's my booking reference again?", "Remind me of the reference code?"]),
+                f"Your booking reference is {ref}.",
+                [ref],
+                "for the booking reference",
+                f"The reference given earlier is {ref}.",
+                False,
+            ),
+            [("I always lose track of booking emails.", "Your inbox search usually finds them quickly.")],
+        ),
+        QuerySpec(
+            "update",
+            ["departure"],
+            "your departure time",
+            lambda st: (
+                _pick(rng, ["So what time do I leave now?", "What's the current departure time?"]),
+                f"You now depart at {st['time']}.",
+                [st["time"]],
+                "for the current departure time",
+                f"The latest departure time is {st['time']}; it overrides the earlier schedule.",
+                False,
+            ),
+            [
+                ("I hate rushing to the airport.", "Leaving early makes the airport much calmer."),
+                ("My friend is driving me to the airport.", "That's kind of them; it saves you a taxi."),
+            ],
+        ),
+        QuerySpec(
+            "pair",
+            ["hotel", "flight"],
+            "your flight and hotel",
+            lambda st: (
+                _pick(
+                    rng,
+                    ["Which flight am I on and where am I staying?", "Remind me of my flight and my hotel?"],
+                ),
+                f"You're on flight {flight} and staying at the {hotel} for {nights} nights.",
+                [flight, hotel],
+                "for their flight and their hotel",
+                f"The flight is {flight}; the hotel is the {hotel}, {nights} nights.",
+                False,
+            ),
+            about_trip,
+        ),
+        QuerySpec(
+            "pair",
+            ["seat", "ref"],
+            "your seat and booking reference",
+            lambda st: (
+                _pick(
+                    rng,
+                    [
+                        "What seat do I have, and what's the booking reference?",
+                        "Give me my seat and reference code, please.",
+                    ],
+                ),
+                f"Seat {seat}, booking reference {ref}.",
+                [seat, ref],
+                "for the seat and the booking reference",
+                f"The seat is {seat} and the reference is {ref}.",
+                False,
+            ),
+            [("I prefer sitting near the front of the plane.", "The front is quicker to get off, too.")],
+        ),
+        QuerySpec(
+            "single",
+            ["bags"],
+            "your checked bag allowance",
+            bag_check,
+            [
+                ("I always pack far too much for trips.", "Packing light is harder than it sounds."),
+                ("My suitcase is already nearly full.", "Packing cubes can help you fit more in."),
+            ],
+        ),
+    ]
+    general = [
+        (
+            "Is there Wi-Fi on board?",
+            "Yes, Wi-Fi is available on all our long-haul flights.",
+            "Wi-Fi on board",
+            "I need to get some work done on the way.",
+        ),
+        (
+            "Can I bring a pet?",
+            "Small pets can travel in the cabin for a fee.",
+            "travelling with a pet",
+            "My cat hates being left alone.",
+        ),
+        (
+            "Do you offer travel insurance?",
+            "Yes, you can add travel insurance to any booking.",
+            "travel insurance",
+            "My last trip got cancelled at the last minute.",
+        ),
+        (
+            "How early should I get to the airport?",
+            "We recommend arriving two hours before departure.",
+            "getting to the airport on time",
+            "Airports always stress me out.",
+        ),
+        (
+            "Are meals included?",
+            "Yes, meals are included on flights over three hours.",
+            "meals on board",
+            "I get hungry on long flights.",
+        ),
+        (
+            "Can I choose a window seat?",
+            "Yes, you can pick a seat when you check in online.",
+            "choosing a seat",
+            "I love watching the clouds from the plane.",
+        ),
+    ]
+    protected = [ref, flight, hotel, seat, s["date"], s["time"], new_time]
+    return "travel", s, facts, updates, queries, general, protected
+
+
+def _telecom(rng):
+    used = set()
+    account, card = (_distinct(rng, lambda r: str(r.randrange(1000, 9999)), used) for _ in range(2))
+    plan, new_plan = rng.sample(PLANS, 2)
+    s = {"plan": plan, "fee": rng.randrange(15, 90)}
+    new_fee = _distinct(rng, lambda r: r.randrange(15, 90), {s["fee"]})
+    over, usage, data_gb = _yes_no_split(
+        rng, [3, 4, 8, 12, 15, 25, 30, 40, 60, 75], DATA_ALLOWANCES, lambda use, allowance: use > allowance
+    )
+    bill_day = rng.randrange(1, 29)
+    facts = [
+        Round(
+            _pick(
+                rng, [f"Hi, my account number ends in {account}.", f"Hello, account ending {account} here."]
+            ),
+            _pick(
+                rng,
+                [
+                    "Thanks, I've verified your account.",
+                    "Got it, your account is open.",
+                    "Thank you, I can see your account now.",
+                ],
+            ),
+            {"account": "Q"},
+        ),
+        Round(
+            _pick(
+                rng,
+                ["Which plan am I on?", "Can you check my current plan?", "What plan do I have right now?"],
+            ),
+            _pick(
+                rng,
+                [
+                    f"You're on the {plan} plan at ${s['fee']} per month.",
+                    f"Your plan is {plan}, which costs ${s['fee']} a month.",
+                ],
+            ),
+            {"plan": "A"},
+        ),
+        Round(
+            _pick(
+                rng,
+                ["How much data do I get?", "What's my data allowance?", "How much mobile data is included?"],
+            ),
+            _pick(
+                rng,
+                [f"Your plan includes {data_gb} GB of data each month.", f"You get {data_gb} GB per month."],
+            ),
+            {"data": "A"},
+        ),
+        Round(
+            _pick(
+                rng,
+                ["When is my bill issued?", "What day do I get billed?", "When does my billing cycle start?"],
+            ),
+            _pick(
+                rng,
+                [
+                    f"Your bill is issued on day {bill_day} of each month.",
+                    f"Billing happens on day {bill_day} every month.",
+                ],
+            ),
+            {"bill_day": "A"},
+        ),
+        Round(
+            _pick(
+                rng,
+                [
+                    f"Please use my card ending in {card} for autopay.",
+                    f"I want autopay on the card ending {card}.",
+                ],
+            ),
+            _pick(rng, ["Done, autopay is set up.", "Autopay is now active.", "All set, autopay is on."]),
+            {"card": "Q"},
+        ),
+    ]
+    updates = {
+        "plan": Round(
+            _pick(rng, [f"I'd like to switch to the {new_plan} plan.", f"Can you move me to {new_plan}?"]),
+            _pick(
+                rng,
+                [
+                    f"Done. You're now on {new_plan} at ${new_fee} per month.",
+                    f"I've switched you to {new_plan}; it costs ${new_fee} a month.",
+                ],
+            ),
+            {"plan": "A"},
+            apply=lambda st: st.update(plan=new_plan, fee=new_fee),
+            kind="update",
+        )
+    }
+
+    def over_limit(st):
+        return (
+            _pick(
+                rng,
+                [
+                    f"If I use {usage} GB this month, will I go over?",
+                    f"Would {usage} GB exceed my allowance?",
+                ],
+            ),
+            f"{'Yes' if over else 'No'}. Your allowance is {data_gb} GB, so {usage} GB "
+            f"{'goes over it' if over else 'stays within it'}.",
+            ["yes" if over else "no"],
+            "whether their planned usage exceeds the data allowance",
+            f"The allowance is {data_gb} GB and the user plans {usage} GB.",
+            True,
+        )
+
+    about_bill = [
+        ("My bills always seem to come at a bad time.", "Many customers feel that way about bills."),
+        ("I'm trying to get my monthly budget in order.", "A clear budget really helps."),
+    ]
+    queries = [
+        QuerySpec(
+            "single",
+            ["account"],
+            "your account number",
+            lambda st: (
+                _pick(
+                    rng,
+                    ["Which account number did I give you?", "What are the last digits of my account again?"],
+                ),
+                f"Your account number ends in {account}.",
+                [account],
+                "for their account number",
+                f"The user said the account ends in {account}.",
+                False,
+            ),
+            [("I have so many accounts I can't keep them straight.", "It's easy to mix them up.")],
+        ),
+        QuerySpec(
+            "update",
+            ["plan"],
+            "your monthly fee",
+            lambda st: (
+                _pick(rng, ["How much do I pay per month now?", "What's my monthly fee at the moment?"]),
+                f"You're on {st['plan']} at ${st['fee']} per month.",
+                [f"${st['fee']}"],
+                "for their current monthly fee",
+                f"The latest plan is {st['plan']} at ${st['fee']} per month; it replaces the earlier plan.",
+                False,
+            ),
+            about_bill,
+        ),
+        QuerySpec(
+            "pair",
+            ["bill_day", "card"],
+            "your billing day and autopay card",
+            lambda st: (
+                _pick(
+                    rng,
+                    [
+                        "When am I billed and which card pays it?",
+                        "Remind me of my billing day and the autopay card?",
+                    ],
+                ),
+                f"You're billed on day {bill_day}, paid by the card ending in {card}.",
+                [f"day {bill_day}", card],
+                "for the billing day and the autopay card",
+                f"Billing is on day {bill_day}; autopay uses the card ending {card}.",
+                False,
+            ),
+            about_bill,
+        ),
+        QuerySpec(
+            "single",
+            ["data"],
+            "your data allowance",
+            over_limit,
+            [
+                ("I stream a lot of videos on my phone.", "Video can use a lot of mobile data."),
+                ("I'll be travelling a lot this month.", "Maps and video on the road add up quickly."),
+            ],
+        ),
+        QuerySpec(
+            "pair",
+            ["account", "bill_day"],
+            "your account number and billing day",
+            lambda st: (
+                _pick(
+                    rng,
+                    [
+                        "Confirm my account and billing day, please.",
+                        "What's my account number and my billing day?",
+                    ],
+                ),
+                f"Account ending {account}, billed on day {bill_day}.",
+                [account, f"day {bill_day}"],
+                "for the account number and the billing day",
+                f"The account ends in {account}; billing is on day {bill_day}.",
+                False,
+            ),
+            about_bill,
+        ),
+    ]
+    general = [
+        (
+            "Do you have 5G coverage?",
+            "Yes, 5G covers all major cities on our network.",
+            "network coverage",
+            "My signal at home is pretty weak.",
+        ),
+        (
+            "Can I keep my number if I switch?",
+            "Yes, number transfer is free.",
+            "keeping your number",
+            "Everyone I know has my current number.",
+        ),
+        (
+            "Is there a contract?",
+            "No, all our plans are month to month.",
+            "contracts",
+            "I don't like being locked in.",
+        ),
+        (
+            "Do you sell phones?",
+            "Yes, we sell phones with monthly payment options.",
+            "buying a phone",
+            "My phone screen cracked last week.",
+        ),
+        (
+            "Can I use my phone abroad?",
+            "Yes, roaming works in most countries.",
+            "using your phone abroad",
+            "I have a trip coming up next month.",
+        ),
+        (
+            "Do you offer home internet?",
+            "Yes, we offer fibre home internet in many areas.",
+            "home internet",
+            "My home wifi keeps dropping out.",
+        ),
+    ]
+    protected = [account, card, f"${s['fee']}", f"${new_fee}", f"day {bill_day}"]
+    return "telecom", s, facts, updates, queries, general, protected
+
+
+DOMAINS = [_spa, _shop, _travel, _telecom]
+# (nominal bucket, rounds range, weight). Buckets go by the query's round t and the questions
+# fill the last several rounds, so a long dialogue feeds two buckets; these weights give each
+# Table 3 bucket a fifth to a third of the queries (dialogues over 32 rounds fail stage 0's filter).
+LENGTH_PLAN = [(8, (8, 11), 0.31), (16, (15, 22), 0.28), (24, (26, 27), 0.06), (32, (31, 32), 0.35)]
+RELATED_ROUND_RATE = 0.95  # a question is preceded by talk about its topic (Eq. (2) then keeps a distractor)
+SERVICE_DISTRACTOR_RATE = 0.1  # filler rounds that are general service questions rather than small talk
+OFFERS_OF_HELP = [
+    "Happy to go over {} whenever you like.",
+    "Just ask if you want me to check {}.",
+    "I can look up {} for you at any point.",
+    "Let me know if you have questions about {}.",
+    "If it helps, I can confirm {} later.",
+]
+USER_OPENERS = [
+    "Oh, and ",
+    "Quick question: ",
+    "Sorry, one more thing. ",
+    "Also, ",
+    "Hmm, ",
+    "By the way, ",
+    "Okay. ",
+    "Right. ",
+    "One thing: ",
+]
+ASSISTANT_OPENERS = [
+    "Sure. ",
+    "Of course. ",
+    "Let me check. ",
+    "One moment. ",
+    "Certainly. ",
+    "Happy to help. ",
+]
+
+
+def _opener(rng, text, openers, rate):
+    """Templates say each thing a few ways; openers multiply that, so that no handful of strings
+    makes up much of the corpus."""
+    if rng.random() >= rate:
+        return text
+    opener = rng.choice(
+        [o for o in openers if text.endswith("?") or not o.endswith(": ")]
+    )  # "Quick question:" asks
+    lower = opener.endswith(("and ", ": ", ", ")) and not re.match(r"I\b", text)
+    return opener + (text[0].lower() + text[1:] if lower else text)
+
+
+def generate_dialogue(index: int, seed: int) -> dict:
+    """One synthetic dialogue in the raw source format (see stage0_build.read_dialogues): rounds
+    of user/assistant text; query rounds carry their ground truth under "gold"."""
+    rng = random.Random(f"{seed}-{index}")
+    domain, state, facts, updates, queries, general, protected = rng.choice(DOMAINS)(rng)
+    _, (low, high), _ = rng.choices(LENGTH_PLAN, weights=[w for *_, w in LENGTH_PLAN])[0]
+    num_rounds = rng.randint(low, high)
+
+    # Which queries, and so which facts, this dialogue needs. Their needs are disjoint: an answer
+    # restates the facts it used, so a later query on the same fact could recall that answer
+    # instead, and H* would no longer be the unique minimal set.
+    num_queries = 2 + num_rounds // 10
+    chosen, used = [], set()
+    for q in sorted(queries, key=lambda q: rng.random() * 2.5 - len(q.needs)):  # multi-fact first, mostly
+        if len(chosen) < num_queries and not used & set(q.needs):
+            chosen.append(q)
+            used |= set(q.needs)
+    needed = {k for q in chosen for k in q.needs}
+    general_queries = rng.sample(general, 1 if num_rounds < 20 else 2) if rng.random() < 0.5 else []
+    fact_rounds = [f for f in facts if set(f.provides) & needed]
+    update_rounds = [updates[k] for k in updates if k in needed and rng.random() < 0.7]
+
+    # The tail: the questions in random order, each preceded (room permitting) by a related round:
+    # a remark about its entity and an offer to help with its topic, stating no fact.
+    tail = [("query", q) for q in chosen] + [("general", g) for g in general_queries]
+    rng.shuffle(tail)
+    related = {}
+    for k, (kind, item) in enumerate(tail):
+        remark, topic = (rng.choice(item.related)[0], item.topic) if kind == "query" else (item[3], item[2])
+        if rng.random() < RELATED_ROUND_RATE:
+            related[k] = (remark, rng.choice(OFFERS_OF_HELP).format(topic))
+    while num_rounds - len(tail) - len(related) < len(fact_rounds) + len(update_rounds) + 1:
+        general_at = [k for k, (kind, _) in enumerate(tail) if kind == "general"]
+        if general_at:  # short of room, a general question goes first, its related round with it
+            tail.pop(general_at[-1])
+            related = {k - (k > general_at[-1]): r for k, r in related.items() if k != general_at[-1]}
+        elif related:
+            related.pop(rng.choice(sorted(related)))
+        else:
+            update_rounds.pop()
+
+    # The setup before it: every fact at a random position in random order, each update after the
+    # fact it changes, some spare facts (confusers), and filler everywhere else.
+    setup_size = num_rounds - len(tail) - len(related)
+    spare = [f for f in facts if not set(f.provides) & needed]
+    rng.shuffle(spare)
+    room = setup_size - len(fact_rounds) - len(update_rounds) - max(1, setup_size // 2)
+    fact_rounds += [f for f in spare[: max(0, room)] if rng.random() < 0.6]
+    placed = fact_rounds + update_rounds
+    rng.shuffle(placed)
+    for u in update_rounds:  # an update must follow its fact: swap them when drawn the other way
+        key = next(iter(u.provides))
+        i, j = (
+            placed.index(u),
+            next(i for i, f in enumerate(placed) if f.kind == "fact" and key in f.provides),
+        )
+        if i < j:
+            placed[i], placed[j] = placed[j], placed[i]
+    setup = [None] * setup_size
+    for slot, r in zip(sorted(rng.sample(range(setup_size), len(placed))), placed):
+        setup[slot] = r
+    asked = {item[0] for kind, item in tail if kind == "general"}
+    services = [g for g in general if g[0] not in asked]
+    talk = small_talk_exchanges()
+    for i in (i for i, r in enumerate(setup) if r is None):
+        if rng.random() < SERVICE_DISTRACTOR_RATE and services:
+            setup[i] = Round(*services.pop(rng.randrange(len(services)))[:2], kind="distractor")
+            continue
+        while True:  # small talk that happens to mention one of this dialogue's facts would state it twice
+            user, reply = talk[rng.randrange(len(talk))]
+            if not any(mentions(user, v) or mentions(reply, v) for v in protected):
+                break
+        setup[i] = Round(user, reply, kind="small_talk")
+
+    rounds, latest = [], {}
+    for r in setup:
+        if r.apply:
+            r.apply(state)
+        for key, side in r.provides.items():
+            latest[key] = f"{side}{len(rounds) + 1}"
+        if r.kind == "small_talk":
+            rounds.append({"user": r.user, "assistant": r.assistant, "kind": r.kind})
+        else:
+            rounds.append(
+                {
+                    "user": _opener(rng, r.user, USER_OPENERS, 0.5),
+                    "assistant": _opener(rng, r.assistant, ASSISTANT_OPENERS, 0.4),
+                    "kind": r.kind,
+                }
+            )
+    for k, (kind, item) in enumerate(tail):
+        if k in related:
+            rounds.append(
+                {
+                    "user": _opener(rng, related[k][0], USER_OPENERS, 0.5),
+                    "assistant": related[k][1],
+                    "kind": "related",
+                }
+            )
+        if kind == "general":
+            user, answer = item[:2]
+            gold = {
+                "recall": [],
+                "answer_keys": [answer.rstrip(".")],
+                "derived_yes_no": False,
+                "query_type": "none",
+                "analysis": "a general question about our services",
+                "reasoning": "This is general service information; nothing from earlier in the conversation is needed.",
+            }
+        else:
+            user, answer, keys, analysis, reasoning, derived = item.make(state)
+            recall = sorted({latest[k] for k in item.needs}, key=lambda l: (int(l[1:]), l[0] == "A"))
+            gold = {
+                "recall": recall,
+                "answer_keys": keys,
+                "derived_yes_no": derived,
+                "query_type": item.kind,
+                "analysis": analysis,
+                "reasoning": reasoning,
+            }
+        rounds.append(
+            {"user": _opener(rng, user, USER_OPENERS, 0.5), "assistant": answer, "kind": kind, "gold": gold}
+        )
+    return {"id": f"synthetic-{index:06d}", "source": "synthetic", "domain": domain, "rounds": rounds}
+
+
+def generate_synthetic(num_dialogues: int, seed: int = 0) -> list[dict]:
+    return [generate_dialogue(i, seed) for i in range(num_dialogues)]
