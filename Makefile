@@ -21,6 +21,8 @@ $(STAMP): requirements.txt constraints.txt
 	rm -f $(VENV)/.installed-* && touch $@
 
 test: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 	$(PYTHON) -m pytest -q tests
 
 # Each stage resumes (--resume): a second `make demo` redoes only what is missing. The w/o-CoT SFT

@@ -102,7 +102,10 @@ _PERCENT = re.compile(r"\b\d+(?:\.\d+)?\s?(?:%|percent\b)", re.I)
 _CODE = re.compile(
     r"#\s?[A-Za-z0-9-]{2,}|\b(?=[A-Z0-9-]*\d)(?=[A-Z0-9-]*[A-Z])[A-Z0-9][A-Z0-9-]{3,}\b|\b\d{5,}\b"
 )
-_MONTHS = "jan(?:uary)?|feb(?:ruary)?|mar(?:ch)?|apr(?:il)?|may|june?|july?|aug(?:ust)?|sep(?:t(?:ember)?)?|oct(?:ober)?|nov(?:ember)?|dec(?:ember)?"
+_MONTHS = (
+    "jan(?:uary)?|feb(?:ruary)?|mar(?:ch)?|apr(?:il)?|may|june?|july?|aug(?:ust)?"
+    "|sep(?:t(?:ember)?)?|oct(?:ober)?|nov(?:ember)?|dec(?:ember)?"
+)
 _DATE = re.compile(
     rf"\b(?:(?:{_MONTHS})\.?\s+\d{{1,2}}(?:st|nd|rd|th)?(?:,?\s+\d{{4}})?|\d{{1,2}}(?:st|nd|rd|th)?\s+(?:of\s+)?(?:{_MONTHS})\b"
     r"|\d{4}-\d{2}-\d{2}|\d{1,2}/\d{1,2}(?:/\d{2,4})?"
@@ -537,9 +540,12 @@ class CueMemory:
 
     def edges(self) -> set[tuple[str, str, str]]:
         """Every edge as (kind, earlier label, later label); kind is 'temporal' or 'semantic'."""
-        order = lambda a, b: (a, b) if self.turns[a].position < self.turns[b].position else (b, a)
-        out = {("temporal", *order(a, b)) for a in self.turns for b in self.temporal_neighbours(a)}
-        out |= {("semantic", *order(*pair)) for pair in self.semantic_links()}
+
+        def earlier_first(a, b):
+            return (a, b) if self.turns[a].position < self.turns[b].position else (b, a)
+
+        out = {("temporal", *earlier_first(a, b)) for a in self.turns for b in self.temporal_neighbours(a)}
+        out |= {("semantic", *earlier_first(*pair)) for pair in self.semantic_links()}
         return out
 
     # ---- §4.3 context reconstruction (online) ----
@@ -577,19 +583,21 @@ class CueMemory:
                     if anchor in pair:
                         n = next(iter(pair - {anchor}))
                         score[n] = max(score.get(n, -1.0), s * w)
-        chosen = sorted(score, key=lambda l: (-round(score[l], 6), self.turns[l].position))
+        chosen = sorted(score, key=lambda label: (-round(score[label], 6), self.turns[label].position))
         if score[chosen[0]] > 0:
             cut = round(min_relative_score * score[chosen[0]], 6)
-            chosen = [l for l in chosen if round(score[l], 6) >= cut]
+            chosen = [label for label in chosen if round(score[label], 6) >= cut]
         if max_evidence:
             chosen = chosen[:max_evidence]
-        return [(l, score[l]) for l in sorted(chosen, key=lambda l: self.turns[l].position)]
+        return [
+            (label, score[label]) for label in sorted(chosen, key=lambda label: self.turns[label].position)
+        ]
 
     def answer(
         self, query_text: str, generate_fn, prioritize_recent: bool = True, query_turn=None, **query_options
     ) -> tuple[str, list[str]]:
         """Reconstruct the evidence, prompt the LLM with it alone, return (completion, labels)."""
-        labels = [l for l, _ in self.query(query_text, **query_options)]
+        labels = [label for label, _ in self.query(query_text, **query_options)]
         history = [{"label": t.label, "speaker": t.speaker, "text": t.text} for t in self.turns.values()]
         if query_turn is None:
             query_turn = max((t.round_index for t in self.turns.values()), default=0) + 1

@@ -25,10 +25,11 @@ history, CueMem's index build) is timed apart from the query latency (`offline_s
 Saved rows carry the fingerprint of the checkpoint's files and of the evaluation settings, and
 the hash of their record: --resume reuses a row only when all three match.
 
-    python evaluate.py --method srt --model runs/demo/grpo/final --data runs/data/test.jsonl --out runs/demo/eval
-    python evaluate.py --preset cpu-demo --data runs/data/test.jsonl --out runs/demo/eval --resume --compare \
-        full=full:smollm2-135m base-srtp=srt-p:smollm2-135m nocot=srt:runs/demo/sft-nocot/final \
-        sft=srt:runs/demo/sft/final grpo=srt:runs/demo/grpo/final cuemem-cap16=cuemem:smollm2-135m \
+    python evaluate.py --method srt --model runs/demo/grpo/final --data runs/data/test.jsonl \\
+        --out runs/demo/eval
+    python evaluate.py --preset cpu-demo --data runs/data/test.jsonl --out runs/demo/eval --resume \\
+        --compare full=full:smollm2-135m base-srtp=srt-p:smollm2-135m nocot=srt:runs/demo/sft-nocot/final \\
+        sft=srt:runs/demo/sft/final grpo=srt:runs/demo/grpo/final cuemem-cap16=cuemem:smollm2-135m \\
         --variant-options 'cuemem-cap16={"limit": 48, "cuemem": {"capacity": 16}}'
 
 Run `python evaluate.py --help`.

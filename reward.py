@@ -36,18 +36,20 @@ Eq. (7) choices (`answer_reward`, `--answer-reward`), each in [-1, 1]:
           incomplete answer (<= 0) scores below every complete one (>= 0).
 A record without answer_keys gets the cosine under every choice.
 
-`answer_gate` (`--answer-gate` here and in stage 2; not in the paper, off by default): with `recall`, an
-answer whose recall missed H* entirely (Jaccard 0 on a turn that needs recall) earns what a missing
+`answer_gate` (`--answer-gate` here and in stage 2; not in the paper, off by default): with `recall`,
+an answer whose recall missed H* entirely (Jaccard 0 on a turn that needs recall) earns what a missing
 answer earns, -1. Eq. (4) adds its terms, so with the whole history in the prompt a policy can earn
-the answer term without recalling anything right; on dev, GRPO did exactly that (README "Does GRPO
-improve recall?": right answers with a recall that missed H* rose from 16.5 to 30.3%). The gate pays
-an answer only when it comes through the recall, as §3's "recall, then answer" intends.
+the answer term without recalling anything right, and GRPO on dev learned to do just that
+(docs/experiments/grpo-recall.md). The gate pays an answer only when it comes through the recall, as
+§3's "recall, then answer" intends.
 
 Every function is total: any string, however malformed, gets a score in range and never raises.
 
     python reward.py --gallery                                  # reward-hacking gallery (Markdown)
+    python reward.py --gallery --markdown > docs/reward-gallery.md   # the same, as a whole page
     python reward.py --data runs/data/test.jsonl --index 3 --completion completion.txt
-    python reward.py --data runs/data/test.jsonl --completions preds.jsonl --answer-reward keys [--answer-gate recall]
+    python reward.py --data runs/data/test.jsonl --completions preds.jsonl --answer-reward keys \\
+        [--answer-gate recall]
 """
 
 from __future__ import annotations
@@ -168,7 +170,8 @@ def answer_cosines(answers: list[str | None], references: list[str]) -> list[flo
 
 
 def answer_keys(record: dict) -> list[str]:
-    """The record's non-empty answer keys (the field is optional, DESIGN.md "Data"; one string is one key)."""
+    """The record's non-empty answer keys (the field is optional, docs/design.md "Data"; one string is
+    one key)."""
     keys = record.get("answer_keys") or []
     return [str(k) for k in ([keys] if isinstance(keys, str) else keys) if str(k).strip()]
 
@@ -276,17 +279,20 @@ _FIG1 = [
 ]
 _GOLD = ("Q1", "A5", "A6")
 _TEXT = dict(_FIG1)
-GALLERY_RECORD = {  # the paper's Fig. 1 turn in the record format of DESIGN.md ("Data")
+GALLERY_RECORD = {  # the paper's Fig. 1 turn in the record format of docs/design.md ("Data")
     "id": "paper-fig1-apex-t07",
     "source": "jsonl",
     "query_turn": 7,
     "recall": list(_GOLD),
-    "history": [{"label": l, "speaker": "user" if l[0] == "Q" else "assistant", "text": t} for l, t in _FIG1],
+    "history": [
+        {"label": label, "speaker": "user" if label[0] == "Q" else "assistant", "text": text}
+        for label, text in _FIG1
+    ],
     "query": "Great. So, for that specific booking at the Uptown branch, will my Apex Tier discount apply?",
     "reasoning": (
         "1. Analyze Query: The user asks whether their Apex Tier discount applies to the Chakra Balancing "
         "booking at the Uptown branch.\n2. Recall History: "
-        + "\n".join(f"<HIS>{l}: {_TEXT[l]}</HIS>" for l in _GOLD)
+        + "\n".join(f"<HIS>{label}: {_TEXT[label]}</HIS>" for label in _GOLD)
         + "\n3. Reasoning: Apex Tier gives 20% off any service over $150 (A1). The Chakra Balancing service "
         "is $180, which is over $150, and Lena offers it at the Uptown branch, so the discount applies."
     ),
@@ -303,8 +309,9 @@ def gallery_completions() -> list[tuple[str, str, str]]:
     form: loses no format or recall); '<component> attack' (loses at least 1.0 in total: answer attacks
     under keys and both, the others under every choice); 'open attack' (loses less: not yet caught)."""
     record, honest = GALLERY_RECORD, format_target(GALLERY_RECORD)
-    tag = {l: f"<HIS>{l}: {t}</HIS>" for l, t in _FIG1}
-    tags, one_tag = "\n".join(tag[l] for l in _GOLD), " ".join(f"{l}: {_TEXT[l]}" for l in _GOLD)
+    tag = {label: f"<HIS>{label}: {text}</HIS>" for label, text in _FIG1}
+    tags = "\n".join(tag[label] for label in _GOLD)
+    one_tag = " ".join(f"{label}: {_TEXT[label]}" for label in _GOLD)
 
     def sub(old, new):
         return honest.replace(old, new, 1)
@@ -315,13 +322,16 @@ def gallery_completions() -> list[tuple[str, str, str]]:
         (
             "teacher form Turn X: '...' (§3.2)",
             V,
-            sub(tags, "\n".join(f"<HIS>Turn {l}: '{_TEXT[l]}'</HIS>" for l in _GOLD)),
+            sub(tags, "\n".join(f"<HIS>Turn {label}: '{_TEXT[label]}'</HIS>" for label in _GOLD)),
         ),
         ("Fig. 1 form: three utterances in one tag", V, sub(tags, f"<HIS>{one_tag}</HIS>")),
         (
             "curly-quoted copies, no final period",
             V,
-            sub(tags, "\n".join(f"<HIS>{l}: \u201c{_TEXT[l].rstrip('.')}\u201d</HIS>" for l in _GOLD)),
+            sub(
+                tags,
+                "\n".join(f"<HIS>{label}: \u201c{_TEXT[label].rstrip('.')}\u201d</HIS>" for label in _GOLD),
+            ),
         ),
         (
             "labels swapped, texts verbatim",
@@ -360,7 +370,7 @@ def gallery_completions() -> list[tuple[str, str, str]]:
         (
             "three gold turns pasted unlabelled in one tag",
             R,
-            sub(tags, f"<HIS>{' '.join(_TEXT[l] for l in _GOLD)}</HIS>"),
+            sub(tags, f"<HIS>{' '.join(_TEXT[label] for label in _GOLD)}</HIS>"),
         ),
         ("every history turn recalled", R, sub(tags, "\n".join(tag.values()))),
         ("nothing recalled", R, sub(tags, "No earlier turn is needed.")),
@@ -452,6 +462,26 @@ def gallery_table() -> str:
     return "\n".join(lines)
 
 
+GALLERY_COMMAND = "python reward.py --gallery --markdown > docs/reward-gallery.md"
+
+
+def gallery_page() -> str:
+    """The gallery as a whole Markdown page (docs/reward-gallery.md): a title, what it is, the table."""
+    intro = (
+        "The paper's Fig. 1 record (the Apex Tier discount turn, `GALLERY_RECORD` in reward.py) attacked "
+        "by cheap completions, each scored by the composite reward of Eqs. (4)-(7) under every "
+        "`--answer-reward` choice. Kinds: honest, the SFT target; variant, honest in another form (it "
+        "loses no format or recall); recall, format or answer attack, a cheat that loses at least 1.0 in "
+        "total (answer attacks under keys and both, the others under every choice); open attack, a cheat "
+        "that loses less, not yet caught. "
+        "Format and recall do not depend on the answer choice; each total is followed by its difference "
+        "from the honest completion's total (negative: the completion scores below it). This page is "
+        f"generated by `{GALLERY_COMMAND}`, and a test checks that it equals the command's output, so it "
+        "cannot drift from the reward."
+    )
+    return "\n\n".join(["# The reward-hacking gallery", intro, gallery_table()])
+
+
 # ==== Command line: the gallery, explain one score, or average a file of them ====
 def explain(completion: str, record: dict, answer_reward: str = "cosine", answer_gate: str = "off") -> str:
     """A report a student can read: each component and where it came from."""
@@ -518,7 +548,8 @@ def explain(completion: str, record: dict, answer_reward: str = "cosine", answer
 
 
 def read_completions(path: str, records: list[dict]) -> list[tuple[dict, str]]:
-    """Lines {"id": ..., "completion": ...} (matched by id to --data) or {"index": ..., "completion": ...}."""
+    """Lines {"id": ..., "completion": ...} (matched by id to --data) or
+    {"index": ..., "completion": ...}."""
     by_id = {r["id"]: r for r in records}
 
     def parse(row, path, line_no):
@@ -549,6 +580,12 @@ def parse_args(argv=None) -> argparse.Namespace:
         "gallery, one completion's score explained, or the mean scores of a file."
     )
     parser.add_argument("--gallery", action="store_true", help="print the reward-hacking gallery (Markdown)")
+    parser.add_argument(
+        "--markdown",
+        action="store_true",
+        help="with --gallery: print a whole Markdown page (title, what it is, the table), "
+        "as in docs/reward-gallery.md",
+    )
     parser.add_argument("--data", default=None, help="stage-0 JSONL (e.g. runs/data/test.jsonl)")
     parser.add_argument("--index", type=int, default=0, help="which record of --data to score (0-based)")
     parser.add_argument("--id", default=None, help="pick the record by id instead of --index")
@@ -580,13 +617,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = parse_config(parser, PRESETS, argv)
     if not args.gallery and not args.data:
         parser.error("--data is required (or --gallery)")
+    if args.markdown and not args.gallery:
+        parser.error("--markdown goes with --gallery")
     return args
 
 
 def main(argv=None):
     args = parse_args(argv)
     if args.gallery:
-        print(gallery_table())
+        print(gallery_page() if args.markdown else gallery_table())
         return None
     try:
         records = read_jsonl(args.data)

@@ -3,14 +3,12 @@
     dialogues -> dedup -> 8..32 rounds -> Eq. (2) dependency scoring -> teacher (H*, Z, A*)
               -> verification filter -> train/dev/test JSONL + stats.json + config.json
 
-Every later stage imports the prompt renderer from here: P(Q_t, C_t) rendered through the
-model's chat template (render_prompt, build_messages, format_history) and the target
-(Z_t, A*_t) that SFT learns (format_target, his_tag). The sources live in synthetic.py (the
-embedded generator) and corpora.py (LoCoMo, CoQA, MultiWOZ, DailyDialog, ReDial, MG-ShopDial,
-chit-chat, our JSONL); the LLM teachers of §3.2 (hf:MODEL, api:MODEL) and the answer-key-free
-grounding check in teacher.py. ChatClient, the client for OpenAI-compatible chat APIs, serves
-SRT-P on closed models (evaluate.py). The record format and its reader live in data_io.py, the
-sentence embedder of Eq. (2) in modeling.py.
+The records it writes feed every later stage; their format is in docs/design.md ("Data"), their
+reader and checks in srt/data_io.py. The sources live in srt/synthetic.py (the embedded generator)
+and srt/corpora.py (LoCoMo, CoQA, MultiWOZ, DailyDialog, ReDial, MG-ShopDial, chit-chat, our
+JSONL); the LLM teachers of §3.2 (hf:MODEL, api:MODEL) and the answer-key-free grounding check in
+srt/teacher.py; the sentence embedder of Eq. (2) in srt/modeling.py. The prompt and the SFT target
+that later stages render from a record live in srt/prompt.py.
 
 Run `python stage0_build.py --help`.
 """
@@ -99,7 +97,7 @@ def deduplicate(dialogues, intent_threshold=0.9, jaccard_threshold=0.8):
     leaders, clusters, kept, merged = [], [], [], 0
     for d in dialogues:
         vec, prints, group = intent_vector(d), turn_fingerprints(d), split_group(d)
-        sims = np.array([vec @ l for l in leaders]) if leaders else np.zeros(0)
+        sims = np.array([vec @ leader for leader in leaders]) if leaders else np.zeros(0)
         if len(sims) and sims.max() >= intent_threshold:
             cluster = clusters[int(sims.argmax())]
         else:
@@ -164,7 +162,7 @@ def parse_turn_refs(recall_turns) -> list[str]:
 
 
 def build_reasoning(analysis: str, recalled: list[dict], reasoning: str) -> str:
-    """Z_t in the output format of DESIGN.md: analyze -> recall (one <HIS> per utterance) -> reason."""
+    """Z_t in the output format of docs/design.md: analyze -> recall (one <HIS> per utterance) -> reason."""
     recall = "\n".join(his_tag(u) for u in recalled) if recalled else "No earlier turn is needed."
     return (
         f"1. Analyze Query: The user asks {analysis}.\n2. Recall History: {recall}\n3. Reasoning: {reasoning}"
@@ -201,7 +199,7 @@ def verify_record(record) -> str | None:
                 return "ungrounded_answer"  # string matching between A* and H*
         if not record.get("answer_keys"):  # no keys: A*'s numbers and content words, found in H*
             check = record["meta"].get("grounding") or grounded(
-                record["answer"], [by_label[l] for l in record["recall"]]
+                record["answer"], [by_label[label] for label in record["recall"]]
             )
             if not check["grounded"] and not record["meta"].get("derived_answer"):
                 return "ungrounded_answer_words"  # a derived answer (LoCoMo's dates) is only reported
@@ -521,6 +519,13 @@ def read_source(args) -> tuple[list[dict], dict]:
     return load_corpus(args.source, args.path, **options)
 
 
+def source_name(args) -> str:
+    """The input a message should name: the file or folder, else the generator or package."""
+    if args.source == "synthetic":
+        return f"the synthetic corpus (--num-dialogues {args.num_dialogues})"
+    return args.path or f"--source {args.source} (the installed package)"
+
+
 def build_teacher(args):
     if args.teacher == "oracle":
         return OracleTeacher()
@@ -551,8 +556,15 @@ def main(argv=None) -> None:
     start = time.time()
     try:
         dialogues, report = read_source(args)
-        teacher = build_teacher(args)
     except (ValueError, OSError) as e:  # DataError is a ValueError
+        sys.exit(f"error: {e}")
+    malformed = report.get("malformed", 0)
+    if not dialogues:  # before the teacher and before any output: nothing already written is lost
+        skipped = f" ({malformed} malformed, skipped)" if malformed else ""
+        sys.exit(f"error: {source_name(args)} holds no dialogues{skipped}; nothing written to {out}")
+    try:
+        teacher = build_teacher(args)
+    except (ValueError, OSError) as e:
         sys.exit(f"error: {e}")
     if (
         args.teacher == "oracle"
@@ -563,7 +575,6 @@ def main(argv=None) -> None:
             f"error: --source {args.source} carries no gold answers, so --teacher oracle can annotate "
             "nothing; use an LLM teacher: --teacher api:MODEL or hf:MODEL"
         )
-    malformed = report.get("malformed", 0)
     num_input = len(dialogues) + malformed
     drops = Counter({"malformed": malformed} if malformed else {})
     dialogues, merged = deduplicate(dialogues, args.dedup_intent, args.dedup_jaccard)
@@ -572,6 +583,12 @@ def main(argv=None) -> None:
     drops["length"] = len(dialogues) - len(in_range)
     records, annotate_drops = annotate_dialogues(in_range, teacher, args, progress=not args.quiet)
     drops.update(annotate_drops)
+    if not records:  # empty splits would only fail later stages: stop here, before any output
+        dropped = ", ".join(f"{k} {v}" for k, v in drops.items() if v) or "none"
+        sys.exit(
+            f"error: no records survived the build of {source_name(args)} ({num_input} dialogues in; "
+            f"dropped: {dropped}); nothing written to {out}"
+        )
     kept_dialogues = sorted({r["meta"]["dialogue_id"] for r in records})
     splits = split_by_dialogue(records, args.seed, args.dev_fraction, args.test_fraction)
     stats = corpus_stats(num_input, kept_dialogues, splits, drops)

@@ -27,11 +27,12 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.distributed as dist
+from tqdm.auto import tqdm
 
 from srt import memory_plan
 from srt.checkpoint import JsonlLog, has_trainer_state, rng_state, set_rng_state
 from srt.completion import is_valid_format
-from srt.config import parse_config, require, write_config
+from srt.config import at_least, in_range, parse_config, positive, write_config
 from srt.data_io import DataError, read_jsonl, write_json
 from srt.distributed import (
     accumulate,
@@ -45,8 +46,8 @@ from srt.distributed import (
     save_checkpoint,
     save_final,
     setup_distributed,
-    shard_model,
     teardown_distributed,
+    wrap_model,
 )
 from srt.modeling import (
     autocast,
@@ -221,57 +222,42 @@ def sft_loss_sums(model, batch, autocast_dtype=None) -> dict:
     }
 
 
-def phase_plan(args, records_per_phase: dict) -> list[tuple[int, int]]:
+def per_token(totals: dict, nll_key: str, tokens_key: str) -> float | None:
+    """The mean NLL a token of one kind (reasoning, answer, all) for the metrics line."""
+    return totals[nll_key] / totals[tokens_key] if totals[tokens_key] else None
+
+
+def phase_plan(cfg, records_per_phase: dict) -> list[tuple[int, int]]:
     """[(phase, steps), ...]. --max-steps is split between the phases by --phase1-fraction;
     without it each phase runs --epochs epochs."""
-    phases = [1, 2] if args.phase == "both" else [int(args.phase)]
-    global_batch = args.batch_size * args.grad_accum * args.world_size
-    if args.max_steps is None:
-        return [(p, args.epochs * math.ceil(records_per_phase[p] / global_batch)) for p in phases]
+    phases = [1, 2] if cfg.phase == "both" else [int(cfg.phase)]
+    global_batch = cfg.batch_size * cfg.grad_accum * cfg.world_size
+    if cfg.max_steps is None:
+        return [(p, cfg.epochs * math.ceil(records_per_phase[p] / global_batch)) for p in phases]
     if len(phases) == 1:
-        return [(phases[0], args.max_steps)]
-    first = round(args.max_steps * args.phase1_fraction)
-    return [(1, first), (2, args.max_steps - first)]
+        return [(phases[0], cfg.max_steps)]
+    first = round(cfg.max_steps * cfg.phase1_fraction)
+    return [(1, first), (2, cfg.max_steps - first)]
 
 
 # --------------------------------------------------------------------------------------------
 # Configuration: argparse defaults that work, presets, explicit flags win.
 # --------------------------------------------------------------------------------------------
+# Why each value: docs/experiments/presets.md ("Stage 1").
+# fmt: off
 PRESETS = {
-    # A 2-core laptop: 64 steps (26 on pruned histories, 38 on full ones), sized so that `make demo`
-    # (which trains this and the w/o-CoT control) fits 75 minutes on a 2-core CPU without AMX. Recall
-    # needs the steps: on 40 dev queries, 38 steps gave recall Jaccard 0.06 and recalled turns even
-    # for queries that need none (H* empty); 90 steps gave 0.38 and recalled nothing for those.
-    # max_length 1536 holds every prompt + target of the synthetic corpus (longest 1,317 + 233
-    # tokens with real small talk), so no record loses a turn; batch 4 x 1536 fits in about 16 GB
-    # without gradient checkpointing, which would cost about 25% more time.
-    "cpu-demo": dict(
-        lr=5e-5,
-        batch_size=4,
-        grad_accum=1,
-        max_length=1536,
-        gradient_checkpointing=False,
-        max_steps=64,
-        phase1_fraction=0.4,
-        warmup_steps=3,
-        save_every=8,
-    ),
+    # A 2-core laptop: 64 steps (26 on pruned histories, 38 on full ones), the fewest that teach
+    # recall; 1536 tokens hold every synthetic prompt + target; the global batch of 4 runs as 2
+    # micro-batches of 2, which keeps the demo's peak memory low at the same update.
+    "cpu-demo": dict(lr=5e-5, batch_size=2, grad_accum=2, max_length=1536, gradient_checkpointing=False,
+                     max_steps=64, phase1_fraction=0.4, warmup_steps=3, save_every=8),
     # §4.1: lr 5e-6, AdamW, constant schedule with linear warm-up. Batch and length are ours.
-    "paper": dict(
-        lr=5e-6,
-        batch_size=2,
-        grad_accum=8,
-        max_length=4096,
-        gradient_checkpointing=True,
-        warmup_steps=30,
-        epochs=2,
-        save_every=200,
-    ),
+    "paper": dict(lr=5e-6, batch_size=2, grad_accum=8, max_length=4096, gradient_checkpointing=True,
+                  warmup_steps=30, epochs=2, save_every=200),
 }
-# The SFT start of README "Does GRPO improve recall?": twice the demo's steps (51 pruned, 77 full); on
-# 109 dev queries recall Jaccard 5.8% -> 25.7%. From the 64-step model GRPO's recall groups were mostly
-# all wrong (10 steps: probe Jaccard 7.9 -> 7.7%).
+# The SFT start GRPO learns from (docs/experiments/grpo-recall.md): twice the demo's steps.
 PRESETS["cpu-long"] = dict(PRESETS["cpu-demo"], max_steps=128)
+# fmt: on
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -281,27 +267,29 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default="smollm2-135m", help="HF id, local folder, smollm2-135m or tiny-random")
     p.add_argument("--data", default="runs/data/train.jsonl", help="training JSONL from stage0")
     p.add_argument("--out", default="runs/demo/sft", help="output folder")
-    p.add_argument("--seed", type=int, default=0, help="random seed")
+    p.add_argument("--seed", type=at_least(0), default=0, help="random seed")
     p.add_argument(
         "--phase",
         choices=["1", "2", "both"],
         default="both",
         help="1: pruned histories C~_t, 2: full histories C_t, both: 1 then 2",
     )
-    p.add_argument("--phase1-fraction", type=float, default=0.5, help="share of --max-steps for phase 1")
-    p.add_argument("--epochs", type=int, default=1, help="epochs per phase when --max-steps is unset")
     p.add_argument(
-        "--max-steps", type=int, default=None, help="optimizer steps in all (default: from --epochs)"
+        "--phase1-fraction", type=in_range(0.0, 1.0), default=0.5, help="share of --max-steps for phase 1"
     )
-    p.add_argument("--batch-size", type=int, default=4, help="examples per micro-batch per process")
-    p.add_argument("--grad-accum", type=int, default=1, help="micro-batches per optimizer step")
-    p.add_argument("--lr", type=float, default=5e-5, help="peak learning rate (paper: 5e-6)")
-    p.add_argument("--warmup-steps", type=int, default=10, help="linear warm-up steps")
-    p.add_argument("--weight-decay", type=float, default=0.0, help="AdamW weight decay")
-    p.add_argument("--max-grad-norm", type=float, default=1.0, help="gradient clipping norm")
+    p.add_argument("--epochs", type=at_least(1), default=1, help="epochs per phase when --max-steps is unset")
+    p.add_argument(
+        "--max-steps", type=at_least(1), default=None, help="optimizer steps in all (default: from --epochs)"
+    )
+    p.add_argument("--batch-size", type=at_least(1), default=4, help="examples per micro-batch per process")
+    p.add_argument("--grad-accum", type=at_least(1), default=1, help="micro-batches per optimizer step")
+    p.add_argument("--lr", type=at_least(0.0, float), default=5e-5, help="peak learning rate (paper: 5e-6)")
+    p.add_argument("--warmup-steps", type=at_least(0), default=10, help="linear warm-up steps")
+    p.add_argument("--weight-decay", type=at_least(0.0, float), default=0.0, help="AdamW weight decay")
+    p.add_argument("--max-grad-norm", type=positive(float), default=1.0, help="gradient clipping norm")
     p.add_argument(
         "--max-length",
-        type=int,
+        type=at_least(1),
         default=1024,
         help="tokens per example; longer histories lose their oldest turns (a record whose H* "
         "would be cut is replaced by the next one)",
@@ -319,11 +307,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="trade compute for memory",
     )
     p.add_argument("--no-cot", action="store_true", help="learn the answer alone (Table 2 'w/o CoT')")
-    p.add_argument("--save-every", type=int, default=50, help="write <out>/checkpoint every N steps")
-    p.add_argument("--log-every", type=int, default=1, help="append to metrics.jsonl every N steps")
+    p.add_argument("--save-every", type=at_least(1), default=50, help="write <out>/checkpoint every N steps")
+    p.add_argument("--log-every", type=at_least(1), default=1, help="append to metrics.jsonl every N steps")
     p.add_argument(
         "--time-budget-minutes",
-        type=float,
+        type=at_least(0.0, float),
         default=None,
         help="stop early (saved, resumable) when the next step would overrun this wall time",
     )
@@ -331,23 +319,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--eval-data", default="runs/data/dev.jsonl", help="held-out JSONL for the final check")
     p.add_argument(
         "--eval-limit",
-        type=int,
+        type=at_least(0),
         default=0,
         help="generate on N held-out records at the end and report format validity",
     )
-    p.add_argument("--eval-max-new-tokens", type=int, default=256, help="tokens per held-out completion")
+    p.add_argument(
+        "--eval-max-new-tokens", type=at_least(1), default=256, help="tokens per held-out completion"
+    )
     p.add_argument("--trust-remote-code", action="store_true", help="allow model code from the hub")
     add_scale_flags(p)
     return p
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    args = parse_config(build_parser(), PRESETS, argv)
-    for name in ("batch_size", "grad_accum", "max_length", "save_every", "log_every", "epochs"):
-        require(getattr(args, name) >= 1, f"--{name.replace('_', '-')} must be at least 1")
-    require(args.max_steps is None or args.max_steps >= 1, "--max-steps must be at least 1")
-    require(0.0 <= args.phase1_fraction <= 1.0, "--phase1-fraction must lie in [0, 1]")
-    return args
+    return parse_config(build_parser(), PRESETS, argv)
 
 
 # Settings that fix the data order and the meaning of a step: a resumed run must match them.
@@ -373,74 +358,67 @@ RESUME_MUST_MATCH = (
 # --------------------------------------------------------------------------------------------
 # The training loop: phase 1 then phase 2, one optimizer and one step counter across both.
 # --------------------------------------------------------------------------------------------
-def train(args):
-    """Run stage 1 as configured by `args` (see parse_args). Returns the trained model."""
-    rank, world_size, _, device = setup_distributed(args.dist_timeout_minutes, always=args.fsdp)
-    args.world_size = world_size
-    is_main = rank == 0
-    budget = TimeBudget(args.time_budget_minutes)
-    seed_everything(args.seed)
-    records = read_jsonl(args.data)
+def train(cfg):
+    """Run stage 1 as configured by `cfg` (see parse_args). Returns the trained model."""
+    rank, world_size, _, device = setup_distributed(cfg.dist_timeout_minutes, always=cfg.fsdp)
+    cfg.world_size = world_size
+    main_process = rank == 0
+    budget = TimeBudget(cfg.time_budget_minutes)
+    seed_everything(cfg.seed)
+    records = read_jsonl(cfg.data)
     if not records:
-        raise DataError(f"{args.data}: no records")
-    out, checkpoint = Path(args.out), Path(args.out) / "checkpoint"
-    resuming = args.resume and has_trainer_state(checkpoint)
-    if args.resume and not resuming and is_main:
+        raise DataError(f"{cfg.data}: no records")
+    out, checkpoint = Path(cfg.out), Path(cfg.out) / "checkpoint"
+    resuming = cfg.resume and has_trainer_state(checkpoint)
+    if cfg.resume and not resuming and main_process:
         print(f"note: no checkpoint in {checkpoint}; starting from scratch", flush=True)
     if resuming:  # before loading weights from it
-        check_checkpoint_layout(checkpoint, args.fsdp)
+        check_checkpoint_layout(checkpoint, cfg.fsdp)
 
     # Under FSDP the weights load on the CPU and each rank moves only its shards to its GPU; the
     # MixedPrecisionPolicy then computes in bf16 where autocast would have.
-    weight_dtype, autocast_dtype = resolve_dtype(args.dtype, device)
+    weight_dtype, autocast_dtype = resolve_dtype(cfg.dtype, device)
     model, tokenizer = load_model_and_tokenizer(
-        str(checkpoint) if resuming and not args.fsdp else args.model,
-        args.dtype,
-        None if args.fsdp else device,
-        args.trust_remote_code,
+        str(checkpoint) if resuming and not cfg.fsdp else cfg.model,
+        cfg.dtype,
+        None if cfg.fsdp else device,
+        cfg.trust_remote_code,
     )
-    if is_main:
-        print(memory_plan.stage_plan("sft", args, world_size, model.config), flush=True)
-    if args.gradient_checkpointing:
+    if main_process:
+        print(memory_plan.stage_plan("sft", cfg, world_size, model.config), flush=True)
+    if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.train()
-    wrapped = model
-    if args.fsdp:
-        model = wrapped = shard_model(model, device, autocast_dtype)
-        autocast_dtype = None
-    elif world_size > 1:
-        from torch.nn.parallel import DistributedDataParallel
-
-        wrapped = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
-    resume_config = {k: getattr(args, k) for k in RESUME_MUST_MATCH}
+    model, train_model, autocast_dtype = wrap_model(model, device, world_size, cfg.fsdp, autocast_dtype)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    resume_config = {k: getattr(cfg, k) for k in RESUME_MUST_MATCH}
     start_step = 0
     if resuming:
-        state = load_checkpoint(checkpoint, model, optimizer, resume_config, args.fsdp)
+        state = load_checkpoint(checkpoint, model, optimizer, resume_config, cfg.fsdp)
         set_rng_state(state["rng"][rank])
         start_step = state["step"]
-        if is_main:
+        if main_process:
             print(f"resuming from {checkpoint} at step {start_step}", flush=True)
 
-    global_batch = args.batch_size * args.grad_accum * world_size
-    plan = phase_plan(args, {1: len(records), 2: len(records)})
+    global_batch = cfg.batch_size * cfg.grad_accum * world_size
+    plan = phase_plan(cfg, {1: len(records), 2: len(records)})
     data = {
-        p: PhaseData(tokenizer, records, p, args.max_length, not args.no_cot, args.seed, global_batch)
+        p: PhaseData(tokenizer, records, p, cfg.max_length, not cfg.no_cot, cfg.seed, global_batch)
         for p, _ in plan
     }
     total_steps = sum(steps for _, steps in plan)
     if resuming and start_step >= total_steps and (out / "final" / "config.json").exists():
         # Nothing to redo, and nothing rewritten: a re-saved final/ of a checkpoint above 2 GiB would
         # look like a new model to evaluate.py's --resume (it keys those by modification time).
-        if is_main:
+        if main_process:
             print(f"{out} already holds a finished run of {start_step} steps; nothing to do", flush=True)
         return model
     phase_of_step = [(p, s) for p, steps in plan for s in range(steps)]  # step k+1 -> (phase, phase step)
-    if is_main:
+    if main_process:
         write_config(
             out,
             {
-                **vars(args),
+                **vars(cfg),
                 "plan": plan,
                 "total_steps": total_steps,
                 "global_batch": global_batch,
@@ -450,26 +428,26 @@ def train(args):
             },
         )
     metrics = JsonlLog(out / "metrics.jsonl", keep_until_step=start_step if resuming else None)
-    if is_main:
+    if main_process:
         metrics.flush()  # a resumed run drops the lines written after its checkpoint right away
 
     def save(step):  # FSDP: every rank writes its shards (sharding.py); else rank 0 the whole state
         state = {"step": step, "rng": gather_objects(rng_state(), world_size)}
-        save_checkpoint(checkpoint, model, optimizer, tokenizer, state, resume_config, args.fsdp)
+        save_checkpoint(checkpoint, model, optimizer, tokenizer, state, resume_config, cfg.fsdp)
 
-    from tqdm import tqdm
-
-    bar = tqdm(total=total_steps, initial=start_step, disable=not is_main, desc="sft", dynamic_ncols=True)
+    bar = tqdm(
+        total=total_steps, initial=start_step, disable=not main_process, desc="sft", dynamic_ncols=True
+    )
     step = start_step
     while step < total_steps and not all_ranks_any(budget.exhausted(), device):
-        tick = time.time()
+        tick = time.perf_counter()
         step += 1
         phase, phase_step = phase_of_step[step - 1]
         # Micro-batch `micro` of rank r holds slots (micro * world_size + r) * batch_size onwards.
         indices = data[phase].batch_indices(phase_step)
         mine = [
-            [data[phase].example(i) for i in indices[first : first + args.batch_size]]
-            for first in range(rank * args.batch_size, len(indices), world_size * args.batch_size)
+            [data[phase].example(i) for i in indices[first : first + cfg.batch_size]]
+            for first in range(rank * cfg.batch_size, len(indices), world_size * cfg.batch_size)
         ]
         # Eq. (3) sums over tokens; normalise by the target tokens of the whole global batch, so
         # every rank and micro-batch split gives the same gradient (DDP averages over ranks).
@@ -488,14 +466,14 @@ def train(args):
         sums = {}
         for micro, examples in enumerate(mine):
             batch = {k: v.to(device) for k, v in collate(examples, tokenizer.pad_token_id).items()}
-            with accumulate(wrapped, sync=micro == args.grad_accum - 1 or world_size == 1):
-                part = sft_loss_sums(wrapped, batch, autocast_dtype)
+            with accumulate(train_model, sync=micro == cfg.grad_accum - 1 or world_size == 1):
+                part = sft_loss_sums(train_model, batch, autocast_dtype)
                 (part["nll"] * world_size / global_tokens).backward()
             for key, value in part.items():
                 sums[key] = sums.get(key, 0) + value.detach().float()
             sums["all_tokens"] = sums.get("all_tokens", 0) + batch["attention_mask"].sum().float()
-        grad_norm = clip_grad_norm(model.parameters(), args.max_grad_norm)
-        lr = warmup_lr(step, args.lr, args.warmup_steps)
+        grad_norm = clip_grad_norm(model.parameters(), cfg.max_grad_norm)
+        lr = warmup_lr(step, cfg.lr, cfg.warmup_steps)
         for group in optimizer.param_groups:
             group["lr"] = lr
         optimizer.step()
@@ -506,16 +484,15 @@ def train(args):
         if world_size > 1:
             dist.all_reduce(totals)
         totals = dict(zip(keys, totals.tolist()))
-        elapsed = time.time() - tick
+        elapsed = time.perf_counter() - tick
         budget.record_step(elapsed)
-        if is_main:
-            ratio = lambda a, b: totals[a] / totals[b] if totals[b] else None
+        if main_process:
             line = {
                 "step": step,
                 "phase": phase,
-                "loss": ratio("nll", "tokens"),
-                "loss_reasoning": ratio("reasoning_nll", "reasoning_tokens"),
-                "loss_answer": ratio("answer_nll", "answer_tokens"),
+                "loss": per_token(totals, "nll", "tokens"),
+                "loss_reasoning": per_token(totals, "reasoning_nll", "reasoning_tokens"),
+                "loss_answer": per_token(totals, "answer_nll", "answer_tokens"),
                 "lr": lr,
                 "grad_norm": float(grad_norm),
                 "tokens_per_s": totals["all_tokens"] / elapsed,
@@ -524,48 +501,48 @@ def train(args):
                 "step_s": elapsed,
                 "peak_gpu_gb": peak_gpu_gb(device),
             }
-            if step % args.log_every == 0 or step == total_steps:
+            if step % cfg.log_every == 0 or step == total_steps:
                 metrics.append(line)
             bar.set_postfix(phase=phase, loss=f"{line['loss']:.3f}")
             bar.update(1)
-        if step % args.save_every == 0 and step < total_steps:
+        if step % cfg.save_every == 0 and step < total_steps:
             save(step)
     bar.close()
 
     save(step)
-    save_final(out / "final", model, tokenizer, args.fsdp)  # save_pretrained form, also under FSDP
-    if is_main:
+    save_final(out / "final", model, tokenizer, cfg.fsdp)  # save_pretrained form, also under FSDP
+    if main_process:
         for p, phase_data in data.items():
             if phase_data.truncated or phase_data.skipped:
                 print(
                     f"warning: phase {p}: {len(phase_data.truncated)} of {len(phase_data.cache)} examples "
-                    f"lost old turns to fit --max-length {args.max_length}; "
+                    f"lost old turns to fit --max-length {cfg.max_length}; "
                     f"{len(phase_data.skipped)} could not fit without losing a turn of H* and were replaced",
                     flush=True,
                 )
         if step < total_steps:
             print(
-                f"WARNING: time budget of {args.time_budget_minutes} min reached: stopped at step {step} of "
+                f"WARNING: time budget of {cfg.time_budget_minutes} min reached: stopped at step {step} of "
                 f"{total_steps} ({total_steps - step} steps missing); --resume continues",
                 flush=True,
             )
         print(f"saved {out / 'final'} (step {step})", flush=True)
     if world_size > 1:
         dist.barrier()
-    if args.eval_limit > 0:  # FSDP: every rank gathers the weights once, rank 0 generates alone
+    if cfg.eval_limit > 0:  # FSDP: every rank gathers the weights once, rank 0 generates alone
         with full_weights(model):
-            if is_main:
-                evaluate_format(model, tokenizer, args, device, autocast_dtype)
+            if main_process:
+                evaluate_format(model, tokenizer, cfg, device, autocast_dtype)
     return model
 
 
 # --------------------------------------------------------------------------------------------
 # Optional final check: does the model now write the SRT format on held-out queries?
 # --------------------------------------------------------------------------------------------
-def evaluate_format(model, tokenizer, args, device, autocast_dtype, batch_size=4) -> dict:
+def evaluate_format(model, tokenizer, cfg, device, autocast_dtype, batch_size=4) -> dict:
 
-    records = read_jsonl(args.eval_data)[: args.eval_limit]
-    budget = args.max_length - args.eval_max_new_tokens
+    records = read_jsonl(cfg.eval_data)[: cfg.eval_limit]
+    budget = cfg.max_length - cfg.eval_max_new_tokens
     completions = []
     for start in range(0, len(records), batch_size):
         # At test time H* is unknown: drop the oldest turns, whatever they are.
@@ -573,7 +550,7 @@ def evaluate_format(model, tokenizer, args, device, autocast_dtype, batch_size=4
             fit_history(tokenizer, r, r["history"], budget)[1] for r in records[start : start + batch_size]
         ]
         completions += generate(
-            model, tokenizer, prompts, args.eval_max_new_tokens, greedy=True, autocast_dtype=autocast_dtype
+            model, tokenizer, prompts, cfg.eval_max_new_tokens, greedy=True, autocast_dtype=autocast_dtype
         )["texts"]
     valid = [bool(is_valid_format(c)) for c in completions]
     result = {
@@ -583,18 +560,18 @@ def evaluate_format(model, tokenizer, args, device, autocast_dtype, batch_size=4
             {"id": r["id"], "completion": c, "valid": v} for r, c, v in zip(records, completions, valid)
         ],
     }
-    write_json(Path(args.out) / "eval_format.json", result)
+    write_json(Path(cfg.out) / "eval_format.json", result)
     print(f"format validity on {len(valid)} held-out records: {result['format_valid']:.1%}", flush=True)
     return result
 
 
 def main(argv=None) -> None:
-    args = parse_args(argv)
-    if args.dry_run:  # the plan alone, for a machine this need not be: nothing is loaded or downloaded
-        print(memory_plan.stage_plan("sft", args, args.world_size or int(os.environ.get("WORLD_SIZE", 1))))
+    cfg = parse_args(argv)
+    if cfg.dry_run:  # the plan alone, for a machine this need not be: nothing is loaded or downloaded
+        print(memory_plan.stage_plan("sft", cfg, cfg.world_size or int(os.environ.get("WORLD_SIZE", 1))))
         return
     try:
-        train(args)
+        train(cfg)
     except (DataError, FileNotFoundError) as e:
         sys.exit(f"error: {e}")
     finally:

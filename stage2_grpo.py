@@ -2,8 +2,8 @@
 
 One GRPO step, in the order of the paper:
 
-    for each prompt P(Q_t, C_t): sample K completions tau^(k) from pi_old       (rollouts.py: one batched
-    score them with the verifiable reward R = format + recall + answer          generate, reward.py Eqs. (4)-(7))
+    for each prompt P(Q_t, C_t): sample K completions tau^(k) from pi_old     (srt/rollouts.py)
+    score them with the verifiable reward R = format + recall + answer        (reward.py, Eqs. (4)-(7))
     (--dynamic-sampling: groups whose K rewards are all equal are replaced by fresh prompts, DAPO)
     Eq. (8): group-relative advantage  A~(k) = (R(k) - mean R) / (std R + 1e-8)
     log-probs of pi_old (once per sample batch) and of the frozen pi_ref = the SFT model
@@ -15,7 +15,9 @@ One GRPO step, in the order of the paper:
 Run on one CPU or GPU, or on N of them with torchrun (each rank samples and scores its own prompts,
 DDP all-reduces the gradients, rank 0 alone logs and saves):
 
-    python stage2_grpo.py --preset cpu-demo --model runs/demo/sft/final --data runs/data/train.jsonl --out runs/demo/grpo
+    python stage2_grpo.py --preset cpu-demo --model runs/demo/sft/final --data runs/data/train.jsonl \
+        --out runs/demo/grpo
+    python stage2_grpo.py --explain --model runs/demo/sft/final      # one step, every quantity printed
     torchrun --nproc_per_node=8 stage2_grpo.py --model runs/paper/sft/final --data ... --preset paper --fsdp
     python stage2_grpo.py --preset paper --model Qwen/Qwen2.5-7B-Instruct --fsdp --dry-run --world-size 8
 
@@ -43,7 +45,7 @@ from tqdm.auto import tqdm
 from reward import ANSWER_GATES, ANSWER_REWARDS, compute_rewards
 from srt import memory_plan
 from srt.checkpoint import JsonlLog, has_trainer_state, rng_state, set_rng_state
-from srt.config import parse_config, require, write_config
+from srt.config import Bounded, at_least, parse_config, positive, require, write_config
 from srt.data_io import DataError, finite_or_none, read_jsonl, write_json
 from srt.distributed import (
     accumulate,
@@ -60,6 +62,7 @@ from srt.distributed import (
     setup_distributed,
     shard_model,
     teardown_distributed,
+    wrap_model,
 )
 from srt.modeling import (
     autocast,
@@ -84,64 +87,28 @@ from srt.training import TimeBudget, seed_everything, warmup_lr
 # --------------------------------------------------------------------------------------------
 # Configuration: argparse defaults that work, presets, explicit flags win.
 # --------------------------------------------------------------------------------------------
+# Why each value: docs/experiments/presets.md ("Stage 2").
+# fmt: off
 PRESETS = {
     # §4.1 where the paper gives a value (lr 3e-7, K = 8, ratio 4, AdamW, KL to the SFT policy);
     # the rest is ours, sized for 8 x A100-80GB with --fsdp (memory_plan.py: about 50 GB per GPU).
-    "paper": dict(
-        lr=3e-7,
-        num_generations=8,
-        sample_ratio=4,
-        beta=0.04,
-        clip_eps=0.2,
-        mu=1,
-        prompts_per_step=8,
-        max_new_tokens=1024,
-        max_prompt_length=4096,
-        warmup_steps=10,
-        max_steps=1000,
-        save_every=50,
-        sample_every=10,
-        gradient_checkpointing=True,
-        micro_batch_size=2,
-    ),
-    # SmolLM2-135M after SFT, sized by steps to fit `make demo` in 75 min on a 2-core CPU without AMX:
-    # 12 steps of one group of K = 4, two AdamW updates each, lr 3e-6 (1e-5 drifted on 40 dev queries),
-    # probes of 16 queries at steps 0, 6, 12. 1536 prompt tokens hold every synthetic prompt (longest
-    # 1,317), 256 new tokens the longest SFT chain (233). Dynamic sampling on the recall part: after SFT,
-    # 6 of the first 8 groups recalled one set while the cosine made every total differ. At most 2 draws:
-    # with 3, 11 first draws had no recall signal, a second found one in 2, a third in none of 9.
-    # T = 1.0 (bench/temperature_sweep.py, 12 dev prompts x K = 4, T 0.7 / 1.0 / 1.3): entropy 0.14 /
-    # 0.28 / 1.68 nats a token, groups whose recall differs 50 / 50 / 25%, valid format 96 / 96 / 81%.
-    "cpu-demo": dict(
-        num_generations=4,
-        prompts_per_step=1,
-        sample_ratio=2,
-        mu=1,
-        lr=3e-6,
-        warmup_steps=1,
-        beta=0.04,
-        max_new_tokens=256,
-        max_prompt_length=1536,
-        max_steps=12,
-        sample_every=1,
-        save_every=4,
-        eval_limit=16,
-        eval_batch_size=8,
-        probe_every=6,
-        dynamic_sampling="recall",
-        max_draws=2,
-    ),
+    "paper": dict(lr=3e-7, num_generations=8, sample_ratio=4, beta=0.04, clip_eps=0.2, mu=1,
+                  prompts_per_step=8, max_new_tokens=1024, max_prompt_length=4096, warmup_steps=10,
+                  max_steps=1000, save_every=50, sample_every=10, gradient_checkpointing=True,
+                  micro_batch_size=2),
+    # SmolLM2-135M after SFT on a 2-core CPU: 12 steps of one group of K = 4, two AdamW updates each;
+    # 1536 prompt tokens hold every synthetic prompt and 256 new tokens the longest SFT chain; dynamic
+    # sampling on the recall part (after SFT most groups recall one set), at most 2 draws; T = 1.0.
+    "cpu-demo": dict(num_generations=4, prompts_per_step=1, sample_ratio=2, mu=1, lr=3e-6, warmup_steps=1,
+                     beta=0.04, max_new_tokens=256, max_prompt_length=1536, max_steps=12, sample_every=1,
+                     save_every=4, eval_limit=16, eval_batch_size=8, probe_every=6, dynamic_sampling="recall",
+                     max_draws=2),
 }
-# README "Does GRPO improve recall?": on turns that need recall (§3), 30 steps of two groups at lr 1e-5 (38 min here).
-PRESETS["cpu-long"] = dict(
-    PRESETS["cpu-demo"],
-    train_turns="dependent",
-    prompts_per_step=2,
-    lr=1e-5,
-    max_steps=30,
-    probe_every=10,
-    save_every=5,
-)
+# GRPO on the turns that need recall (§3): 30 steps of two groups at lr 1e-5
+# (docs/experiments/grpo-recall.md).
+PRESETS["cpu-long"] = dict(PRESETS["cpu-demo"], train_turns="dependent", prompts_per_step=2, lr=1e-5,
+                           max_steps=30, probe_every=10, save_every=5)
+# fmt: on
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -156,52 +123,57 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add("--data", default="runs/data/train.jsonl", help="training records, JSONL")
     add("--out", default="runs/demo/grpo", help="output folder")
-    add("--seed", type=int, default=0, help="random seed")
+    add("--seed", type=at_least(0), default=0, help="random seed")
     add(
         "--resume",
         action="store_true",
         help="continue from <out>/checkpoint; a finished run is left as it is",
     )
-    add("--max-steps", type=int, default=100, help="GRPO steps; each is one sample batch")
-    add("--num-generations", "-K", type=int, default=8, help="K completions per prompt (§4.1: 8)")
-    add("--prompts-per-step", type=int, default=1, help="prompts per rank per step")
-    add("--temperature", type=float, default=1.0, help="sampling temperature")
+    add("--max-steps", type=at_least(1), default=100, help="GRPO steps; each is one sample batch")
+    add("--num-generations", "-K", type=at_least(1), default=8, help="K completions per prompt (§4.1: 8)")
+    add("--prompts-per-step", type=at_least(1), default=1, help="prompts per rank per step")
+    add("--temperature", type=positive(float), default=1.0, help="sampling temperature")
     add(
         "--share-prompts",
         action=argparse.BooleanOptionalAction,
         default=True,
         help="run each group's prompt once in the log-prob passes (its KV cache copied to its K rows)",
     )
-    add("--top-p", type=float, default=1.0, help="nucleus sampling")
-    add("--max-new-tokens", type=int, default=256, help="completion length cap")
+    add("--top-p", type=Bounded(float, low=0.0, high=1.0, strict=True), default=1.0, help="nucleus sampling")
+    add("--max-new-tokens", type=at_least(1), default=256, help="completion length cap")
     add(
         "--max-prompt-length",
-        type=int,
+        type=at_least(0),
         default=1024,
         help="prompt tokens; a longer prompt loses its oldest utterances, whatever they are (0 = no cap)",
     )
-    add("--lr", type=float, default=1e-6, help="AdamW learning rate after warm-up (paper: 3e-7)")
-    add("--warmup-steps", type=int, default=2, help="linear warm-up, in GRPO steps")
-    add("--weight-decay", type=float, default=0.0, help="AdamW weight decay")
-    add("--max-grad-norm", type=float, default=1.0, help="gradient clipping")
+    add(
+        "--lr",
+        type=at_least(0.0, float),
+        default=1e-6,
+        help="AdamW learning rate after warm-up (paper: 3e-7)",
+    )
+    add("--warmup-steps", type=at_least(0), default=2, help="linear warm-up, in GRPO steps")
+    add("--weight-decay", type=at_least(0.0, float), default=0.0, help="AdamW weight decay")
+    add("--max-grad-norm", type=positive(float), default=1.0, help="gradient clipping")
     add(
         "--beta",
-        type=float,
+        type=at_least(0.0, float),
         default=0.04,
         help="KL weight of Eq. (9), not printed in the paper; 0 skips pi_ref",
     )
-    add("--clip-eps", type=float, default=0.2, help="epsilon of the clipped ratio in Eq. (9)")
-    add("--mu", type=int, default=1, help="passes over each sample batch")
+    add("--clip-eps", type=positive(float), default=0.2, help="epsilon of the clipped ratio in Eq. (9)")
+    add("--mu", type=at_least(1), default=1, help="passes over each sample batch")
     add(
         "--loss-norm",
         choices=["seq", "token"],
         default="seq",
         help="seq: Eq. (9) as written; token: mean over all tokens (DAPO)",
     )
-    add("--sample-ratio", type=int, default=4, help="sample batch / backprop minibatch (§4.1: 4)")
+    add("--sample-ratio", type=at_least(1), default=4, help="sample batch / backprop minibatch (§4.1: 4)")
     add(
         "--micro-batch-size",
-        type=int,
+        type=at_least(0),
         default=0,
         help="rows per forward and backward inside a backprop "
         "minibatch, gradients accumulated (the update is unchanged); 0 = the whole minibatch at once",
@@ -237,7 +209,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="DAPO: replace groups whose "
         "K total rewards (advantage 0, no gradient), or recall parts (no recall signal), are all equal",
     )
-    add("--max-draws", type=int, default=4, help="sample batches one step may draw under --dynamic-sampling")
+    add(
+        "--max-draws",
+        type=at_least(1),
+        default=4,
+        help="sample batches one step may draw under --dynamic-sampling",
+    )
     add(
         "--train-turns",
         choices=["all", "dependent"],
@@ -248,14 +225,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--credit",
         choices=["sequence", "segment"],
         default="sequence",
-        help="sequence: Eq. (8)'s one advantage per "
-        "completion; segment: the think tokens take the advantage of format + recall, the answer's of format + answer",
+        help="sequence: Eq. (8)'s one advantage per completion; segment: the think tokens take the "
+        "advantage of format + recall, the answer's of format + answer",
     )
-    add("--sample-every", type=int, default=5, help="write sampled completions every N steps")
-    add("--save-every", type=int, default=10, help="write <out>/checkpoint every N steps")
+    add("--sample-every", type=at_least(0), default=5, help="write sampled completions every N steps")
+    add("--save-every", type=at_least(0), default=10, help="write <out>/checkpoint every N steps")
     add(
         "--time-budget-minutes",
-        type=float,
+        type=at_least(0.0, float),
         default=None,
         help="stop early (saved, resumable) when the next step and the final evaluation would overrun this",
     )
@@ -264,10 +241,26 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="held-out records for the greedy probe (cpu-demo: dev.jsonl beside --data)",
     )
-    add("--eval-limit", type=int, default=40, help="probe this many records, stratified by bucket; 0 = none")
-    add("--probe-every", type=int, default=0, help="probe also every N steps (0: before and after only)")
-    add("--eval-batch-size", type=int, default=8, help="greedy evaluation batch")
-    add("--eval-max-new-tokens", type=int, default=None, help="(default: --max-new-tokens)")
+    add(
+        "--eval-limit",
+        type=at_least(0),
+        default=40,
+        help="probe this many records, stratified by bucket; 0 = none",
+    )
+    add(
+        "--probe-every",
+        type=at_least(0),
+        default=0,
+        help="probe also every N steps (0: before and after only)",
+    )
+    add("--eval-batch-size", type=at_least(1), default=8, help="greedy evaluation batch")
+    add("--eval-max-new-tokens", type=at_least(1), default=None, help="(default: --max-new-tokens)")
+    add(
+        "--explain",
+        action="store_true",
+        help="run one step on one group and print every quantity of "
+        "Eqs. (4)-(9), as computed by hand (docs/grpo-step.md); nothing is saved",
+    )
     add_scale_flags(p)
     return p
 
@@ -278,13 +271,6 @@ def parse_args(argv=None) -> argparse.Namespace:
         dev = Path(cfg.data).parent / "dev.jsonl"
         cfg.eval_data = str(dev) if dev.exists() else None
     cfg.eval_max_new_tokens = cfg.eval_max_new_tokens or cfg.max_new_tokens
-    for name in ("num_generations", "prompts_per_step", "max_new_tokens", "mu", "sample_ratio", "max_steps"):
-        require(getattr(cfg, name) >= 1, f"--{name.replace('_', '-')} must be at least 1")
-    require(
-        cfg.micro_batch_size >= 0 and cfg.probe_every >= 0,
-        "--micro-batch-size and --probe-every must be >= 0",
-    )
-    require(cfg.max_draws >= 1, "--max-draws must be at least 1")
     return cfg
 
 
@@ -358,8 +344,68 @@ def grpo_loss(
 
 
 # --------------------------------------------------------------------------------------------
-# One GRPO step.
+# One GRPO step: sample and score, Eq. (8), pi_old and pi_ref, then mu passes of Eq. (9).
 # --------------------------------------------------------------------------------------------
+def reward_matrix(scores: list[dict], K: int, *components: str) -> torch.Tensor:
+    """[num_groups, K] of the summed reward `components` of each completion ("total" = Eq. (4))."""
+    rewards = [sum(float(score[name]) for name in components) for score in scores]
+    return torch.tensor(rewards, dtype=torch.float64).view(-1, K)
+
+
+def rollout_advantages(batch: dict, tokenizer, K: int, credit: str, device) -> torch.Tensor:
+    """Eq. (8) for every completion of the sample batch: [B] (one A~ per completion, --credit
+    sequence, the paper), or [B, C] (--credit segment, not in the paper: Eq. (4) pays a lucky answer
+    for a wrong recall, so here the think tokens take the advantage of format + recall and the
+    answer tokens that of format + answer)."""
+    if credit == "sequence":
+        return group_advantages(reward_matrix(batch["scores"], K, "total")).view(-1).to(device)
+    completion_ids = batch["completion_ids"]
+    columns = torch.arange(completion_ids.shape[1])
+    in_think = (columns < think_lengths(tokenizer, completion_ids).unsqueeze(1)).to(device)
+    think_advantage = group_advantages(reward_matrix(batch["scores"], K, "format", "recall"))
+    answer_advantage = group_advantages(reward_matrix(batch["scores"], K, "format", "answer"))
+    return torch.where(
+        in_think, think_advantage.view(-1, 1).to(device), answer_advantage.view(-1, 1).to(device)
+    )
+
+
+def micro_batches(rows: torch.Tensor, size: int) -> tuple[torch.Tensor, ...]:
+    """--micro-batch-size rows at a time: the unit of every forward pass (memory_plan.py)."""
+    return rows.split(size or len(rows))
+
+
+def sequence_logprobs(model, sequences, rows, cfg, autocast_dtype, share_prompts, with_entropy=False):
+    """-> (log pi(o_t | P, o_<t) of the completion tokens of `rows` [R, C], entropy or None)."""
+    device = sequences["input_ids"].device
+    with autocast(device, autocast_dtype):
+        return completion_logprobs(
+            model,
+            sequences["input_ids"][rows],
+            sequences["attention_mask"][rows],
+            sequences["completion_mask"].shape[1],
+            cfg.temperature,
+            with_entropy,
+            share_prompts,
+        )
+
+
+@torch.no_grad()
+def frozen_logprobs(model, sequences, rows, cfg, autocast_dtype, share_prompts) -> torch.Tensor:
+    """Log-probs under a model that does not train in this step: pi_old before any update, pi_ref."""
+    parts = micro_batches(rows, cfg.micro_batch_size)
+    return torch.cat(
+        [sequence_logprobs(model, sequences, part, cfg, autocast_dtype, share_prompts)[0] for part in parts]
+    )
+
+
+def micro_batch_weight(part, rows, completion_mask, loss_norm: str) -> float:
+    """Eq. (9) averages over a minibatch's completions (seq) or its tokens (token): each micro-batch
+    weighs by its share, so the summed gradient is the one of the whole minibatch at once."""
+    if loss_norm == "seq":
+        return len(part) / len(rows)
+    return completion_mask[part].sum().item() / completion_mask[rows].sum().clamp(min=1).item()
+
+
 def grpo_step(
     policy,
     ref_model,
@@ -372,140 +418,129 @@ def grpo_step(
     train_model=None,
     autocast_dtype=None,
     draw_more=None,
+    batch=None,
 ) -> dict:
-    """Sample and score (dynamic sampling may draw more prompts through `draw_more()`), Eq. (8), then mu
-    passes of Eq. (9) over the backprop minibatches. `reward_fn` defaults to reward.compute_rewards;
-    `train_model` is the DDP wrapper if any (its backward all-reduces), `policy` the module that generates."""
+    """One GRPO step on this rank's prompts. `reward_fn` defaults to reward.compute_rewards;
+    `train_model` is the DDP wrapper if any (its backward all-reduces), `policy` the module that
+    samples; `draw_more()` gives dynamic sampling fresh prompts; `batch` is a sample batch already
+    drawn by rollouts.sample_batch (--explain prints it first)."""
     reward_fn = reward_fn or compute_rewards
-    train_model = train_model if train_model is not None else policy
+    train_model = policy if train_model is None else train_model
     device = next(policy.parameters()).device
-    K = cfg.num_generations
 
-    batch = sample_batch(policy, tokenizer, records, prompts, cfg, reward_fn, autocast_dtype, draw_more)
-    t2 = time.perf_counter()
-    reward_of = lambda *parts: torch.tensor(
-        [sum(float(s[p]) for p in parts) for s in batch["scores"]], dtype=torch.float64
-    ).view(-1, K)
-    advantages = group_advantages(reward_of("total")).view(-1).to(device)  # Eq. (8)
-    input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1).to(device)
-    attention_mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1).to(device)
-    mask = batch["completion_mask"].to(device)
-    C = mask.shape[1]
-    if cfg.credit == "segment":  # not in the paper: Eq. (4) pays a lucky answer for a wrong recall; here the
-        # recall's tokens answer for format + recall alone, the answer's for format + answer (one A~ per token)
-        in_think = (torch.arange(C) < think_lengths(tokenizer, batch["completion_ids"]).unsqueeze(1)).to(
-            device
-        )
-        advantages = torch.where(
-            in_think,
-            group_advantages(reward_of("format", "recall")).view(-1, 1).to(device),
-            group_advantages(reward_of("format", "answer")).view(-1, 1).to(device),
-        )
-    # The sample batch split into backprop minibatches (§4.1: sample / backprop = 4); every rank has
-    # as many rows and so as many minibatches, which DDP needs (one all-reduce per backward).
-    minibatches = torch.arange(len(input_ids), device=device).tensor_split(
-        min(cfg.sample_ratio, len(input_ids))
-    )
+    # Sample K completions per prompt from pi_old, score them with Eqs. (4)-(7).
+    if batch is None:
+        batch = sample_batch(policy, tokenizer, records, prompts, cfg, reward_fn, autocast_dtype, draw_more)
+    train_started = time.perf_counter()
+    sequences = {
+        "input_ids": torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1).to(device),
+        "attention_mask": torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1).to(device),
+        "completion_mask": batch["completion_mask"].to(device),
+    }
+    completion_mask = sequences["completion_mask"]
 
-    # Each distinct prompt's forward runs once for its rows (modeling.completion_logprobs), except
-    # through DDP / FSDP wrappers and gradient checkpointing, which allow one module call per backward.
-    # Measured (EPYC fp32, K = 4, same samples, median of 4 steps): 65 -> 87 training tokens/s, 44 -> 25 s.
+    # Eq. (8): group-relative advantages.
+    advantages = rollout_advantages(batch, tokenizer, cfg.num_generations, cfg.credit, device)
+
+    # The sample batch in backprop minibatches (§4.1: sample / backprop = 4). Every rank has as many
+    # rows, so as many minibatches, which DDP needs (one all-reduce per backward).
+    all_rows = torch.arange(len(completion_mask), device=device)
+    minibatches = all_rows.tensor_split(min(cfg.sample_ratio, len(all_rows)))
+    # Each distinct prompt runs once for its K rows (modeling.completion_logprobs), except under
+    # DDP / FSDP wrappers and gradient checkpointing, which allow one module call per backward.
     sharded = any(hasattr(p, "to_local") for p in policy.parameters())
-    share = cfg.share_prompts and not sharded
-    share_in_backward = share and train_model is policy and not cfg.gradient_checkpointing
+    share_frozen = cfg.share_prompts and not sharded
+    share_trained = share_frozen and train_model is policy and not cfg.gradient_checkpointing
 
-    def logprobs_of(model, rows, with_entropy=False):
-        with autocast(device, autocast_dtype):
-            return completion_logprobs(
-                model,
-                input_ids[rows],
-                attention_mask[rows],
-                C,
-                cfg.temperature,
-                with_entropy,
-                share if not torch.is_grad_enabled() else share_in_backward,
-            )
-
-    # Micro-batches of --micro-batch-size rows: the unit of every forward pass (memory_plan.py).
-    micro_of = lambda rows: rows.split(cfg.micro_batch_size or len(rows))
-    no_grad_logprobs = lambda model, rows: torch.cat([logprobs_of(model, part)[0] for part in micro_of(rows)])
+    # pi_old and pi_ref, once per sample batch. The first minibatch needs no pi_old pass: it is
+    # scored before any update, where pi_theta = pi_old, so its old log-probs are its own, detached.
     policy.eval()
-    with torch.no_grad():  # pi_old before any update; pi_ref frozen
-        # The first minibatch of the first pass is scored before any update, where pi_theta == pi_old:
-        # its old log-probs are the current ones, detached (r = 1), and need no pass of their own.
-        old_logprobs = torch.zeros(len(input_ids), C, device=device)
-        if len(minibatches) > 1:
-            later = torch.cat(minibatches[1:])
-            old_logprobs[later] = no_grad_logprobs(policy, later)
-        ref_logprobs = (
-            no_grad_logprobs(ref_model, torch.arange(len(input_ids), device=device))
-            if cfg.beta > 0 and ref_model is not None
-            else None
-        )
+    old_logprobs = torch.zeros(completion_mask.shape, device=device)
+    if len(minibatches) > 1:
+        later = torch.cat(minibatches[1:])
+        old_logprobs[later] = frozen_logprobs(policy, sequences, later, cfg, autocast_dtype, share_frozen)
+    ref_logprobs = None
+    if cfg.beta > 0 and ref_model is not None:
+        ref_logprobs = frozen_logprobs(ref_model, sequences, all_rows, cfg, autocast_dtype, share_frozen)
 
+    # mu passes of Eq. (9) over the minibatches, one AdamW step each.
     policy.train()  # gradient checkpointing works only in train mode; the models have no dropout
-    stats, entropies, skipped, updates = [], [], 0, 0
+    updates, entropies, skipped = [], [], 0
     for epoch in range(cfg.mu):
         for index, rows in enumerate(minibatches):
-            on_policy = epoch == 0 and index == 0
             optimizer.zero_grad(set_to_none=True)
-            tokens, parts = mask[rows].sum().clamp(min=1).item(), micro_of(rows)
-            loss, loss_stats, entropy_sum = 0.0, {}, 0.0
+            parts = micro_batches(rows, cfg.micro_batch_size)
+            tokens = completion_mask[rows].sum().clamp(min=1).item()
+            totals = {"loss": 0.0, "kl": 0.0, "clip_fraction": 0.0, "ratio": 0.0, "entropy_sum": 0.0}
             for i, part in enumerate(parts):
-                # DDP all-reduces after the last micro-batch only; every rank has as many (same rows).
-                with accumulate(train_model, sync=i == len(parts) - 1):
-                    logprobs, entropy = logprobs_of(train_model, part, with_entropy=epoch == 0)
-                    if on_policy:  # the later passes (mu > 1) compare against these
+                with accumulate(train_model, sync=i == len(parts) - 1):  # DDP: all-reduce after the last
+                    logprobs, entropy = sequence_logprobs(
+                        train_model,
+                        sequences,
+                        part,
+                        cfg,
+                        autocast_dtype,
+                        share_trained,
+                        with_entropy=epoch == 0,
+                    )
+                    if epoch == 0 and index == 0:  # pi_old of this minibatch, for the passes mu > 1
                         old_logprobs[part] = logprobs.detach()
-                    part_loss, part_stats = grpo_loss(
-                        logprobs,
-                        old_logprobs[part],
-                        None if ref_logprobs is None else ref_logprobs[part],
-                        advantages[part],
-                        mask[part],
-                        cfg.clip_eps,
-                        cfg.beta,
-                        cfg.loss_norm,
-                    )
-                    # Eq. (9) averages over the minibatch's completions (seq) or tokens (token): weigh
-                    # each micro-batch by its share, so the summed gradient is the unbatched one.
-                    share = (
-                        len(part) / len(rows) if cfg.loss_norm == "seq" else mask[part].sum().item() / tokens
-                    )
-                    (part_loss * share).backward()  # every rank, even a bad loss: DDP/FSDP need all ranks
-                loss += part_loss.item() * share
-                for key, value in part_stats.items():  # token means: weigh by tokens
-                    loss_stats[key] = loss_stats.get(key, 0.0) + value * mask[part].sum().item() / tokens
-                entropy_sum += 0.0 if entropy is None else (entropy * mask[part]).sum().item()
-            entropies += [entropy_sum / tokens] if epoch == 0 else []
-            grad_norm = clip_grad_norm(policy.parameters(), cfg.max_grad_norm)
+                    ref_part = None if ref_logprobs is None else ref_logprobs[part]
+                    loss, loss_stats = grpo_loss(
+                        logprobs, old_logprobs[part], ref_part, advantages[part], completion_mask[part],
+                        cfg.clip_eps, cfg.beta, cfg.loss_norm,
+                    )  # fmt: skip
+                    weight = micro_batch_weight(part, rows, completion_mask, cfg.loss_norm)
+                    (loss * weight).backward()  # every rank, even a bad loss: DDP/FSDP need all ranks
+                add_micro_batch(
+                    totals, loss.item() * weight, loss_stats, entropy, completion_mask[part], tokens
+                )
+            if epoch == 0:
+                entropies.append(totals["entropy_sum"] / tokens)
+            grad_norm = clip_grad_norm(policy.parameters(), cfg.max_grad_norm).item()
             # A non-finite loss or gradient must never reach the weights (nor AdamW's moments).
-            if all_ranks_any(not (math.isfinite(loss) and math.isfinite(grad_norm.item())), device):
+            if all_ranks_any(not (math.isfinite(totals["loss"]) and math.isfinite(grad_norm)), device):
                 optimizer.zero_grad(set_to_none=True)
                 skipped += 1
                 continue
             optimizer.step()
-            updates += 1
-            stats.append(dict(loss_stats, loss=loss, grad_norm=grad_norm.item()))
+            updates.append(dict(totals, grad_norm=grad_norm))
     optimizer.zero_grad(set_to_none=True)
     policy.eval()
+    return step_result(batch, sequences, updates, entropies, skipped, time.perf_counter() - train_started)
 
-    lengths = mask.sum(1).float()
-    mean = lambda key: float(np.mean([s[key] for s in stats])) if stats else float("nan")
+
+def add_micro_batch(totals: dict, weighted_loss, loss_stats, entropy, completion_mask, tokens) -> None:
+    """Fold one micro-batch into its minibatch's totals: the loss by its Eq. (9) weight, the token
+    means (KL, clip fraction, ratio) by its share of the minibatch's tokens, the entropy summed."""
+    totals["loss"] += weighted_loss
+    for key, value in loss_stats.items():
+        totals[key] += value * completion_mask.sum().item() / tokens
+    if entropy is not None:
+        totals["entropy_sum"] += (entropy * completion_mask).sum().item()
+
+
+def step_result(batch, sequences, updates, entropies, skipped, train_s) -> dict:
+    """What a step reports: its samples and scores, the mean of each update's statistics, lengths, timings."""
+    lengths = sequences["completion_mask"].sum(1).float()
+
+    def mean_over_updates(key):
+        return float(np.mean([update[key] for update in updates])) if updates else float("nan")
+
     return {
         "scores": batch["scores"],
         "texts": batch["texts"],
         "records": batch["records"],
-        **{key: mean(key) for key in ("loss", "grad_norm", "kl", "clip_fraction", "ratio")},
+        **{key: mean_over_updates(key) for key in ("loss", "grad_norm", "kl", "clip_fraction", "ratio")},
         "entropy": float(np.mean(entropies)) if entropies else float("nan"),
         "completion_length": lengths.mean().item(),
         "completion_tokens": int(lengths.sum().item()),
-        "sequence_tokens": int(attention_mask.sum().item()),
+        "sequence_tokens": int(sequences["attention_mask"].sum().item()),
         "skipped_updates": skipped,
-        "updates": updates,
+        "updates": len(updates),
         "generate_s": batch["generate_s"],
         "score_s": batch["score_s"],
-        "train_s": time.perf_counter() - t2,
+        "train_s": train_s,
         **{k: batch[k] for k in ("draws", "groups_drawn", "groups_all_equal", "groups_recall_constant")},
     }
 
@@ -575,10 +610,16 @@ RESUME_MUST_MATCH = (
 )
 
 
+def draw_prompts(stream: PromptStream, n: int) -> tuple[list[dict], list[str]]:
+    """This rank's next n (records, prompts) from the prompt stream."""
+    pairs = stream.next_batch(n)
+    return [record for record, _ in pairs], [prompt for _, prompt in pairs]
+
+
 def train(cfg, reward_fn=None) -> dict:
     """Run stage 2 as configured by `cfg` (see parse_args); -> the summary written to summary.json.
     `reward_fn(completions, records) -> [{"total": .., <components>}]` defaults to reward.py's."""
-    rank, world_size, local_rank, device = setup_distributed(cfg.dist_timeout_minutes, always=cfg.fsdp)
+    rank, world_size, _, device = setup_distributed(cfg.dist_timeout_minutes, always=cfg.fsdp)
     cfg.world_size, main_process = world_size, rank == 0
     reward_fn = reward_fn or functools.partial(
         compute_rewards, answer_reward=cfg.answer_reward, answer_gate=cfg.answer_gate
@@ -628,10 +669,9 @@ def train(cfg, reward_fn=None) -> dict:
         ref_model.eval().requires_grad_(False)
     if cfg.gradient_checkpointing:
         policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    if cfg.fsdp:  # the MixedPrecisionPolicy computes in bf16 where autocast would have
-        policy = shard_model(policy, device, autocast_dtype)
-        ref_model = shard_model(ref_model, device) if ref_model is not None else None
-        autocast_dtype = None
+    if cfg.fsdp and ref_model is not None:  # pi_ref never trains: sharded, without a wrapper
+        ref_model = shard_model(ref_model, device)
+    policy, train_model, autocast_dtype = wrap_model(policy, device, world_size, cfg.fsdp, autocast_dtype)
     optimizer = torch.optim.AdamW(policy.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     stream = PromptStream(records, tokenizer, cfg.max_prompt_length, cfg.seed, rank, world_size)
     seed_everything(cfg.seed + rank)  # each rank samples its own completions
@@ -642,17 +682,10 @@ def train(cfg, reward_fn=None) -> dict:
         stream.load_state_dict(state["stream"])
         set_rng_state(state["rng"][rank])
         start_step = state["step"]
-    metrics, samples, probes = (
-        JsonlLog(out / f"{name}.jsonl", keep_until_step=start_step if resuming else None)
-        for name in ("metrics", "samples", "probe")
-    )
-    train_model = (
-        policy
-        if world_size == 1 or cfg.fsdp
-        else torch.nn.parallel.DistributedDataParallel(
-            policy, device_ids=[local_rank] if device.type == "cuda" else None
-        )
-    )
+    keep_until_step = start_step if resuming else None  # a resumed run drops lines past its checkpoint
+    metrics = JsonlLog(out / "metrics.jsonl", keep_until_step=keep_until_step)
+    samples = JsonlLog(out / "samples.jsonl", keep_until_step=keep_until_step)
+    probes = JsonlLog(out / "probe.jsonl", keep_until_step=keep_until_step)
     if main_process:
         write_config(out, dict(vars(cfg), device=str(device)))
 
@@ -696,18 +729,19 @@ def train(cfg, reward_fn=None) -> dict:
         for group in optimizer.param_groups:
             group["lr"] = lr
         t = time.perf_counter()
-        draw = lambda: [list(column) for column in zip(*stream.next_batch(cfg.prompts_per_step))]
+        records_of_step, prompts_of_step = draw_prompts(stream, cfg.prompts_per_step)
         result = grpo_step(
             policy,
             ref_model,
             tokenizer,
             optimizer,
-            *draw(),
+            records_of_step,
+            prompts_of_step,
             cfg,
             reward_fn=reward_fn,
             train_model=train_model,
             autocast_dtype=autocast_dtype,
-            draw_more=draw,
+            draw_more=functools.partial(draw_prompts, stream, cfg.prompts_per_step),
         )
         step_s = time.perf_counter() - t
         budget.record_step(step_s)
@@ -772,13 +806,150 @@ def train(cfg, reward_fn=None) -> dict:
     return summary
 
 
+# --------------------------------------------------------------------------------------------
+# --explain: one GRPO step on one group, every quantity of Eqs. (4)-(9) printed as a student would
+# compute it by hand (docs/grpo-step.md is its output, with commentary).
+# --------------------------------------------------------------------------------------------
+def shorten(text: str, width: int = 70) -> str:
+    """One line: the start of the completion and its final answer line."""
+    flat = " ".join(text.split())
+    if len(flat) <= width:
+        return flat
+    answer_at = flat.rfind("Final answer:")
+    tail = flat[answer_at:][: width // 2] if answer_at > 0 else flat[-(width // 2) :]
+    return flat[: width - len(tail) - 5] + " ... " + tail
+
+
+def explain(cfg, reward_fn=None, print_fn=print) -> dict:
+    """Run one GRPO step on one group of K completions (one process) and print Eqs. (4)-(9) for it.
+    -> {"rewards": [K], "advantages": [K], "after": [per-completion Eq. (9) terms]}."""
+    reward_fn = reward_fn or functools.partial(
+        compute_rewards, answer_reward=cfg.answer_reward, answer_gate=cfg.answer_gate
+    )
+    cfg.prompts_per_step, cfg.world_size = 1, 1
+    _, _, _, device = setup_distributed()
+    seed_everything(cfg.seed)
+    _, autocast_dtype = resolve_dtype(cfg.dtype, device)
+    policy, tokenizer = load_model_and_tokenizer(cfg.model, dtype=cfg.dtype, device=device)
+    ref_model, _ = load_model_and_tokenizer(cfg.model, dtype=cfg.dtype, device=device)
+    ref_model.eval().requires_grad_(False)
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    # A turn that needs recall (§3), so that every term of Eq. (4) has something to say.
+    records = [r for r in read_jsonl(cfg.data) if r["recall"]] or read_jsonl(cfg.data)
+    record, prompt = PromptStream(records, tokenizer, cfg.max_prompt_length, cfg.seed).next_batch(1)[0]
+    K, eps, beta = cfg.num_generations, cfg.clip_eps, cfg.beta
+    lr = warmup_lr(1, cfg.lr, cfg.warmup_steps)
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+
+    print_fn(
+        f"One GRPO step on one group: K = {K}, model {cfg.model}, lr {lr:g} (step 1 of the warm-up), "
+        f"beta {beta}, clip eps {eps}, temperature {cfg.temperature}, answer reward {cfg.answer_reward}"
+    )
+    print_fn(
+        f"\nThe prompt: record {record['id']}, {len(record['history'])} utterances of history, "
+        f"query Q{record['query_turn']}: {record['query']!r}"
+    )
+    print_fn(
+        f"H* = {record['recall']}, A* = {record['answer']!r} (the reward's answer key; never in the prompt)"
+    )
+
+    # Eqs. (4)-(7): sample K completions from pi_old and score each.
+    batch = sample_batch(policy, tokenizer, [record], [prompt], cfg, reward_fn, autocast_dtype)
+    scores = batch["scores"]
+    print_fn("\nEqs. (4)-(7): R = format + recall + answer for each completion")
+    print_fn(f"{'k':>2}  {'format':>6}  {'recall':>7}  {'answer':>7}  {'R':>7}  completion (shortened)")
+    for k, (score, text) in enumerate(zip(scores, batch["texts"]), 1):
+        print_fn(
+            f"{k:>2}  {score['format']:>6.2f}  {score['recall']:>7.4f}  {score['answer']:>7.4f}  "
+            f"{score['total']:>7.4f}  {shorten(text)!r}"
+        )
+
+    # Eq. (8): the group's mean and population std, and each completion's advantage.
+    rewards = reward_matrix(scores, K, "total")[0]
+    mean, std = rewards.mean().item(), rewards.std(unbiased=False).item()
+    advantages = group_advantages(rewards.view(1, K))[0]
+    print_fn(f"\nEq. (8): mean R = {mean:.4f}, std R = {std:.4f} (population: divide by K)")
+    print_fn(f"{'k':>2}  {'R - mean':>9}  {'A~ = (R - mean) / (std + 1e-8)':>31}")
+    for k in range(K):
+        print_fn(f"{k + 1:>2}  {rewards[k].item() - mean:>9.4f}  {advantages[k].item():>31.4f}")
+    if cfg.credit == "segment":
+        print_fn(
+            "(--credit segment: the think tokens take the advantage of format + recall, the answer "
+            "tokens that of format + answer; the table shows Eq. (8) on R)"
+        )
+
+    # pi_old (the policy before the step) and pi_ref (--model, frozen) on the sampled tokens.
+    sequences = {
+        "input_ids": torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1).to(device),
+        "attention_mask": torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1).to(device),
+        "completion_mask": batch["completion_mask"].to(device),
+    }
+    rows = torch.arange(K, device=device)
+    policy.eval()
+    old_logprobs = frozen_logprobs(policy, sequences, rows, cfg, autocast_dtype, cfg.share_prompts)
+    ref_logprobs = frozen_logprobs(ref_model, sequences, rows, cfg, autocast_dtype, cfg.share_prompts)
+
+    # The update of grpo_step, on these samples.
+    result = grpo_step(policy, ref_model, tokenizer, optimizer, [record], [prompt], cfg,
+                       reward_fn=reward_fn, autocast_dtype=autocast_dtype, batch=batch)  # fmt: skip
+    minibatches = min(cfg.sample_ratio, K)
+    print_fn(
+        f"\nThe update: {K} completions in {minibatches} minibatch(es) (--sample-ratio), mu = {cfg.mu} "
+        f"pass(es): {result['updates']} AdamW step(s), mean loss {result['loss']:.6f}, "
+        f"mean gradient norm {result['grad_norm']:.4f} (clipped at {cfg.max_grad_norm})"
+    )
+
+    # Eq. (9) per completion after the update: what a further pass over these samples computes.
+    new_logprobs = frozen_logprobs(policy, sequences, rows, cfg, autocast_dtype, cfg.share_prompts)
+    mask = sequences["completion_mask"].float()
+    ratio = torch.exp(new_logprobs - old_logprobs)
+    A = advantages.to(device).unsqueeze(1)
+    surrogate = torch.min(ratio * A, torch.clamp(ratio, 1 - eps, 1 + eps) * A)
+    clipped = ((ratio > 1 + eps) & (A > 0)) | ((ratio < 1 - eps) & (A < 0))
+    kl = k3_kl(new_logprobs, ref_logprobs)
+    tokens = mask.sum(1).clamp(min=1)
+    after = []
+    print_fn("\nEq. (9) after the update, per completion (token means; KL is the k3 estimator to pi_ref)")
+    print_fn(
+        f"{'k':>2}  {'tokens':>6}  {'mean r':>9}  {'clipped':>7}  {'k3 KL':>9}  {'surrogate':>10}  "
+        f"{'beta*KL':>9}  {'KL share':>8}"
+    )
+    for k in range(K):
+        row = {
+            "tokens": int(tokens[k].item()),
+            "ratio": ((ratio[k] * mask[k]).sum() / tokens[k]).item(),
+            "clip_fraction": ((clipped[k] * mask[k]).sum() / tokens[k]).item(),
+            "kl": ((kl[k] * mask[k]).sum() / tokens[k]).item(),
+            "surrogate": ((surrogate[k] * mask[k]).sum() / tokens[k]).item(),
+        }
+        row["kl_term"] = beta * row["kl"]
+        row["kl_share"] = row["kl_term"] / (abs(row["surrogate"]) + row["kl_term"] or 1.0)
+        after.append(row)
+        print_fn(
+            f"{k + 1:>2}  {row['tokens']:>6}  {row['ratio']:>9.6f}  {row['clip_fraction']:>7.1%}  "
+            f"{row['kl']:>9.2e}  {row['surrogate']:>10.6f}  {row['kl_term']:>9.2e}  {row['kl_share']:>8.1%}"
+        )
+    group_loss = -float(np.mean([row["surrogate"] - row["kl_term"] for row in after]))
+    print_fn(f"Eq. (9) on this group now: -mean_k(surrogate - beta*KL) = {group_loss:.6f}")
+    return {
+        "rewards": rewards.tolist(),
+        "advantages": advantages.tolist(),
+        "after": after,
+        "loss": group_loss,
+    }
+
+
 def main(argv=None) -> None:
     cfg = parse_args(argv)
     if cfg.dry_run:  # the plan alone, for a machine this need not be: nothing is loaded or downloaded
         print(memory_plan.stage_plan("grpo", cfg, cfg.world_size or int(os.environ.get("WORLD_SIZE", 1))))
         return
     try:
-        train(cfg)
+        if cfg.explain:
+            explain(cfg)
+        else:
+            train(cfg)
     except (DataError, FileNotFoundError) as e:  # e.g. no training prompt fits --max-prompt-length
         sys.exit(f"error: {e}")
     finally:

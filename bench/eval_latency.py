@@ -21,8 +21,10 @@ shared machine falls on every method. srt runs on --srt-model (the trained check
 on --model (the base model). Generation settings are evaluate.py's defaults (greedy; its token caps;
 direct methods stop at the end of their one answer line).
 
-    python bench/eval_latency.py --model smollm2-135m --srt-model runs/demo/grpo/final --data runs/data/test.jsonl
-    python bench/eval_latency.py --model tiny-random --synthetic 40 --per-bucket 1 --batch-size 2 --out runs/bench/tiny-eval
+    python bench/eval_latency.py --model smollm2-135m --srt-model runs/demo/grpo/final \\
+        --data runs/data/test.jsonl
+    python bench/eval_latency.py --model tiny-random --synthetic 40 --per-bucket 1 --batch-size 2 \\
+        --out runs/bench/tiny-eval
 
 Writes <out>/results.json and <out>/results.md (default runs/bench/eval_latency).
 """
@@ -359,11 +361,11 @@ def main(argv=None) -> None:
             f"Machine: {machine_line(host)}; autocast {measured['autocast'] or 'none'}.",
             "",
             f"srt on `{args.srt_model or args.model}`, the other methods on `{args.model}`; greedy, up to "
-            f"{args.max_new_tokens} new tokens for srt / srt-p and {args.max_new_tokens_direct} for the direct methods. "
-            f"Latency: generation and parsing of one request at batch size 1 after a warm-up, median (min-max) over "
-            f"the bucket's queries; prepare (building the prompt, retrieval and CueMem's index included) is timed "
-            f"apart and shown beside it. Throughput: one batched generate of up to {args.batch_size} queries "
-            f"of the bucket.",
+            f"{args.max_new_tokens} new tokens for srt / srt-p and {args.max_new_tokens_direct} for the "
+            f"direct methods. Latency: generation and parsing of one request at batch size 1 after a "
+            f"warm-up, median (min-max) over the bucket's queries; prepare (building the prompt, retrieval "
+            f"and CueMem's index included) is timed apart and shown beside it. Throughput: one batched "
+            f"generate of up to {args.batch_size} queries of the bucket.",
             "",
             table(rows),
             "",

@@ -7,7 +7,8 @@ of updates. Only the link between a completion and its reward is cut, so whateve
 changes on dev is what noisy updates of that size do by themselves, and a real run is credited only
 with what it does beyond its placebo. The probe and the final evaluation score with the true reward.
 
-    python bench/grpo_placebo.py --preset cpu-long --model runs/g14/sft-long/final --out runs/g14/placebo-s0 ...
+    python bench/grpo_placebo.py --preset cpu-long --model runs/recall/sft-long/final \\
+        --out runs/recall/placebo-s0 ...
 
 Takes every flag of stage2_grpo.py; writes <out>/placebo.json beside its config. The permutations
 come from their own generator (seed = --seed), which a --resume starts afresh.

@@ -66,13 +66,15 @@ Knob mapping (ours -> TRL GRPOConfig)
     --steps N (GRPO steps)         max_steps = N * S * mu (optimizer updates)
     --max-new-tokens               max_completion_length, and the length every completion is forced to
     --temperature, --top-p         temperature, top_p; top_k = 0 on both (no hidden top-k cut)
-    --lr                           learning_rate, lr_scheduler_type = "constant", warmup_steps = 0 (ours: --warmup-steps 0)
+    --lr                           learning_rate, lr_scheduler_type = "constant", warmup_steps = 0
+                                   (ours: --warmup-steps 0)
     weight decay 0, grad norm 1.0  weight_decay, max_grad_norm, optim = "adamw_torch"
     --beta, --clip-eps             beta (> 0 loads the frozen reference model on both sides), epsilon
     --loss-norm seq | token        loss_type = "grpo" (per-completion mean, Eq. (9)) | "bnpo"
     Eq. (8) group std              scale_rewards = "group"
     precision fp32                 ours --dtype float32; TRL bf16 = False (fp32 weights, no autocast)
-    precision bf16                 ours --dtype auto (fp32 weights, bf16 autocast: a GPU or an AMX CPU); TRL bf16 = True
+    precision bf16                 ours --dtype auto (fp32 weights, bf16 autocast: a GPU or an AMX CPU);
+                                   TRL bf16 = True
     --gradient-checkpointing       gradient_checkpointing (TRL defaults to True; here both follow the flag)
     --seed                         seed; shuffle_dataset = False (see "prompts")
 
@@ -244,8 +246,8 @@ def check_arguments(args) -> None:
 
 def trl_install_hint() -> str:
     return (
-        "see bench/README.md, 'Set-up': python3 -m venv .venv-trl && .venv-trl/bin/pip install -r requirements.txt "
-        "-r bench/requirements-trl.txt"
+        "see bench/README.md, 'Set-up': python3 -m venv .venv-trl && "
+        ".venv-trl/bin/pip install -r requirements.txt -r bench/requirements-trl.txt"
     )
 
 

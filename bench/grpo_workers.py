@@ -207,10 +207,13 @@ class Instruments:
 def split_steps(steps: list[dict], instruments: Instruments, rewards: list[dict] | None = None) -> None:
     """Attach to each step (with its [t0, t1] window) the generate calls, the timed log-prob passes
     and the reward calls that started inside it; derive the split and the token counts."""
+
+    def started_inside(event: dict, step: dict) -> bool:
+        return step["t0"] <= event["start"] <= step["t1"]
+
     for step in steps:
-        inside = lambda e: step["t0"] <= e["start"] <= step["t1"]
-        calls = [c for c in instruments.generate_calls if inside(c)]
-        timed = [t for t in instruments.timed if inside(t)]
+        calls = [c for c in instruments.generate_calls if started_inside(c, step)]
+        timed = [t for t in instruments.timed if started_inside(t, step)]
         step["decode_s"] = sum(c["seconds"] for c in calls) if calls else None
         lengths = [n for c in calls for n in (c["lengths"] or [])]
         step["completion_lengths"] = lengths or None
@@ -222,7 +225,7 @@ def split_steps(steps: list[dict], instruments: Instruments, rewards: list[dict]
         for kind in ("old_logprobs", "ref_logprobs", "loss_forward"):
             step[f"{kind}_s"] = sum(t["seconds"] for t in timed if t["kind"] == kind)
         if rewards is not None:
-            mine = [r for r in rewards if inside(r)]
+            mine = [r for r in rewards if started_inside(r, step)]
             step["score_s"] = sum(r["seconds"] for r in mine) if mine else None
             step["prompts"] = [p for r in mine for p in r["prompts"]] or None
             reported = [n for r in mine for n in (r["completion_lengths"] or [])]

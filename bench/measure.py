@@ -178,7 +178,10 @@ def markdown_table(header: list[str], rows: list[list], align: str | None = None
     """header ['metric', 'ours', ...]; rows of cells (strings or numbers); align: one letter per
     column, l or r (default: first left, the rest right)."""
     align = align or "l" + "r" * (len(header) - 1)
-    cell = lambda v: v if isinstance(v, str) else fmt(v)
+
+    def cell(v):
+        return v if isinstance(v, str) else fmt(v)
+
     lines = [
         "| " + " | ".join(header) + " |",
         "|" + "|".join("---" if a == "l" else "---:" for a in align) + "|",

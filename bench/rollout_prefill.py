@@ -1,7 +1,7 @@
 """Benchmark: GRPO rollouts with each prompt prefilled once for its K samples (its KV cache copied
 to the K rows) against K identical prefills (the prompt repeated K times before `generate`).
 
-Both sides call modeling.generate on the same rendered stage-2 prompts (stage0_build.PromptStream
+Both sides call modeling.generate on the same rendered stage-2 prompts (srt.rollouts.PromptStream
 over --data, as stage2_grpo draws them) with the same seed, K, temperature and token cap; the only
 difference is prefill_once. Sides alternate within each repeat, so a slow spell of a shared
 machine falls on both. Reported per side: the median wall seconds of one rollout, the generated
@@ -120,7 +120,8 @@ def main(argv=None) -> None:
         machine_line(results["machine"]) + "\n",
         f"{args.prompts} prompts x K = {args.num_generations}, up to {args.max_new_tokens} new tokens, "
         f"T = {args.temperature}, {args.repeats} timed repeats per side (median).\n",
-        "| Side | rows | prompt tokens per row | generated tokens | rollout s (median) | generated tokens/s |",
+        "| Side | rows | prompt tokens per row | generated tokens | rollout s (median) "
+        "| generated tokens/s |",
         "|---|---|---|---|---|---|",
     ]
     for name, side in results["sides"].items():

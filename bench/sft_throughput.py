@@ -329,8 +329,9 @@ def main(argv=None) -> None:
             "",
             f"Machine: {machine_line(host)}.",
             "",
-            f"model `{args.model}`, batch {args.batch_size} x up to {args.max_length} tokens, one micro-batch a step, "
-            f"gradient checkpointing {args.gradient_checkpointing}; {args.steps} steps per order "
+            f"model `{args.model}`, batch {args.batch_size} x up to {args.max_length} tokens, "
+            f"one micro-batch a step, gradient checkpointing {args.gradient_checkpointing}; "
+            f"{args.steps} steps per order "
             f"({args.steps - args.warmup} measured), orders alternated step by step; medians (min-max). "
             f"Training tokens are the real, unpadded tokens; padding (sample) is over {args.padding_batches} "
             f"batches of each order, tokenized only.",

@@ -12,11 +12,12 @@ prompts from the SFT policy, scored with the verifiable reward (Eqs. (4)-(7)), r
   samples differ in recall (informative) and the share where one of them recalls H* exactly, for
   k = 1, 2, 4, ... K: what a larger K buys before any training.
 
-Prompts: the stratified draw of stage 2's probe (probe.pick_eval_records, seed 0) from --data, rendered as stage 2 renders
-them (stage0_build.PromptStream's fit); the same prompts and seed for every T.
+Prompts: the stratified draw of stage 2's probe (probe.pick_eval_records, seed 0) from --data, rendered
+as stage 2 renders them (srt.rollouts.PromptStream's fit); the same prompts and seed for every T.
 
     python bench/temperature_sweep.py --model runs/demo/sft/final --data runs/data/dev.jsonl
-    python bench/temperature_sweep.py --model tiny-random --synthetic 20 --prompts 2 --temperatures 0.7,1.0 --max-new-tokens 8
+    python bench/temperature_sweep.py --model tiny-random --synthetic 20 --prompts 2 --temperatures 0.7,1.0 \\
+        --max-new-tokens 8
 
 Writes <out>/results.json and <out>/results.md (default runs/bench/temperature_sweep).
 """
@@ -57,6 +58,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="runs/bench/temperature_sweep")
     return p
+
+
+def mean_component(scores: list[dict], key: str) -> float:
+    """The mean of one reward component (or the Jaccard) over the scored samples."""
+    return statistics.fmean(float(s[key]) for s in scores)
 
 
 def exploration_at_k(scores, needs_recall, K) -> dict:
@@ -139,7 +145,6 @@ def main(argv=None) -> None:
             lengths += cmask.sum(1).tolist()
             capped += sum(int(n) >= args.max_new_tokens for n in cmask.sum(1).tolist())
         tokens = sum(lengths)
-        mean = lambda key: statistics.fmean(float(s[key]) for s in scores)
         rows.append(
             {
                 "temperature": T,
@@ -147,11 +152,11 @@ def main(argv=None) -> None:
                 "entropy_per_token": sum(entropies) / max(tokens, 1),
                 "informative_total": 1 - statistics.fmean(constant_groups(scores, K)),
                 "informative_recall": 1 - statistics.fmean(constant_groups(scores, K, "recall")),
-                "format": mean("format"),
-                "recall": mean("recall"),
-                "answer": mean("answer"),
-                "total": mean("total"),
-                "jaccard": mean("jaccard"),
+                "format": mean_component(scores, "format"),
+                "recall": mean_component(scores, "recall"),
+                "answer": mean_component(scores, "answer"),
+                "total": mean_component(scores, "total"),
+                "jaccard": mean_component(scores, "jaccard"),
                 "format_valid": statistics.fmean(float(s["format"]) > 0 for s in scores),
                 "mean_length": statistics.fmean(lengths),
                 "capped": capped / len(lengths),
@@ -163,7 +168,8 @@ def main(argv=None) -> None:
         r = rows[-1]
         print(
             f"T={T}: entropy {r['entropy_per_token']:.3f}, informative total {r['informative_total']:.0%}, "
-            f"recall {r['informative_recall']:.0%}, reward {r['total']:.2f}, format valid {r['format_valid']:.0%}",
+            f"recall {r['informative_recall']:.0%}, reward {r['total']:.2f}, "
+            f"format valid {r['format_valid']:.0%}",
             flush=True,
         )
 
@@ -171,24 +177,26 @@ def main(argv=None) -> None:
     lines = [
         "# GRPO sampling temperature on dev prompts\n",
         machine_line(results["machine"]) + "\n",
-        f"Policy `{args.model}`, {len(pairs)} stratified prompts of `{'synthetic' if args.synthetic else args.data}` x K = {K}, up to "
+        f"Policy `{args.model}`, {len(pairs)} stratified prompts of "
+        f"`{'synthetic' if args.synthetic else args.data}` x K = {K}, up to "
         f"{args.max_new_tokens} new tokens, answer reward {args.answer_reward}, seed {args.seed}.\n",
-        "| T | entropy / token (nats) | informative groups: total differs | recall differs | format valid | "
-        "R_format | R_recall | R_answer | R total | Jaccard | mean length | hit cap |",
+        "| T | entropy / token (nats) | informative groups: total differs | recall differs | "
+        "format valid | R_format | R_recall | R_answer | R total | Jaccard | mean length | hit cap |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
             f"| {r['temperature']:g} | {r['entropy_per_token']:.3f} | {r['informative_total']:.0%} | "
-            f"{r['informative_recall']:.0%} | {r['format_valid']:.0%} | {r['format']:.2f} | {r['recall']:.2f} | "
-            f"{r['answer']:.2f} | {r['total']:.2f} | {r['jaccard']:.2f} | {r['mean_length']:.0f} | "
-            f"{r['capped']:.0%} |"
+            f"{r['informative_recall']:.0%} | {r['format_valid']:.0%} | {r['format']:.2f} | "
+            f"{r['recall']:.2f} | {r['answer']:.2f} | {r['total']:.2f} | {r['jaccard']:.2f} | "
+            f"{r['mean_length']:.0f} | {r['capped']:.0%} |"
         )
     if rows[0]["exploration"]:
         lines += [
             "",
-            f"Exploration on the groups that need recall ({rows[0]['groups_needing_recall']}): share informative "
-            "(recall parts differ) / share where a sample recalls exactly H*, using the first k samples.\n",
+            f"Exploration on the groups that need recall ({rows[0]['groups_needing_recall']}): "
+            "share informative (recall parts differ) / share where a sample recalls exactly H*, "
+            "using the first k samples.\n",
             "| T | " + " | ".join(f"k = {k}" for k in rows[0]["exploration"]) + " |",
             "|---|" + "---|" * len(rows[0]["exploration"]),
         ]

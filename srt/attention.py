@@ -97,7 +97,7 @@ def attention_analysis(
     H*, longest dialogues first, those whose completion recalls and answers first. Memory:
     output_attentions keeps layers x heads x T x T floats, ~2.5 GB for SmolLM2-135M at T = 1500.
     build_prompt(record) -> the prompt text the variant answered; reference_chain(record) -> Z_t
-    and A*_t as SFT learns them (stage0_build.format_target)."""
+    and A*_t as SFT learns them (srt.prompt.format_target)."""
 
     def own_chain(row):
         return bool(HIS_TAG.search(row["completion"])) and bool(final_answer("srt", row["completion"]))

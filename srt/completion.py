@@ -19,7 +19,7 @@ import re
 import unicodedata
 from typing import NamedTuple
 
-# The output format of DESIGN.md ("Output format"): the strings the policy learns to write.
+# The output format of docs/design.md ("Output format"): the strings the policy learns to write.
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 HIS_OPEN, HIS_CLOSE = "<HIS>", "</HIS>"
 ANSWER_MARK = "Final answer:"
@@ -109,8 +109,8 @@ _TAG_LIKE = re.compile(r"<\s*/?\s*(?:his|think)\s*>|final\s*answer\s*:")
 
 def lookalike_markers(text: str) -> list[str]:
     """Strings that read as a tag of the format but are not one written exactly: <his>, ＜HIS＞,
-    <НIS> (Cyrillic Н), <H\\u200bIS>, <HÍS> (accents go). An answer mark counts only when NFKC makes it exactly
-    'Final answer:' (prose like 'my final answer:' inside the think block is left alone)."""
+    <НIS> (Cyrillic Н), <H\\u200bIS>, <HÍS> (accents go). An answer mark counts only when NFKC makes
+    it exactly 'Final answer:' (prose like 'my final answer:' inside the think block is left alone)."""
     skeleton, where = [], []
     for i, ch in enumerate(text):
         s = "".join(

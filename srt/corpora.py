@@ -258,8 +258,9 @@ def load_locomo(
     session in the window and wherever the session changes ('turn': before every utterance), so
     dates an answer is computed from stay in the text.
     Category 5 (adversarial, unanswerable as asked): 'keep' takes `adversarial_answer` as the
-    reference answer (the issue's reading, and A-Mem's); 'abstain' answers LOCOMO_ABSTAIN instead
-    (LoCoMo's own evaluation counts declining as correct); 'skip' drops those questions.
+    reference answer (the reading of A-Mem and of most LoCoMo evaluations); 'abstain' answers
+    LOCOMO_ABSTAIN instead (LoCoMo's own evaluation counts declining as correct); 'skip' drops
+    those questions.
     Evidence blemishes are normalised where possible (normalise_evidence); a question with an
     evidence fragment that cannot be read or an id that names no turn is skipped and counted,
     since its H* would be incomplete."""
@@ -787,7 +788,8 @@ def parse_jsonl_dialogue(obj, where="<dialogue>", line=0) -> dict:
                 or not isinstance(m.get("content"), str)
             ):
                 raise DataError(
-                    f"{where}:{line}: field 'messages[{k}]' needs role user|assistant|system and string content"
+                    f"{where}:{line}: field 'messages[{k}]' needs role user|assistant|system "
+                    "and string content"
                 )
         return obj
     if not isinstance(obj.get("rounds"), list):

@@ -1,4 +1,4 @@
-"""The data files every stage shares (../shared/DESIGN.md, "Data"): the record format and its
+"""The data files every stage shares (docs/design.md, "Data"): the record format and its
 validation, a JSONL reader whose errors name the file, the line and the field, and atomic writers
 (a temporary file, then a rename), so that a killed run never leaves half a file behind."""
 
@@ -11,7 +11,7 @@ import tempfile
 from pathlib import Path
 
 # --------------------------------------------------------------------------------------------
-# The data format (../shared/DESIGN.md, "Data"). One record per annotated query turn.
+# The data format (docs/design.md, "Data"). One record per annotated query turn.
 # --------------------------------------------------------------------------------------------
 RECORD_FIELDS = {
     "id": str,

@@ -30,6 +30,7 @@ import torch
 import torch.distributed as dist
 
 from srt.checkpoint import publish_dir, swap_in
+from srt.config import at_least, positive
 from srt.data_io import write_json
 
 # --------------------------------------------------------------------------------------------
@@ -104,18 +105,40 @@ def add_scale_flags(parser: argparse.ArgumentParser) -> None:
     )
     add(
         "--dist-timeout-minutes",
-        type=float,
+        type=positive(float),
         default=None,
         help="timeout of every collective and barrier (default: $SRT_DIST_TIMEOUT_MINUTES or 60)",
     )
     add("--dry-run", action="store_true", help="print the per-GPU memory plan and exit; downloads nothing")
-    add("--world-size", type=int, default=None, help="GPUs to plan for with --dry-run (default: this run's)")
+    add(
+        "--world-size",
+        type=at_least(1),
+        default=None,
+        help="GPUs to plan for with --dry-run (default: this run's)",
+    )
     add(
         "--gpu-memory-gb",
-        type=float,
+        type=positive(float),
         default=None,
         help="memory per GPU the plan must fit (default: this GPU's, else 80 as on an A100-80GB)",
     )
+
+
+def wrap_model(model, device, world_size: int, fsdp: bool, autocast_dtype):
+    """The one way both training stages wrap the model they train. -> (model, train_model,
+    autocast_dtype): `model` holds the parameters (1/N of them under FSDP) for the optimizer, the
+    checkpoints and generation; `train_model` is what the loss calls: DDP over 2+ processes (its
+    backward all-reduces the gradients), else the model itself. Under FSDP the MixedPrecisionPolicy
+    computes in bf16 where autocast would have, so autocast goes off."""
+    if fsdp:
+        model = shard_model(model, device, autocast_dtype)
+        return model, model, None
+    if world_size > 1:
+        from torch.nn.parallel import DistributedDataParallel
+
+        device_ids = [device.index] if device.type == "cuda" else None
+        return model, DistributedDataParallel(model, device_ids=device_ids), autocast_dtype
+    return model, model, autocast_dtype
 
 
 def is_fsdp(model) -> bool:

@@ -230,12 +230,10 @@ def format_plan(name: str, shape: Shape, run: Run, gpu_gb: float) -> str:
                 f"  rollout: full {c} weights, gathered once per batch".ljust(84)
                 + f"{p['rollout_weights'] / GB:8.2f}"
             )
+    copies = "gathered FSDP units (root + 2 layers)" if run.fsdp else "autocast weight copies"
     lines += [
         f"  training: gradients ({w}{part})".ljust(84) + f"{p['gradients'] / GB:8.2f}",
-        f"  training: {'gathered FSDP units (root + 2 layers)' if run.fsdp else 'autocast weight copies'} ({c})".ljust(
-            84
-        )
-        + f"{p['compute_copies'] / GB:8.2f}",
+        f"  training: {copies} ({c})".ljust(84) + f"{p['compute_copies'] / GB:8.2f}",
         f"  training: activations ({run.micro_rows} rows x {run.tokens} tokens, {ckpt} checkpointing; "
         f"{'without' if run.gradient_checkpointing else 'with'}: {other / GB:.2f})".ljust(84)
         + f"{p['activations'] / GB:8.2f}",
@@ -244,7 +242,8 @@ def format_plan(name: str, shape: Shape, run: Run, gpu_gb: float) -> str:
     ]
     if run.stage == "grpo":
         lines.append(
-            f"  (rollout phase {p['rollout'] / GB:.2f}, training phase {p['training'] / GB:.2f}: they never overlap)"
+            f"  (rollout phase {p['rollout'] / GB:.2f}, training phase {p['training'] / GB:.2f}: "
+            "they never overlap)"
         )
     peak_line = (
         "  peak = weights + moments"

@@ -1,4 +1,4 @@
-"""The answer and recall metrics of §4, shared by evaluate.py and cuemem.py (../shared/DESIGN.md,
+"""The answer and recall metrics of §4, shared by evaluate.py and cuemem.py (docs/design.md,
 "Evaluation vocabulary"):
 
 - SQuAD-style token F1 of an answer against the reference (Table 1), a key-F1 against the answer
@@ -199,7 +199,7 @@ def recall_metrics(recalled, gold) -> dict:
 
 
 def error_type(recalled, gold, truncated: bool = False) -> str:
-    """Table 3 taxonomy of a wrong answer, tested in this order (DESIGN.md): a completion cut off
+    """Table 3 taxonomy of a wrong answer, tested in this order (docs/design.md): a completion cut off
     by the token cap -> Truncated; H^ = H* -> Failure Answer; H* a proper subset of H^ -> Over
     Recall; H^ \\ H* non-empty -> Wrong Recall; otherwise (H^ a proper subset of H*) -> Missing Recall."""
     if truncated:

@@ -48,9 +48,8 @@ def parameter_digest(model) -> str:
 # --------------------------------------------------------------------------------------------
 def cpu_has_bf16_matmul() -> bool:
     """True on CPUs with AMX tiles (Intel Sapphire Rapids and later), where oneDNN runs bf16
-    matmuls in hardware. Measured on the 2-core build machine with SmolLM2-135M: a training step
-    (4 x 768 tokens) 22.4 s fp32 -> 10.6 s under bf16 autocast, a forward 2.4x faster, sampling
-    1.5x faster. Without AMX, bf16 is emulated and slower than fp32."""
+    matmuls in hardware and bf16 autocast is about twice as fast as fp32 (docs/experiments/presets.md).
+    Without AMX, bf16 is emulated and slower than fp32."""
     try:
         return bool(torch.cpu._is_amx_tile_supported())
     except AttributeError:  # older torch: no probe, stay on the safe side
@@ -185,7 +184,8 @@ _TINY_CORPUS = [
     "Final answer: $180",
     "No earlier turn is needed. Yes, no, maybe. Thank you! What time does the spa open on Monday, Tuesday, "
     "Wednesday, Thursday, Saturday and Sunday? We open at 9:30 am and close at 8 pm.",
-    "The quick brown fox jumps over the lazy dog. 0123456789 + - * / = % # @ & ( ) [ ] { } < > ' \" , . ; : ? !",
+    "The quick brown fox jumps over the lazy dog. 0123456789 + - * / = % # @ & ( ) [ ] { } < > ' \" "
+    ", . ; : ? !",
     "I need to check my membership status. I'm under Apex Tier, so I get a 10% discount on every order, "
     "delivery, hotel room, flight ticket, restaurant table and train reservation.",
 ]
@@ -427,9 +427,8 @@ def generate(
     cache = {}
     if num_generations > 1 and encoded.input_ids.shape[1] > 1 and not synced and prefill_once:
         # Prefill each prompt once and copy its KV cache to its K samples, instead of K identical
-        # prefills: generate then runs the last prompt token and the decode steps only. Measured
-        # (bench/rollout_prefill.py, EPYC fp32, 2 prompts of 502 tokens x K = 4, 64 new tokens):
-        # 36.7 -> 51.6 generated tokens/s, the same samples.
+        # prefills: generate then runs the last prompt token and the decode steps only: the same
+        # samples, faster (bench/rollout_prefill.py; figures in bench/README.md).
         with autocast(device, autocast_dtype):
             shared = model(
                 input_ids=encoded.input_ids[:, :-1],

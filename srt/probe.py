@@ -108,13 +108,18 @@ def step_metrics(step, results, step_s, **extra) -> dict:
     """One metrics.jsonl line from every rank's grpo_step result: the reward components over all
     completions, the loss statistics averaged over ranks, throughput, and the share of groups whose
     rewards were all equal (no gradient) or whose recall part was constant."""
-    avg = lambda key: float(np.nanmean([r[key] for r in results]))
-    total = lambda key: sum(r[key] for r in results)
+
+    def mean_over_ranks(key):
+        return float(np.nanmean([r[key] for r in results]))
+
+    def sum_over_ranks(key):
+        return sum(r[key] for r in results)
+
     return {
         "step": step,
         **reward_metrics([s for r in results for s in r["scores"]]),
         **{
-            k: avg(k)
+            k: mean_over_ranks(k)
             for k in (
                 "kl",
                 "clip_fraction",
@@ -129,12 +134,14 @@ def step_metrics(step, results, step_s, **extra) -> dict:
                 "draws",
             )
         },
-        "skipped_updates": total("skipped_updates"),
+        "skipped_updates": sum_over_ranks("skipped_updates"),
         "updates": results[0]["updates"],
-        "tokens_per_s": total("sequence_tokens") / step_s,
-        "generated_tokens_per_s": total("completion_tokens") / max(avg("generate_s"), 1e-9),
-        "groups_all_equal_share": total("groups_all_equal") / total("groups_drawn"),
-        "groups_recall_constant_share": total("groups_recall_constant") / total("groups_drawn"),
+        "tokens_per_s": sum_over_ranks("sequence_tokens") / step_s,
+        "generated_tokens_per_s": sum_over_ranks("completion_tokens")
+        / max(mean_over_ranks("generate_s"), 1e-9),
+        "groups_all_equal_share": sum_over_ranks("groups_all_equal") / sum_over_ranks("groups_drawn"),
+        "groups_recall_constant_share": sum_over_ranks("groups_recall_constant")
+        / sum_over_ranks("groups_drawn"),
         "step_s": step_s,
         **extra,
     }

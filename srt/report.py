@@ -49,7 +49,7 @@ BREAKDOWNS = {"query_type": "query type", "h_size": "|H*|", "distance_bin": "rec
 DISTANCE_ORDER = ("none", "1-4", "5-9", "10-19", "20+")
 CUTOFF_LIMIT = 0.05  # a token budget that cuts off more answers than this is too tight
 OPTIONS_SHOWN = {"recency": ("recency_k",), "rag": ("rag_k",), "cuemem": ("cuemem",)}
-# Issue 13: Table 2's variants need >= 96 queries, >= 24 per 8/16/24/32-round bucket, to be read.
+# Table 2's variants need >= 96 queries, >= 24 per 8/16/24/32-round bucket, to be read.
 MIN_QUERIES, MIN_PER_BUCKET = 96, 24
 
 
@@ -170,11 +170,18 @@ def compare_variants(rows_by_name, reference, resamples=2000, seed=0) -> dict:
 
 
 def summarize_cuemem(rows, counter_name="") -> dict:
-    """cuemem.py's summary.json. Means over queries; token and latency fractions are totals over totals (§5.4: CueMem's
-    input tokens and latency as a fraction of the full-history setting's)."""
-    mean = lambda key, sub=rows: float(np.mean([r[key] for r in sub])) if sub else 0.0
-    total = lambda key, sub=rows: float(sum(r[key] for r in sub))
-    ratio = lambda a, b, sub=rows: total(a, sub) / total(b, sub) if total(b, sub) else 0.0
+    """cuemem.py's summary.json. Means over queries; token and latency fractions are totals over totals
+    (§5.4: CueMem's input tokens and latency as a fraction of the full-history setting's)."""
+
+    def mean(key, sub=rows):
+        return float(np.mean([r[key] for r in sub])) if sub else 0.0
+
+    def total(key, sub=rows):
+        return float(sum(r[key] for r in sub))
+
+    def ratio_of_totals(a, b, sub=rows):
+        return total(a, sub) / total(b, sub) if total(b, sub) else 0.0
+
     with_gold = [r for r in rows if r["gold_evidence"]]
     summary = {
         "n": len(rows),
@@ -186,8 +193,8 @@ def summarize_cuemem(rows, counter_name="") -> dict:
         "evidence_size": mean("evidence_size"),
         "input_tokens": mean("input_tokens"),
         "full_input_tokens": mean("full_input_tokens"),
-        "token_fraction": ratio("input_tokens", "full_input_tokens"),
-        "history_token_fraction": ratio("history_tokens", "full_history_tokens"),
+        "token_fraction": ratio_of_totals("input_tokens", "full_input_tokens"),
+        "history_token_fraction": ratio_of_totals("history_tokens", "full_history_tokens"),
         "token_counter": counter_name,
     }
     if rows and "f1" in rows[0]:
@@ -196,13 +203,13 @@ def summarize_cuemem(rows, counter_name="") -> dict:
         summary.update(
             full_f1=mean("full_f1"),
             full_latency_s=mean("full_latency_s"),
-            latency_fraction=ratio("latency_s", "full_latency_s"),
+            latency_fraction=ratio_of_totals("latency_s", "full_latency_s"),
         )
     summary["by_bucket"] = {
         str(b): {
             "n": len(sub),
             "recall": mean("recall", sub),
-            "token_fraction": ratio("input_tokens", "full_input_tokens", sub),
+            "token_fraction": ratio_of_totals("input_tokens", "full_input_tokens", sub),
         }
         for b in sorted({r["bucket"] for r in rows})
         for sub in [[r for r in rows if r["bucket"] == b]]
@@ -259,8 +266,9 @@ def table1(summary) -> str:
 def table2(summary) -> str:
     comparisons = summary.get("comparisons", {})
     lines = [
-        "| Variant | Name | n | Recall (%) | Acc. (%) | Δ Acc. vs SRT [95% CI] | McNemar p (variant only / SRT only) | "
-        "F1 | Δ F1 [95% CI] | key-F1 | Δ key-F1 [95% CI] | Jaccard (%) | Δ Recall [95% CI] |",
+        "| Variant | Name | n | Recall (%) | Acc. (%) | Δ Acc. vs SRT [95% CI] | "
+        "McNemar p (variant only / SRT only) | F1 | Δ F1 [95% CI] | key-F1 | Δ key-F1 [95% CI] | "
+        "Jaccard (%) | Δ Recall [95% CI] |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in TABLE2_ROWS:
@@ -278,7 +286,8 @@ def table2(summary) -> str:
 
 def comparison_table(summary) -> str:
     lines = [
-        "| Variant | Paired n | Δ Acc. [95% CI] | McNemar p | Δ F1 [95% CI] | Δ key-F1 [95% CI] | Δ Recall [95% CI] | Δ Jaccard [95% CI] |",
+        "| Variant | Paired n | Δ Acc. [95% CI] | McNemar p | Δ F1 [95% CI] | Δ key-F1 [95% CI] | "
+        "Δ Recall [95% CI] | Δ Jaccard [95% CI] |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for name, c in summary.get("comparisons", {}).items():
@@ -406,8 +415,8 @@ def write_report(summary, out_dir, plots) -> Path:
             + (
                 ""
                 if summary["variants"][srt]["n"] >= MIN_QUERIES and not small
-                else f"**Fewer than {MIN_QUERIES} queries or {MIN_PER_BUCKET} per bucket: read the intervals, "
-                "not the point estimates.**"
+                else f"**Fewer than {MIN_QUERIES} queries or {MIN_PER_BUCKET} per bucket: read the "
+                "intervals, not the point estimates.**"
             )
         )
     parts = [
@@ -420,13 +429,13 @@ def write_report(summary, out_dir, plots) -> Path:
         SCORING_NOTE,
         "## Table 1: answers, latency and throughput",
         table1(summary),
-        f"Latency: seconds per request at batch size 1 after one warm-up request, end to end from the query to "
-        f"the parsed answer (retrieval query included), on {config.get('latency_per_bucket')} request(s) per "
-        f"length bucket; its token columns are that sample's. Throughput: answers per second of generation "
-        f"wall time in the batched pass (batch {config['batch_size']}). Offline: RAG's embedding of the history "
-        f"and CueMem's memory build per query, never inside the latency. Cut off: answers that reached the "
-        f"token cap ({config['max_new_tokens']} for srt / srt-p, {config['max_new_tokens_direct']} otherwise) "
-        f"without a stop token.",
+        f"Latency: seconds per request at batch size 1 after one warm-up request, end to end from the query "
+        f"to the parsed answer (retrieval query included), on {config.get('latency_per_bucket')} request(s) "
+        f"per length bucket; its token columns are that sample's. Throughput: answers per second of "
+        f"generation wall time in the batched pass (batch {config['batch_size']}). Offline: RAG's embedding "
+        f"of the history and CueMem's memory build per query, never inside the latency. Cut off: answers "
+        f"that reached the token cap ({config['max_new_tokens']} for srt / srt-p, "
+        f"{config['max_new_tokens_direct']} otherwise) without a stop token.",
         (
             "**Cut-off rate at or above 5%:** "
             + ", ".join(cut)
@@ -437,10 +446,11 @@ def write_report(summary, out_dir, plots) -> Path:
         else "Every variant stops before the token cap on more than 95% of its answers.",
         f"## Table 2: ablations, each against SRT ({srt or 'n/a'}) on the same queries",
         table2(summary) if summary["table2"] else "(no Table 2 variants; name them with --table2)",
-        f"Δ: variant minus SRT in points, mean over paired queries, with a {config.get('bootstrap')}-resample "
-        "seeded paired bootstrap 95% interval; McNemar: exact two-sided test of paired accuracy (queries only "
-        "the variant / only SRT got right). Recall is that of the <HIS> tags: a w/o CoT model writes none, so its "
-        "recall is 0 by construction here (the paper does not say how it measured recall for that variant).",
+        f"Δ: variant minus SRT in points, mean over paired queries, with a {config.get('bootstrap')}"
+        "-resample seeded paired bootstrap 95% interval; McNemar: exact two-sided test of paired accuracy "
+        "(queries only the variant / only SRT got right). Recall is that of the <HIS> tags: a w/o CoT "
+        "model writes none, so its recall is 0 by construction here (the paper does not say how it "
+        "measured recall for that variant).",
         "## Every variant against SRT (paired)",
         comparison_table(summary) or "-",
         f"## Table 3: error types of wrong answers per dialogue length ({srt or 'n/a'})",

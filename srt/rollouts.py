@@ -76,24 +76,28 @@ def sample_batch(policy, tokenizer, records, prompts, cfg, reward_fn, autocast_d
     as often as the others, so the prompt stream and the DDP all-reduces stay in step."""
     K, device, key = cfg.num_generations, next(policy.parameters()).device, cfg.dynamic_sampling
     draws = [sample_groups(policy, tokenizer, records, prompts, cfg, reward_fn, autocast_dtype)]
-    informative = lambda: [
-        (d, g)
-        for d, draw in enumerate(draws)
-        for g, same in enumerate(constant_groups(draw["scores"], K, key))
-        if not same
-    ]
+
+    def informative_groups():
+        return [
+            (d, g)
+            for d, draw in enumerate(draws)
+            for g, same in enumerate(constant_groups(draw["scores"], K, key))
+            if not same
+        ]
+
     while (
         key != "off"
         and draw_more is not None
         and len(draws) < cfg.max_draws
-        and all_ranks_any(len(informative()) < len(prompts), device)
+        and all_ranks_any(len(informative_groups()) < len(prompts), device)
     ):
         draws.append(sample_groups(policy, tokenizer, *draw_more(), cfg, reward_fn, autocast_dtype))
     if key == "off":
         picks = [(0, g) for g in range(len(prompts))]
     else:
         everything = [(d, g) for d, draw in enumerate(draws) for g in range(len(draw["scores"]) // K)]
-        picks = (informative() + [p for p in everything if p not in informative()])[: len(prompts)]
+        informative = informative_groups()
+        picks = (informative + [p for p in everything if p not in informative])[: len(prompts)]
     scores = [s for draw in draws for s in draw["scores"]]
     batch = join_groups(draws, picks, K, tokenizer.pad_token_id)
     batch.update(

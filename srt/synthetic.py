@@ -9,7 +9,7 @@ therapist); the queries at the end need one, two or three facts combined, or non
 query round carries its ground truth (H*, Z, A*, answer_keys) under "gold", which stage 0's
 oracle teacher serves.
 
-What makes the task honest (issue 12):
+What makes the task honest:
 - Unique gold: no utterance outside H* states a fact the answer needs. Every value that can be an
   answer key is drawn distinct within its dialogue, a template states it in one utterance only,
   queries in one dialogue never share a fact, and no distractor mentions it.
@@ -37,6 +37,7 @@ import json
 import random
 import re
 from pathlib import Path
+from typing import NamedTuple
 
 NAMES = [
     "Lena",
@@ -292,11 +293,23 @@ class Round:
         self.provides, self.apply = provides or {}, apply
 
 
+class QueryRound(NamedTuple):
+    """A query round as it is asked, with its ground truth: the user's question Q_t, the reference
+    answer A*_t, its answer keys, the analysis and the reasoning step of Z_t, and whether the answer
+    is a yes/no derived from the recalled facts (not stated in any of them)."""
+
+    query: str
+    answer: str
+    answer_keys: list[str]
+    analysis: str
+    reasoning: str
+    derived_yes_no: bool
+
+
 class QuerySpec:
-    """A query that needs the facts `needs`; `make(state)` returns (query, answer, answer_keys,
-    analysis, reasoning, derived_yes_no), built from the state at the moment it is asked.
-    `topic` names what it asks about without a value; `related` are (user, assistant) remarks
-    about the same entity that state none of its facts."""
+    """A query that needs the facts `needs`; `make(state)` returns its QueryRound, built from the
+    state at the moment it is asked. `topic` names what it asks about without a value; `related`
+    are (user, assistant) remarks about the same entity that state none of its facts."""
 
     def __init__(self, kind, needs, topic, make, related=()):
         self.kind, self.needs, self.topic, self.make, self.related = kind, needs, topic, make, list(related)
@@ -339,7 +352,8 @@ def _spa(rng):
                 rng,
                 [
                     f"I need to check my membership status. I'm under {tier} Tier.",
-                    f"Hi, I'm {'an' if tier[0] in 'AEIOU' else 'a'} {tier} Tier member and want to book something.",
+                    f"Hi, I'm {'an' if tier[0] in 'AEIOU' else 'a'} {tier} Tier member and want to "
+                    "book something.",
                     f"Hello! My membership level is {tier} Tier.",
                     f"Just so you know, I hold a {tier} Tier membership.",
                 ],
@@ -502,12 +516,14 @@ def _spa(rng):
 
     def discount(st):
         verdict = (
-            f"Yes. The {service_a} is ${price_a}, which is over ${threshold}, so your {pct}% {tier} Tier discount applies."
+            f"Yes. The {service_a} is ${price_a}, which is over ${threshold}, so your {pct}% "
+            f"{tier} Tier discount applies."
             if applies
-            else f"No. The {service_a} is ${price_a}, which is not over ${threshold}, so the {pct}% discount does not apply."
+            else f"No. The {service_a} is ${price_a}, which is not over ${threshold}, so the "
+            f"{pct}% discount does not apply."
         )
-        return (
-            _pick(
+        return QueryRound(
+            query=_pick(
                 rng,
                 [
                     f"For that {service_a} booking, will my discount apply?",
@@ -515,30 +531,31 @@ def _spa(rng):
                     f"Do I get my tier discount on the {service_a}?",
                 ],
             ),
-            verdict,
-            ["yes" if applies else "no", f"${price_a}"],
-            f"whether their membership discount applies to the {service_a}",
-            f"The user is {tier} Tier; that tier gives {pct}% off services over ${threshold}. The {service_a} "
-            f"costs ${price_a}, which is {'over' if applies else 'not over'} ${threshold}, so the discount "
-            f"{'applies' if applies else 'does not apply'}.",
-            True,
+            answer=verdict,
+            answer_keys=["yes" if applies else "no", f"${price_a}"],
+            analysis=f"whether their membership discount applies to the {service_a}",
+            reasoning=f"The user is {tier} Tier; that tier gives {pct}% off services over ${threshold}. "
+            f"The {service_a} costs ${price_a}, which is {'over' if applies else 'not over'} ${threshold}, "
+            f"so the discount {'applies' if applies else 'does not apply'}.",
+            derived_yes_no=True,
         )
 
     def cheaper(st):
         name, price = (service_a, price_a) if price_a < price_b else (service_b, price_b)
-        return (
-            _pick(
+        return QueryRound(
+            query=_pick(
                 rng,
                 [
                     f"Which is cheaper, the {service_a} or the {service_b}?",
                     f"Between the {service_a} and the {service_b}, which costs less?",
                 ],
             ),
-            f"The {name} is cheaper, at ${price}.",
-            [f"${price}"],
-            "which of the two services costs less",
-            f"The {service_a} costs ${price_a} and the {service_b} costs ${price_b}, so the {name} is cheaper.",
-            False,
+            answer=f"The {name} is cheaper, at ${price}.",
+            answer_keys=[f"${price}"],
+            analysis="which of the two services costs less",
+            reasoning=f"The {service_a} costs ${price_a} and the {service_b} costs ${price_b}, so "
+            f"the {name} is cheaper.",
+            derived_yes_no=False,
         )
 
     about_a = [
@@ -552,45 +569,83 @@ def _spa(rng):
         ),
         (f"Is the {service_a} relaxing?", f"Most guests find the {service_a} very relaxing."),
     ]
+
+    def ask_price_a(st):
+        return QueryRound(
+            query=_pick(
+                rng,
+                [
+                    f"Remind me, how much was the {service_a}?",
+                    f"What was the price of the {service_a} again?",
+                ],
+            ),
+            answer=f"The {service_a} is ${price_a}.",
+            answer_keys=[f"${price_a}"],
+            analysis=f"for the price of the {service_a}",
+            reasoning=f"The price was stated earlier: the {service_a} is ${price_a}.",
+            derived_yes_no=False,
+        )
+
+    def ask_therapist_and_branch(st):
+        return QueryRound(
+            query=_pick(
+                rng,
+                [
+                    f"So who would do my {service_a}, and where?",
+                    f"Who am I seeing for the {service_a}, and at which branch?",
+                ],
+            ),
+            answer=f"{therapist} performs it, at the {branch} branch.",
+            answer_keys=[therapist, branch],
+            analysis=f"who performs the {service_a} and at which branch",
+            reasoning=f"{therapist} is the {service_a} specialist and works at the {branch} branch.",
+            derived_yes_no=False,
+        )
+
+    def ask_appointment(st):
+        return QueryRound(
+            query=_pick(
+                rng,
+                [
+                    "What time is my appointment again?",
+                    "When am I booked in?",
+                    "Can you confirm my appointment time?",
+                ],
+            ),
+            answer=f"Your appointment is on {st['day']} at {st['time']}.",
+            answer_keys=[st["day"], st["time"]],
+            analysis="for the current appointment time",
+            reasoning=f"The most recent booking says {st['day']} at {st['time']}; a later change "
+            "overrides an earlier one.",
+            derived_yes_no=False,
+        )
+
+    def ask_therapist_b(st):
+        return QueryRound(
+            query=_pick(
+                rng,
+                [f"Who was it that does the {service_b}?", f"Remind me who performs the {service_b}?"],
+            ),
+            answer=f"{therapist_b} does the {service_b}.",
+            answer_keys=[therapist_b],
+            analysis=f"who performs the {service_b}",
+            reasoning=f"Earlier I said the {service_b} is done by {therapist_b}.",
+            derived_yes_no=False,
+        )
+
     queries = [
         QuerySpec(
             "single",
             ["price_a"],
             f"the price of the {service_a}",
-            lambda st: (
-                _pick(
-                    rng,
-                    [
-                        f"Remind me, how much was the {service_a}?",
-                        f"What was the price of the {service_a} again?",
-                    ],
-                ),
-                f"The {service_a} is ${price_a}.",
-                [f"${price_a}"],
-                f"for the price of the {service_a}",
-                f"The price was stated earlier: the {service_a} is ${price_a}.",
-                False,
-            ),
+            ask_price_a,
             about_a,
         ),
         QuerySpec(
             "pair",
             ["therapist", "branch"],
             f"who does the {service_a} and where",
-            lambda st: (
-                _pick(
-                    rng,
-                    [
-                        f"So who would do my {service_a}, and where?",
-                        f"Who am I seeing for the {service_a}, and at which branch?",
-                    ],
-                ),
-                f"{therapist} performs it, at the {branch} branch.",
-                [therapist, branch],
-                f"who performs the {service_a} and at which branch",
-                f"{therapist} is the {service_a} specialist and works at the {branch} branch.",
-                False,
-            ),
+            ask_therapist_and_branch,
             about_a,
         ),
         QuerySpec(
@@ -610,21 +665,7 @@ def _spa(rng):
             "update",
             ["appointment"],
             "your appointment time",
-            lambda st: (
-                _pick(
-                    rng,
-                    [
-                        "What time is my appointment again?",
-                        "When am I booked in?",
-                        "Can you confirm my appointment time?",
-                    ],
-                ),
-                f"Your appointment is on {st['day']} at {st['time']}.",
-                [st["day"], st["time"]],
-                "for the current appointment time",
-                f"The most recent booking says {st['day']} at {st['time']}; a later change overrides an earlier one.",
-                False,
-            ),
+            ask_appointment,
             [
                 ("I keep forgetting my appointments lately.", "A reminder on your phone can help with that."),
                 (
@@ -649,17 +690,7 @@ def _spa(rng):
             "single",
             ["therapist_b"],
             f"who does the {service_b}",
-            lambda st: (
-                _pick(
-                    rng,
-                    [f"Who was it that does the {service_b}?", f"Remind me who performs the {service_b}?"],
-                ),
-                f"{therapist_b} does the {service_b}.",
-                [therapist_b],
-                f"who performs the {service_b}",
-                f"Earlier I said the {service_b} is done by {therapist_b}.",
-                False,
-            ),
+            ask_therapist_b,
             [(f"A friend recommended the {service_b} to me.", f"The {service_b} has lovely reviews.")],
         ),
     ]
@@ -834,54 +865,101 @@ def _shop(rng):
         answer = (
             f"Yes. {days_since} days is within the {window}-day window, so you would get back ${price_a}."
             if ok
-            else f"No. {days_since} days is past the {window}-day return window, so the ${price_a} cannot be refunded."
+            else f"No. {days_since} days is past the {window}-day return window, so the ${price_a} "
+            "cannot be refunded."
         )
-        return (
-            _pick(
+        return QueryRound(
+            query=_pick(
                 rng,
                 [
-                    f"It's been {days_since} days since delivery. Can I still return the {item_a} for a full refund?",
-                    f"If I send the {item_a} back now, {days_since} days after delivery, do I get my money back?",
+                    f"It's been {days_since} days since delivery. Can I still return the {item_a} "
+                    "for a full refund?",
+                    f"If I send the {item_a} back now, {days_since} days after delivery, do I get "
+                    "my money back?",
                 ],
             ),
-            answer,
-            ["yes" if ok else "no", f"${price_a}"],
-            f"whether the {item_a} can still be returned for a refund",
-            f"The return window is {window} days and it has been {days_since} days; the {item_a} cost ${price_a}.",
-            True,
+            answer=answer,
+            answer_keys=["yes" if ok else "no", f"${price_a}"],
+            analysis=f"whether the {item_a} can still be returned for a refund",
+            reasoning=f"The return window is {window} days and it has been {days_since} days; the "
+            f"{item_a} cost ${price_a}.",
+            derived_yes_no=True,
         )
 
     about_order = [
         ("I've been waiting for this package all week.", "I understand, waiting is never fun."),
         ("This is the first time I've ordered from you.", "Thanks for choosing us for your order."),
     ]
+
+    def ask_order(st):
+        return QueryRound(
+            query=_pick(rng, ["What was my order number again?", "Can you remind me of my order number?"]),
+            answer=f"Your order number is {order}.",
+            answer_keys=[order],
+            analysis="for their order number",
+            reasoning=f"The user gave the order number earlier: {order}.",
+            derived_yes_no=False,
+        )
+
+    def ask_address(st):
+        return QueryRound(
+            query=_pick(rng, ["Where is the package going?", "Which address will it be delivered to?"]),
+            answer=f"It is going to {address}.",
+            answer_keys=[address],
+            analysis="for the delivery address",
+            reasoning=f"The delivery address on file is {address}.",
+            derived_yes_no=False,
+        )
+
+    def ask_delivery(st):
+        return QueryRound(
+            query=_pick(rng, ["So when will it arrive?", "What's the latest delivery date?"]),
+            answer=f"It should arrive on {st['date']}.",
+            answer_keys=[st["date"]],
+            analysis="for the current delivery date",
+            reasoning=f"The latest delivery date given is {st['date']}; it replaces any earlier date.",
+            derived_yes_no=False,
+        )
+
+    def ask_order_and_address(st):
+        return QueryRound(
+            query=_pick(
+                rng,
+                [
+                    "For my records, what's the order number and where is it shipping?",
+                    "Can you confirm both the order number and the address?",
+                ],
+            ),
+            answer=f"Order {order} is shipping to {address}.",
+            answer_keys=[order, address],
+            analysis="for the order number and the shipping address",
+            reasoning=f"The order number is {order} and the address on file is {address}.",
+            derived_yes_no=False,
+        )
+
+    def ask_price_b(st):
+        return QueryRound(
+            query=_pick(rng, [f"How much did I pay for the {item_b}?", f"What did the {item_b} cost me?"]),
+            answer=f"The {item_b} was ${price_b}.",
+            answer_keys=[f"${price_b}"],
+            analysis=f"for the price of the {item_b}",
+            reasoning=f"The user said the {item_b} was ${price_b}.",
+            derived_yes_no=False,
+        )
+
     queries = [
         QuerySpec(
             "single",
             ["order"],
             "your order number",
-            lambda st: (
-                _pick(rng, ["What was my order number again?", "Can you remind me of my order number?"]),
-                f"Your order number is {order}.",
-                [order],
-                "for their order number",
-                f"The user gave the order number earlier: {order}.",
-                False,
-            ),
+            ask_order,
             about_order,
         ),
         QuerySpec(
             "single",
             ["address"],
             "the delivery address",
-            lambda st: (
-                _pick(rng, ["Where is the package going?", "Which address will it be delivered to?"]),
-                f"It is going to {address}.",
-                [address],
-                "for the delivery address",
-                f"The delivery address on file is {address}.",
-                False,
-            ),
+            ask_address,
             [
                 (
                     "I moved house recently, so I worry about deliveries.",
@@ -893,14 +971,7 @@ def _shop(rng):
             "update",
             ["delivery"],
             "the delivery date",
-            lambda st: (
-                _pick(rng, ["So when will it arrive?", "What's the latest delivery date?"]),
-                f"It should arrive on {st['date']}.",
-                [st["date"]],
-                "for the current delivery date",
-                f"The latest delivery date given is {st['date']}; it replaces any earlier date.",
-                False,
-            ),
+            ask_delivery,
             [
                 ("I really need the delivery before my trip.", "I hope the delivery arrives in time for it."),
                 ("The tracking page hasn't changed in days.", "Tracking pages are sometimes slow to update."),
@@ -917,34 +988,14 @@ def _shop(rng):
             "pair",
             ["order", "address"],
             "your order number and shipping address",
-            lambda st: (
-                _pick(
-                    rng,
-                    [
-                        "For my records, what's the order number and where is it shipping?",
-                        "Can you confirm both the order number and the address?",
-                    ],
-                ),
-                f"Order {order} is shipping to {address}.",
-                [order, address],
-                "for the order number and the shipping address",
-                f"The order number is {order} and the address on file is {address}.",
-                False,
-            ),
+            ask_order_and_address,
             about_order,
         ),
         QuerySpec(
             "single",
             ["price_b"],
             f"what you paid for the {item_b}",
-            lambda st: (
-                _pick(rng, [f"How much did I pay for the {item_b}?", f"What did the {item_b} cost me?"]),
-                f"The {item_b} was ${price_b}.",
-                [f"${price_b}"],
-                f"for the price of the {item_b}",
-                f"The user said the {item_b} was ${price_b}.",
-                False,
-            ),
+            ask_price_b,
             [(f"I'm thinking of giving the {item_b} as a present.", f"A {item_b} makes a thoughtful gift.")],
         ),
     ]
@@ -1086,53 +1137,89 @@ def _travel(rng):
     }
 
     def bag_check(st):
-        return (
-            _pick(
+        return QueryRound(
+            query=_pick(
                 rng,
                 [
                     f"Can I bring {bag_words(want_bags)} at no cost?",
                     f"Is it fine if I check {want_bags} bag{'s' if want_bags > 1 else ''}?",
                 ],
             ),
-            f"{'Yes' if covered else 'No'}. Your fare includes {bag_words(bags)}, "
+            answer=f"{'Yes' if covered else 'No'}. Your fare includes {bag_words(bags)}, "
             f"so {want_bags} {'is' if covered else 'is not'} covered.",
-            ["yes" if covered else "no"],
-            "whether their checked bags are covered",
-            f"The fare includes {bag_words(bags)}; the user wants {want_bags}.",
-            True,
+            answer_keys=["yes" if covered else "no"],
+            analysis="whether their checked bags are covered",
+            reasoning=f"The fare includes {bag_words(bags)}; the user wants {want_bags}.",
+            derived_yes_no=True,
         )
 
     about_trip = [
         (f"I've never been to {city} before.", f"{city} is a wonderful place to visit."),
         (f"I'm so excited about this trip to {city}.", "It sounds like a great trip."),
     ]
+
+    def ask_ref(st):
+        return QueryRound(
+            query=_pick(rng, ["What's my booking reference again?", "Remind me of the reference code?"]),
+            answer=f"Your booking reference is {ref}.",
+            answer_keys=[ref],
+            analysis="for the booking reference",
+            reasoning=f"The reference given earlier is {ref}.",
+            derived_yes_no=False,
+        )
+
+    def ask_departure(st):
+        return QueryRound(
+            query=_pick(rng, ["So what time do I leave now?", "What's the current departure time?"]),
+            answer=f"You now depart at {st['time']}.",
+            answer_keys=[st["time"]],
+            analysis="for the current departure time",
+            reasoning=f"The latest departure time is {st['time']}; it overrides the earlier schedule.",
+            derived_yes_no=False,
+        )
+
+    def ask_hotel_and_flight(st):
+        return QueryRound(
+            query=_pick(
+                rng,
+                ["Which flight am I on and where am I staying?", "Remind me of my flight and my hotel?"],
+            ),
+            answer=f"You're on flight {flight} and staying at the {hotel} for {nights} nights.",
+            answer_keys=[flight, hotel],
+            analysis="for their flight and their hotel",
+            reasoning=f"The flight is {flight}; the hotel is the {hotel}, {nights} nights.",
+            derived_yes_no=False,
+        )
+
+    def ask_seat_and_ref(st):
+        return QueryRound(
+            query=_pick(
+                rng,
+                [
+                    "What seat do I have, and what's the booking reference?",
+                    "Give me my seat and reference code, please.",
+                ],
+            ),
+            answer=f"Seat {seat}, booking reference {ref}.",
+            answer_keys=[seat, ref],
+            analysis="for the seat and the booking reference",
+            reasoning=f"The seat is {seat} and the reference is {ref}.",
+            derived_yes_no=False,
+        )
+
     queries = [
         QuerySpec(
             "single",
             ["ref"],
             "your booking reference",
-            lambda st: (
-                _pick(rng, ["What's my booking reference again?", "Remind me of the reference code?"]),
-                f"Your booking reference is {ref}.",
-                [ref],
-                "for the booking reference",
-                f"The reference given earlier is {ref}.",
-                False,
-            ),
+            ask_ref,
             [("I always lose track of booking emails.", "Your inbox search usually finds them quickly.")],
         ),
         QuerySpec(
             "update",
             ["departure"],
             "your departure time",
-            lambda st: (
-                _pick(rng, ["So what time do I leave now?", "What's the current departure time?"]),
-                f"You now depart at {st['time']}.",
-                [st["time"]],
-                "for the current departure time",
-                f"The latest departure time is {st['time']}; it overrides the earlier schedule.",
-                False,
-            ),
+            ask_departure,
             [
                 ("I hate rushing to the airport.", "Leaving early makes the airport much calmer."),
                 ("My friend is driving me to the airport.", "That's kind of them; it saves you a taxi."),
@@ -1142,37 +1229,14 @@ def _travel(rng):
             "pair",
             ["hotel", "flight"],
             "your flight and hotel",
-            lambda st: (
-                _pick(
-                    rng,
-                    ["Which flight am I on and where am I staying?", "Remind me of my flight and my hotel?"],
-                ),
-                f"You're on flight {flight} and staying at the {hotel} for {nights} nights.",
-                [flight, hotel],
-                "for their flight and their hotel",
-                f"The flight is {flight}; the hotel is the {hotel}, {nights} nights.",
-                False,
-            ),
+            ask_hotel_and_flight,
             about_trip,
         ),
         QuerySpec(
             "pair",
             ["seat", "ref"],
             "your seat and booking reference",
-            lambda st: (
-                _pick(
-                    rng,
-                    [
-                        "What seat do I have, and what's the booking reference?",
-                        "Give me my seat and reference code, please.",
-                    ],
-                ),
-                f"Seat {seat}, booking reference {ref}.",
-                [seat, ref],
-                "for the seat and the booking reference",
-                f"The seat is {seat} and the reference is {ref}.",
-                False,
-            ),
+            ask_seat_and_ref,
             [("I prefer sitting near the front of the plane.", "The front is quicker to get off, too.")],
         ),
         QuerySpec(
@@ -1321,76 +1385,103 @@ def _telecom(rng):
     }
 
     def over_limit(st):
-        return (
-            _pick(
+        return QueryRound(
+            query=_pick(
                 rng,
                 [
                     f"If I use {usage} GB this month, will I go over?",
                     f"Would {usage} GB exceed my allowance?",
                 ],
             ),
-            f"{'Yes' if over else 'No'}. Your allowance is {data_gb} GB, so {usage} GB "
+            answer=f"{'Yes' if over else 'No'}. Your allowance is {data_gb} GB, so {usage} GB "
             f"{'goes over it' if over else 'stays within it'}.",
-            ["yes" if over else "no"],
-            "whether their planned usage exceeds the data allowance",
-            f"The allowance is {data_gb} GB and the user plans {usage} GB.",
-            True,
+            answer_keys=["yes" if over else "no"],
+            analysis="whether their planned usage exceeds the data allowance",
+            reasoning=f"The allowance is {data_gb} GB and the user plans {usage} GB.",
+            derived_yes_no=True,
         )
 
     about_bill = [
         ("My bills always seem to come at a bad time.", "Many customers feel that way about bills."),
         ("I'm trying to get my monthly budget in order.", "A clear budget really helps."),
     ]
+
+    def ask_account(st):
+        return QueryRound(
+            query=_pick(
+                rng,
+                ["Which account number did I give you?", "What are the last digits of my account again?"],
+            ),
+            answer=f"Your account number ends in {account}.",
+            answer_keys=[account],
+            analysis="for their account number",
+            reasoning=f"The user said the account ends in {account}.",
+            derived_yes_no=False,
+        )
+
+    def ask_plan(st):
+        return QueryRound(
+            query=_pick(rng, ["How much do I pay per month now?", "What's my monthly fee at the moment?"]),
+            answer=f"You're on {st['plan']} at ${st['fee']} per month.",
+            answer_keys=[f"${st['fee']}"],
+            analysis="for their current monthly fee",
+            reasoning=f"The latest plan is {st['plan']} at ${st['fee']} per month; it replaces the "
+            "earlier plan.",
+            derived_yes_no=False,
+        )
+
+    def ask_bill_day_and_card(st):
+        return QueryRound(
+            query=_pick(
+                rng,
+                [
+                    "When am I billed and which card pays it?",
+                    "Remind me of my billing day and the autopay card?",
+                ],
+            ),
+            answer=f"You're billed on day {bill_day}, paid by the card ending in {card}.",
+            answer_keys=[f"day {bill_day}", card],
+            analysis="for the billing day and the autopay card",
+            reasoning=f"Billing is on day {bill_day}; autopay uses the card ending {card}.",
+            derived_yes_no=False,
+        )
+
+    def ask_account_and_bill_day(st):
+        return QueryRound(
+            query=_pick(
+                rng,
+                [
+                    "Confirm my account and billing day, please.",
+                    "What's my account number and my billing day?",
+                ],
+            ),
+            answer=f"Account ending {account}, billed on day {bill_day}.",
+            answer_keys=[account, f"day {bill_day}"],
+            analysis="for the account number and the billing day",
+            reasoning=f"The account ends in {account}; billing is on day {bill_day}.",
+            derived_yes_no=False,
+        )
+
     queries = [
         QuerySpec(
             "single",
             ["account"],
             "your account number",
-            lambda st: (
-                _pick(
-                    rng,
-                    ["Which account number did I give you?", "What are the last digits of my account again?"],
-                ),
-                f"Your account number ends in {account}.",
-                [account],
-                "for their account number",
-                f"The user said the account ends in {account}.",
-                False,
-            ),
+            ask_account,
             [("I have so many accounts I can't keep them straight.", "It's easy to mix them up.")],
         ),
         QuerySpec(
             "update",
             ["plan"],
             "your monthly fee",
-            lambda st: (
-                _pick(rng, ["How much do I pay per month now?", "What's my monthly fee at the moment?"]),
-                f"You're on {st['plan']} at ${st['fee']} per month.",
-                [f"${st['fee']}"],
-                "for their current monthly fee",
-                f"The latest plan is {st['plan']} at ${st['fee']} per month; it replaces the earlier plan.",
-                False,
-            ),
+            ask_plan,
             about_bill,
         ),
         QuerySpec(
             "pair",
             ["bill_day", "card"],
             "your billing day and autopay card",
-            lambda st: (
-                _pick(
-                    rng,
-                    [
-                        "When am I billed and which card pays it?",
-                        "Remind me of my billing day and the autopay card?",
-                    ],
-                ),
-                f"You're billed on day {bill_day}, paid by the card ending in {card}.",
-                [f"day {bill_day}", card],
-                "for the billing day and the autopay card",
-                f"Billing is on day {bill_day}; autopay uses the card ending {card}.",
-                False,
-            ),
+            ask_bill_day_and_card,
             about_bill,
         ),
         QuerySpec(
@@ -1407,20 +1498,7 @@ def _telecom(rng):
             "pair",
             ["account", "bill_day"],
             "your account number and billing day",
-            lambda st: (
-                _pick(
-                    rng,
-                    [
-                        "Confirm my account and billing day, please.",
-                        "What's my account number and my billing day?",
-                    ],
-                ),
-                f"Account ending {account}, billed on day {bill_day}.",
-                [account, f"day {bill_day}"],
-                "for the account number and the billing day",
-                f"The account ends in {account}; billing is on day {bill_day}.",
-                False,
-            ),
+            ask_account_and_bill_day,
             about_bill,
         ),
     ]
@@ -1620,18 +1698,22 @@ def generate_dialogue(index: int, seed: int) -> dict:
                 "derived_yes_no": False,
                 "query_type": "none",
                 "analysis": "a general question about our services",
-                "reasoning": "This is general service information; nothing from earlier in the conversation is needed.",
+                "reasoning": "This is general service information; nothing from earlier in the "
+                "conversation is needed.",
             }
         else:
-            user, answer, keys, analysis, reasoning, derived = item.make(state)
-            recall = sorted({latest[k] for k in item.needs}, key=lambda l: (int(l[1:]), l[0] == "A"))
+            query_round = item.make(state)
+            user, answer = query_round.query, query_round.answer
+            recall = sorted(
+                {latest[k] for k in item.needs}, key=lambda label: (int(label[1:]), label[0] == "A")
+            )
             gold = {
                 "recall": recall,
-                "answer_keys": keys,
-                "derived_yes_no": derived,
+                "answer_keys": query_round.answer_keys,
+                "derived_yes_no": query_round.derived_yes_no,
                 "query_type": item.kind,
-                "analysis": analysis,
-                "reasoning": reasoning,
+                "analysis": query_round.analysis,
+                "reasoning": query_round.reasoning,
             }
         rounds.append(
             {"user": _opener(rng, user, USER_OPENERS, 0.5), "assistant": answer, "kind": kind, "gold": gold}

@@ -108,10 +108,12 @@ def gold_is_complete(gold) -> bool:
 # --------------------------------------------------------------------------------------------
 # Reading the teacher's reply: tolerant of markdown, extra prose and quotes; strict on content
 # --------------------------------------------------------------------------------------------
-# A section starts a line: "ANSWER:", "**Answer:**", "- Final answer:", or a heading alone on its line
-# ("### Reasoning"); a colon is required otherwise, so a reasoning line "Recall that ..." stays reasoning.
+# A section starts a line: "ANSWER:", "**Answer:**", "- Final answer:", or a heading alone on its
+# line ("### Reasoning"); a colon is required otherwise, so a reasoning line "Recall that ..." stays
+# reasoning.
 SECTION = re.compile(
-    r"^[ \t>*_`-]*(?:#+[ \t]*)?(recall|analysis|reasoning|final answer|answer)\b[ \t*_`]*(?:[:：]|$)[ \t*_`]*",
+    r"^[ \t>*_`-]*(?:#+[ \t]*)?(recall|analysis|reasoning|final answer|answer)\b"
+    r"[ \t*_`]*(?:[:：]|$)[ \t*_`]*",
     re.IGNORECASE | re.MULTILINE,
 )
 RECALL_LINE = re.compile(r"(?:turn\s*)?\[?\b([QA])\s*(\d+)\b\]?\s*[:\-–—]\s*(.*)", re.IGNORECASE)
@@ -188,11 +190,12 @@ def parse_reply(text, history, fixed=None, min_overlap=0.6) -> tuple[dict | None
 # Verification without answer keys (§3.2): A*'s numbers and content words found in H*
 # --------------------------------------------------------------------------------------------
 STOPWORDS = set(
-    """a an the and or but if then so of to in on at by for with from into onto over under about as is
-are was were be been being am do does did done have has had having it its it's this that these those there here
-i you he she we they me him her us them my your his our their mine yours what which who whom whose when where why
-how not no yes yeah ok okay please thanks thank can could would should will shall may might must just also very
-really too only than up down out off again all any both each few more most other some such own same s t""".split()
+    """a an the and or but if then so of to in on at by for with from into onto over under about as is are
+was were be been being am do does did done have has had having it its it's this that these those
+there here i you he she we they me him her us them my your his our their mine yours what which who
+whom whose when where why how not no yes yeah ok okay please thanks thank can could would should
+will shall may might must just also very really too only than up down out off again all any both
+each few more most other some such own same s t""".split()
 )
 ANSWER_TOKEN = re.compile(r"\$?\d+(?:[.,:]\d+)*%?|[A-Za-z][A-Za-z'’-]*")
 
@@ -533,8 +536,9 @@ def make_teacher(spec, **options):
 # The client for OpenAI-compatible chat APIs (the §3.2 teacher; SRT-P on closed models, §4.8)
 # --------------------------------------------------------------------------------------------
 class ChatClient:
-    """POST {api_base}/chat/completions. The key is read from an environment variable and never
-    printed; errors name the endpoint but not the key."""
+    """POST {api_base}/chat/completions of an OpenAI-compatible chat API: evaluate.py's api: models
+    (SRT-P on closed models) and CueMem's LLM extractor. The key is read from an environment
+    variable and never printed; errors name the endpoint but not the key."""
 
     def __init__(
         self,

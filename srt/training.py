@@ -29,7 +29,7 @@ class TimeBudget:
     missing. `reserve_s` is what must still fit after the last step (saving, a final evaluation)."""
 
     def __init__(self, minutes: float | None, reserve_s: float = 60.0):
-        self.started = time.time()
+        self.started = time.perf_counter()
         self.limit_s = None if minutes is None else 60.0 * minutes
         self.reserve_s = reserve_s
         self.slowest_step_s = 0.0
@@ -41,8 +41,8 @@ class TimeBudget:
         """True when another step (the slowest so far, with a margin) and the reserve no longer fit."""
         if self.limit_s is None:
             return False
-        left = self.limit_s - (time.time() - self.started)
+        left = self.limit_s - (time.perf_counter() - self.started)
         return left < 1.5 * self.slowest_step_s + self.reserve_s
 
     def elapsed_s(self) -> float:
-        return time.time() - self.started
+        return time.perf_counter() - self.started

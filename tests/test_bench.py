@@ -362,7 +362,10 @@ def test_a_workers_peak_memory_is_its_own_not_its_parents():
     import subprocess
 
     parent_gib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # torch and a model loaded
-    code = f"import sys; sys.path.insert(0, {str(REPO / 'bench')!r}); import measure; print(measure.peak_rss_gib())"
+    code = (
+        f"import sys; sys.path.insert(0, {str(REPO / 'bench')!r}); import measure; "
+        "print(measure.peak_rss_gib())"
+    )
     child_gib = float(
         subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     )
@@ -613,20 +616,23 @@ def test_exploration_at_k_counts_the_first_k_samples_of_recall_needing_groups_on
     with no hit. A version that looked at all K samples for every k, counted the middle group, or
     took Jaccard > 0 for a hit would give other shares."""
     exploration_at_k = load("temperature_sweep").exploration_at_k
-    s = lambda recall, jaccard: {"recall": recall, "jaccard": jaccard}
+
+    def score(recall, jaccard):
+        return {"recall": recall, "jaccard": jaccard}
+
     scores = [
-        s(-1.25, 0.0),
-        s(-0.4, 0.5),
-        s(-0.4, 0.5),
-        s(1.25, 1.0),  # needs recall: informative at k=2, hit at k=4
-        s(1.0, 1.0),
-        s(0.0, 1.0),
-        s(1.0, 1.0),
-        s(1.0, 1.0),  # H* empty: not counted
-        s(-1.25, 0.0),
-        s(-1.25, 0.0),
-        s(-1.25, 0.0),
-        s(-1.25, 0.0),
+        score(-1.25, 0.0),
+        score(-0.4, 0.5),
+        score(-0.4, 0.5),
+        score(1.25, 1.0),  # needs recall: informative at k=2, hit at k=4
+        score(1.0, 1.0),
+        score(0.0, 1.0),
+        score(1.0, 1.0),
+        score(1.0, 1.0),  # H* empty: not counted
+        score(-1.25, 0.0),
+        score(-1.25, 0.0),
+        score(-1.25, 0.0),
+        score(-1.25, 0.0),
     ]  # constant, no hit
     got = exploration_at_k(scores, [True, False, True], 4)
     assert list(got) == [1, 2, 4]
@@ -645,8 +651,11 @@ def test_placebo_permutes_rewards_inside_each_group_and_never_across():
 
     placebo = load("grpo_placebo")
     K, groups = 4, 10
-    fake = lambda completions, examples: [{"total": float(i), "text": c} for i, c in enumerate(completions)]
-    shuffled = placebo.shuffled_within_groups(fake, K, random.Random(0))
+
+    def reward_by_position(completions, examples):
+        return [{"total": float(i), "text": c} for i, c in enumerate(completions)]
+
+    shuffled = placebo.shuffled_within_groups(reward_by_position, K, random.Random(0))
     texts = [f"c{i}" for i in range(K * groups)]
     out = shuffled(texts, [None] * len(texts))
     for g in range(0, len(texts), K):
@@ -728,12 +737,15 @@ def test_placebo_help_names_the_placebo_not_stage2(capsys):
 
 
 def _comparison(jaccard, f1, against="sft"):
-    ci = lambda d: {"diff": d[0], "low": d[1], "high": d[2], "n": 100, "resamples": 2000}
-    return {"n": 120, "against": against, "jaccard": ci(jaccard), "f1": ci(f1)}
+
+    def interval(d):
+        return {"diff": d[0], "low": d[1], "high": d[2], "n": 100, "resamples": 2000}
+
+    return {"n": 120, "against": against, "jaccard": interval(jaccard), "f1": interval(f1)}
 
 
 def test_grpo_seeds_passes_only_a_jaccard_gain_above_zero_with_f1_within_two_points(tmp_path):
-    """The issue's test at its boundaries: an interval touching 0 is not a gain, and an F1 drop of
+    """The decision rule at its boundaries: an interval touching 0 is not a gain, and an F1 drop of
     2.1 points is more than 2."""
     variants = {name: {"jaccard": 0.1, "f1": 0.5, "silent": 0.4} for name in ("sft", "a", "b", "c", "d")}
     summary = {

@@ -555,7 +555,10 @@ def test_load_corpus_errors_and_imports(tmp_path):
         "chitchat",
         "jsonl",
     }
-    code = "import sys; import srt.corpora, srt.teacher; print(sorted(m for m in sys.modules if m.startswith('stage')))"
+    code = (
+        "import sys; import srt.corpora, srt.teacher; "
+        "print(sorted(m for m in sys.modules if m.startswith('stage')))"
+    )
     out = subprocess.run(
         [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
     ).stdout

@@ -241,7 +241,7 @@ def test_retrieval_finds_planted_evidence():
         evidence = cuemem.cuemem_evidence(record)
         assert set(record["recall"]) <= set(evidence), (record["query"], evidence)
         assert len(evidence) <= cuemem.MAX_EVIDENCE
-        positions = [int(l[1:]) * 2 + (l[0] == "A") for l in evidence]
+        positions = [int(label[1:]) * 2 + (label[0] == "A") for label in evidence]
         assert positions == sorted(positions)  # chronological order
 
 
@@ -267,7 +267,7 @@ def test_no_graph_returns_anchors_only():
     anchors = memory.query(
         "order number 48213", top_k=3, use_graph=False, max_evidence=None, min_relative_score=0
     )
-    assert [l for l, _ in anchors] == ["Q1", "A1", "A3"]
+    assert [label for label, _ in anchors] == ["Q1", "A1", "A3"]
     assert [round(s, 4) for _, s in anchors] == [round(3 / math.sqrt(12), 4)] * 2 + [
         round(3 / math.sqrt(15), 4)
     ]
@@ -284,7 +284,7 @@ def test_no_graph_returns_anchors_only():
     capped = memory.query(
         "order number 48213", top_k=3, max_evidence=2, min_relative_score=0, temporal_decay=0.5
     )
-    assert [l for l, _ in capped] == ["Q1", "A1"]
+    assert [label for label, _ in capped] == ["Q1", "A1"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -482,7 +482,7 @@ def test_cli_retrieval_only_and_resume(tmp_path):
         is None
     )
     summary = json.loads((out / "summary.json").read_text())
-    rows = [json.loads(l) for l in (out / "predictions.jsonl").read_text().splitlines()]
+    rows = [json.loads(line) for line in (out / "predictions.jsonl").read_text().splitlines()]
     assert [r["id"] for r in rows] == ["hand-4", "hand-5"]
     assert all("Q1" in r["evidence"] and r["recall"] == 1.0 for r in rows)
     assert summary["n"] == 2 and summary["recall"] == 1.0
@@ -494,7 +494,7 @@ def test_cli_retrieval_only_and_resume(tmp_path):
         ["--data", str(data), "--out", str(out), "--retrieval-only", "--model", "tiny-random", "--resume"]
     )
     summary = json.loads((out / "summary.json").read_text())
-    rows = [json.loads(l) for l in (out / "predictions.jsonl").read_text().splitlines()]
+    rows = [json.loads(line) for line in (out / "predictions.jsonl").read_text().splitlines()]
     assert [r["id"] for r in rows] == ["hand-4", "hand-5", "hand-6"] and summary["n"] == 3
 
 

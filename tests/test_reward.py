@@ -62,7 +62,10 @@ ANSWER = "Yes, the 20% discount applies."
 
 
 def make_record(turns=TURNS, recall=("Q1", "A5", "A6"), answer=ANSWER, rid="paper-apex-t07", keys=None):
-    history = [{"label": l, "speaker": "user" if l[0] == "Q" else "assistant", "text": t} for l, t in turns]
+    history = [
+        {"label": label, "speaker": "user" if label[0] == "Q" else "assistant", "text": text}
+        for label, text in turns
+    ]
     record = {
         "id": rid,
         "source": "jsonl",
@@ -198,7 +201,8 @@ def test_final_answer_parsing_rules():
         "\n  <think>x <HIS>Q1: a</HIS></think>Final answer: y\n\n",
         "<think><HIS>Turn A5: 'The Chakra Balancing service is $180.'</HIS></think>\nFinal answer: y",
         "<think>so my final answer: yes</think>\nFinal answer: yes",  # prose inside the think block
-        "<think>a</think>\nFinal answer: Yes.\nThe Q8 form is not needed: A5 says $180.",  # no label at a line start
+        # no label at a line start
+        "<think>a</think>\nFinal answer: Yes.\nThe Q8 form is not needed: A5 says $180.",
     ],
 )
 def test_valid_formats(text):
@@ -348,8 +352,8 @@ def test_hallucinated_tag_is_reported_unmatched_with_its_nearest_utterance():
 
 
 def test_teacher_form_earns_full_recall_credit():
-    one_per_tag = completion([f"Turn {l}: '{TEXT[l]}'" for l in ("Q1", "A5", "A6")])
-    fig1 = completion([", ".join(f"Turn {l}: '{TEXT[l]}'" for l in ("Q1", "A5", "A6"))])
+    one_per_tag = completion([f"Turn {label}: '{TEXT[label]}'" for label in ("Q1", "A5", "A6")])
+    fig1 = completion([", ".join(f"Turn {label}: '{TEXT[label]}'" for label in ("Q1", "A5", "A6"))])
     for text in (one_per_tag, fig1):
         r = compute_reward(text, RECORD)
         assert r["format"] == 1.0 and r["recalled"] == ["Q1", "A5", "A6"] and r["unmatched"] == []
@@ -394,7 +398,7 @@ def test_a_label_inside_an_utterance_does_not_cut_it():
 
 
 def test_unlabelled_paste_of_several_utterances_matches_nothing():
-    paste = " ".join(TEXT[l] for l in ("Q1", "A5", "A6"))  # 11 + 6 + 9 = 26 tokens
+    paste = " ".join(TEXT[label] for label in ("Q1", "A5", "A6"))  # 11 + 6 + 9 = 26 tokens
     [m] = match_tags([paste], RECORD["history"])
     assert m.label is None and m.nearest == "Q1" and m.overlap == pytest.approx(11 / 26)
     r = compute_reward(completion([paste]), RECORD)
@@ -599,6 +603,25 @@ def test_gallery_cli_prints_a_markdown_table(capsys, gallery):
     assert "| honest | 1 | +1.250 | +1.000 | +3.250 (+0.00) |" in lines[2]
 
 
+def test_committed_gallery_page_is_the_commands_output(capsys):
+    """docs/reward-gallery.md is `python reward.py --gallery --markdown`'s output: rerun that command
+    when this fails (a change to the reward or to the gallery moved a score)."""
+    assert reward.main(["--gallery", "--markdown"]) is None
+    page = capsys.readouterr().out
+    assert page.startswith("# ") and reward.GALLERY_COMMAND in page
+    committed = os.path.join(
+        os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "reward-gallery.md"
+    )
+    with open(committed, encoding="utf-8") as f:
+        assert f.read() == page, f"{committed} is stale: rerun `{reward.GALLERY_COMMAND}`"
+
+
+def test_gallery_markdown_needs_gallery(capsys):
+    with pytest.raises(SystemExit) as e:
+        reward.main(["--markdown", "--data", "records.jsonl"])
+    assert e.value.code == 2 and "--markdown goes with --gallery" in capsys.readouterr().err
+
+
 def test_gallery_record_is_a_valid_stage0_record():
     from srt.data_io import validate_record
 
@@ -620,11 +643,11 @@ def test_a_20000_character_tag():
 
 
 def test_many_labels_in_one_tag_stay_fast():
-    tag = " ".join(f"Q{i}: word{i}" for i in range(1, 200)) + " " + " ".join(f"{l}: {t}" for l, t in TURNS)
+    tag = " ".join(f"Q{i}: word{i}" for i in range(1, 200)) + " " + " ".join(f"{lb}: {t}" for lb, t in TURNS)
     start = time.perf_counter()
     r = compute_reward(completion([tag]), RECORD)
     assert time.perf_counter() - start < 5
-    assert r["recalled"] == [l for l, _ in TURNS] and len(r["unmatched"]) == 199
+    assert r["recalled"] == [label for label, _ in TURNS] and len(r["unmatched"]) == 199
 
 
 def test_non_ascii_text():
@@ -740,7 +763,7 @@ def test_tag_soup_scores_in_range(text, choice):
     if r["format"] == 1.0:  # a valid format always parses into a think block and an answer
         parsed = parse_completion(text)
         assert parsed.think is not None and parsed.final_answer == r["final_answer"] is not None
-    assert set(r["recalled"]) <= {l for l, _ in TURNS}
+    assert set(r["recalled"]) <= {label for label, _ in TURNS}
 
 
 @settings(max_examples=100, deadline=None)

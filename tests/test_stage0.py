@@ -85,7 +85,7 @@ def test_long_range_confusers_and_updates_occur():
             gold = r.get("gold")
             if not gold:
                 continue
-            far += any(t - int(l[1:]) >= 20 for l in gold["recall"])
+            far += any(t - int(label[1:]) >= 20 for label in gold["recall"])
             empty += not gold["recall"]
             multi += len(gold["recall"]) >= 2
             if gold["query_type"] == "update" and "update" in kinds[: t - 1]:

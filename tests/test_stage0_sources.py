@@ -57,9 +57,12 @@ def reads_its_prompt(body):
         recall, answer = user.split(T.FIXED_RECALL_NOTE)[1].split("\n\n")[0], reference
     else:
         words = set(query.lower().split())
-        label = max(history, key=lambda l: (len(words & set(history[l].lower().split())), int(l[1:]), l))
+        label = max(history, key=lambda lb: (len(words & set(history[lb].lower().split())), int(lb[1:]), lb))
         recall, answer = f"Turn {label}: '{history[label]}'", " ".join(history[label].split()[:6])
-    return f"RECALL:\n{recall}\nANALYSIS: what the user asks\nREASONING: The recalled turns say so.\nANSWER: {answer}"
+    return (
+        f"RECALL:\n{recall}\nANALYSIS: what the user asks\nREASONING: The recalled turns say so.\n"
+        f"ANSWER: {answer}"
+    )
 
 
 SOURCES = {  # source -> (fixture writer, flags its fixture needs)
@@ -97,6 +100,21 @@ def build(out, source, path, *flags):
     return records, json.loads((out / "stats.json").read_text())
 
 
+OUTPUTS = (*(f"{split}.jsonl" for split in SPLITS), "stats.json", "config.json")
+
+
+def failed_build(out, source, path, *flags) -> dict:
+    """A build that keeps no record: a one-line error naming its input and the drops, and no output
+    written. Returns the drop counts the message names."""
+    with pytest.raises(SystemExit) as e:
+        build(out, source, path, *flags)
+    message = str(e.value)
+    assert message.startswith(f"error: no records survived the build of {path} ") and "\n" not in message
+    assert not any((out / name).exists() for name in OUTPUTS)
+    dropped = re.search(r"dropped: (.*)\); nothing written to ", message)[1]
+    return {key: int(n) for key, n in (item.rsplit(" ", 1) for item in dropped.split(", "))}
+
+
 def accounted(stats):
     """Every query round a loader marked is a record or a counted drop."""
     dropped = sum(v for k, v in stats["dropped"].items() if k.startswith(("teacher:", "verification:")))
@@ -108,13 +126,13 @@ def accounted(stats):
 def test_each_source_end_to_end(tmp_path, monkeypatch, source):
     writer, flags = SOURCES[source]
     path = writer(tmp_path)
-    if source in ("locomo", "jsonl"):  # the sources with gold
+    if source == "locomo":  # gold for every query
         records, stats = build(tmp_path / "oracle", source, path, *flags)
-        assert accounted(stats) and stats["source"] == source
-        report = stats["source_report"]
-        without_gold = report["queries"] - report.get("rounds_with_gold", report["queries"])
-        assert stats["dropped"].get("teacher:no_gold_for_oracle", 0) == without_gold == (source == "jsonl")
-        assert bool(records) == (source == "locomo")  # the JSONL gold's "$153" is derived, not in H*: dropped
+        assert records and accounted(stats) and stats["source"] == source
+        assert "teacher:no_gold_for_oracle" not in stats["dropped"]
+    elif source == "jsonl":  # one round without gold; the other gold's "$153" is derived, not in H*
+        dropped = failed_build(tmp_path / "oracle", source, path, *flags)
+        assert dropped["teacher:no_gold_for_oracle"] == 1 and dropped["verification:ungrounded_answer"] == 1
     else:
         with pytest.raises(SystemExit, match="carries no gold answers"):
             build(tmp_path / "oracle", source, path, *flags)
@@ -206,7 +224,7 @@ def test_api_teacher_on_real_chitchat_runs_concurrently_across_dialogues(tmp_pat
 
 def test_api_failures_are_counted_drops(tmp_path, monkeypatch):
     with ChatServer(["malformed", 400]) as server:
-        records, stats = build(
+        dropped = failed_build(
             tmp_path / "x",
             "coqa",
             coqa_fixture(tmp_path),
@@ -217,8 +235,8 @@ def test_api_failures_are_counted_drops(tmp_path, monkeypatch):
             "--max-concurrency",
             "1",
         )
-    assert records == [] and len(server.requests) == 2 and accounted(stats)
-    assert stats["dropped"]["teacher:malformed_response"] == 1 and stats["dropped"]["teacher:http_400"] == 1
+    assert len(server.requests) == 2  # the fixture's two queries, each a counted drop
+    assert dropped == {"teacher:malformed_response": 1, "teacher:http_400": 1}
 
 
 def test_ungrounded_teacher_answer_is_dropped_unless_derived(tmp_path, monkeypatch):
@@ -230,7 +248,7 @@ def test_ungrounded_teacher_answer_is_dropped_unless_derived(tmp_path, monkeypat
             q1=re.search(r"^Q1: (.+)$", body["messages"][1]["content"], re.M)[1]
         )
     ) as server:
-        records, stats = build(
+        dropped = failed_build(
             tmp_path / "m",
             "multiwoz",
             multiwoz_fixture(tmp_path)[0],
@@ -239,7 +257,7 @@ def test_ungrounded_teacher_answer_is_dropped_unless_derived(tmp_path, monkeypat
             "--api-base",
             server.base,
         )
-        assert records == [] and stats["dropped"]["verification:ungrounded_answer_words"] == 1
+        assert dropped["verification:ungrounded_answer_words"] == 1
         records, stats = build(
             tmp_path / "l",
             "locomo",
@@ -256,7 +274,7 @@ def test_ungrounded_teacher_answer_is_dropped_unless_derived(tmp_path, monkeypat
 
 
 def test_hf_tiny_random_counts_and_drops_unreadable(tmp_path, one_thread):
-    records, stats = build(
+    dropped = failed_build(
         tmp_path / "hf",
         "coqa",
         coqa_fixture(tmp_path),
@@ -265,9 +283,36 @@ def test_hf_tiny_random_counts_and_drops_unreadable(tmp_path, one_thread):
         "--teacher-max-new-tokens",
         "8",
     )
-    rejected = {k: v for k, v in stats["dropped"].items() if k.startswith("teacher:")}
-    assert records == [] and sum(rejected.values()) == 2 == stats["teacher"]["requests"]
-    assert accounted(stats)
+    rejected = {k: v for k, v in dropped.items() if k.startswith("teacher:")}
+    assert sum(rejected.values()) == 2  # the fixture's two queries, each unreadable
+
+
+@pytest.mark.parametrize("source, content", [("jsonl", ""), ("locomo", "[]")])
+def test_an_empty_source_is_a_one_line_error_that_writes_nothing(tmp_path, source, content):
+    path = tmp_path / ("empty.jsonl" if source == "jsonl" else "empty.json")
+    path.write_text(content, encoding="utf-8")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "train.jsonl").write_text("precious\n")
+    with pytest.raises(SystemExit) as e:
+        build(out, source, path)
+    assert str(e.value) == f"error: {path} holds no dialogues; nothing written to {out}"
+    assert (out / "train.jsonl").read_text() == "precious\n"  # nothing already written is lost
+    assert sorted(p.name for p in out.iterdir()) == ["train.jsonl"]
+    with pytest.raises(SystemExit, match=r"the synthetic corpus \(--num-dialogues 0\) holds no dialogues"):
+        s0.main(["--num-dialogues", "0", "--out", str(out), "--quiet"])
+    assert sorted(p.name for p in out.iterdir()) == ["train.jsonl"]
+
+
+def test_a_build_that_keeps_no_record_leaves_the_previous_build(tmp_path):
+    out = tmp_path / "out"
+    build(out, "locomo", locomo_fixture(tmp_path))
+    before = {name: (out / name).read_bytes() for name in OUTPUTS}
+    dropped = failed_build(tmp_path / "fresh", "jsonl", jsonl_fixture(tmp_path), "--on-error", "skip")
+    assert dropped["malformed"] == 1
+    with pytest.raises(SystemExit, match="no records survived"):
+        build(out, "jsonl", jsonl_fixture(tmp_path), "--on-error", "skip")
+    assert {name: (out / name).read_bytes() for name in OUTPUTS} == before
 
 
 def test_flags(tmp_path):

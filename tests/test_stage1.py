@@ -334,7 +334,8 @@ from safetensors.torch import save_file
 import stage1_sft
 model = stage1_sft.train(stage1_sft.parse_args(sys.argv[2:]))
 rank = dist.get_rank() if dist.is_initialized() else 0
-save_file({k: v.detach().contiguous() for k, v in model.state_dict().items()}, f"{sys.argv[1]}/rank{rank}.safetensors")
+weights = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
+save_file(weights, f"{sys.argv[1]}/rank{rank}.safetensors")
 """
 
 
@@ -424,3 +425,39 @@ def test_cpu_long_preset_doubles_the_demo_steps_and_keeps_its_phase_split():
         1536,
     )
     assert stage1_sft.parse_args(["--preset", "cpu-long", "--max-steps", "7"]).max_steps == 7
+
+
+def test_micro_batches_give_the_whole_batchs_loss_and_gradient(tmp_path):
+    """The demo trains its global batch of 4 as 2 micro-batches of 2 (less memory, same update):
+    Eq. (3) is normalised by the target tokens of the whole global batch, so the accumulated
+    gradient equals the one of 4 rows at once. Compared at lr 0 (the weights never move) on the
+    logged loss and gradient norm of every step: fp32 sums of a few thousand terms in another
+    order agree to about 1e-6 relative; rel 1e-4 leaves room for any CPU's kernels. A wrong
+    normalisation (each micro-batch by its own tokens: a sum of two means, or their mean with
+    unequal token counts, as here, rounds 3 to 6) is off by a factor of order 2."""
+    data = write_records(tmp_path, [make_record(i, rounds=3 + i) for i in range(4)])
+    common = ("--phase", "2", "--max-steps", "2", "--lr", "0", "--warmup-steps", "0")
+    stage1_sft.train(run_args(data, tmp_path / "whole", *common, "--batch-size", "4", "--grad-accum", "1"))
+    stage1_sft.train(run_args(data, tmp_path / "micro", *common, "--batch-size", "2", "--grad-accum", "2"))
+    whole, micro = read_metrics(tmp_path / "whole"), read_metrics(tmp_path / "micro")
+    assert len(whole) == len(micro) == 2
+    for a, b in zip(whole, micro):
+        assert b["loss"] == pytest.approx(a["loss"], rel=1e-4)
+        assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-4) and a["grad_norm"] > 0
+    demo = stage1_sft.parse_args(["--preset", "cpu-demo"])
+    assert (demo.batch_size, demo.grad_accum) == (2, 2)  # the global batch of 4, in two parts
+
+
+def test_numeric_flags_are_range_checked_with_one_line_naming_the_flag(capsys):
+    """--lr -1 used to end in a torch traceback."""
+    numeric = [a.option_strings for a in stage1_sft.build_parser()._actions if a.type in (int, float)]
+    assert not numeric
+    for flag, value in (
+        ("--lr", "-1"),
+        ("--batch-size", "0"),
+        ("--phase1-fraction", "1.5"),
+        ("--max-length", "0"),
+    ):
+        with pytest.raises(SystemExit):
+            stage1_sft.parse_args([flag, value])
+        assert f"argument {flag}: must be" in capsys.readouterr().err.splitlines()[-1]

@@ -535,9 +535,12 @@ def test_segment_credit_pays_the_recall_tokens_for_the_recall_and_the_answer_tok
     so Eq. (8) gives the whole group advantage 0 (--credit sequence); --credit segment gives sample 0's
     think tokens +sqrt(3) and its answer tokens -sqrt(3), the others -1/sqrt(3) and +1/sqrt(3)."""
     policy, tokenizer = load_model_and_tokenizer("tiny-random", dtype="float32")
-    reward = lambda completions, examples: [
-        {"total": 0.0, "format": 1.0, "recall": r, "answer": -r - 1.0} for r in (1.0, -1.0, -1.0, -1.0)
-    ]
+
+    def reward(completions, examples):
+        return [
+            {"total": 0.0, "format": 1.0, "recall": r, "answer": -r - 1.0} for r in (1.0, -1.0, -1.0, -1.0)
+        ]
+
     seen = []
     real_loss = g.grpo_loss
     monkeypatch.setattr(
@@ -580,7 +583,10 @@ def test_non_finite_loss_is_skipped_and_leaves_weights_unchanged(tiny):
     ref, _ = load_model_and_tokenizer("tiny-random", dtype="float32")
     before = {k: v.clone() for k, v in policy.state_dict().items()}
     optimizer = torch.optim.AdamW(policy.parameters(), lr=0.1)
-    nan_reward = lambda completions, examples: [{"total": float("nan")} for _ in completions]
+
+    def nan_reward(completions, examples):
+        return [{"total": float("nan")} for _ in completions]
+
     cfg = config("-K", "4", "--max-new-tokens", "4", "--sample-ratio", "2", "--mu", "2")
     torch.manual_seed(0)
     result = g.grpo_step(
@@ -957,3 +963,68 @@ def test_torchrun_two_ranks_stay_identical(tmp_path):
     assert any(not torch.equal(trained[k], initial[k]) for k in trained)
     metrics = read_jsonl(out / "metrics.jsonl", validate=False)
     assert len(metrics) == 1 and metrics[0]["skipped_updates"] == 0
+
+
+def varied_reward(completions, records):
+    """A reward that differs between completions (a hash of the text), so Eq. (8) has a spread."""
+    import hashlib
+
+    scores = []
+    for text in completions:
+        h = int(hashlib.sha256(text.encode()).hexdigest()[:8], 16) / 2**32
+        scores.append({"format": 0.0, "recall": 2.5 * h - 1.25, "answer": 1.0 - h, "total": 1.5 * h - 0.25})
+    return scores
+
+
+def test_explain_prints_advantages_that_follow_eq8_from_the_printed_rewards(tmp_path):
+    """--explain's Eq. (8) table, recomputed by hand from its Eq. (4) table: mean, population std,
+    (R - mean) / (std + 1e-8). Both are printed with 4 decimals, so each printed R is off by at most
+    5e-5 and each printed A~ by 5e-5; an A~ recomputed from rounded R moves by about 5e-5 * 2 / std,
+    under 2e-3 for the std >= 0.05 checked here. A wrong std (sample instead of population: a factor
+    sqrt(K / (K - 1)) = 1.15 for K = 4) or a missing mean would be off by far more."""
+    data = tmp_path / "train.jsonl"
+    write_jsonl(data, [make_record(i) for i in range(4)])
+    printed = []
+    cfg = g.parse_args(["--model", "tiny-random", "--data", str(data), "-K", "4", "--max-new-tokens", "12",
+                        "--sample-ratio", "2", "--lr", "1e-2", "--dtype", "float32"])  # fmt: skip
+    result = g.explain(cfg, reward_fn=varied_reward, print_fn=printed.append)
+    text = "\n".join(printed)
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("Eqs. (4)-(7)")) + 2
+    printed_rewards = [float(lines[start + k].split()[4]) for k in range(4)]
+    start = next(i for i, line in enumerate(lines) if line.startswith("Eq. (8)")) + 2
+    printed_advantages = [float(lines[start + k].split()[2]) for k in range(4)]
+    mean = sum(printed_rewards) / 4
+    std = (sum((r - mean) ** 2 for r in printed_rewards) / 4) ** 0.5
+    assert std >= 0.05, text
+    by_hand = [(r - mean) / (std + 1e-8) for r in printed_rewards]
+    assert printed_advantages == pytest.approx(by_hand, abs=2e-3), text
+    assert result["advantages"] == pytest.approx(printed_advantages, abs=1e-4)
+    # After a real update (lr 1e-2) the policy moved: some ratio differs from 1, KL to pi_ref > 0.
+    assert any(abs(row["ratio"] - 1) > 1e-6 for row in result["after"]) and any(
+        r["kl"] > 0 for r in result["after"]
+    )
+    assert "Eq. (9) on this group now" in text
+
+
+def test_every_numeric_flag_is_range_checked_with_one_line_naming_it(capsys):
+    """--lr -1 used to end in a torch traceback; now argparse refuses it and names the flag. A
+    preset's values pass the same check."""
+    from srt.config import Bounded
+
+    numeric = [a for a in g.build_parser()._actions if a.type in (int, float)]
+    assert not numeric, [a.option_strings for a in numeric]
+    bad_values = [("--lr", "-1"), ("--num-generations", "0"), ("--temperature", "0"), ("--top-p", "1.5"),
+                  ("--clip-eps", "nan"), ("--sample-ratio", "0")]  # fmt: skip
+    for flag, value in bad_values:
+        with pytest.raises(SystemExit):
+            g.parse_args([flag, value])
+        assert f"argument {flag}" in capsys.readouterr().err.splitlines()[-1]
+    assert isinstance(g.build_parser()._option_string_actions["--lr"].type, Bounded)
+    g.PRESETS["broken"] = {"lr": -1.0}
+    try:
+        with pytest.raises(SystemExit):
+            g.parse_args(["--preset", "broken"])
+        assert "argument --lr: must be >= 0.0, got -1.0" in capsys.readouterr().err
+    finally:
+        del g.PRESETS["broken"]

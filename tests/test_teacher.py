@@ -248,7 +248,8 @@ def test_api_fixed_recall_and_reference_answer(tmp_path, monkeypatch):
 # ---- reading replies -----------------------------------------------------------------------------
 def test_parse_tolerates_markdown_prose_and_quotes():
     reply = (
-        "Sure! Here is the annotation.\n\n**Recall:**\n- Turn **A2**: \u201cThe Chakra Balancing service is $180.\u201d\n"
+        "Sure! Here is the annotation.\n\n**Recall:**\n"
+        "- Turn **A2**: \u201cThe Chakra Balancing service is $180.\u201d\n"
         '- Turn Q1: "I\'m under Apex Tier"\n\n**Analysis:** the discounted price.\n\n### Reasoning\n'
         'Recall that Apex gives a discount.\nSo $153.\n\n**Final Answer:** "$153"\n\nHope this helps!'
     )
@@ -257,7 +258,10 @@ def test_parse_tolerates_markdown_prose_and_quotes():
     assert (
         parsed["reasoning"] == "Recall that Apex gives a discount.\nSo $153."
     )  # "Recall that" is not a section
-    think = "<think>RECALL: Turn Q9: 'x'</think>RECALL: none\nANALYSIS: a greeting\nREASONING: nothing earlier\nANSWER: Hi!"
+    think = (
+        "<think>RECALL: Turn Q9: 'x'</think>RECALL: none\nANALYSIS: a greeting\n"
+        "REASONING: nothing earlier\nANSWER: Hi!"
+    )
     assert T.parse_reply(think, HISTORY) == (
         {"recall": [], "analysis": "a greeting", "reasoning": "nothing earlier", "answer": "Hi!"},
         None,
