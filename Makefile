@@ -25,24 +25,28 @@ test: setup
 	$(VENV)/bin/ruff format --check .
 	$(PYTHON) -m pytest -q tests
 
-# Each stage resumes (--resume): a second `make demo` redoes only what is missing. The w/o-CoT SFT
-# is Table 2's control: the same data and steps, direct answers only. The slow or weak baselines
-# answer fewer queries (a stratified subset of the same 96, so they still pair with SRT), and
-# cuemem-cap16 is CueMem keeping at most 16 memory units (its forgetting under a capacity limit).
+# Each stage resumes (--resume): a second `make demo` redoes only what is missing. Table 2's controls
+# train on exactly SRT's batches: w/o CoT learns the answer alone, recall-only the <HIS> tags without
+# prose; "No history" is the w/o-CoT model asked with an empty history (the floor). The slow or weak
+# baselines answer fewer queries (a stratified subset of the same 96, so they still pair with SRT),
+# and cuemem-cap16 is CueMem keeping at most 16 memory units (its forgetting under a capacity limit).
 demo: setup
 	$(PYTHON) stage0_build.py --preset cpu-demo --out $(DATA) --resume
 	$(PYTHON) stage1_sft.py --preset cpu-demo --model smollm2-135m --data $(DATA)/train.jsonl --out $(RUN)/sft --resume
 	$(PYTHON) stage1_sft.py --preset cpu-demo --model smollm2-135m --data $(DATA)/train.jsonl --out $(RUN)/sft-nocot \
-	    --no-cot --resume
+	    --target answer --resume
+	$(PYTHON) stage1_sft.py --preset cpu-demo --model smollm2-135m --data $(DATA)/train.jsonl \
+	    --out $(RUN)/sft-recall-only --target recall-only --resume
 	$(PYTHON) stage2_grpo.py --preset cpu-demo --model $(RUN)/sft/final --data $(DATA)/train.jsonl --out $(RUN)/grpo --resume
 	$(PYTHON) evaluate.py --preset cpu-demo --data $(DATA)/test.jsonl --out $(RUN)/eval --resume \
 	    --compare full=full:smollm2-135m rag=rag:smollm2-135m cuemem=cuemem:smollm2-135m \
 	              cuemem-cap16=cuemem:smollm2-135m \
 	              base-srtp=srt-p:smollm2-135m nocot=srt:$(RUN)/sft-nocot/final sft=srt:$(RUN)/sft/final \
+	              recall-only=srt:$(RUN)/sft-recall-only/final nohist=srt:$(RUN)/sft-nocot/final \
 	              grpo=srt:$(RUN)/grpo/final \
 	    --variant-options 'rag={"limit": 48}' 'cuemem={"limit": 48}' 'base-srtp={"limit": 16}' \
-	        'cuemem-cap16={"limit": 48, "cuemem": {"capacity": 16}}' \
-	    --table2 "SRT=grpo,w/o RL=sft,w/o CoT=nocot,w/o SFT=base-srtp,Full history=full"
+	        'cuemem-cap16={"limit": 48, "cuemem": {"capacity": 16}}' 'nohist={"history": "none"}' \
+	    --table2 "SRT=grpo,w/o RL=sft,w/o CoT=nocot,Recall only=recall-only,No history=nohist,w/o SFT=base-srtp,Full history=full,RAG=rag,CueMem=cuemem"
 
 clean:
 	rm -rf runs

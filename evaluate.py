@@ -69,7 +69,9 @@ from srt.metrics import (
     final_answer,
     key_f1,
     keys_present,
+    normalize_answer,
     recall_metrics,
+    states_several_candidates,
 )
 from srt.modeling import embed, load_embedder, load_model_and_tokenizer, render_chat, resolve_dtype
 from srt.prompt import SRT_SYSTEM_PROMPT, build_messages, format_history, format_target
@@ -83,13 +85,18 @@ TABLE2_GUESS = {
     "SRT": ("grpo", "srt"),
     "w/o RL": ("sft",),
     "w/o CoT": ("nocot", "sft-nocot"),
+    "Recall only": ("recall-only", "sft-recall-only"),
+    "No history": ("nohist", "no-history"),
     "w/o SFT": ("base-srtp", "srt-p", "srtp"),
     "Full history": ("full",),
+    "RAG": ("rag",),
+    "CueMem": ("cuemem",),
 }
 # Bumped whenever a stored row's scores would change: old rows are then not reused by --resume.
-SCORE_VERSION = 3
+# 4: accuracy and the keys reward fail an answer that states values the reference does not.
+SCORE_VERSION = 4
 # Per-variant settings (--variant-options NAME=JSON) and what they override.
-VARIANT_KEYS = ("limit", "recency_k", "rag_k", "cuemem", "max_new_tokens")
+VARIANT_KEYS = ("limit", "recency_k", "rag_k", "cuemem", "max_new_tokens", "history")
 CUEMEM_MEMORY_KEYS = ("extractor", "window", "links_per_cue", "link_threshold", "capacity", "max_age")
 CUEMEM_QUERY_KEYS = ("top_k", "use_graph", "max_evidence", "temporal_decay", "min_relative_score")
 
@@ -228,7 +235,10 @@ def method_input(method: str, record: dict, options: dict, state=None) -> tuple[
     """-> (chat messages, recalled labels). The recalled set of rag, recency and cuemem is what
     they selected; srt and srt-p recall by writing <HIS> tags (parsed later); full recalls nothing
     (its recall metrics are null). `state` is offline_state's result (built here when None). The
-    messages go through the model's own chat template (modeling.render_chat)."""
+    messages go through the model's own chat template (modeling.render_chat). The "history": "none"
+    option (Table 2's "No history" floor) empties the history every method sees."""
+    if options.get("history") == "none":
+        record = {**record, "history": []}
     if method == "full":
         return build_messages(record, system=DIRECT_SYSTEM_PROMPT), None
     if method in ("recency", "rag"):
@@ -328,6 +338,9 @@ def score_prediction(
     keys = answer_keys(record)
     row = {
         "final_answer": answer,
+        "answer_tokens": len(normalize_answer(answer).split()),  # SQuAD's tokens, those F1 counts
+        "several_candidates": float(states_several_candidates(answer, record)),
+        "needs_recall": bool(record["recall"]),
         "f1": f1_score(answer, record["answer"]),
         "key_f1": key_f1(answer, record),
         "accuracy": accuracy(answer, record),
@@ -712,6 +725,8 @@ def parse_variant_options(specs, names) -> dict:
                 f"error: --variant-options {spec!r} is not NAME=JSON with NAME a variant and keys "
                 f"among {', '.join(VARIANT_KEYS)}"
             )
+        if value.get("history", "full") not in ("full", "none"):
+            sys.exit(f"error: --variant-options {spec!r}: history is 'full' or 'none'")
         out[name] = value
     return out
 
@@ -727,6 +742,7 @@ def variant_options(variant, args) -> dict:
         if variant["method"] in SELF_RECALL_METHODS
         else args.max_new_tokens_direct,
         "cuemem": {"extractor": args.cuemem_extractor, **args.cuemem_options},
+        "history": "full",
     }
     options.update({k: v for k, v in own.items() if k != "cuemem"})
     options["cuemem"].update(own.get("cuemem", {}))

@@ -26,12 +26,16 @@ split on their labels (`Q1:`, `Turn A5:`); a label with no text is a format erro
 Eq. (7) choices (`answer_reward`, `--answer-reward`), each in [-1, 1]:
   cosine  (default, the paper) cos of the all-MiniLM-L6-v2 embeddings of A_t and A*_t: pays for
           wording; it barely tells a right answer from a wrong one that shares its words.
-  keys    pays for the facts: 2 * share - 1, share = |keys present| / (|keys| + |extra numbers|);
+  keys    pays for the facts: 2 * share - 1, share = |keys present| / (|keys| + |extra values|);
           `answer_keys` matched on word boundaries with numbers normalised ("$180.00" = "$180" =
-          "180"; "$20" is not in "$207"); a yes/no key counts only without the opposite word (a
-          hedge states neither); an extra number is one that neither A*_t nor a key holds (listing
-          candidates is the answer's over-recall).
-  both    the facts gate, the wording ranks: keys while a key is missing (or a number is extra),
+          "180"; "$20" is not in "$207"); a yes/no key counts only for one polarity without a hedge
+          ("yes or no", "possibly yes, possibly not" state neither); an extra value is a money amount,
+          number, date or time, code or capitalised name that the answer states and neither A*_t nor
+          a key holds (srt.metrics.extra_values: listing candidates is the answer's over-recall, so
+          pasting the history pays for every value it adds; restating A*_t's threshold costs
+          nothing). share is 1 exactly when evaluate.py's accuracy counts the answer right: one
+          matcher, srt.metrics.answer_is_right.
+  both    the facts gate, the wording ranks: keys while a key is missing (or a value is extra),
           else the mean of keys (1) and cosine, (1 + cos) / 2 in [0, 1]; with two keys every
           incomplete answer (<= 0) scores below every complete one (>= 0).
 A record without answer_keys gets the cosine under every choice.
@@ -56,6 +60,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from collections import Counter
 from typing import NamedTuple
@@ -77,7 +82,7 @@ from srt.completion import (
 )
 from srt.config import parse_config, write_config
 from srt.data_io import DataError, read_jsonl, read_lines, write_json, write_jsonl
-from srt.metrics import jaccard, keys_present, numbers_in
+from srt.metrics import extra_values, jaccard, keys_present
 from srt.modeling import embed
 from srt.prompt import format_target
 
@@ -141,17 +146,11 @@ def recall_reward(recalled_set, gold_set) -> float:
 
 
 # ==== 4. Eq. (7): the answer reward (cosine, as the paper defines it) and the answer-key alternative ====
-def extra_numbers(answer: str | None, reference: str, keys: list[str]) -> list[str]:
-    """Numbers the answer states that neither the reference nor a key contains."""
-    if not answer:
-        return []
-    allowed = set().union(*(numbers_in(t) for t in [reference, *map(str, keys)]))
-    return sorted(numbers_in(answer) - allowed)
-
-
 def key_reward(answer: str | None, keys: list[str], reference: str) -> tuple[float, list[bool], list[str]]:
-    """2 * share - 1 in [-1, 1], share = |keys present| / (|keys| + |extra numbers|)."""
-    present, extras = keys_present(answer, keys), extra_numbers(answer, reference, keys)
+    """2 * share - 1 in [-1, 1], share = |keys present| / (|keys| + |extra values|): the matcher of
+    srt.metrics.answer_is_right (keys_present, extra_values), so the reward is 1 exactly when
+    accuracy counts the answer right. -> (reward, keys present, extra values)."""
+    present, extras = keys_present(answer, keys), extra_values(answer, reference, keys)
     share = sum(present) / (len(keys) + len(extras)) if keys else 0.0
     return 2.0 * share - 1.0, present, extras
 
@@ -181,14 +180,14 @@ def answer_rewards(
 ) -> list[dict]:
     """The answer component under `answer_reward` (see the module docstring), with its parts:
     answer, answer_cosine (None when not needed: `keys` on a record with keys), answer_keys (None
-    without keys), keys_present, extra_numbers."""
+    without keys), keys_present, extra_values."""
     if answer_reward not in ANSWER_REWARDS:
         raise ValueError(f"answer_reward must be one of {ANSWER_REWARDS}, got {answer_reward!r}")
     parts = []
     for answer, example in zip(answers, examples):
         keys = answer_keys(example)
         value, present, extras = key_reward(answer, keys, example["answer"]) if keys else (None, [], [])
-        parts.append({"answer_keys": value, "keys_present": present, "extra_numbers": extras})
+        parts.append({"answer_keys": value, "keys_present": present, "extra_values": extras})
     need = [i for i, p in enumerate(parts) if answer_reward != "keys" or p["answer_keys"] is None]
     cosines = dict(
         zip(need, answer_cosines([answers[i] for i in need], [examples[i]["answer"] for i in need]))
@@ -213,7 +212,7 @@ def compute_rewards(
     One dict per completion: format, recall, answer, total (Eq. (4)); jaccard (the IoU of Eq. (6)),
     recalled (labels of H^ in history order), unmatched (pieces that copy nothing), final_answer,
     matches ([text, label, nearest, overlap] per piece), format_problems; answer_cosine,
-    answer_keys, keys_present, extra_numbers (the parts of the answer component)."""
+    answer_keys, keys_present, extra_values (the parts of the answer component)."""
     if len(completions) != len(examples):
         raise ValueError(f"{len(completions)} completions but {len(examples)} examples")
     if answer_gate not in ANSWER_GATES:
@@ -304,11 +303,41 @@ GALLERY_RECORD = {  # the paper's Fig. 1 turn in the record format of docs/desig
 }
 
 
+_HISTORY_NUMBER = re.compile(r"(?<![\w.])[$€£]?\d[\d,]*(?:\.\d+)?%?(?!\w)")
+# a run of capitalised words after a sentence's first word ("Apex Tier", "Lena")
+_NAME_RUN = re.compile(r"(?<=\s)[A-Z][\w'-]*(?:\s+[A-Z][\w'-]*)*")
+
+
+def history_attacks(record: dict) -> dict[str, str]:
+    """Answers made of the record's history instead of an answer (issue 28's attacks on the answer
+    metric): the history pasted, pasted without its numbers, pasted in lowercase (its names then
+    read as no values), every number it states, every name it states (capitalised words that do
+    not open a sentence), and both polarities."""
+    texts = [u["text"] for u in record["history"]]
+    pasted = " ".join(texts)
+    names = [
+        run
+        for text in texts
+        for sentence in re.split(r"(?<=[.!?])\s+", text)
+        for run in _NAME_RUN.findall(sentence)
+        if run != "I" and not run.startswith("I'")
+    ]
+    return {
+        "pasted": pasted,
+        "no numbers": " ".join(_HISTORY_NUMBER.sub("", pasted).split()),
+        "lowercase": pasted.lower(),
+        "numbers": ", ".join(dict.fromkeys(_HISTORY_NUMBER.findall(pasted))),
+        "names": ", ".join(dict.fromkeys(names)),
+        "yes and no": "Yes. No.",
+    }
+
+
 def gallery_completions() -> list[tuple[str, str, str]]:
     """(name, kind, completion) rows on GALLERY_RECORD. kind: 'honest'; 'variant' (honest in another
     form: loses no format or recall); '<component> attack' (loses at least 1.0 in total: answer attacks
     under keys and both, the others under every choice); 'open attack' (loses less: not yet caught)."""
     record, honest = GALLERY_RECORD, format_target(GALLERY_RECORD)
+    attacks = history_attacks(record)
     tag = {label: f"<HIS>{label}: {text}</HIS>" for label, text in _FIG1}
     tags = "\n".join(tag[label] for label in _GOLD)
     one_tag = " ".join(f"{label}: {_TEXT[label]}" for label in _GOLD)
@@ -415,10 +444,15 @@ def gallery_completions() -> list[tuple[str, str, str]]:
         ),
         ("keyword stuffing 'yes no $180'", A, sub(record["answer"], "yes no $180")),
         ("the query echoed as the answer", A, sub(record["answer"], record["query"])),
+        ("the whole history pasted as the answer", A, sub(record["answer"], attacks["pasted"])),
+        ("the history pasted without its numbers", A, sub(record["answer"], attacks["no numbers"])),
+        (f"every number of the history '{attacks['numbers']}'", A, sub(record["answer"], attacks["numbers"])),
+        (f"every name of the history '{attacks['names']}'", A, sub(record["answer"], attacks["names"])),
+        ("yes and no 'Yes. No.'", A, sub(record["answer"], attacks["yes and no"])),
         (
-            "the whole history pasted as the answer",
+            "the history pasted in lowercase (its names are no values)",
             "open attack",
-            sub(record["answer"], " ".join(t["text"] for t in record["history"])),
+            sub(record["answer"], attacks["lowercase"]),
         ),
     ]
 
@@ -534,7 +568,7 @@ def explain(completion: str, record: dict, answer_reward: str = "cosine", answer
         found = ", ".join(
             f"{k!r} {'found' if p else 'missing'}" for k, p in zip(answer_keys(record), r["keys_present"])
         )
-        parts.append(f"keys {r['answer_keys']:+.4f} ({found}; extra numbers {r['extra_numbers']})")
+        parts.append(f"keys {r['answer_keys']:+.4f} ({found}; extra values {r['extra_values']})")
     lines += [
         f"answer  -1.0000 (Eq. 7) no final answer after '{ANSWER_MARK}': the minimum"
         if r["final_answer"] is None

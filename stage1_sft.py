@@ -12,7 +12,8 @@ rate after a linear warm-up (§4.1). One optimizer and one step counter run acro
     python stage1_sft.py --model Qwen/Qwen2.5-7B-Instruct --preset paper --fsdp --dry-run --world-size 8
 
 Outputs under --out: config.json, metrics.jsonl (one line per step), checkpoint/ (resumable),
-final/ (save_pretrained), eval_format.json (with --eval-limit). Run `python stage1_sft.py --help`.
+final/ (save_pretrained), summary.json (steps, target, the answer tokens' share of the target
+tokens), eval_format.json (with --eval-limit). Run `python stage1_sft.py --help`.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from tqdm.auto import tqdm
 from srt import memory_plan
 from srt.checkpoint import JsonlLog, has_trainer_state, rng_state, set_rng_state
 from srt.completion import is_valid_format
-from srt.config import at_least, in_range, parse_config, positive, write_config
+from srt.config import at_least, in_range, parse_config, positive, require, write_config
 from srt.data_io import DataError, read_jsonl, write_json
 from srt.distributed import (
     accumulate,
@@ -88,26 +89,38 @@ def target_ids(tokenizer, target: str) -> tuple[list[int], int]:
     return ids + [end_of_turn_id(tokenizer)], answer_from
 
 
-def build_example(tokenizer, record, phase: int, max_length: int, with_reasoning: bool = True) -> dict | None:
+# What each Table 2 variant learns to write: the SRT target (Z_t, A*_t), the answer alone ("w/o CoT"),
+# or the <HIS> recalls alone before the answer (no Analyze or Reasoning prose).
+TARGETS = {
+    "full": {},
+    "answer": {"with_reasoning": False},
+    "recall-only": {"recall_only": True},
+}
+
+
+def build_example(tokenizer, record, phase: int, max_length: int, target: str = "full") -> dict | None:
     """input_ids = prompt + target + end-of-turn; labels = -100 on every prompt token (Eq. (3)
     conditions on the prompt but does not model it); answer_mask marks a_1..a_L, the rest of
     the target is r_1..r_M. Too long: drop the oldest turns, as at inference time. None when even
     that cannot fit, or when a turn of H* had to go: the target would cite a turn the prompt lost
-    (such records are dropped rather than their gold turns protected, so survival is no tell)."""
-    target, answer_from = target_ids(tokenizer, format_target(record, with_reasoning=with_reasoning))
+    (such records are dropped rather than their gold turns protected, so survival is no tell).
+    The prompt is fitted to what the full SRT target leaves, whatever `target` is, so SRT and its
+    controls read the same prompts and drop the same records."""
+    full_target, _ = target_ids(tokenizer, format_target(record))
     history = visible_history(record, phase)
-    kept, prompt, prompt_ids = fit_history(tokenizer, record, history, max_length - len(target))
-    if len(prompt_ids) + len(target) > max_length:
+    kept, prompt, prompt_ids = fit_history(tokenizer, record, history, max_length - len(full_target))
+    if len(prompt_ids) + len(full_target) > max_length:
         return None
-    if with_reasoning and not set(record["recall"]) <= {turn["label"] for turn in kept}:
+    if not set(record["recall"]) <= {turn["label"] for turn in kept}:
         return None
-    labels = [IGNORE_INDEX] * len(prompt_ids) + target
-    answer_mask = [0] * (len(prompt_ids) + answer_from) + [1] * (len(target) - answer_from)
+    target_tokens, answer_from = target_ids(tokenizer, format_target(record, **TARGETS[target]))
+    labels = [IGNORE_INDEX] * len(prompt_ids) + target_tokens
+    answer_mask = [0] * (len(prompt_ids) + answer_from) + [1] * (len(target_tokens) - answer_from)
     return {
         "id": record["id"],
         "phase": phase,
         "prompt": prompt,
-        "input_ids": prompt_ids + target,
+        "input_ids": prompt_ids + target_tokens,
         "labels": labels,
         "answer_mask": answer_mask,
         "dropped": len(history) - len(kept),
@@ -119,21 +132,16 @@ class PhaseData:
     of records), in a deterministic order that depends only on (seed, epoch): every rank computes the
     same global batches, and a resumed run the same ones as an uninterrupted run."""
 
-    def __init__(
-        self, tokenizer, records, phase, max_length, with_reasoning, seed, global_batch, group_batches=32
-    ):
+    def __init__(self, tokenizer, records, phase, max_length, target, seed, global_batch, group_batches=32):
         self.tokenizer, self.records, self.phase = tokenizer, records, phase
-        self.max_length, self.with_reasoning, self.seed = max_length, with_reasoning, seed
+        self.max_length, self.target, self.seed = max_length, target, seed
         self.global_batch, self.group_batches = global_batch, group_batches
         self.cache, self.truncated, self.skipped, self.epochs = {}, set(), set(), {}
-        # A cheap length proxy (characters) is enough to group examples of similar length.
+        # A cheap length proxy (characters) is enough to group examples of similar length. It is the
+        # prompt's alone: every --target then forms the same batches, so Table 2's controls train on
+        # exactly SRT's records, in SRT's order.
         self.approx_length = np.array(
-            [
-                sum(len(t["text"]) + 8 for t in visible_history(r, phase))
-                + len(r["query"])
-                + len(format_target(r, with_reasoning))
-                for r in records
-            ]
+            [sum(len(t["text"]) + 8 for t in visible_history(r, phase)) + len(r["query"]) for r in records]
         )
         self.batches_per_epoch = math.ceil(len(records) / global_batch)
 
@@ -143,7 +151,7 @@ class PhaseData:
             k = (index + offset) % len(self.records)
             if k not in self.cache:
                 self.cache[k] = build_example(
-                    self.tokenizer, self.records[k], self.phase, self.max_length, self.with_reasoning
+                    self.tokenizer, self.records[k], self.phase, self.max_length, self.target
                 )
                 if self.cache[k] is None:
                     self.skipped.add(k)
@@ -306,7 +314,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=False,
         help="trade compute for memory",
     )
-    p.add_argument("--no-cot", action="store_true", help="learn the answer alone (Table 2 'w/o CoT')")
+    p.add_argument(
+        "--target",
+        choices=sorted(TARGETS),
+        default="full",
+        help="what the model learns to write: full (SRT), answer (Table 2 'w/o CoT'), recall-only "
+        "(the <HIS> tags without prose); every target trains on the same batches",
+    )
+    p.add_argument("--no-cot", action="store_true", help="the same as --target answer (Table 2 'w/o CoT')")
     p.add_argument("--save-every", type=at_least(1), default=50, help="write <out>/checkpoint every N steps")
     p.add_argument("--log-every", type=at_least(1), default=1, help="append to metrics.jsonl every N steps")
     p.add_argument(
@@ -332,7 +347,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    return parse_config(build_parser(), PRESETS, argv)
+    cfg = parse_config(build_parser(), PRESETS, argv)
+    if cfg.no_cot:
+        require(cfg.target in ("full", "answer"), "--no-cot is --target answer; give one of them")
+        cfg.target = "answer"
+    return cfg
 
 
 # Settings that fix the data order and the meaning of a step: a resumed run must match them.
@@ -345,7 +364,7 @@ RESUME_MUST_MATCH = (
     "grad_accum",
     "world_size",
     "max_length",
-    "no_cot",
+    "target",
     "epochs",
     "lr",
     "warmup_steps",
@@ -403,7 +422,7 @@ def train(cfg):
     global_batch = cfg.batch_size * cfg.grad_accum * world_size
     plan = phase_plan(cfg, {1: len(records), 2: len(records)})
     data = {
-        p: PhaseData(tokenizer, records, p, cfg.max_length, not cfg.no_cot, cfg.seed, global_batch)
+        p: PhaseData(tokenizer, records, p, cfg.max_length, cfg.target, cfg.seed, global_batch)
         for p, _ in plan
     }
     total_steps = sum(steps for _, steps in plan)
@@ -493,6 +512,8 @@ def train(cfg):
                 "loss": per_token(totals, "nll", "tokens"),
                 "loss_reasoning": per_token(totals, "reasoning_nll", "reasoning_tokens"),
                 "loss_answer": per_token(totals, "answer_nll", "answer_tokens"),
+                # an answer token's weight in Eq. (3) is 1 / (target tokens): it differs by target
+                "answer_token_share": totals["answer_tokens"] / max(totals["tokens"], 1.0),
                 "lr": lr,
                 "grad_norm": float(grad_norm),
                 "tokens_per_s": totals["all_tokens"] / elapsed,
@@ -527,6 +548,16 @@ def train(cfg):
                 flush=True,
             )
         print(f"saved {out / 'final'} (step {step})", flush=True)
+        shares = [row["answer_token_share"] for row in metrics.rows if "answer_token_share" in row]
+        summary = {
+            "steps": step,
+            "target": cfg.target,
+            "answer_token_share": float(np.mean(shares)) if shares else None,
+        }
+        write_json(out / "summary.json", summary)  # Table 2's controls differ in what an answer token weighs
+        if shares:
+            share = summary["answer_token_share"]
+            print(f"answer tokens: {share:.1%} of the target tokens (--target {cfg.target})", flush=True)
     if world_size > 1:
         dist.barrier()
     if cfg.eval_limit > 0:  # FSDP: every rank gathers the weights once, rank 0 generates alone

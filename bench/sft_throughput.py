@@ -203,7 +203,7 @@ def measure_precision(args, precision: str, phases: list[int], records) -> dict:
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
     result = {"autocast": str(autocast_dtype).replace("torch.", "") if autocast_dtype else None, "phases": {}}
     for phase in phases:
-        data = PhaseData(tokenizer, records, phase, args.max_length, True, args.seed, args.batch_size)
+        data = PhaseData(tokenizer, records, phase, args.max_length, "full", args.seed, args.batch_size)
         steps = {order: [] for order in ORDERS}
         for k in range(args.steps):  # alternate the orders step by step: a slow spell hits both
             for order in ORDERS:

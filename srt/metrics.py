@@ -3,8 +3,12 @@
 
 - SQuAD-style token F1 of an answer against the reference (Table 1), a key-F1 against the answer
   keys, and key accuracy (Table 2), all with numbers normalised ("$180.00" = "$180" = "180");
-- keys_present(answer, keys): the key matcher itself (word boundaries, numbers normalised), which
-  reward.py's answer-key reward uses too;
+- the answer matcher of accuracy, which reward.py's keys answer reward uses too (issue 28):
+  answer_is_right(answer, keys, reference) holds when the answer states every key (keys_present:
+  word boundaries, numbers normalised, a yes/no key for one polarity and no hedge) and no other
+  value (stated_values: a money amount, number, date or time, code or capitalised name) that
+  neither the reference nor a key holds (extra_values), so a list of candidates fails; and
+  states_several_candidates, the report's share of answers that list more than one;
 - the final answer of a completion (the text after 'Final answer:');
 - precision, recall and Jaccard of the recalled set H^ against H* (Table 2);
 - the error taxonomy of a wrong answer (Table 3), with "Truncated" for a chain cut off by the cap;
@@ -121,19 +125,214 @@ def _contains(haystack: str, key: str) -> bool:
     return bool(key) and re.search(rf"(?<!\w){re.escape(key)}(?!\w)", haystack) is not None
 
 
+_HEDGE = re.compile(
+    r"(?<!\w)(?:possibly|perhaps|maybe|probably|might|unsure|uncertain|unclear|depends|depending"
+    r"|either way|or not|not sure|not certain|may or may not|can'?t say|cannot say|can'?t tell"
+    r"|cannot tell|hard to say)(?!\w)"
+)
+
+
 def keys_present(answer: str | None, keys) -> list[bool]:
     """For each answer key: does the answer state it? Word boundaries, numbers normalised ("$180.00",
-    "$180" and "180" agree; "$20" is not in "$207"), case and quotes folded. A 'yes' or 'no' key
-    counts only if the opposite word is absent, so a hedge "yes or no" states neither."""
+    "$180" and "180" agree; "$20" is not in "$207"), case and quotes folded, with two refinements
+    from the values of stated_values: a key that is one date or time matches it in any form ("1 pm"
+    = "1pm" = "13:00", "Friday" = "friday"), and a name or an all-capitals code in a key must be
+    written as one (a capital first letter, the code in capitals), since a lowercased name is no
+    value that extra_values could count ("mateo, lena, dmitri" would state Mateo and hide the rest).
+    A 'yes' or 'no' key counts only for one polarity without a hedge: the opposite word absent
+    ("yes or no" states neither) and no hedge word ("possibly yes, possibly not", "maybe")."""
     text = _key_form(answer or "")
-    forms = [_key_form(str(key)).strip(" .!") for key in keys]
-    return [_contains(text, k) and not (k in _POLAR and _contains(text, _POLAR[k])) for k in forms]
+    raw = unicodedata.normalize("NFKC", answer or "").translate(_QUOTES)
+    present = []
+    for key in map(str, keys):
+        form, date = _key_form(key).strip(" .!"), _one_date(key)
+        found = ("date", date) in _values(raw) if date else _contains(text, form)
+        if form in _POLAR:
+            found = found and not _contains(text, _POLAR[form]) and _HEDGE.search(text) is None
+        present.append(found and all(_written_as_value(raw, v, code) for v, code in _case_marked(key)))
+    return present
+
+
+def _one_date(key: str) -> str | None:
+    """The canonical date or time of a key that is nothing else ("1 pm" -> "13:00"), else None."""
+    m = _DATE_TIME.fullmatch(unicodedata.normalize("NFKC", key).strip(" .!"))
+    return _date_value(m) if m else None
+
+
+def _case_marked(key: str) -> list[tuple[str, bool]]:
+    """The values of a key that only their case marks: (name, False) and (all-capitals code, True)."""
+    return [
+        (v, kind == "code")
+        for kind, v in _values(key)
+        if kind == "name" or (kind, v.isalpha()) == ("code", True)
+    ]
+
+
+def _written_as_value(text: str, value: str, code: bool) -> bool:
+    """Does the text hold the value with a capital first letter (in capitals, for a code)?"""
+    for m in re.finditer(rf"(?<!\w){re.escape(value)}(?!\w)", text, re.IGNORECASE):
+        if m.group(0).isupper() if code else m.group(0)[0].isupper():
+            return True
+    return False
+
+
+# --------------------------------------------------------------------------------------------
+# The values an answer states, and the one matcher of accuracy and the keys answer reward
+# --------------------------------------------------------------------------------------------
+# A value's kind: "money" ($180, 180 dollars), "number" (180, 20%, 21st), "date" (a weekday, a month
+# with or without its day, a clock time: 3pm, 3:30 pm, 15:30, noon), "code" (a token that mixes
+# letters and digits, BA9742, 37C, or an all-capitals word of 4+ letters, BCERKM) and "name" (a
+# capitalised word that is not a common word and not the first word of a sentence, unless that
+# sentence has no lowercase word at all: "Osaka, Lena." lists two names, "Lena does it." none).
+# Known gap of that rule, kept so that free prose ("Regarding the fee, ...") is not charged for its
+# first words: one name per sentence ("Lena is one. Mateo is one.") states names no rule counts.
+VALUE_KINDS = ("money", "number", "date", "code", "name")
+_MONTHS = "january february march april may june july august september october november december".split()
+_MONTH_RE = (  # capitalised even where the rest of a pattern ignores case: "you may 3 times" is no date
+    r"(?-i:Jan(?:uary)?|Feb(?:ruary)?|Mar(?:ch)?|Apr(?:il)?|May|June?|July?|Aug(?:ust)?"
+    r"|Sep(?:t(?:ember)?)?|Oct(?:ober)?|Nov(?:ember)?|Dec(?:ember)?)"
+)
+_ORDINAL = r"(?:st|nd|rd|th)?"
+_DATE_TIME = re.compile(
+    rf"(?P<md>\b{_MONTH_RE}\.?\s+(?P<md_day>\d{{1,2}}){_ORDINAL}(?!\w))"
+    rf"|(?P<dm>\b(?P<dm_day>\d{{1,2}}){_ORDINAL}\s+(?:of\s+)?(?P<dm_month>{_MONTH_RE})\b)"
+    r"|(?P<clock>(?<![\w.:])(?P<h>\d{1,2})(?::(?P<m>\d{2}))?\s?(?P<ampm>[ap]\.?m)\b)"
+    r"|(?P<hhmm>(?<![\w.:])(?P<h24>\d{1,2}):(?P<m24>\d{2})(?![\w:]))"
+    r"|(?P<noon>\b(?:noon|midday|midnight)\b)"
+    r"|(?P<weekday>\b(?:mon|tues|wednes|thurs|fri|satur|sun)days?\b)",
+    re.IGNORECASE,
+)
+_ORDINAL_NUMBER = re.compile(r"(?<![\w.])(\d+)(?:st|nd|rd|th)(?!\w)", re.IGNORECASE)
+_MONEY_WORD = re.compile(r"\s*(?:dollars?|usd|euros?|eur|pounds?|gbp)\b", re.IGNORECASE)
+_TOKEN = re.compile(r"[^\W_](?:[\w'-]*[^\W_])?")
+_CONTRACTION = re.compile(r"'(?:s|m|re|ve|ll|d|t)$", re.IGNORECASE)
+_SENTENCE = re.compile(r"(?<=[.!?:;])[\"')\]]*\s+|\n")  # where a sentence (or a list item) ends
+# Capitalised words that name nothing: pronouns, greetings, answer words and the openers that a
+# one-word sentence ("Sure.", "Thanks!") is made of. Weekdays and months are dates, not names.
+_COMMON = frozenset(
+    """i me my you your yours we our us they their he she his her it its this that these those there
+    here the a an and or but so yes no not ok okay yeah yep nope sure thanks thank please hi hello hey
+    dear welcome great good fine right correct exactly absolutely certainly indeed sorry unfortunately
+    alas well also however note done noted oh ah am pm id tv gb mb kb tb mr mrs ms dr sir madam""".split()
+)
+
+
+def _date_value(m: re.Match) -> str:
+    """Canonical form of a date or time match: 'march 3', 'friday', '15:30' (24-hour clock)."""
+    if m.group("md") or m.group("dm"):
+        month = (m.group("md") or m.group("dm_month")).split()[0].rstrip(".").lower()[:3]
+        full = next(name for name in _MONTHS if name.startswith(month))
+        return f"{full} {int(m.group('md_day') or m.group('dm_day'))}"
+    if m.group("clock"):
+        hour, minute = int(m.group("h")) % 12, int(m.group("m") or 0)
+        return f"{hour + 12 * (m.group('ampm')[0].lower() == 'p')}:{minute:02d}"
+    if m.group("hhmm"):
+        return f"{int(m.group('h24'))}:{int(m.group('m24')):02d}"
+    if m.group("noon"):
+        return "0:00" if m.group("noon").lower() == "midnight" else "12:00"
+    return m.group("weekday").lower().rstrip("s")
+
+
+def _values(text: str, initial_names: bool = False) -> set[tuple[str, str]]:
+    """(kind, value) pairs of a text; with initial_names a sentence's first capitalised word counts
+    as a name too (an answer key or a reference: "Mateo does it" holds the name Mateo)."""
+    text = unicodedata.normalize("NFKC", text or "").translate(_QUOTES)
+    found, masked = set(), list(text)
+
+    def take(kind: str, value: str, m: re.Match) -> None:  # a value is read once: blank it out
+        found.add((kind, value))
+        masked[m.start() : m.end()] = " " * (m.end() - m.start())
+
+    for m in _DATE_TIME.finditer(text):
+        take("date", _date_value(m), m)
+    for m in _NUMBER.finditer("".join(masked)):
+        money = m.group(0).lstrip()[0] in "$€£¥₹" or _MONEY_WORD.match(text, m.end())
+        take("money" if money else "number", _number_form(m), m)
+    for m in _ORDINAL_NUMBER.finditer("".join(masked)):
+        take("number", str(int(m.group(1))), m)
+    for sentence in _SENTENCE.split("".join(masked)):
+        tokens = _TOKEN.findall(sentence)
+        listing = not any(t[0].islower() for t in tokens)  # no lowercase word: "Osaka, Lena." lists values
+        for i, token in enumerate(tokens):
+            if any(c.isdigit() for c in token) and any(c.isalpha() for c in token):
+                found.add(("code", token.casefold()))
+            elif token.isalpha() and token.isupper() and len(token) >= 4:
+                found.add(("code", token.casefold()))
+            elif token[0].isupper() and (i > 0 or listing or initial_names):
+                word = _CONTRACTION.sub("", token).casefold()
+                if word not in _COMMON:
+                    found.add(("date" if word in _MONTHS else "name", word))
+    return found
+
+
+def stated_values(text: str) -> set[tuple[str, str]]:
+    """The (kind, normalised value) pairs a text states, kind one of VALUE_KINDS: money and numbers
+    in the canonical form of normalize_number ("$180.00" -> ("money", "180")), dates as 'march 3',
+    weekdays as 'friday', clock times on the 24-hour clock ('3 pm' -> '15:00'), codes and names
+    casefolded. A date or time is not also a number, nor a code's digits."""
+    return _values(text)
+
+
+def _allowed(value: tuple[str, str], pool: set[tuple[str, str]], words: str) -> bool:
+    """Does the pool (the values of the reference and the keys) hold the value? Money and numbers
+    by value ("$180" = "180"); a name, a code, a weekday or a month also by any mention of the word
+    in the reference or a key ("Lena does it" holds Lena; "on May 11" holds May)."""
+    kind, v = value
+    if kind in ("money", "number"):
+        return ("money", v) in pool or ("number", v) in pool
+    return value in pool or ((kind != "date" or v.isalpha()) and _contains(words, v))
+
+
+def extra_values(answer: str | None, reference: str, keys) -> list[str]:
+    """The values the answer states (stated_values) that neither the reference answer nor a key
+    holds: the candidates it lists beyond the answer. Sorted normalised values ("95", "osaka")."""
+    if not answer:
+        return []
+    sources = [reference or "", *(str(k) for k in keys or [])]
+    pool = set().union(*(_values(t, initial_names=True) for t in sources))
+    words = " ".join(unicodedata.normalize("NFKC", t).translate(_QUOTES).casefold() for t in sources)
+    return sorted({v for kind, v in stated_values(answer) if not _allowed((kind, v), pool, words)})
+
+
+def answer_is_right(answer: str | None, keys, reference: str) -> bool:
+    """The matcher of accuracy and of the keys answer reward: the answer states every key
+    (keys_present) and no other value of any kind that the reference and the keys do not hold
+    (extra_values). An honest answer may restate what its reference says ("$180 is over $150");
+    a list of the history's candidates fails. No keys: the whole reference is the key."""
+    keys = [str(k) for k in (keys or []) if str(k).strip()] or [reference]
+    return bool(answer) and all(keys_present(answer, keys)) and not extra_values(answer, reference, keys)
+
+
+def states_several_candidates(answer: str | None, record: dict) -> bool:
+    """Whether the answer states more than one candidate for one of the record's keys: a key's
+    candidates are the answer's values of that key's kind (two amounts where the key is an amount,
+    two names where it is a name; both 'yes' and 'no' for a yes/no key) that the reference does not
+    hold, plus the key itself when stated. A value the reference gives (a threshold) is no candidate."""
+    if not answer:
+        return False
+    keys = answer_keys(record)
+    extras = set(extra_values(answer, record["answer"], keys))
+    stated = stated_values(answer)
+    present = keys_present(answer, keys)
+    text = _key_form(answer)
+    for key, found in zip(keys, present):
+        form = _key_form(key).strip(" .!")
+        if form in _POLAR:
+            if _contains(text, "yes") and _contains(text, "no"):
+                return True
+            continue
+        kinds = {kind for kind, _ in _values(key, initial_names=True)}
+        kinds |= {"money", "number"} if kinds & {"money", "number"} else set()
+        wrong = {v for kind, v in stated if kind in kinds and v in extras}
+        if len(wrong) + bool(found) > 1:
+            return True
+    return False
 
 
 def accuracy(prediction: str, record: dict) -> float:
-    """1 if every answer key is present in the prediction (keys_present), whatever else it says; a
-    record without keys needs its whole reference answer present instead."""
-    return float(all(keys_present(prediction, answer_keys(record))))
+    """1 if the prediction states every answer key and no other value that the reference does not
+    hold (answer_is_right); a record without keys needs its whole reference answer present instead."""
+    return float(answer_is_right(prediction, answer_keys(record), record["answer"]))
 
 
 def answer_text(completion: str) -> str | None:

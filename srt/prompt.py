@@ -9,7 +9,13 @@
 
 from __future__ import annotations
 
+import re
+
 from srt.modeling import render_chat
+
+# the <HIS> tags of a reasoning chain Z_t, and what the SRT instruction asks for when none is needed
+HIS_TAG = re.compile(r"<HIS>.*?</HIS>", re.S)
+NO_RECALL = "No earlier turn is needed."
 
 # --------------------------------------------------------------------------------------------
 # The prompt P(Q_t, C_t) and the target (Z_t, A*_t)  (docs/design.md, "Output format")
@@ -49,12 +55,17 @@ def render_prompt(tokenizer, record, keep=None, system=SRT_SYSTEM_PROMPT, histor
     return render_chat(tokenizer, build_messages(record, keep=keep, system=system, history=history))
 
 
-def format_target(record, with_reasoning=True) -> str:
+def format_target(record, with_reasoning=True, recall_only=False) -> str:
     """The completion SFT learns: Z_t inside one think block, then the answer A*_t. Without
-    reasoning (the "w/o CoT" ablation of Table 2) only the answer line remains."""
+    reasoning (the "w/o CoT" ablation of Table 2) only the answer line remains; `recall_only` keeps
+    the think block with the <HIS> recalls of Z_t and nothing else (no Analyze, no Reasoning prose),
+    to tell what the recall costs a small model apart from what the prose costs."""
     answer = f"Final answer: {record['answer']}"
     if not with_reasoning:
         return answer
+    if recall_only:
+        recalls = "\n".join(HIS_TAG.findall(record["reasoning"])) or NO_RECALL
+        return f"<think>\n{recalls}\n</think>\n{answer}"
     return f"<think>\n{record['reasoning'].strip()}\n</think>\n{answer}"
 
 

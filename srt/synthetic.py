@@ -16,15 +16,27 @@ What makes the task honest:
   `keys_outside_recall` is the check; tests run it on every generated query.
 - No position or template shortcut: fact positions and order are random, so no gold label set
   dominates a query type.
-- Yes/no queries need the recalled facts: the answer is a fair coin drawn before the facts, and
-  the number in the query is drawn independently of it, so reading the query alone is chance.
+- Yes/no queries need the recalled facts: the policy that decides them (a return window, a bag
+  weight limit, a data allowance, a tier's discount threshold) is drawn per dialogue and stated in
+  its history. Dialogues come in twins (2k, 2k + 1; PairPlan) that share their domain, length,
+  queries and the number in each yes/no query, with opposite answers, and stay in one split
+  (meta.split_group): within every split each query number comes with as many "yes" as "no", so a
+  rule that reads the query alone is at chance exactly. Every query number admits both answers
+  (YES_NO_RULES): the old generator's 5-day returns were always "yes", 91 days always "no".
+- No lookups: a query that needs no history ("none") is self-contained and varied. Its
+  numbers are drawn at random and its answer follows from them ("If I book 3 Thai Massage sessions
+  at $85 each, what do I pay in all?" -> "$255"), not a fixed sentence that the same question in
+  train would give away. Query openers and closers, entities in the questions and values drawn
+  from wide ranges make a test query and its answer, word for word, all but absent from train;
+  stage 0's lookup checks count what remains (stats.json "lookup_checks").
 - Real distractors: most filler rounds are whole short exchanges of real human small talk from
   the chitchat-dataset package (about 7,000 conversations, MIT); "related" rounds that talk about
   the queried entity without stating the fact sit shortly before a query, so that Eq. (2) keeps
   distractors in the pruned history the way real data does.
 
 The output is the raw dialogue format stage0_build.py reads from every source:
-    {"id", "source": "synthetic", "domain", "rounds": [{"user", "assistant", "kind", "gold"?}, ...]}
+    {"id", "source": "synthetic", "domain", "meta": {"split_group"},
+     "rounds": [{"user", "assistant", "kind", "gold"?}, ...]}
 
     generate_synthetic(num_dialogues, seed) -> list of dialogues (same seed, same bytes)
 """
@@ -60,6 +72,18 @@ NAMES = [
     "Leila",
     "Hugo",
     "Amara",
+    "Farah",
+    "Bruno",
+    "Keiko",
+    "Anders",
+    "Zainab",
+    "Luca",
+    "Mira",
+    "Tariq",
+    "Celine",
+    "Viktor",
+    "Noor",
+    "Emil",
 ]
 BRANCHES = [
     "Uptown",
@@ -89,8 +113,22 @@ SERVICES = [
     "Cupping Therapy",
 ]
 DAYS = ["Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday"]
-TIMES = ["9 am", "10 am", "11 am", "noon", "1 pm", "2 pm", "3 pm", "4 pm", "5 pm", "6 pm"]
-MONTHS = ["March", "April", "May", "June", "July", "August", "September", "October"]
+SPA_SLOTS = range(9 * 60, 18 * 60, 15)  # appointment start times, minutes after midnight
+FLIGHT_SLOTS = range(6 * 60, 22 * 60, 5)  # departure times
+MONTHS = [
+    "January",
+    "February",
+    "March",
+    "April",
+    "May",
+    "June",
+    "July",
+    "August",
+    "September",
+    "October",
+    "November",
+    "December",
+]
 ITEMS = [
     "wireless headphones",
     "coffee grinder",
@@ -134,9 +172,70 @@ HOTELS = [
     "Old Mill Hotel",
     "Riverview Inn",
 ]
-PLANS = ["Unlimited Plus", "Basic Talk", "Family Share", "Value Saver", "Premium Max", "Starter Lite"]
-RETURN_WINDOWS = [7, 14, 30, 45, 60, 90]  # days
-DATA_ALLOWANCES = [2, 5, 10, 20, 50, 100]  # GB a month
+PLANS = [
+    "Unlimited Plus",
+    "Basic Talk",
+    "Family Share",
+    "Value Saver",
+    "Premium Max",
+    "Starter Lite",
+    "Data Flex",
+    "Student Saver",
+    "Global Roam",
+    "Smart Choice",
+    "Everyday Plus",
+    "Talk and Text",
+]
+WHEN = [  # when a user might come back: context in a query that changes nothing in its answer
+    "next week",
+    "next month",
+    "for my birthday",
+    "before my holiday",
+    "with my partner",
+    "after work one day",
+    "on a weekend",
+    "in the spring",
+    "for my anniversary",
+    "with my mother",
+    "before a wedding",
+    "after my exams",
+]
+RECIPIENTS = [
+    "my brother",
+    "my sister",
+    "my mum",
+    "my dad",
+    "a friend",
+    "my neighbour",
+    "my son",
+    "my daughter",
+]
+DEVICES = ["tablet", "laptop", "phone", "smart TV", "hotspot", "kid's phone", "car's wifi", "watch"]
+BAGS = [
+    "suitcase",
+    "duffel bag",
+    "ski bag",
+    "hard case",
+    "travel backpack",
+    "golf bag",
+    "trunk",
+    "surfboard bag",
+]
+
+# The derived yes/no queries: (the values the number in the query takes, the values of the policy
+# the history states, whether the answer is yes). Every query value admits both answers: for each
+# one some policy value gives yes and some gives no, so twin dialogues can share it (PairPlan).
+RETURN_WINDOWS = [7, 10, 14, 21, 30, 45, 60, 90]  # days, drawn per dialogue
+RETURN_DAYS = [d for d in range(8, 90) if d not in RETURN_WINDOWS]  # days since delivery, in the query
+BAG_LIMITS_KG = [15, 18, 20, 23, 25, 28, 30, 32]  # checked-bag weight limit of the fare
+BAG_WEIGHTS_KG = [w / 2 for w in range(32, 64) if w / 2 not in BAG_LIMITS_KG]  # 16 to 31.5 kg
+DATA_ALLOWANCES = [3, 5, 8, 10, 15, 20, 25, 30, 40, 50, 60, 75, 100, 120, 150]  # GB a month
+DATA_USAGES = [u for u in range(4, 150) if u not in DATA_ALLOWANCES]  # GB the user plans to use
+YES_NO_RULES = {
+    "shop": (RETURN_DAYS, RETURN_WINDOWS, lambda days, window: days <= window),
+    "travel": (BAG_WEIGHTS_KG, BAG_LIMITS_KG, lambda weight, limit: weight <= limit),
+    "telecom": (DATA_USAGES, DATA_ALLOWANCES, lambda use, allowance: use > allowance),
+}
 
 
 def _pick(rng, options):
@@ -153,16 +252,48 @@ def _distinct(rng, draw, used: set):
             return value
 
 
-def _yes_no_split(rng, query_values, fact_values, holds):
-    """(answer, query value, fact value) for a yes/no query: the answer is a fair coin drawn first,
-    the query value uniformly, and the fact value among those that give that answer. So
-    P(yes | query value) = 1/2: the number in the query alone tells nothing."""
-    answer = rng.random() < 0.5
-    while True:
-        q = _pick(rng, query_values)
-        fitting = [f for f in fact_values if holds(q, f) == answer]
-        if fitting:
-            return answer, q, _pick(rng, fitting)
+def _clock(minutes: int) -> str:
+    """Minutes after midnight as the corpus writes a time: "9 am", "2:45 pm", "noon"."""
+    h, m = divmod(minutes, 60)
+    if (h, m) == (12, 0):
+        return "noon"
+    return f"{h % 12 or 12}{f':{m:02d}' if m else ''} {'am' if h < 12 else 'pm'}"
+
+
+def _kg(weight: float) -> str:
+    return f"{weight:g} kg"
+
+
+def _money(amount: int) -> str:
+    return f"${amount}"
+
+
+class PairPlan:
+    """The draws that dialogues 2k and 2k + 1 (twins) share: the domain, the length, the queries
+    asked, and the number in each yes/no query, whose answer is opposite in the two. The twins
+    share meta.split_group, so stage 0 puts them in one split: within every split, every query
+    number of every yes/no query type comes with as many "yes" as "no" answers, and a rule that
+    reads the query alone is at chance exactly, not only in expectation. Everything else (facts,
+    the policy that decides the answer, wording, layout, small talk) each twin draws on its own."""
+
+    def __init__(self, seed, index: int):
+        self.rng = random.Random(f"{seed}-pair-{index // 2}")
+        self.flip = index % 2 == 1
+        self.group = f"synthetic-pair-{index // 2:06d}"
+
+    def coin(self) -> bool:
+        return (self.rng.random() < 0.5) != self.flip
+
+    def yes_no(self, rng, domain):
+        """(answer, query value, policy value) of the domain's yes/no query: the query value and
+        the answer from the shared draws, the policy value (stated in the history) by this dialogue's
+        own rng among those that give the answer."""
+        query_values, policy_values, holds = YES_NO_RULES[domain]
+        q = _pick(self.rng, query_values)
+        answer = self.coin()
+        fitting = [f for f in policy_values if holds(q, f) == answer]
+        assert fitting, (domain, q, answer)  # YES_NO_RULES admits both answers for every query value
+        return answer, q, _pick(rng, fitting)
 
 
 # --------------------------------------------------------------------------------------------
@@ -279,10 +410,11 @@ def small_talk_exchanges() -> tuple[tuple[str, str], ...]:
 
 
 # --------------------------------------------------------------------------------------------
-# The domains. Each returns (name, state, facts, updates, queries, general, protected): fact
-# rounds, updates of facts, query specs, general service questions that need no history
-# (question, answer, topic, a remark that leads to it), and the distinctive values of this
-# dialogue that no distractor may mention.
+# The domains. Each returns (name, state, facts, updates, queries, self_contained, services,
+# protected): fact rounds, updates of facts, query specs, the queries that need no history
+# (SelfContained), general service exchanges (question, answer) that serve as distractor rounds,
+# and the distinctive values of this dialogue that no distractor may mention. `plan` holds the
+# draws a dialogue shares with its twin (PairPlan).
 # --------------------------------------------------------------------------------------------
 class Round:
     """One round: the user's Q_i, the assistant's A_i, the facts it states ({key: "Q" | "A"}), and
@@ -315,15 +447,38 @@ class QuerySpec:
         self.kind, self.needs, self.topic, self.make, self.related = kind, needs, topic, make, list(related)
 
 
-def _spa(rng):
+class SelfContained:
+    """A query that needs no history (query type "none"): `make(rng)` draws its numbers and its
+    wording and returns its QueryRound, whose answer follows from the query alone (a total, a
+    remainder, a sale price, a finishing time). Nothing is a fixed sentence that a lookup in other
+    dialogues could answer. `topic` and `related` as in QuerySpec."""
+
+    def __init__(self, topic, make, related):
+        self.topic, self.make, self.related = topic, make, list(related)
+
+
+def _self_contained(analysis, reasoning, query, answer, keys):
+    return QueryRound(
+        query=query,
+        answer=answer,
+        answer_keys=keys,
+        analysis=analysis,
+        reasoning=f"{reasoning} The question gives every number it needs; nothing from earlier in the "
+        "conversation is needed.",
+        derived_yes_no=False,
+    )
+
+
+def _spa(rng, pair):
     used = set()
     tier, other_tier = rng.sample(TIERS, 2)
     pct, other_pct = rng.sample([10, 15, 20, 25, 30], 2)
     threshold, other_threshold = rng.sample([100, 120, 150, 200], 2)
     used |= {threshold, other_threshold}
     service_a, service_b = rng.sample(SERVICES, 2)
-    # the discount query is a fair coin; the price lands on the side of the threshold it says
-    applies = rng.random() < 0.5
+    # the discount query is a fair coin (opposite in the twin); the price lands on the side of the
+    # threshold it says
+    applies = pair.coin()
     price_a = _distinct(
         rng,
         lambda r: (
@@ -336,10 +491,11 @@ def _spa(rng):
     price_b = _distinct(rng, lambda r: r.randrange(40, 320, 5), used)
     therapist, therapist_b = rng.sample(NAMES, 2)
     branch = _pick(rng, BRANCHES)
-    s = {"day": _pick(rng, DAYS), "time": _pick(rng, TIMES)}
+    slot = _pick(rng, SPA_SLOTS)
+    s = {"day": _pick(rng, DAYS), "time": _clock(slot)}
     new_day, new_time = (
         _pick(rng, [d for d in DAYS if d != s["day"]]),
-        _pick(rng, [t for t in TIMES if t != s["time"]]),
+        _clock(_pick(rng, [t for t in SPA_SLOTS if t != slot])),
     )
     rules = [
         f"{tier} Tier gives {pct}% off any service over ${threshold}",
@@ -519,8 +675,8 @@ def _spa(rng):
             f"Yes. The {service_a} is ${price_a}, which is over ${threshold}, so your {pct}% "
             f"{tier} Tier discount applies."
             if applies
-            else f"No. The {service_a} is ${price_a}, which is not over ${threshold}, so the "
-            f"{pct}% discount does not apply."
+            else f"No. The {service_a} is ${price_a}, which is not over ${threshold}, so your "
+            f"{pct}% {tier} Tier discount does not apply."
         )
         return QueryRound(
             query=_pick(
@@ -529,6 +685,7 @@ def _spa(rng):
                     f"For that {service_a} booking, will my discount apply?",
                     f"Great. So will my member discount work on the {service_a}?",
                     f"Do I get my tier discount on the {service_a}?",
+                    f"Would my membership knock anything off the {service_a}?",
                 ],
             ),
             answer=verdict,
@@ -548,9 +705,10 @@ def _spa(rng):
                 [
                     f"Which is cheaper, the {service_a} or the {service_b}?",
                     f"Between the {service_a} and the {service_b}, which costs less?",
+                    f"Is the {service_a} or the {service_b} the less expensive one?",
                 ],
             ),
-            answer=f"The {name} is cheaper, at ${price}.",
+            answer=_pick(rng, [f"The {name} is cheaper, at ${price}.", f"The {name}: it's ${price}."]),
             answer_keys=[f"${price}"],
             analysis="which of the two services costs less",
             reasoning=f"The {service_a} costs ${price_a} and the {service_b} costs ${price_b}, so "
@@ -577,9 +735,20 @@ def _spa(rng):
                 [
                     f"Remind me, how much was the {service_a}?",
                     f"What was the price of the {service_a} again?",
+                    f"Sorry, what did you say the {service_a} costs?",
+                    f"How much did you say the {service_a} was?",
+                    f"I'd like the {service_a} {_pick(rng, WHEN)}. What does it cost?",
+                    f"If I book the {service_a} {_pick(rng, WHEN)}, what will I pay?",
                 ],
             ),
-            answer=f"The {service_a} is ${price_a}.",
+            answer=_pick(
+                rng,
+                [
+                    f"The {service_a} is ${price_a}.",
+                    f"The {service_a} costs ${price_a}.",
+                    f"It's ${price_a} for the {service_a}.",
+                ],
+            ),
             answer_keys=[f"${price_a}"],
             analysis=f"for the price of the {service_a}",
             reasoning=f"The price was stated earlier: the {service_a} is ${price_a}.",
@@ -593,9 +762,20 @@ def _spa(rng):
                 [
                     f"So who would do my {service_a}, and where?",
                     f"Who am I seeing for the {service_a}, and at which branch?",
+                    f"Which therapist does my {service_a}, and at which location?",
+                    f"Remind me who does the {service_a} and where I should go?",
+                    f"If I book the {service_a} {_pick(rng, WHEN)}, who do I see and where?",
+                    f"I'll come in for the {service_a} {_pick(rng, WHEN)}. Who does it, and at which branch?",
                 ],
             ),
-            answer=f"{therapist} performs it, at the {branch} branch.",
+            answer=_pick(
+                rng,
+                [
+                    f"{therapist} performs it, at the {branch} branch.",
+                    f"You'd see {therapist} at our {branch} branch.",
+                    f"{therapist} does the {service_a}, at the {branch} location.",
+                ],
+            ),
             answer_keys=[therapist, branch],
             analysis=f"who performs the {service_a} and at which branch",
             reasoning=f"{therapist} is the {service_a} specialist and works at the {branch} branch.",
@@ -610,9 +790,23 @@ def _spa(rng):
                     "What time is my appointment again?",
                     "When am I booked in?",
                     "Can you confirm my appointment time?",
+                    "When is my appointment now?",
+                    "What day and time am I booked for?",
+                    "So when should I come in for my appointment?",
+                    "Which day was my appointment, and at what time?",
+                    "I need to put my appointment in my calendar. When is it?",
                 ],
             ),
-            answer=f"Your appointment is on {st['day']} at {st['time']}.",
+            answer=_pick(
+                rng,
+                [
+                    f"Your appointment is on {st['day']} at {st['time']}.",
+                    f"You're booked for {st['day']} at {st['time']}.",
+                    f"You're seeing us on {st['day']} at {st['time']}.",
+                    f"It's {st['day']} at {st['time']}.",
+                    f"We have you down for {st['day']} at {st['time']}.",
+                ],
+            ),
             answer_keys=[st["day"], st["time"]],
             analysis="for the current appointment time",
             reasoning=f"The most recent booking says {st['day']} at {st['time']}; a later change "
@@ -621,12 +815,28 @@ def _spa(rng):
         )
 
     def ask_therapist_b(st):
+        when = _pick(rng, WHEN)
         return QueryRound(
             query=_pick(
                 rng,
-                [f"Who was it that does the {service_b}?", f"Remind me who performs the {service_b}?"],
+                [
+                    f"Who was it that does the {service_b}?",
+                    f"Remind me who performs the {service_b}?",
+                    f"Which therapist did you say does the {service_b}?",
+                    f"Who would I see for the {service_b}?",
+                    f"If I come back {when} for the {service_b}, who would do it?",
+                    f"I might book the {service_b} {when}. Who performs it?",
+                    f"I'd like the {service_b} {when}. Who would I be seeing?",
+                ],
             ),
-            answer=f"{therapist_b} does the {service_b}.",
+            answer=_pick(
+                rng,
+                [
+                    f"{therapist_b} does the {service_b}.",
+                    f"The {service_b} is done by {therapist_b}.",
+                    f"That's {therapist_b}, who does the {service_b}.",
+                ],
+            ),
             answer_keys=[therapist_b],
             analysis=f"who performs the {service_b}",
             reasoning=f"Earlier I said the {service_b} is done by {therapist_b}.",
@@ -694,42 +904,131 @@ def _spa(rng):
             [(f"A friend recommended the {service_b} to me.", f"The {service_b} has lovely reviews.")],
         ),
     ]
-    general = [
-        (
-            "Do you sell gift cards?",
-            "Yes, gift cards are available at the front desk in any amount.",
-            "gift cards",
-            "My mother's birthday is coming up soon.",
+    services = [
+        ("Do you sell gift cards?", "Yes, gift cards are available at the front desk in any amount."),
+        ("What are your opening hours?", "We are open from early morning until late every day."),
+        ("Is there parking nearby?", "Yes, every branch has free parking for guests."),
+        ("Do I need to bring anything to a session?", "No, we provide robes, towels and slippers."),
+        ("Can I bring a friend along?", "Yes, we have couple rooms if you book them ahead."),
+        ("Do you sell the oils you use?", "Yes, our oils are on sale at the reception desk."),
+    ]
+
+    def sessions_total(r):
+        service, n, price = _pick(r, SERVICES), r.randrange(2, 7), r.randrange(40, 200, 5)
+        total = n * price
+        return _self_contained(
+            f"what {n} sessions at ${price} each cost in all",
+            f"{n} sessions at ${price} each: {n} x ${price} = ${total}.",
+            _pick(
+                r,
+                [
+                    f"If I book {n} {service} sessions at ${price} each, what do I pay in all?",
+                    f"What would {n} sessions of the {service} come to at ${price} a session?",
+                    f"Say I buy a pack of {n} {service} sessions at ${price} each. What's the total?",
+                ],
+            ),
+            _pick(
+                r,
+                [
+                    f"{n} sessions at ${price} each come to ${total} in all.",
+                    f"That would be ${total}: {n} sessions at ${price} each.",
+                ],
+            ),
+            [f"${total}"],
+        )
+
+    def tip(r):
+        service, pct = _pick(r, SERVICES), _pick(r, [10, 15, 20, 25])
+        price = r.randrange(40, 300, 10 if pct in (10, 20) else 20)
+        amount = price * pct // 100
+        return _self_contained(
+            f"how much a {pct}% tip on ${price} is",
+            f"{pct}% of ${price} is ${amount}.",
+            _pick(
+                r,
+                [
+                    f"I'd like to leave a {pct}% tip on my ${price} {service}. How much is that?",
+                    f"What's a {pct}% tip on a ${price} {service}?",
+                    f"How much should I add for a {pct}% tip on the ${price} {service}?",
+                ],
+            ),
+            _pick(
+                r,
+                [
+                    f"A {pct}% tip on ${price} is ${amount}.",
+                    f"That's ${amount}, which is {pct}% of ${price}.",
+                ],
+            ),
+            [f"${amount}"],
+        )
+
+    def gift_card_left(r):
+        service, card = _pick(r, SERVICES), _pick(r, [50, 75, 100, 120, 150, 200, 250, 300])
+        price = r.randrange(25, card, 5)
+        left = card - price
+        return _self_contained(
+            f"what is left on a ${card} gift card after a ${price} treatment",
+            f"${card} - ${price} = ${left}.",
+            _pick(
+                r,
+                [
+                    f"I have a ${card} gift card. If I use it for the {service} at ${price}, what's left "
+                    "on it?",
+                    f"How much would remain on my ${card} gift card after a ${price} {service}?",
+                ],
+            ),
+            _pick(
+                r,
+                [
+                    f"${left} would be left on the card.",
+                    f"After the ${price} {service}, ${left} remains on your ${card} card.",
+                ],
+            ),
+            [f"${left}"],
+        )
+
+    def finish_time(r):
+        service, minutes, start = _pick(r, SERVICES), _pick(r, [30, 45, 60, 75, 90, 120]), _pick(r, SPA_SLOTS)
+        begin, end = _clock(start), _clock(start + minutes)
+        return _self_contained(
+            f"when a {minutes}-minute treatment that starts at {begin} finishes",
+            f"{begin} plus {minutes} minutes is {end}.",
+            _pick(
+                r,
+                [
+                    f"If my {minutes}-minute {service} starts at {begin}, when will it finish?",
+                    f"I'm booked for a {minutes}-minute {service} at {begin}. What time will I be done?",
+                ],
+            ),
+            _pick(
+                r, [f"It would finish at {end}.", f"A {minutes}-minute session from {begin} ends at {end}."]
+            ),
+            [end],
+        )
+
+    self_contained = [
+        SelfContained(
+            "the cost of a course of sessions",
+            sessions_total,
+            [
+                ("I'm thinking about a course of treatments this season.", "A course can work really well."),
+                ("I want to treat myself a few times this year.", "You deserve a bit of pampering."),
+            ],
         ),
-        (
-            "What are your opening hours?",
-            "We are open from early morning until late every day.",
-            "our opening hours",
-            "My work schedule is all over the place.",
+        SelfContained(
+            "tipping",
+            tip,
+            [("I never know how much to tip at a spa.", "Lots of guests wonder about that.")],
         ),
-        (
-            "Is there parking nearby?",
-            "Yes, every branch has free parking for guests.",
-            "parking at our branches",
-            "I'll probably drive over.",
+        SelfContained(
+            "gift card balances",
+            gift_card_left,
+            [("Someone gave me a gift card for my birthday.", "What a lovely present.")],
         ),
-        (
-            "Do I need to bring anything to a session?",
-            "No, we provide robes, towels and slippers.",
-            "what to bring to a session",
-            "I've never been to a spa before.",
-        ),
-        (
-            "Can I bring a friend along?",
-            "Yes, we have couple rooms if you book them ahead.",
-            "bringing a friend along",
-            "My best friend could use a day off too.",
-        ),
-        (
-            "Do you sell the oils you use?",
-            "Yes, our oils are on sale at the reception desk.",
-            "the oils we use",
-            "The lavender smell last time was lovely.",
+        SelfContained(
+            "how long treatments take",
+            finish_time,
+            [("I need to get back to work after my treatment.", "We'll make sure you're not late.")],
         ),
     ]
     protected = [f"${p}" for p in (price_a, price_b)] + [
@@ -741,19 +1040,17 @@ def _spa(rng):
         new_day,
         new_time,
     ]
-    return "spa", s, facts, updates, queries, general, protected
+    return "spa", s, facts, updates, queries, self_contained, services, protected
 
 
-def _shop(rng):
+def _shop(rng, pair):
     used = set()
     order = str(rng.randrange(10000, 99999))
     item_a, item_b = rng.sample(ITEMS, 2)
     price_a = _distinct(rng, lambda r: r.randrange(15, 400), used)
     price_b = _distinct(rng, lambda r: r.randrange(15, 400), used)
     address = f"{rng.randrange(2, 999)} {_pick(rng, STREETS)} Street, {_pick(rng, CITIES)}"
-    ok, days_since, window = _yes_no_split(
-        rng, [d for d in range(5, 95) if d not in RETURN_WINDOWS], RETURN_WINDOWS, lambda days, w: days <= w
-    )
+    ok, days_since, window = pair.yes_no(rng, "shop")
     s = {"date": f"{_pick(rng, MONTHS)} {rng.randrange(1, 29)}"}
     new_date = _distinct(rng, lambda r: f"{_pick(r, MONTHS)} {r.randrange(1, 29)}", {s["date"]})
     facts = [
@@ -876,6 +1173,7 @@ def _shop(rng):
                     "for a full refund?",
                     f"If I send the {item_a} back now, {days_since} days after delivery, do I get "
                     "my money back?",
+                    f"The {item_a} arrived {days_since} days ago. Can I still send it back for a refund?",
                 ],
             ),
             answer=answer,
@@ -913,8 +1211,28 @@ def _shop(rng):
 
     def ask_delivery(st):
         return QueryRound(
-            query=_pick(rng, ["So when will it arrive?", "What's the latest delivery date?"]),
-            answer=f"It should arrive on {st['date']}.",
+            query=_pick(
+                rng,
+                [
+                    "So when will it arrive?",
+                    "What's the latest delivery date?",
+                    "When will my package get here, then?",
+                    "So what day does the delivery come?",
+                    "When can I expect the package now?",
+                    "I need to be home for the delivery. Which day is it?",
+                    "What date is the delivery set for now?",
+                ],
+            ),
+            answer=_pick(
+                rng,
+                [
+                    f"It should arrive on {st['date']}.",
+                    f"The latest delivery date is {st['date']}.",
+                    f"Your package is now due on {st['date']}.",
+                    f"Delivery is set for {st['date']}.",
+                    f"Expect it on {st['date']}.",
+                ],
+            ),
             answer_keys=[st["date"]],
             analysis="for the current delivery date",
             reasoning=f"The latest delivery date given is {st['date']}; it replaces any earlier date.",
@@ -939,8 +1257,16 @@ def _shop(rng):
 
     def ask_price_b(st):
         return QueryRound(
-            query=_pick(rng, [f"How much did I pay for the {item_b}?", f"What did the {item_b} cost me?"]),
-            answer=f"The {item_b} was ${price_b}.",
+            query=_pick(
+                rng,
+                [
+                    f"How much did I pay for the {item_b}?",
+                    f"What did the {item_b} cost me?",
+                    f"Remind me what the {item_b} was?",
+                    f"I want to give the {item_b} to {_pick(rng, RECIPIENTS)}. What did I pay for it?",
+                ],
+            ),
+            answer=_pick(rng, [f"The {item_b} was ${price_b}.", f"You paid ${price_b} for the {item_b}."]),
             answer_keys=[f"${price_b}"],
             analysis=f"for the price of the {item_b}",
             reasoning=f"The user said the {item_b} was ${price_b}.",
@@ -999,59 +1325,124 @@ def _shop(rng):
             [(f"I'm thinking of giving the {item_b} as a present.", f"A {item_b} makes a thoughtful gift.")],
         ),
     ]
-    general = [
-        (
-            "Do you offer gift wrapping?",
-            "Yes, gift wrapping is available at checkout.",
-            "gift wrapping",
-            "Part of this order is a present.",
+    services = [
+        ("Do you offer gift wrapping?", "Yes, gift wrapping is available at checkout."),
+        ("Do you ship internationally?", "Yes, we ship to most countries."),
+        ("Can I pay with PayPal?", "Yes, we accept PayPal and all major cards."),
+        ("Do you have a loyalty program?", "Yes, you earn points on every purchase."),
+        ("Do you price match?", "Yes, we match the price of most major stores."),
+        ("Can I pick up in a store?", "Yes, most orders can be collected in store."),
+    ]
+
+    def quantity_total(r):
+        item, n, price = _pick(r, ITEMS), r.randrange(2, 7), r.randrange(12, 150)
+        total = n * price
+        return _self_contained(
+            f"what {n} of an item at ${price} each cost",
+            f"{n} x ${price} = ${total}.",
+            _pick(
+                r,
+                [
+                    f"If I order {n} of the {item} at ${price} each, what's the total?",
+                    f"What would {n} units of the {item} cost at ${price} apiece?",
+                    f"I'm buying the {item} for my team: {n} of them at ${price} each. How much is that?",
+                ],
+            ),
+            _pick(r, [f"{n} at ${price} each come to ${total}.", f"That would be ${total} in total."]),
+            [f"${total}"],
+        )
+
+    def sale_price(r):
+        item, pct, price = _pick(r, ITEMS), _pick(r, [10, 20, 25, 30, 40, 50]), r.randrange(20, 400, 20)
+        paid = price * (100 - pct) // 100
+        return _self_contained(
+            f"what a ${price} item costs at {pct}% off",
+            f"{pct}% off ${price} takes ${price - paid} off, leaving ${paid}.",
+            _pick(
+                r,
+                [
+                    f"The {item} is ${price} and your sale takes {pct}% off. What would I pay?",
+                    f"If the ${price} {item} is {pct}% off, what's the sale price?",
+                    f"With {pct}% off, how much is a {item} that normally costs ${price}?",
+                ],
+            ),
+            _pick(r, [f"You would pay ${paid}.", f"At {pct}% off, the ${price} {item} comes to ${paid}."]),
+            [f"${paid}"],
+        )
+
+    def credit_left(r):
+        item, credit = _pick(r, ITEMS), _pick(r, [50, 75, 100, 150, 200, 250, 300, 500])
+        price = r.randrange(15, credit - 4)
+        left = credit - price
+        return _self_contained(
+            f"how much of ${credit} in store credit is left after a ${price} purchase",
+            f"${credit} - ${price} = ${left}.",
+            _pick(
+                r,
+                [
+                    f"I have ${credit} in store credit. If I buy a {item} for ${price}, how much is left?",
+                    f"After a ${price} {item}, what would remain of my ${credit} store credit?",
+                ],
+            ),
+            _pick(r, [f"${left} of credit would be left.", f"You would have ${left} left in credit."]),
+            [f"${left}"],
+        )
+
+    def split_order(r):
+        people, share = r.randrange(2, 7), r.randrange(9, 120)
+        total = people * share
+        return _self_contained(
+            f"each person's share of a ${total} order split {people} ways",
+            f"${total} / {people} = ${share}.",
+            _pick(
+                r,
+                [
+                    f"{people} of us are splitting a ${total} order evenly. What does each person pay?",
+                    f"If a ${total} order is shared equally by {people} friends, what is each share?",
+                    f"We are {people} people sharing the cost of a ${total} {_pick(r, ITEMS)}. What's each "
+                    "share?",
+                ],
+            ),
+            _pick(r, [f"Each person pays ${share}.", f"Split {people} ways, that's ${share} each."]),
+            [f"${share}"],
+        )
+
+    self_contained = [
+        SelfContained(
+            "ordering several items",
+            quantity_total,
+            [("I might need a few more of these for the office.", "Bulk orders are no problem for us.")],
         ),
-        (
-            "Do you ship internationally?",
-            "Yes, we ship to most countries.",
-            "shipping abroad",
-            "My cousin lives overseas.",
+        SelfContained(
+            "our sale prices",
+            sale_price,
+            [("I heard there's a sale on at the moment.", "There are some good deals on right now.")],
         ),
-        (
-            "Can I pay with PayPal?",
-            "Yes, we accept PayPal and all major cards.",
-            "payment methods",
-            "I don't like typing my card details online.",
+        SelfContained(
+            "store credit",
+            credit_left,
+            [("I still have some store credit from a return.", "Store credit never expires with us.")],
         ),
-        (
-            "Do you have a loyalty program?",
-            "Yes, you earn points on every purchase.",
-            "our loyalty program",
-            "I shop with you quite often.",
-        ),
-        (
-            "Do you price match?",
-            "Yes, we match the price of most major stores.",
-            "price matching",
-            "I saw some things cheaper elsewhere.",
-        ),
-        (
-            "Can I pick up in a store?",
-            "Yes, most orders can be collected in store.",
-            "picking up in a store",
-            "There's one of your stores near my office.",
+        SelfContained(
+            "sharing the cost of an order",
+            split_order,
+            [("My flatmates and I often order things together.", "Group orders can save on shipping.")],
         ),
     ]
     protected = [order, f"${price_a}", f"${price_b}", address, s["date"], new_date]
-    return "shop", s, facts, updates, queries, general, protected
+    return "shop", s, facts, updates, queries, self_contained, services, protected
 
 
-def _travel(rng):
+def _travel(rng, pair):
     ref = "".join(rng.choice("ABCDEFGHJKLMNPQRSTUVWXYZ23456789") for _ in range(6))
     flight = f"{rng.choice(['TK', 'LH', 'BA', 'AF', 'UA', 'QF'])}{rng.randrange(100, 9999)}"
     city, hotel, nights = _pick(rng, CITIES), _pick(rng, HOTELS), rng.randrange(2, 9)
     seat = f"{rng.randrange(3, 40)}{rng.choice('ABCDEF')}"
-    covered, want_bags, bags = _yes_no_split(rng, [1, 2, 3], [0, 1, 2, 3], lambda want, have: want <= have)
-    s = {"date": f"{_pick(rng, MONTHS)} {rng.randrange(1, 29)}", "time": _pick(rng, TIMES)}
-    new_time = _pick(rng, [t for t in TIMES if t != s["time"]])
-
-    def bag_words(n):
-        return "no checked bags" if n == 0 else f"{n} checked bag{'s' if n > 1 else ''}"
+    covered, weight, limit = pair.yes_no(rng, "travel")
+    bag = _pick(rng, BAGS)
+    slot = _pick(rng, FLIGHT_SLOTS)
+    s = {"date": f"{_pick(rng, MONTHS)} {rng.randrange(1, 29)}", "time": _clock(slot)}
+    new_time = _clock(_pick(rng, [t for t in FLIGHT_SLOTS if t != slot]))
 
     facts = [
         Round(
@@ -1109,12 +1500,9 @@ def _travel(rng):
             _pick(
                 rng,
                 [
-                    f"Your fare includes {bag_words(bags)}, 23 kg each."
-                    if bags
-                    else "Your fare includes no checked bags.",
-                    f"You can check {bags} bag{'s' if bags > 1 else ''}."
-                    if bags
-                    else "Your fare is cabin baggage only, with no checked bags.",
+                    f"Your fare includes one checked bag of up to {_kg(limit)}.",
+                    f"You can check one bag weighing up to {_kg(limit)}.",
+                    f"Checked bags on your fare can weigh up to {_kg(limit)}.",
                 ],
             ),
             {"bags": "A"},
@@ -1141,15 +1529,25 @@ def _travel(rng):
             query=_pick(
                 rng,
                 [
-                    f"Can I bring {bag_words(want_bags)} at no cost?",
-                    f"Is it fine if I check {want_bags} bag{'s' if want_bags > 1 else ''}?",
+                    f"My {bag} weighs {_kg(weight)}. Can I check it at no extra cost?",
+                    f"Will a {_kg(weight)} {bag} be within my baggage allowance?",
+                    f"Is {_kg(weight)} okay for my checked {bag} on the flight to {city}?",
+                    f"I just weighed my {bag} at {_kg(weight)}. Can it go in the hold for free?",
                 ],
             ),
-            answer=f"{'Yes' if covered else 'No'}. Your fare includes {bag_words(bags)}, "
-            f"so {want_bags} {'is' if covered else 'is not'} covered.",
+            answer=_pick(
+                rng,
+                [
+                    f"{'Yes' if covered else 'No'}. Your fare to {city} allows up to {_kg(limit)}, so a "
+                    f"{_kg(weight)} {bag} {'is within it' if covered else 'is over the limit'}.",
+                    f"{'Yes' if covered else 'No'}. At {_kg(weight)}, your {bag} is "
+                    f"{'within' if covered else 'over'} the {_kg(limit)} limit of your {city} fare.",
+                ],
+            ),
             answer_keys=["yes" if covered else "no"],
-            analysis="whether their checked bags are covered",
-            reasoning=f"The fare includes {bag_words(bags)}; the user wants {want_bags}.",
+            analysis=f"whether their {bag} is within the checked-bag weight limit",
+            reasoning=f"The fare allows one checked bag of up to {_kg(limit)}; the {bag} weighs "
+            f"{_kg(weight)}.",
             derived_yes_no=True,
         )
 
@@ -1170,8 +1568,28 @@ def _travel(rng):
 
     def ask_departure(st):
         return QueryRound(
-            query=_pick(rng, ["So what time do I leave now?", "What's the current departure time?"]),
-            answer=f"You now depart at {st['time']}.",
+            query=_pick(
+                rng,
+                [
+                    "So what time do I leave now?",
+                    "What's the current departure time?",
+                    "So what time does my flight leave now?",
+                    "After all that, when do I take off?",
+                    "I'm booking a taxi to the airport. What time does my flight depart?",
+                    "Remind me of the departure time as it stands?",
+                    "What time is my flight now, with the changes?",
+                ],
+            ),
+            answer=_pick(
+                rng,
+                [
+                    f"You now depart at {st['time']}.",
+                    f"Your flight now leaves at {st['time']}.",
+                    f"Departure is now at {st['time']}.",
+                    f"It departs at {st['time']}.",
+                    f"The flight leaves at {st['time']}.",
+                ],
+            ),
             answer_keys=[st["time"]],
             analysis="for the current departure time",
             reasoning=f"The latest departure time is {st['time']}; it overrides the earlier schedule.",
@@ -1250,57 +1668,121 @@ def _travel(rng):
             ],
         ),
     ]
-    general = [
-        (
-            "Is there Wi-Fi on board?",
-            "Yes, Wi-Fi is available on all our long-haul flights.",
-            "Wi-Fi on board",
-            "I need to get some work done on the way.",
+    services = [
+        ("Is there Wi-Fi on board?", "Yes, Wi-Fi is available on all our long-haul flights."),
+        ("Can I bring a pet?", "Small pets can travel in the cabin for a fee."),
+        ("Do you offer travel insurance?", "Yes, you can add travel insurance to any booking."),
+        ("How early should I get to the airport?", "We recommend arriving two hours before departure."),
+        ("Are meals included?", "Yes, meals are included on flights over three hours."),
+        ("Can I choose a window seat?", "Yes, you can pick a seat when you check in online."),
+    ]
+
+    def room_total(r):
+        place, n, rate = _pick(r, CITIES), r.randrange(2, 10), r.randrange(60, 300, 5)
+        total = n * rate
+        return _self_contained(
+            f"what {n} nights at ${rate} a night cost",
+            f"{n} x ${rate} = ${total}.",
+            _pick(
+                r,
+                [
+                    f"A room in {place} at ${rate} a night for {n} nights: what does that come to?",
+                    f"If I stay {n} nights in {place} at ${rate} per night, what's the total?",
+                    f"What do {n} nights in {place} cost at a nightly rate of ${rate}?",
+                ],
+            ),
+            _pick(r, [f"{n} nights at ${rate} come to ${total}.", f"That comes to ${total} for the stay."]),
+            [f"${total}"],
+        )
+
+    def landing_time(r):
+        place, hours, start = _pick(r, CITIES), r.randrange(1, 8), _pick(r, range(6 * 60, 15 * 60, 5))
+        begin, end = _clock(start), _clock(start + 60 * hours)
+        return _self_contained(
+            f"when a {hours}-hour flight that leaves at {begin} lands, in the same time zone",
+            f"{begin} plus {hours} hours is {end}.",
+            _pick(
+                r,
+                [
+                    f"If a {hours}-hour flight to {place} leaves at {begin}, what time does it land, in "
+                    "the same time zone?",
+                    f"A flight to {place} takes {hours} hours with no time change. Leaving at {begin}, when "
+                    "do I arrive?",
+                ],
+            ),
+            _pick(r, [f"It would land at {end}.", f"Leaving at {begin}, you would arrive at {end}."]),
+            [end],
+        )
+
+    def extra_bags(r):
+        place, n, fee = _pick(r, CITIES), r.randrange(2, 7), r.randrange(20, 100)
+        total = n * fee
+        return _self_contained(
+            f"what {n} extra bags at ${fee} each cost",
+            f"{n} x ${fee} = ${total}.",
+            _pick(
+                r,
+                [
+                    f"If each extra bag costs ${fee}, what would {n} extra bags to {place} cost me?",
+                    f"Say we add {n} extra bags at ${fee} a bag for the {place} trip. What's the total?",
+                ],
+            ),
+            _pick(r, [f"{n} extra bags at ${fee} each come to ${total}.", f"That would be ${total}."]),
+            [f"${total}"],
+        )
+
+    def group_tickets(r):
+        place, n, price = _pick(r, CITIES), r.randrange(2, 9), r.randrange(8, 60)
+        total = n * price
+        return _self_contained(
+            f"what {n} tickets at ${price} each cost",
+            f"{n} x ${price} = ${total}.",
+            _pick(
+                r,
+                [
+                    f"{n} of us are taking the airport train in {place} at ${price} a ticket. What's the "
+                    "total?",
+                    f"What do {n} airport shuttle tickets in {place} cost at ${price} each?",
+                ],
+            ),
+            _pick(r, [f"{n} tickets at ${price} each come to ${total}.", f"That's ${total} for all {n}."]),
+            [f"${total}"],
+        )
+
+    self_contained = [
+        SelfContained(
+            "hotel costs",
+            room_total,
+            [("I'm still comparing hotels for the trip.", "It pays to compare a few options.")],
         ),
-        (
-            "Can I bring a pet?",
-            "Small pets can travel in the cabin for a fee.",
-            "travelling with a pet",
-            "My cat hates being left alone.",
+        SelfContained(
+            "flight times",
+            landing_time,
+            [("I'm trying to plan what happens after I land.", "A little planning helps on arrival day.")],
         ),
-        (
-            "Do you offer travel insurance?",
-            "Yes, you can add travel insurance to any booking.",
-            "travel insurance",
-            "My last trip got cancelled at the last minute.",
+        SelfContained(
+            "extra baggage",
+            extra_bags,
+            [("We might bring a lot of gear this time.", "Extra gear can add up quickly.")],
         ),
-        (
-            "How early should I get to the airport?",
-            "We recommend arriving two hours before departure.",
-            "getting to the airport on time",
-            "Airports always stress me out.",
-        ),
-        (
-            "Are meals included?",
-            "Yes, meals are included on flights over three hours.",
-            "meals on board",
-            "I get hungry on long flights.",
-        ),
-        (
-            "Can I choose a window seat?",
-            "Yes, you can pick a seat when you check in online.",
-            "choosing a seat",
-            "I love watching the clouds from the plane.",
+        SelfContained(
+            "getting to and from the airport",
+            group_tickets,
+            [("A few friends are coming along on this trip.", "Travelling in a group is fun.")],
         ),
     ]
     protected = [ref, flight, hotel, seat, s["date"], s["time"], new_time]
-    return "travel", s, facts, updates, queries, general, protected
+    return "travel", s, facts, updates, queries, self_contained, services, protected
 
 
-def _telecom(rng):
+def _telecom(rng, pair):
     used = set()
     account, card = (_distinct(rng, lambda r: str(r.randrange(1000, 9999)), used) for _ in range(2))
     plan, new_plan = rng.sample(PLANS, 2)
-    s = {"plan": plan, "fee": rng.randrange(15, 90)}
-    new_fee = _distinct(rng, lambda r: r.randrange(15, 90), {s["fee"]})
-    over, usage, data_gb = _yes_no_split(
-        rng, [3, 4, 8, 12, 15, 25, 30, 40, 60, 75], DATA_ALLOWANCES, lambda use, allowance: use > allowance
-    )
+    s = {"plan": plan, "fee": rng.randrange(15, 120)}
+    new_fee = _distinct(rng, lambda r: r.randrange(15, 120), {s["fee"]})
+    over, usage, data_gb = pair.yes_no(rng, "telecom")
+    place, month = _pick(rng, CITIES), _pick(rng, MONTHS)
     bill_day = rng.randrange(1, 29)
     facts = [
         Round(
@@ -1389,12 +1871,23 @@ def _telecom(rng):
             query=_pick(
                 rng,
                 [
-                    f"If I use {usage} GB this month, will I go over?",
-                    f"Would {usage} GB exceed my allowance?",
+                    f"If I use {usage} GB in {month}, will I go over?",
+                    f"Would {usage} GB in {month} exceed my allowance?",
+                    f"I'll probably stream about {usage} GB of video in {month}. Is that more than my plan "
+                    "includes?",
+                    f"My trip to {place} in {month} could take {usage} GB of data. Would that put me over my "
+                    "allowance?",
                 ],
             ),
-            answer=f"{'Yes' if over else 'No'}. Your allowance is {data_gb} GB, so {usage} GB "
-            f"{'goes over it' if over else 'stays within it'}.",
+            answer=_pick(
+                rng,
+                [
+                    f"{'Yes' if over else 'No'}. Your allowance is {data_gb} GB a month, so {usage} GB in "
+                    f"{month} {'goes over it' if over else 'stays within it'}.",
+                    f"{'Yes' if over else 'No'}. {usage} GB is {'more' if over else 'not more'} than the "
+                    f"{data_gb} GB your plan includes for {month}.",
+                ],
+            ),
             answer_keys=["yes" if over else "no"],
             analysis="whether their planned usage exceeds the data allowance",
             reasoning=f"The allowance is {data_gb} GB and the user plans {usage} GB.",
@@ -1410,9 +1903,21 @@ def _telecom(rng):
         return QueryRound(
             query=_pick(
                 rng,
-                ["Which account number did I give you?", "What are the last digits of my account again?"],
+                [
+                    "Which account number did I give you?",
+                    "What are the last digits of my account again?",
+                    "Sorry, which account did I say this was?",
+                    "Can you read my account number back to me?",
+                ],
             ),
-            answer=f"Your account number ends in {account}.",
+            answer=_pick(
+                rng,
+                [
+                    f"Your account number ends in {account}.",
+                    f"It's the account ending in {account}.",
+                    f"You gave the account ending {account}.",
+                ],
+            ),
             answer_keys=[account],
             analysis="for their account number",
             reasoning=f"The user said the account ends in {account}.",
@@ -1421,8 +1926,25 @@ def _telecom(rng):
 
     def ask_plan(st):
         return QueryRound(
-            query=_pick(rng, ["How much do I pay per month now?", "What's my monthly fee at the moment?"]),
-            answer=f"You're on {st['plan']} at ${st['fee']} per month.",
+            query=_pick(
+                rng,
+                [
+                    "How much do I pay per month now?",
+                    "What's my monthly fee at the moment?",
+                    "So what will my monthly bill be from now on?",
+                    "Remind me what my plan costs each month now?",
+                    f"What will I be paying for my plan in {month}?",
+                    f"I'm planning my budget for {month}. What's my monthly fee?",
+                ],
+            ),
+            answer=_pick(
+                rng,
+                [
+                    f"You're on {st['plan']} at ${st['fee']} per month.",
+                    f"Your {st['plan']} plan costs ${st['fee']} a month.",
+                    f"It's ${st['fee']} a month, for {st['plan']}.",
+                ],
+            ),
             answer_keys=[f"${st['fee']}"],
             analysis="for their current monthly fee",
             reasoning=f"The latest plan is {st['plan']} at ${st['fee']} per month; it replaces the "
@@ -1502,46 +2024,115 @@ def _telecom(rng):
             about_bill,
         ),
     ]
-    general = [
-        (
-            "Do you have 5G coverage?",
-            "Yes, 5G covers all major cities on our network.",
-            "network coverage",
-            "My signal at home is pretty weak.",
+    services = [
+        ("Do you have 5G coverage?", "Yes, 5G covers all major cities on our network."),
+        ("Can I keep my number if I switch?", "Yes, number transfer is free."),
+        ("Is there a contract?", "No, all our plans are month to month."),
+        ("Do you sell phones?", "Yes, we sell phones with monthly payment options."),
+        ("Can I use my phone abroad?", "Yes, roaming works in most countries."),
+        ("Do you offer home internet?", "Yes, we offer fibre home internet in many areas."),
+    ]
+
+    def months_total(r):
+        n, fee, who = r.randrange(2, 13), r.randrange(10, 100), _pick(r, RECIPIENTS)
+        total = n * fee
+        return _self_contained(
+            f"what {n} months at ${fee} a month cost",
+            f"{n} x ${fee} = ${total}.",
+            _pick(
+                r,
+                [
+                    f"If a plan costs ${fee} a month, what do {n} months come to?",
+                    f"What would I pay over {n} months for a ${fee} monthly plan?",
+                    f"I'm paying for a ${fee} a month plan for {who} for {n} months. What's that in total?",
+                ],
+            ),
+            _pick(r, [f"{n} months at ${fee} come to ${total}.", f"That's ${total} over {n} months."]),
+            [f"${total}"],
+        )
+
+    def instalment(r):
+        n, monthly = _pick(r, [6, 10, 12, 18, 24, 36]), r.randrange(9, 80)
+        product = _pick(r, ["phone", "tablet", "smartwatch", "laptop", "games console", "router"])
+        price = n * monthly
+        return _self_contained(
+            f"the monthly payment for a ${price} {product} over {n} months",
+            f"${price} / {n} = ${monthly}.",
+            _pick(
+                r,
+                [
+                    f"If I pay off a ${price} {product} over {n} months, how much is that each month?",
+                    f"A ${price} {product} split into {n} equal monthly payments: what is each payment?",
+                ],
+            ),
+            _pick(r, [f"That's ${monthly} a month.", f"Each payment would be ${monthly}."]),
+            [f"${monthly}"],
+        )
+
+    def weekly_data(r):
+        device, per_week, weeks = _pick(r, DEVICES), r.randrange(2, 31), r.randrange(2, 9)
+        total = per_week * weeks
+        return _self_contained(
+            f"how much data {per_week} GB a week adds up to over {weeks} weeks",
+            f"{per_week} GB x {weeks} = {total} GB.",
+            _pick(
+                r,
+                [
+                    f"If my {device} uses {per_week} GB a week, how much is that over {weeks} weeks?",
+                    f"My {device} uses about {per_week} GB a week. What's that for {weeks} weeks?",
+                ],
+            ),
+            _pick(
+                r,
+                [f"That's {total} GB in total.", f"Over {weeks} weeks your {device} would use {total} GB."],
+            ),
+            [f"{total} GB"],
+        )
+
+    def call_minutes(r):
+        calls, minutes = r.randrange(2, 12), r.randrange(5, 45)
+        total = calls * minutes
+        return _self_contained(
+            f"how many minutes {calls} calls of {minutes} minutes make",
+            f"{calls} x {minutes} = {total} minutes.",
+            _pick(
+                r,
+                [
+                    f"I made {calls} calls of {minutes} minutes each. How many minutes is that?",
+                    f"If I have {calls} calls a week of about {minutes} minutes, how many minutes is that "
+                    "a week?",
+                ],
+            ),
+            _pick(
+                r, [f"That's {total} minutes.", f"{calls} calls of {minutes} minutes make {total} minutes."]
+            ),
+            [f"{total} minutes"],
+        )
+
+    self_contained = [
+        SelfContained(
+            "what a plan costs over time",
+            months_total,
+            [("I'm trying to get my yearly budget in order.", "A clear budget really helps.")],
         ),
-        (
-            "Can I keep my number if I switch?",
-            "Yes, number transfer is free.",
-            "keeping your number",
-            "Everyone I know has my current number.",
+        SelfContained(
+            "paying for a phone in instalments",
+            instalment,
+            [("My phone screen cracked last week.", "That's annoying; a new phone might be due.")],
         ),
-        (
-            "Is there a contract?",
-            "No, all our plans are month to month.",
-            "contracts",
-            "I don't like being locked in.",
+        SelfContained(
+            "how much data you use",
+            weekly_data,
+            [("I watch a lot of shows on my tablet.", "Streaming can use a lot of data.")],
         ),
-        (
-            "Do you sell phones?",
-            "Yes, we sell phones with monthly payment options.",
-            "buying a phone",
-            "My phone screen cracked last week.",
-        ),
-        (
-            "Can I use my phone abroad?",
-            "Yes, roaming works in most countries.",
-            "using your phone abroad",
-            "I have a trip coming up next month.",
-        ),
-        (
-            "Do you offer home internet?",
-            "Yes, we offer fibre home internet in many areas.",
-            "home internet",
-            "My home wifi keeps dropping out.",
+        SelfContained(
+            "call minutes",
+            call_minutes,
+            [("I spend a lot of time on the phone for work.", "Work calls really add up.")],
         ),
     ]
     protected = [account, card, f"${s['fee']}", f"${new_fee}", f"day {bill_day}"]
-    return "telecom", s, facts, updates, queries, general, protected
+    return "telecom", s, facts, updates, queries, self_contained, services, protected
 
 
 DOMAINS = [_spa, _shop, _travel, _telecom]
@@ -1569,6 +2160,52 @@ USER_OPENERS = [
     "Right. ",
     "One thing: ",
 ]
+# A question late in a conversation usually starts with a few words that tie it to what came
+# before. These make query texts varied enough that two dialogues rarely share a query and its
+# answer word for word (stage 0's lookup check).
+QUERY_OPENERS = USER_OPENERS + [
+    "Before I forget, ",
+    "Just to check, ",
+    "Actually, ",
+    "Sorry, ",
+    "Thanks. ",
+    "Great, thanks. ",
+    "Perfect. ",
+    "Got it. ",
+    "Alright, ",
+    "Oh, right. ",
+    "Hold on, ",
+    "Quick one: ",
+    "Another thing: ",
+    "I was wondering, ",
+    "Sorry to bother you again. ",
+    "Okay, next question. ",
+    "One last thing: ",
+    "Thanks for that. ",
+    "That's helpful. ",
+    "Good to know. ",
+    "Mm, okay. ",
+    "Oh, also, ",
+    "And ",
+    "Just wondering, ",
+    "Can I ask something else? ",
+    "Okay, so ",
+    "Cool. ",
+]
+QUERY_OPENER_RATE = 0.75
+QUERY_CLOSERS = [  # and some end with a word more
+    " Thanks.",
+    " Thank you.",
+    " Cheers.",
+    " Thanks so much.",
+    " Sorry, I forgot.",
+    " I didn't write it down.",
+    " I want to make a note of it.",
+    " Just checking.",
+    " I can't quite remember.",
+    " Sorry to ask again.",
+]
+QUERY_CLOSER_RATE = 0.4
 ASSISTANT_OPENERS = [
     "Sure. ",
     "Of course. ",
@@ -1587,29 +2224,46 @@ def _opener(rng, text, openers, rate):
     opener = rng.choice(
         [o for o in openers if text.endswith("?") or not o.endswith(": ")]
     )  # "Quick question:" asks
-    lower = opener.endswith(("and ", ": ", ", ")) and not re.match(r"I\b", text)
+    lower = opener.endswith(("and ", "And ", "so ", ": ", ", ")) and not re.match(r"I\b", text)
     return opener + (text[0].lower() + text[1:] if lower else text)
+
+
+def _draw_self_contained(rng, spec, earlier, protected) -> QueryRound:
+    """A draw of a self-contained query whose answer keys no earlier utterance holds (its H* is
+    empty, so the unique-gold rule allows them nowhere) and that states none of this dialogue's
+    answer values (a later query's key must stay in that query's H*)."""
+    for _ in range(1000):
+        query_round = spec.make(rng)
+        keys = distinctive_keys(query_round.answer_keys)
+        text = f"{query_round.query} {query_round.answer}"
+        if not any(mentions(t, k) for t in earlier for k in keys) and not any(
+            mentions(text, v) for v in protected
+        ):
+            return query_round
+    raise RuntimeError(f"no self-contained query about {spec.topic} fits this dialogue")
 
 
 def generate_dialogue(index: int, seed: int) -> dict:
     """One synthetic dialogue in the raw source format (see stage0_build.read_dialogues): rounds
     of user/assistant text; query rounds carry their ground truth under "gold"."""
-    rng = random.Random(f"{seed}-{index}")
-    domain, state, facts, updates, queries, general, protected = rng.choice(DOMAINS)(rng)
-    _, (low, high), _ = rng.choices(LENGTH_PLAN, weights=[w for *_, w in LENGTH_PLAN])[0]
-    num_rounds = rng.randint(low, high)
+    rng, pair = random.Random(f"{seed}-{index}"), PairPlan(seed, index)
+    make_domain = pair.rng.choice(DOMAINS)
+    domain, state, facts, updates, queries, self_contained, services, protected = make_domain(rng, pair)
+    _, (low, high), _ = pair.rng.choices(LENGTH_PLAN, weights=[w for *_, w in LENGTH_PLAN])[0]
+    num_rounds = pair.rng.randint(low, high)
 
     # Which queries, and so which facts, this dialogue needs. Their needs are disjoint: an answer
     # restates the facts it used, so a later query on the same fact could recall that answer
     # instead, and H* would no longer be the unique minimal set.
     num_queries = 2 + num_rounds // 10
     chosen, used = [], set()
-    for q in sorted(queries, key=lambda q: rng.random() * 2.5 - len(q.needs)):  # multi-fact first, mostly
+    # Multi-fact first, mostly. The twins ask the same queries: their yes/no queries pair up.
+    for q in sorted(queries, key=lambda q: pair.rng.random() * 2.5 - len(q.needs)):
         if len(chosen) < num_queries and not used & set(q.needs):
             chosen.append(q)
             used |= set(q.needs)
     needed = {k for q in chosen for k in q.needs}
-    general_queries = rng.sample(general, 1 if num_rounds < 20 else 2) if rng.random() < 0.5 else []
+    general_queries = rng.sample(self_contained, 1 if num_rounds < 20 else 2) if rng.random() < 0.5 else []
     fact_rounds = [f for f in facts if set(f.provides) & needed]
     update_rounds = [updates[k] for k in updates if k in needed and rng.random() < 0.7]
 
@@ -1619,7 +2273,7 @@ def generate_dialogue(index: int, seed: int) -> dict:
     rng.shuffle(tail)
     related = {}
     for k, (kind, item) in enumerate(tail):
-        remark, topic = (rng.choice(item.related)[0], item.topic) if kind == "query" else (item[3], item[2])
+        remark, topic = rng.choice(item.related)[0], item.topic
         if rng.random() < RELATED_ROUND_RATE:
             related[k] = (remark, rng.choice(OFFERS_OF_HELP).format(topic))
     while num_rounds - len(tail) - len(related) < len(fact_rounds) + len(update_rounds) + 1:
@@ -1652,12 +2306,11 @@ def generate_dialogue(index: int, seed: int) -> dict:
     setup = [None] * setup_size
     for slot, r in zip(sorted(rng.sample(range(setup_size), len(placed))), placed):
         setup[slot] = r
-    asked = {item[0] for kind, item in tail if kind == "general"}
-    services = [g for g in general if g[0] not in asked]
+    services = list(services)
     talk = small_talk_exchanges()
     for i in (i for i, r in enumerate(setup) if r is None):
         if rng.random() < SERVICE_DISTRACTOR_RATE and services:
-            setup[i] = Round(*services.pop(rng.randrange(len(services)))[:2], kind="distractor")
+            setup[i] = Round(*services.pop(rng.randrange(len(services))), kind="distractor")
             continue
         while True:  # small talk that happens to mention one of this dialogue's facts would state it twice
             user, reply = talk[rng.randrange(len(talk))]
@@ -1691,15 +2344,16 @@ def generate_dialogue(index: int, seed: int) -> dict:
                 }
             )
         if kind == "general":
-            user, answer = item[:2]
+            earlier = [text for r in rounds for text in (r["user"], r["assistant"])]
+            query_round = _draw_self_contained(rng, item, earlier, protected)
+            user, answer = query_round.query, query_round.answer
             gold = {
                 "recall": [],
-                "answer_keys": [answer.rstrip(".")],
+                "answer_keys": query_round.answer_keys,
                 "derived_yes_no": False,
                 "query_type": "none",
-                "analysis": "a general question about our services",
-                "reasoning": "This is general service information; nothing from earlier in the "
-                "conversation is needed.",
+                "analysis": query_round.analysis,
+                "reasoning": query_round.reasoning,
             }
         else:
             query_round = item.make(state)
@@ -1716,9 +2370,21 @@ def generate_dialogue(index: int, seed: int) -> dict:
                 "reasoning": query_round.reasoning,
             }
         rounds.append(
-            {"user": _opener(rng, user, USER_OPENERS, 0.5), "assistant": answer, "kind": kind, "gold": gold}
+            {
+                "user": _opener(rng, user, QUERY_OPENERS, QUERY_OPENER_RATE)
+                + (rng.choice(QUERY_CLOSERS) if rng.random() < QUERY_CLOSER_RATE else ""),
+                "assistant": answer,
+                "kind": kind,
+                "gold": gold,
+            }
         )
-    return {"id": f"synthetic-{index:06d}", "source": "synthetic", "domain": domain, "rounds": rounds}
+    return {
+        "id": f"synthetic-{index:06d}",
+        "source": "synthetic",
+        "domain": domain,
+        "meta": {"split_group": pair.group},
+        "rounds": rounds,
+    }
 
 
 def generate_synthetic(num_dialogues: int, seed: int = 0) -> list[dict]:

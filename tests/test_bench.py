@@ -492,7 +492,7 @@ def test_ungrouped_order_is_phase_data_shuffle_without_the_sort(tiny):
 
     _, tokenizer = tiny
     records = [hand_record(i, rounds=r) for i, r in enumerate((4, 12, 6, 20, 8, 3, 16))]
-    data = PhaseData(tokenizer, records, 2, 512, True, 0, 2)
+    data = PhaseData(tokenizer, records, 2, 512, "full", 0, 2)
     grouped = [sorted(data.batch_indices(k)) for k in range(data.batches_per_epoch)]
     ungrouped = [sorted(b) for b in sft_bench.ungrouped_batches(data)]
     assert sorted(i for b in grouped for i in b) == sorted(

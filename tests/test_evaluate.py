@@ -1002,3 +1002,40 @@ def test_cuemem_llm_extractor_with_a_local_model(tmp_path, monkeypatch):
     assert calls and calls[0][0]["content"] == cuemem.EXTRACT_SYSTEM_PROMPT
     assert len(outputs) == len(calls) and all(isinstance(o, str) for o in outputs)
     assert len(read_lines(tmp_path / "o" / "cuemem.jsonl")) == 1
+
+
+def test_no_history_option_empties_what_every_method_sees():
+    """Table 2's floor: the same model asked with an empty history, whatever the method."""
+    record = make_record(0, 6)
+    options = {"recency_k": 2, "rag_k": 2, "cuemem": {}, "history": "none"}
+    for method in ("full", "recency", "rag", "srt", "srt-p"):
+        messages, recalled = evaluate.method_input(method, record, options)
+        assert "Dialogue history:\n(empty)" in messages[1]["content"], method
+        assert all(t["text"] not in messages[1]["content"] for t in record["history"]), method
+        assert not recalled
+    shown, _ = evaluate.method_input("srt", record, {**options, "history": "full"})
+    assert record["history"][0]["text"] in shown[1]["content"]
+
+
+def test_comparisons_and_the_headline_read_only_queries_that_need_recall():
+    """A 'none' query (empty H*) is reported apart: a variant that is right on those alone gains
+    nothing in Table 2's headline nor in its paired interval."""
+
+    def row(i, acc, needs):
+        return {"id": f"q{i}", "accuracy": acc, "f1": acc, "key_f1": acc, "recall": None, "jaccard": None,
+                "needs_recall": needs, "answer_tokens": 3 + i, "several_candidates": 0.0, "num_turns": 8,
+                "bucket": 8, "input_tokens": 10, "generated_tokens": 5}  # fmt: skip
+
+    srt = [row(0, 1, True), row(1, 0, True), row(2, 0, False), row(3, 0, False)]
+    lookup = [row(0, 1, True), row(1, 0, True), row(2, 1, False), row(3, 1, False)]
+    out = report.compare_variants({"srt": srt, "lookup": lookup}, "srt", resamples=200)
+    assert out["lookup"]["n"] == 2 and out["lookup"]["accuracy"]["diff"] == 0.0
+    variant = {"method": "srt", "model": "m"}
+    summary = report.summarize_variant(variant, lookup, [], [8, 16, 24, 32])
+    assert summary["needs_recall"]["accuracy"] == 0.5 and summary["no_recall"]["accuracy"] == 1.0
+    assert summary["answer_tokens"]["p50"] == 4.5
+    table = report.table2(
+        {"table2": {"SRT": "srt", "No history": "lookup"}, "comparisons": out,
+         "variants": {"srt": report.summarize_variant(variant, srt, [], [8, 16, 24, 32]), "lookup": summary}}
+    )  # fmt: skip
+    assert "| No history | lookup | 2 | 50.0 |" in table and "| 100.0 (2) | 4 | 0.0 |" in table

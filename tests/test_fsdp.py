@@ -683,7 +683,7 @@ def test_resume_check_covers_every_setting_of_the_objective():
         "weight_decay",
         "max_grad_norm",
     } <= set(g.RESUME_MUST_MATCH)
-    assert {"lr", "weight_decay", "max_grad_norm", "max_length", "no_cot", "batch_size", "grad_accum"} <= set(
+    assert {"lr", "weight_decay", "max_grad_norm", "max_length", "target", "batch_size", "grad_accum"} <= set(
         stage1_sft.RESUME_MUST_MATCH
     )
     for module in (g, stage1_sft):  # the same update computed in parts or in shards: free to change

@@ -441,6 +441,8 @@ def test_yes_no_keys_need_one_polarity():
     assert keys_present("Yes or no: it may apply.", ["yes"]) == [False]  # the hedge states neither
     assert keys_present("No.", ["no", "yes"]) == [True, False]
     assert keys_present("Yes, I know it is not over.", ["yes"]) == [True]  # 'know' and 'not' are not 'no'
+    for hedge in ("Possibly yes, possibly not.", "Maybe yes.", "Yes, probably.", "Yes. No.", "yes/no"):
+        assert keys_present(hedge, ["yes"]) == [False], hedge
 
 
 def test_key_reward_hand_computed():
@@ -450,6 +452,10 @@ def test_key_reward_hand_computed():
     assert key_reward("$180", ["yes", "$180"], ref)[0] == 0.0  # 1 / 2
     value, present, extras = key_reward("Yes. $95, $120, $150 or $180.", ["yes", "$180"], ref)
     assert (value, present, extras) == (0.0, [True, True], ["120", "95"])  # 2 / (2 + 2)
+    value, present, extras = key_reward("Yes, $180, with Lena at Downtown.", ["yes", "$180"], ref)
+    assert (value, extras) == (0.0, ["downtown", "lena"])  # extra names cost as extra numbers do
+    # restating the reference's threshold ($150) costs nothing
+    assert key_reward("Yes: $180.00 is over $150.", ["yes", "$180"], ref)[0] == 1.0
     assert key_reward(None, ["yes"], ref)[0] == -1.0
 
 
@@ -588,10 +594,30 @@ def test_open_attacks_are_listed_and_still_lose_something(gallery):
         "open attack",
     }
     open_rows = [s for s in gallery if s["kind"] == "open attack"]
-    assert [s["name"] for s in open_rows] == ["the whole history pasted as the answer"]
-    for s in open_rows:  # keys find "yes" (A2) and "$180" (A5) in it; only its extra number "90" costs
+    assert [s["name"] for s in open_rows] == ["the history pasted in lowercase (its names are no values)"]
+    for s in open_rows:  # keys find "yes" (A2) and "$180" (A5) in it; lowercased, Lena and Downtown are
+        # no names, so only its extra number "90" costs (the keys here are no names: a name key must
+        # be capitalised, so on a record keyed by a name this attack fails, tests/test_metrics_matcher.py)
         assert s["format"] == 1.0 and s["recall"] == 1.25
         assert all(0.2 < s["margin"][c] < 1.0 for c in ANSWER_REWARDS), s["margin"]
+
+
+def test_issue_28_history_attacks_are_answer_attacks(gallery):
+    """The answers made of the history (issue 28) lose at least 1.0 under keys and both: the pasted
+    history (an open attack before the matcher counted extra names), without its numbers, its
+    numbers, its names, and both polarities."""
+    rows = {s["name"].split(" '")[0]: s for s in gallery}
+    for name in (
+        "the whole history pasted as the answer",
+        "the history pasted without its numbers",
+        "every number of the history",
+        "every name of the history",
+        "yes and no",
+    ):
+        assert rows[name]["kind"] == "answer attack", name
+        assert rows[name]["margin"]["keys"] >= 1.0 - 1e-9 and rows[name]["margin"]["both"] >= 1.0 - 1e-9
+    names = next(s["name"] for s in gallery if s["name"].startswith("every name of the history"))
+    assert "Lena" in names and "Downtown" in names and "Apex Tier" in names
 
 
 def test_gallery_cli_prints_a_markdown_table(capsys, gallery):
@@ -801,7 +827,7 @@ def test_cli_explains_one_completion(data_file, tmp_path, capsys):
     assert "-> nothing" in out and "nearest A6 (token overlap 0.89)" in out
     assert "|H^ n H*| = 2   |H^ u H*| = 6" in out
     assert "recall  -0.4167" in out  # 2.5 * 2/6 - 1.25
-    assert "keys -0.3333 ('yes' found, '$180' missing; extra numbers ['95'])" in out
+    assert "keys -0.3333 ('yes' found, '$180' missing; extra values ['95'])" in out
     reward.main(["--data", str(data_file), "--id", "paper-apex-t07", "--completion", "<think>x</think>"])
     out = capsys.readouterr().out
     assert "no 'Final answer:' after </think>" in out and "answer  -1.0000" in out

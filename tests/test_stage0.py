@@ -1,5 +1,5 @@
 """Stage 0 (§3.2): Eq. (2), the synthetic generator's planted ground truth, the verification
-filter, deduplication, splits and bad input."""
+filter, deduplication, splits, the lookup checks (issue 28) and bad input."""
 
 import copy
 import json
@@ -129,15 +129,103 @@ def test_stats_written(built):
         sum(len(r["pruned"]) / len(r["history"]) for r in records) / len(records), 3
     )
     assert stats["share_key_outside_recall"] == 0
+    checks = stats["lookup_checks"]
+    assert checks == json.loads(json.dumps(s0.lookup_checks(built[1])))  # what the records say
+    assert checks["pairs_in_train"] == {"dev": 0, "test": 0} and checks["within_bounds"]
+    assert checks["yes_no"]["queries"] == sum(s0.yes_no_answer(r) is not None for r in records) > 0
 
 
-def test_eq2_keeps_distractors_in_the_pruned_history(built):
-    """Issue 12: C~_t is a real superset of H* in most queries (the related round before a question
-    and the confusers score above the threshold), yet still prunes most of C_t."""
-    records = all_records(built)
-    strict_superset = [r for r in records if set(r["recall"]) < set(r["pruned"])]
-    assert len(strict_superset) >= 0.8 * len(records)
-    assert sum(len(r["pruned"]) / len(r["history"]) for r in records) / len(records) < 0.5
+# ---- lookup checks (issue 28) ----------------------------------------------------------------
+def generated_records(num_dialogues, seed):
+    """Stage0-style records (the fields the lookup checks read) of every query of a generated
+    corpus, without the embedder: Eq. (2) and the verification filter only drop a few."""
+    records = []
+    for d in generate_synthetic(num_dialogues, seed):
+        for t, rnd in enumerate(d["rounds"], 1):
+            if "gold" in rnd:
+                gold = rnd["gold"]
+                records.append(
+                    {
+                        "query": rnd["user"],
+                        "answer": rnd["assistant"],
+                        "answer_keys": gold["answer_keys"],
+                        "meta": {
+                            **d["meta"],
+                            "dialogue_id": d["id"],
+                            "domain": d["domain"],
+                            "query_type": gold["query_type"],
+                        },
+                    }
+                )
+    return records
+
+
+def test_lookup_checks_within_bounds_on_a_generated_corpus():
+    """The bounds of issue 28 on 300 dialogues: no test (or dev) query/answer pair in train, no test
+    answer a train lookup gives, and every yes/no query type at chance per number bucket: the old
+    generator had 39 of 242 test queries word for word in train and 5-day returns always "yes"."""
+    splits = s0.split_by_dialogue(generated_records(300, seed=4), seed=4, dev_fraction=0.1, test_fraction=0.1)
+    checks = s0.lookup_checks(splits)
+    assert checks["pairs_in_train"] == {"dev": 0, "test": 0}
+    assert checks["test_answerable_by_lookup"]["count"] == 0
+    yes_no = checks["yes_no"]
+    assert set(yes_no["by_type"]) == {"spa/triple", "shop/pair", "travel/single", "telecom/single"}
+    for kind, entry in yes_no["by_type"].items():
+        assert entry["n"] >= 40 and entry["yes"] == entry["n"] / 2, (kind, entry)
+        numbered = [b for b in entry["buckets"] if b != "none"]
+        assert len(numbered) == (0 if kind == "spa/triple" else 4), (kind, entry["buckets"])
+        for bucket, row in entry["buckets"].items():
+            assert row["majority_rate"] <= 0.6, (kind, bucket, row)
+    assert yes_no["max_majority_excess"] <= 0.10 and checks["within_bounds"]
+    assert yes_no["train_rule_on_test"]["n"] > 0 and yes_no["train_rule_on_test"]["accuracy"] <= 0.6
+
+
+def planted_record(i, query, answer, keys, kind="shop/pair"):
+    domain, query_type = kind.split("/")
+    meta = {"dialogue_id": f"d{i}", "domain": domain, "query_type": query_type}
+    return {"query": query, "answer": answer, "answer_keys": keys, "meta": meta}
+
+
+def yes_no_record(i, query, yes, kind="shop/pair"):
+    return planted_record(i, query, "Yes." if yes else "No.", ["yes" if yes else "no"], kind)
+
+
+def test_lookup_checks_report_planted_leaks():
+    """A hand-made split with the two flaws of the old corpus: a test pair copied into train (only
+    case and punctuation differ) and a yes/no type whose answer the number in the query decides
+    (up to 24 days "yes", from 25 "no"). A balanced type beside it stays at 50%, and a bucket of
+    three is listed but not ranked."""
+    night = planted_record(90, "What do 3 nights at $80 cost?", "It's $240.", ["$240"], "travel/none")
+    train = [yes_no_record(i, f"It's been {5 + i} days. Can I return it?", 5 + i < 25) for i in range(40)]
+    train += [
+        yes_no_record(100 + i, f"Would {10 + i // 2} GB go over?", i % 2, "telecom/single") for i in range(40)
+    ]
+    train += [yes_no_record(200 + i, "Can I bring a pet?", True, "travel/single") for i in range(3)] + [night]
+    copied = dict(night, query="what do 3 nights at $80 cost", answer="it's $240!")
+    test = [yes_no_record(300 + i, f"Day {5 + 2 * i}: can I return it?", 5 + 2 * i < 25) for i in range(20)]
+    checks = s0.lookup_checks({"train": train, "dev": [], "test": test + [copied]})
+    assert checks["pairs_in_train"] == {"dev": 0, "test": 1}
+    assert checks["pairs_in_train_examples"] == [{"query": copied["query"], "answer": copied["answer"]}]
+    assert checks["test_answerable_by_lookup"] == {"count": 1, "share": round(1 / 21, 4)}
+    yes_no = checks["yes_no"]
+    leaky, fair = yes_no["by_type"]["shop/pair"], yes_no["by_type"]["telecom/single"]
+    assert [row["majority_rate"] for row in leaky["buckets"].values()] == [1.0] * 4
+    assert [row["majority_rate"] for row in fair["buckets"].values()] == [0.5] * 4
+    assert fair["majority_rate"] == 0.5 and leaky["majority_rate"] == 0.5  # balanced overall, not per bucket
+    assert yes_no["by_type"]["travel/single"]["buckets"] == {"none": {"n": 3, "yes": 3, "majority_rate": 1.0}}
+    assert yes_no["max_majority_excess"] == 0.5 and yes_no["max_excess_at"].startswith("shop/pair ")
+    assert yes_no["train_rule_on_test"] == {"n": 20, "accuracy": 1.0}
+    assert not checks["within_bounds"] and "OUTSIDE bounds" in s0.lookup_summary(checks)
+
+    # each number with both answers, and no copy: the same check passes
+    def both(records):
+        return [
+            yes_no_record(0, r["query"], yes, s0.lookup_type(r)) for r in records for yes in (True, False)
+        ]
+
+    checks = s0.lookup_checks({"train": both(train[:40]) + train[40:80], "dev": [], "test": both(test)})
+    assert checks["pairs_in_train"]["test"] == 0 and checks["yes_no"]["max_majority_excess"] == 0
+    assert checks["within_bounds"] and "within bounds" in s0.lookup_summary(checks)
 
 
 # ---- the teacher and the verification filter -------------------------------------------------
@@ -174,11 +262,13 @@ def test_verification_drops_tampered_records(built):
 # ---- deduplication ---------------------------------------------------------------------------
 def test_dedup_merges_near_identical_dialogues():
     dialogues = generate_synthetic(20, seed=2)
-    twin = copy.deepcopy(dialogues[4])
-    twin["id"] = "twin"
-    twin["rounds"][-1]["assistant"] += " Thanks!"  # one utterance differs
-    kept, merged = s0.deduplicate(dialogues + [twin])
-    assert merged == 1 and "twin" not in {d["id"] for d in kept}
+    duplicate = copy.deepcopy(dialogues[4])
+    # a second copy from elsewhere: outside the generator's split group (twin dialogues share one,
+    # and dedup never compares within a group)
+    duplicate["id"], duplicate["meta"] = "duplicate", {}
+    duplicate["rounds"][-1]["assistant"] += " Thanks!"  # one utterance differs
+    kept, merged = s0.deduplicate(dialogues + [duplicate])
+    assert merged == 1 and "duplicate" not in {d["id"] for d in kept}
     kept, merged = s0.deduplicate(dialogues)
     assert merged == 0
 

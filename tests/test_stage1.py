@@ -122,7 +122,7 @@ def test_labels_mask_exactly_the_prompt_and_loss_is_hand_nll(tiny):
     assert got["answer_nll"].item() == pytest.approx(nll["answer"], rel=1e-5)
     assert got["nll"].item() / counts["all"] > 5.0  # a random model over ~700 tokens: about ln(700)
 
-    no_cot = build_example(tok, records[0], phase=2, max_length=2048, with_reasoning=False)
+    no_cot = build_example(tok, records[0], phase=2, max_length=2048, target="answer")
     n_prompt = no_cot["labels"].count(IGNORE_INDEX)
     assert tok.decode(no_cot["input_ids"][n_prompt:]) == f"Final answer: {records[0]['answer']}<|im_end|>"
     assert no_cot["answer_mask"][n_prompt:] == [1] * (len(no_cot["input_ids"]) - n_prompt)
@@ -138,7 +138,7 @@ def test_phase1_sees_pruned_history_and_phase2_the_full_one(tmp_path, tiny):
     plan = stage1_sft.phase_plan(argparse_ns(args, world_size=1), {1: 4, 2: 4})
     assert plan == [(1, 2), (2, 2)]
     for phase in (1, 2):
-        data = stage1_sft.PhaseData(tok, records, phase, 2048, True, seed=0, global_batch=2)
+        data = stage1_sft.PhaseData(tok, records, phase, 2048, "full", seed=0, global_batch=2)
         seen = [data.example(i) for i in data.batch_indices(0) + data.batch_indices(1)]
         assert sorted(e["id"] for e in seen) == sorted(r["id"] for r in records)  # one epoch = every record
         for ex in seen:
@@ -183,15 +183,19 @@ def test_truncation_drops_the_oldest_turns_whatever_they_are_and_never_the_query
     old_gold = make_record(5, rounds=12, recall=("Q1", "A9"))
     assert build_example(tok, old_gold, phase=2, max_length=len(full["input_ids"]) - 40) is None
     assert build_example(tok, old_gold, phase=2, max_length=100_000) is not None
-    # Without reasoning (w/o CoT) the target cites nothing: the truncated example is kept.
-    assert build_example(tok, old_gold, phase=2, max_length=len(full["input_ids"]) - 40, with_reasoning=False)
+    # Every control drops it too, though its target cites nothing: all targets train on the same records.
+    for target in ("answer", "recall-only"):
+        assert (
+            build_example(tok, old_gold, phase=2, max_length=len(full["input_ids"]) - 40, target=target)
+            is None
+        )
     # Not even the H* turns fit: no example, and PhaseData substitutes the next record and counts it.
     assert (
         build_example(tok, rec, phase=2, max_length=len(full["input_ids"]) - len(full["prompt"]) // 2) is None
     )
     small = make_record(6, rounds=3, recall=("Q1",), pruned_extra=())
     limit = len(build_example(tok, small, phase=2, max_length=100_000)["input_ids"])
-    data = stage1_sft.PhaseData(tok, [rec, small], 2, limit, True, seed=0, global_batch=2)
+    data = stage1_sft.PhaseData(tok, [rec, small], 2, limit, "full", seed=0, global_batch=2)
     assert [data.example(i)["id"] for i in data.batch_indices(0)] == [small["id"]] * 2 and data.skipped == {0}
 
 
@@ -461,3 +465,45 @@ def test_numeric_flags_are_range_checked_with_one_line_naming_the_flag(capsys):
         with pytest.raises(SystemExit):
             stage1_sft.parse_args([flag, value])
         assert f"argument {flag}: must be" in capsys.readouterr().err.splitlines()[-1]
+
+
+def test_every_target_trains_on_the_same_records_in_the_same_batches(tiny):
+    """Table 2's controls (w/o CoT, recall-only) must differ from SRT in what they learn to write
+    and in nothing else: the same records, in the same order, in the same batches, behind the same
+    prompts. Length grouping used to sort on prompt + target, so the answer-only control formed
+    other batches (2 of 64 steps alike in the demo)."""
+    tok = tiny[1]
+    records = [make_record(i, rounds=3 + i % 7, recall=("Q1",) if i % 3 else ()) for i in range(40)]
+    plans = {}
+    for target in stage1_sft.TARGETS:
+        data = stage1_sft.PhaseData(tok, records, 2, 1024, target, seed=3, global_batch=4, group_batches=4)
+        steps = [data.batch_indices(step) for step in range(25)]  # more than one epoch of 10 batches
+        plans[target] = [[(data.example(i)["id"], data.example(i)["prompt"]) for i in step] for step in steps]
+    assert plans["full"] == plans["answer"] == plans["recall-only"]
+    assert len({i for step in plans["full"] for i, _ in step}) == 40
+
+
+def test_recall_only_target_keeps_the_his_tags_and_nothing_else_of_the_chain():
+    from srt.prompt import NO_RECALL
+
+    record = make_record(0, recall=("Q1", "A2"))
+    target = format_target(record, recall_only=True)
+    think = target.split("<think>\n")[1].split("\n</think>")[0]
+    text = {t["label"]: t["text"] for t in record["history"]}
+    assert think.splitlines() == [f"<HIS>Q1: {text['Q1']}</HIS>", f"<HIS>A2: {text['A2']}</HIS>"]
+    assert target.endswith(f"</think>\nFinal answer: {record['answer']}")
+    assert "Analyze" not in target and "Reasoning" not in target
+    none_needed = make_record(1, recall=())
+    assert format_target(none_needed, recall_only=True).startswith(f"<think>\n{NO_RECALL}\n</think>")
+    assert stage1_sft.parse_args(["--no-cot"]).target == "answer"
+
+
+def test_summary_states_the_answer_tokens_share_of_each_target(tmp_path):
+    """Eq. (3) divides by the target tokens: an answer token weighs 1 / (target tokens), so the
+    share tells how much more an answer token counts in a control than in SRT."""
+    data = write_records(tmp_path, [make_record(i) for i in range(4)])
+    shares = {}
+    for target in ("full", "answer", "recall-only"):
+        stage1_sft.train(run_args(data, tmp_path / target, "--max-steps", "1", "--target", target))
+        shares[target] = json.loads((tmp_path / target / "summary.json").read_text())["answer_token_share"]
+    assert shares["answer"] == 1.0 and 0 < shares["full"] < shares["recall-only"] < 1
