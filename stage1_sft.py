@@ -255,7 +255,7 @@ def phase_plan(cfg, records_per_phase: dict) -> list[tuple[int, int]]:
 # fmt: off
 PRESETS = {
     # A 2-core laptop: 64 steps (26 on pruned histories, 38 on full ones), the fewest that teach
-    # recall; 1536 tokens hold every synthetic prompt + target; the global batch of 4 runs as 2
+    # recall; 1536 tokens hold all but 5 of 2,341 synthetic prompts + targets; the global batch of 4 runs as 2
     # micro-batches of 2, which keeps the demo's peak memory low at the same update.
     "cpu-demo": dict(lr=5e-5, batch_size=2, grad_accum=2, max_length=1536, gradient_checkpointing=False,
                      max_steps=64, phase1_fraction=0.4, warmup_steps=3, save_every=8),

@@ -260,6 +260,14 @@ def _clock(minutes: int) -> str:
     return f"{h % 12 or 12}{f':{m:02d}' if m else ''} {'am' if h < 12 else 'pm'}"
 
 
+def _other_time(rng, slots, slot) -> str:
+    """A time of `slots` other than _clock(slot) where neither text holds the other: "10 am" is
+    in "9:10 am" for `mentions`, so a stale 9:10 am would state an updated 10 am."""
+    first = _clock(slot)
+    apart = [t for t in slots if t != slot and not (mentions(_clock(t), first) or mentions(first, _clock(t)))]
+    return _clock(_pick(rng, apart))
+
+
 def _kg(weight: float) -> str:
     return f"{weight:g} kg"
 
@@ -495,7 +503,7 @@ def _spa(rng, pair):
     s = {"day": _pick(rng, DAYS), "time": _clock(slot)}
     new_day, new_time = (
         _pick(rng, [d for d in DAYS if d != s["day"]]),
-        _clock(_pick(rng, [t for t in SPA_SLOTS if t != slot])),
+        _other_time(rng, SPA_SLOTS, slot),
     )
     rules = [
         f"{tier} Tier gives {pct}% off any service over ${threshold}",
@@ -1008,27 +1016,27 @@ def _spa(rng, pair):
 
     self_contained = [
         SelfContained(
-            "the cost of a course of sessions",
+            "the total for several sessions of a treatment",
             sessions_total,
             [
-                ("I'm thinking about a course of treatments this season.", "A course can work really well."),
-                ("I want to treat myself a few times this year.", "You deserve a bit of pampering."),
+                ("I'm thinking about booking several sessions this season.", "A course works really well."),
+                ("I want to treat myself to a few sessions this year.", "You deserve a bit of pampering."),
             ],
         ),
         SelfContained(
-            "tipping",
+            "how much to tip on a treatment",
             tip,
-            [("I never know how much to tip at a spa.", "Lots of guests wonder about that.")],
+            [("I never know how much to tip for a treatment.", "Lots of guests wonder about that.")],
         ),
         SelfContained(
-            "gift card balances",
+            "what is left on a gift card after a treatment",
             gift_card_left,
-            [("Someone gave me a gift card for my birthday.", "What a lovely present.")],
+            [("Someone gave me a spa gift card for my birthday.", "What a lovely present.")],
         ),
         SelfContained(
-            "how long treatments take",
+            "what time a treatment finishes",
             finish_time,
-            [("I need to get back to work after my treatment.", "We'll make sure you're not late.")],
+            [("I need to know when my treatment will be done.", "We'll make sure you're not late.")],
         ),
     ]
     protected = [f"${p}" for p in (price_a, price_b)] + [
@@ -1409,22 +1417,22 @@ def _shop(rng, pair):
 
     self_contained = [
         SelfContained(
-            "ordering several items",
+            "the total for several units of an item",
             quantity_total,
             [("I might need a few more of these for the office.", "Bulk orders are no problem for us.")],
         ),
         SelfContained(
-            "our sale prices",
+            "what an item costs in our sale",
             sale_price,
             [("I heard there's a sale on at the moment.", "There are some good deals on right now.")],
         ),
         SelfContained(
-            "store credit",
+            "how much store credit is left after a purchase",
             credit_left,
             [("I still have some store credit from a return.", "Store credit never expires with us.")],
         ),
         SelfContained(
-            "sharing the cost of an order",
+            "splitting the cost of an order evenly",
             split_order,
             [("My flatmates and I often order things together.", "Group orders can save on shipping.")],
         ),
@@ -1442,7 +1450,7 @@ def _travel(rng, pair):
     bag = _pick(rng, BAGS)
     slot = _pick(rng, FLIGHT_SLOTS)
     s = {"date": f"{_pick(rng, MONTHS)} {rng.randrange(1, 29)}", "time": _clock(slot)}
-    new_time = _clock(_pick(rng, [t for t in FLIGHT_SLOTS if t != slot]))
+    new_time = _other_time(rng, FLIGHT_SLOTS, slot)
 
     facts = [
         Round(
@@ -1660,11 +1668,12 @@ def _travel(rng, pair):
         QuerySpec(
             "single",
             ["bags"],
-            "your checked bag allowance",
+            "the weight limit for your checked bag",
             bag_check,
             [
                 ("I always pack far too much for trips.", "Packing light is harder than it sounds."),
                 ("My suitcase is already nearly full.", "Packing cubes can help you fit more in."),
+                ("I think my bag is heavier than usual this time.", "Bags do get heavy with souvenirs."),
             ],
         ),
     ]
@@ -1751,22 +1760,22 @@ def _travel(rng, pair):
 
     self_contained = [
         SelfContained(
-            "hotel costs",
+            "the total cost of a hotel stay",
             room_total,
             [("I'm still comparing hotels for the trip.", "It pays to compare a few options.")],
         ),
         SelfContained(
-            "flight times",
+            "what time a flight lands",
             landing_time,
             [("I'm trying to plan what happens after I land.", "A little planning helps on arrival day.")],
         ),
         SelfContained(
-            "extra baggage",
+            "what extra bags cost",
             extra_bags,
             [("We might bring a lot of gear this time.", "Extra gear can add up quickly.")],
         ),
         SelfContained(
-            "getting to and from the airport",
+            "the cost of airport train tickets for a group",
             group_tickets,
             [("A few friends are coming along on this trip.", "Travelling in a group is fun.")],
         ),
@@ -2111,22 +2120,22 @@ def _telecom(rng, pair):
 
     self_contained = [
         SelfContained(
-            "what a plan costs over time",
+            "what a monthly plan costs over several months",
             months_total,
             [("I'm trying to get my yearly budget in order.", "A clear budget really helps.")],
         ),
         SelfContained(
-            "paying for a phone in instalments",
+            "monthly payments for a new device",
             instalment,
             [("My phone screen cracked last week.", "That's annoying; a new phone might be due.")],
         ),
         SelfContained(
-            "how much data you use",
+            "how much data you use over a few weeks",
             weekly_data,
             [("I watch a lot of shows on my tablet.", "Streaming can use a lot of data.")],
         ),
         SelfContained(
-            "call minutes",
+            "how many minutes your calls add up to",
             call_minutes,
             [("I spend a lot of time on the phone for work.", "Work calls really add up.")],
         ),
@@ -2269,6 +2278,7 @@ def generate_dialogue(index: int, seed: int) -> dict:
 
     # The tail: the questions in random order, each preceded (room permitting) by a related round:
     # a remark about its entity and an offer to help with its topic, stating no fact.
+    # (a round of kind "general" holds a self-contained query, query type "none")
     tail = [("query", q) for q in chosen] + [("general", g) for g in general_queries]
     rng.shuffle(tail)
     related = {}

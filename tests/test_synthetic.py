@@ -6,15 +6,20 @@ No embedder: these run on the raw dialogues in a few seconds (stage 0's lookup c
 generated corpus are in test_stage0.py)."""
 
 import copy
+import random
 import re
 from collections import Counter, defaultdict
 
 import pytest
 
 from srt.synthetic import (
+    FLIGHT_SLOTS,
     OFFENSIVE,
     SMALL_TALK_WORDS,
+    SPA_SLOTS,
     YES_NO_RULES,
+    _clock,
+    _other_time,
     distinctive_keys,
     generate_synthetic,
     keys_outside_recall,
@@ -88,6 +93,18 @@ def test_checker_catches_a_planted_violation(corpus):
     assert keys_outside_recall(planted, gold["recall"], gold["answer_keys"]) == [(victim["label"], key)]
     # the same text inside H* is fine
     assert keys_outside_recall(planted, gold["recall"] + [victim["label"]], gold["answer_keys"]) == []
+
+
+def test_an_updated_time_never_holds_the_old_one():
+    """Times run to the minute: "10 am" is in "9:10 am" for `mentions` (and for a key matcher), so
+    a stale 9:10 am departure would state an updated 10 am. An update draws a time apart from the
+    old one."""
+    assert mentions("It departs on July 3 at 9:10 am.", "10 am")
+    rng = random.Random(0)
+    for slots in (FLIGHT_SLOTS, SPA_SLOTS):
+        for slot in slots:
+            old, new = _clock(slot), _other_time(rng, slots, slot)
+            assert new != old and not mentions(new, old) and not mentions(old, new), (old, new)
 
 
 def test_old_style_template_leak_is_caught():
