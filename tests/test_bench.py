@@ -845,3 +845,57 @@ def test_grpo_seeds_counts_right_answers_whose_recall_missed_h_star_paired_by_qu
     write_jsonl(tmp_path / "eval" / "a.jsonl", grpo[:3])  # one query missing: not the same dev items
     with pytest.raises(SystemExit, match="different queries"):
         grpo_seeds.main(["--eval", str(tmp_path / "eval"), "--sft", "sft", "--out", str(tmp_path / "out")])
+
+
+# ---------------------------------------------------------------------------------------------
+# table2_attribution.py: a control's gap over SRT under each matcher and query subset
+# ---------------------------------------------------------------------------------------------
+def test_attribution_separates_the_matcher_and_the_queries_on_planted_answers(tmp_path, capsys):
+    """Four queries with keys: three need recall, one needs none. SRT answers the first two right and
+    stays wrong elsewhere; the control lists two prices on the recall queries (right only under a
+    matcher that ignores what else an answer states) and answers the 'none' query right. So, by
+    hand: today's matcher, all: SRT 2/4, control 1/4 -> -25 points; need recall: 2/3 vs 0/3 ->
+    -66.7; need none: 0/1 vs 1/1 -> +100. Old matcher, need recall: 2/3 vs 3/3 -> +33.3."""
+    attribution = load("table2_attribution")
+    records = [hand_record(i, recall=("Q1",)) for i in range(3)] + [hand_record(3, recall=())]
+    write_jsonl(tmp_path / "test.jsonl", records)
+    srt = ["$20", "$21", "$99", "$99"]
+    control = ["$20 or $70", "$21 or $71", "$22 or $72", "$23"]
+    (tmp_path / "eval").mkdir()
+    for name, answers in (("grpo", srt), ("nocot", control)):
+        write_jsonl(
+            tmp_path / "eval" / f"{name}.jsonl",
+            [{"id": r["id"], "final_answer": a} for r, a in zip(records, answers)],
+        )
+    old_metrics = tmp_path / "old_metrics.py"  # the old rule: every key stated, whatever else
+    old_metrics.write_text(
+        "from srt.metrics import keys_present, answer_keys\n"
+        "def accuracy(answer, record):\n"
+        "    return float(all(keys_present(answer, answer_keys(record))))\n"
+    )
+    out = tmp_path / "out"
+    assert (
+        attribution.main(
+            [
+                "--eval",
+                str(tmp_path / "eval"),
+                "--data",
+                str(tmp_path / "test.jsonl"),
+                "--old-metrics",
+                str(old_metrics),
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
+    rows = {
+        (r["matcher"], r["queries"]): r for r in json.loads((out / "attribution.json").read_text())["rows"]
+    }
+    today, old = "today's matcher", "old matcher (keys, anything else)"
+    assert rows[today, "all"]["diff"] == pytest.approx(-25.0)
+    assert rows[today, "need recall"]["diff"] == pytest.approx(-200 / 3)
+    assert rows[today, "need none"]["diff"] == pytest.approx(100.0)
+    assert rows[old, "need recall"]["diff"] == pytest.approx(100 / 3)
+    assert rows[old, "need recall"]["n"] == 3
+    assert "| today's matcher | need recall | nocot | 3 | 66.7 | 0.0 | -66.7" in capsys.readouterr().out
