@@ -48,5 +48,16 @@ demo: setup
 	        'cuemem-cap16={"limit": 48, "cuemem": {"capacity": 16}}' 'nohist={"history": "none"}' \
 	    --table2 "SRT=grpo,w/o RL=sft,w/o CoT=nocot,Recall only=recall-only,No history=nohist,w/o SFT=base-srtp,Full history=full,RAG=rag,CueMem=cuemem"
 
+# One GRPO replicate (docs/experiments/grpo-replicates.md): stage 0 (data seed 0, built once), an SFT
+# start of seed SEED, GRPO from it (PLACEBO=1: and a placebo run from the same start), all evaluated
+# on the same dev queries -> runs/replicate-SEED/result.json. A second call resumes where it stopped.
+# REPLICATE_FLAGS passes more flags, e.g. REPLICATE_FLAGS="--grpo-k 8 --grpo-prompts-per-step 8".
+SEED            ?= 1
+PLACEBO         ?= 0
+REPLICATE_FLAGS ?=
+.PHONY: grpo-replicate
+grpo-replicate: setup
+	$(PYTHON) bench/grpo_replicate.py --seed $(SEED) $(if $(filter 1,$(PLACEBO)),--placebo) $(REPLICATE_FLAGS)
+
 clean:
 	rm -rf runs
