@@ -54,7 +54,7 @@ import torch
 
 import cuemem
 import reward
-from srt import modeling, report
+from srt import locomo_eval, modeling, report
 from srt.attention import attention_analysis
 from srt.completion import is_valid_format
 from srt.config import parse_config, write_config
@@ -94,7 +94,8 @@ TABLE2_GUESS = {
 }
 # Bumped whenever a stored row's scores would change: old rows are then not reused by --resume.
 # 4: accuracy and the keys reward fail an answer that states values the reference does not.
-SCORE_VERSION = 4
+# 5: no accuracy or key-F1 without answer keys; LoCoMo's per-category score and evidence recall.
+SCORE_VERSION = 5
 # Per-variant settings (--variant-options NAME=JSON) and what they override.
 VARIANT_KEYS = ("limit", "recency_k", "rag_k", "cuemem", "max_new_tokens", "history")
 CUEMEM_MEMORY_KEYS = ("extractor", "window", "links_per_cue", "link_threshold", "capacity", "max_age")
@@ -333,18 +334,23 @@ def score_prediction(
 
     Precision, recall and Jaccard exist only where H* is non-empty: with an empty H* they would be
     1.0 for any silent answer and 0 for a fixed-k retriever by construction. Those queries get
-    `silent` instead (self-recall methods: 1 if the answer recalled nothing)."""
+    `silent` instead (self-recall methods: 1 if the answer recalled nothing).
+
+    Accuracy, key-F1 and the error type exist only where the record has answer keys (a LoCoMo
+    answer is a free phrase: F1 and LoCoMo's own score read it). A record with a LoCoMo category
+    also gets locomo_score and evidence_recall (srt/locomo_eval.py)."""
     answer = final_answer(method, completion)
     keys = answer_keys(record)
+    has_keys = bool(reward.answer_keys(record))
     row = {
         "final_answer": answer,
         "answer_tokens": len(normalize_answer(answer).split()),  # SQuAD's tokens, those F1 counts
         "several_candidates": float(states_several_candidates(answer, record)),
         "needs_recall": bool(record["recall"]),
         "f1": f1_score(answer, record["answer"]),
-        "key_f1": key_f1(answer, record),
-        "accuracy": accuracy(answer, record),
-        "keys_present": keys_present(answer, keys),
+        "key_f1": key_f1(answer, record) if has_keys else None,
+        "accuracy": accuracy(answer, record) if has_keys else None,
+        "keys_present": keys_present(answer, keys) if has_keys else None,
         "truncated": truncated,
     }
     if reward_info is not None:
@@ -366,8 +372,9 @@ def score_prediction(
         row.update(recall_metrics(recalled, gold))
     if not gold and method in SELF_RECALL_METHODS:
         row["silent"] = float(not recalled)
-    if recalled is not None and not row["accuracy"]:
+    if recalled is not None and row["accuracy"] == 0.0:
         row["error_type"] = error_type(recalled, gold, truncated)
+    row.update(locomo_eval.score_row(answer, record, recalled))
     return row
 
 
@@ -987,6 +994,7 @@ def main(argv=None) -> None:
             for v in variants
         },
         "comparisons": report.compare_variants(rows_by_name, srt_name, args.bootstrap, args.seed),
+        "locomo_comparisons": locomo_eval.compare(rows_by_name, srt_name, args.bootstrap, args.seed),
     }
     path = report.write_outputs(summary, out_dir)
     print(report.table1(summary))

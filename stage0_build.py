@@ -2,6 +2,7 @@
 
     dialogues -> dedup -> 8..32 rounds -> Eq. (2) dependency scoring -> teacher (H*, Z, A*)
               -> verification filter -> train/dev/test JSONL + stats.json + config.json
+                 (split by dialogue, seeded; --split test puts every record in one split)
 
 stats.json's "lookup_checks" says whether a test answer can be read off train or off the number
 in a yes/no query alone (lookup_checks below; docs/synthetic-corpus.md).
@@ -30,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from srt.config import parse_config, write_config
+from srt.config import in_range, parse_config, write_config
 from srt.corpora import LOADERS, load_corpus
 from srt.data_io import BUCKETS, bucket_of, write_json, write_jsonl
 from srt.modeling import embed
@@ -596,8 +597,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument(
         "--locomo-adversarial",
         choices=["keep", "abstain", "skip"],
-        default="keep",
-        help="LoCoMo category 5: its adversarial_answer, 'Not mentioned in the conversation.', or dropped",
+        default="abstain",
+        help="LoCoMo category 5 (the premise is not in the conversation): answered 'Not mentioned in "
+        "the conversation.' (what LoCoMo's own scoring counts right), its planted adversarial_answer, "
+        "or dropped",
     )
     p.add_argument("--num-dialogues", type=int, default=2000, help="synthetic dialogues to generate")
     p.add_argument("--out", default="runs/data")
@@ -643,8 +646,19 @@ def parse_args(argv=None) -> argparse.Namespace:
         default=0.8,
         help="turn-fingerprint Jaccard that marks near-identical dialogues",
     )
-    p.add_argument("--dev-fraction", type=float, default=0.1)
-    p.add_argument("--test-fraction", type=float, default=0.1)
+    p.add_argument(
+        "--dev-fraction",
+        type=in_range(0.0, 1.0),
+        default=0.1,
+        help="share of dialogues (LoCoMo: of conversations) in dev, seeded by --seed",
+    )
+    p.add_argument("--test-fraction", type=in_range(0.0, 1.0), default=0.1)
+    p.add_argument(
+        "--split",
+        choices=["train", "dev", "test"],
+        help="write every record to this split (the others empty): a new file scored whole, with no "
+        "retraining; default: split by dialogue with --dev-fraction and --test-fraction",
+    )
     p.add_argument(
         "--on-error",
         choices=["raise", "skip"],
@@ -751,7 +765,10 @@ def main(argv=None) -> None:
             f"dropped: {dropped}); nothing written to {out}"
         )
     kept_dialogues = sorted({r["meta"]["dialogue_id"] for r in records})
-    splits = split_by_dialogue(records, args.seed, args.dev_fraction, args.test_fraction)
+    if args.split:  # the whole file in one split, e.g. a new conversation file as a test set
+        splits = {name: records if name == args.split else [] for name in ("train", "dev", "test")}
+    else:
+        splits = split_by_dialogue(records, args.seed, args.dev_fraction, args.test_fraction)
     stats = corpus_stats(num_input, kept_dialogues, splits, drops)
     stats.update(
         lookup_checks=lookup_checks(splits),

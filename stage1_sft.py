@@ -8,6 +8,7 @@ answer tokens a_1..a_L given the prompt; prompt tokens carry no loss. AdamW with
 rate after a linear warm-up (§4.1). One optimizer and one step counter run across both phases.
 
     python stage1_sft.py --preset cpu-demo                        # SmolLM2-135M on a laptop CPU
+    python stage1_sft.py --preset cpu-demo --data syn/train.jsonl:0.5 locomo/train.jsonl:0.5   # a mix
     torchrun --nproc_per_node=8 stage1_sft.py --model Qwen/Qwen2.5-7B-Instruct --preset paper --fsdp
     python stage1_sft.py --model Qwen/Qwen2.5-7B-Instruct --preset paper --fsdp --dry-run --world-size 8
 
@@ -34,7 +35,7 @@ from srt import memory_plan
 from srt.checkpoint import JsonlLog, has_trainer_state, rng_state, set_rng_state
 from srt.completion import is_valid_format
 from srt.config import at_least, in_range, parse_config, positive, require, write_config
-from srt.data_io import DataError, read_jsonl, write_json
+from srt.data_io import DataError, data_spec, read_jsonl, read_mixture, write_json
 from srt.distributed import (
     accumulate,
     add_scale_flags,
@@ -273,7 +274,15 @@ def build_parser() -> argparse.ArgumentParser:
         description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
     )
     p.add_argument("--model", default="smollm2-135m", help="HF id, local folder, smollm2-135m or tiny-random")
-    p.add_argument("--data", default="runs/data/train.jsonl", help="training JSONL from stage0")
+    p.add_argument(
+        "--data",
+        nargs="+",
+        type=data_spec,
+        default="runs/data/train.jsonl",
+        metavar="PATH[:WEIGHT]",
+        help="training JSONL from stage0; several files with a weight each train on a mix "
+        "(srt/data_io.py mix_sources), e.g. syn/train.jsonl:0.5 locomo/train.jsonl:0.5",
+    )
     p.add_argument("--out", default="runs/demo/sft", help="output folder")
     p.add_argument("--seed", type=at_least(0), default=0, help="random seed")
     p.add_argument(
@@ -384,9 +393,7 @@ def train(cfg):
     main_process = rank == 0
     budget = TimeBudget(cfg.time_budget_minutes)
     seed_everything(cfg.seed)
-    records = read_jsonl(cfg.data)
-    if not records:
-        raise DataError(f"{cfg.data}: no records")
+    records = read_mixture(cfg.data, cfg.seed)  # one file: its records as they are
     out, checkpoint = Path(cfg.out), Path(cfg.out) / "checkpoint"
     resuming = cfg.resume and has_trainer_state(checkpoint)
     if cfg.resume and not resuming and main_process:

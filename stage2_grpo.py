@@ -45,8 +45,17 @@ from tqdm.auto import tqdm
 from reward import ANSWER_GATES, ANSWER_REWARDS, compute_rewards
 from srt import memory_plan
 from srt.checkpoint import JsonlLog, has_trainer_state, rng_state, set_rng_state
-from srt.config import Bounded, at_least, parse_config, positive, require, write_config
-from srt.data_io import DataError, finite_or_none, read_jsonl, write_json
+from srt.config import Bounded, at_least, parse_config, positive, write_config
+from srt.data_io import (
+    DataError,
+    data_paths,
+    data_spec,
+    finite_or_none,
+    read_jsonl,
+    read_mixture,
+    write_json,
+)
+from srt.decode import follow_optimizer
 from srt.distributed import (
     accumulate,
     add_scale_flags,
@@ -121,7 +130,15 @@ def build_parser() -> argparse.ArgumentParser:
         default="runs/demo/sft/final",
         help="the SFT policy to start from; also the frozen KL reference",
     )
-    add("--data", default="runs/data/train.jsonl", help="training records, JSONL")
+    add(
+        "--data",
+        nargs="+",
+        type=data_spec,
+        default="runs/data/train.jsonl",
+        metavar="PATH[:WEIGHT]",
+        help="training records, JSONL; several files with a weight each train on a mix "
+        "(srt/data_io.py mix_sources), e.g. syn/train.jsonl:0.5 locomo/train.jsonl:0.5",
+    )
     add("--out", default="runs/demo/grpo", help="output folder")
     add("--seed", type=at_least(0), default=0, help="random seed")
     add(
@@ -268,7 +285,7 @@ def build_parser() -> argparse.ArgumentParser:
 def parse_args(argv=None) -> argparse.Namespace:
     cfg = parse_config(build_parser(), PRESETS, argv)
     if cfg.preset in ("cpu-demo", "cpu-long") and cfg.eval_data is None:  # the demo shows its before / after
-        dev = Path(cfg.data).parent / "dev.jsonl"
+        dev = Path(data_paths(cfg.data)[0]).parent / "dev.jsonl"
         cfg.eval_data = str(dev) if dev.exists() else None
     cfg.eval_max_new_tokens = cfg.eval_max_new_tokens or cfg.max_new_tokens
     return cfg
@@ -626,10 +643,10 @@ def train(cfg, reward_fn=None) -> dict:
     )
     budget = TimeBudget(cfg.time_budget_minutes, reserve_s=SAVE_MARGIN_S)
     out, checkpoint_dir = Path(cfg.out), Path(cfg.out) / "checkpoint"
-    records = read_jsonl(cfg.data)
-    if cfg.train_turns == "dependent":  # H* chooses which turns train, never what a prompt shows
-        records = [r for r in records if r["recall"]]
-    require(len(records) > 0, f"{cfg.data} holds no records (--train-turns {cfg.train_turns})")
+    # --train-turns dependent: H* chooses which turns train (in each file, before the mix), never
+    # what a prompt shows
+    keep = (lambda r: bool(r["recall"])) if cfg.train_turns == "dependent" else None
+    records = read_mixture(cfg.data, cfg.seed, keep, note=f" (--train-turns {cfg.train_turns})")
     eval_records = (
         pick_eval_records(read_jsonl(cfg.eval_data), cfg.eval_limit)
         if cfg.eval_data and cfg.eval_limit > 0
@@ -673,6 +690,9 @@ def train(cfg, reward_fn=None) -> dict:
         ref_model = shard_model(ref_model, device)
     policy, train_model, autocast_dtype = wrap_model(policy, device, world_size, cfg.fsdp, autocast_dtype)
     optimizer = torch.optim.AdamW(policy.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    # Rollouts sample from a bf16 copy of the policy where the hardware has bf16 units (srt/decode.py),
+    # refreshed after each optimizer step; the loss and the fp32 master weights are untouched.
+    follow_optimizer(policy, optimizer)
     stream = PromptStream(records, tokenizer, cfg.max_prompt_length, cfg.seed, rank, world_size)
     seed_everything(cfg.seed + rank)  # each rank samples its own completions
     resume_config = {k: getattr(cfg, k) for k in RESUME_MUST_MATCH}
@@ -835,7 +855,8 @@ def explain(cfg, reward_fn=None, print_fn=print) -> dict:
     ref_model.eval().requires_grad_(False)
     optimizer = torch.optim.AdamW(policy.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     # A turn that needs recall (§3), so that every term of Eq. (4) has something to say.
-    records = [r for r in read_jsonl(cfg.data) if r["recall"]] or read_jsonl(cfg.data)
+    records = read_mixture(cfg.data, cfg.seed)
+    records = [r for r in records if r["recall"]] or records
     record, prompt = PromptStream(records, tokenizer, cfg.max_prompt_length, cfg.seed).next_batch(1)[0]
     K, eps, beta = cfg.num_generations, cfg.clip_eps, cfg.beta
     lr = warmup_lr(1, cfg.lr, cfg.warmup_steps)

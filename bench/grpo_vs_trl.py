@@ -24,9 +24,9 @@ What makes the ratio trustworthy, and what refuses it
 - Equal work: every completion on both sides is exactly --max-new-tokens long. Both sides sample
   with the stop tokens (modeling.stop_token_ids: eos and <|im_end|>) suppressed through the same
   Hugging Face GenerationConfig field, `suppress_tokens`: TRL through GRPOConfig.generation_kwargs;
-  ours through the model's generation_config, which transformers merges into the explicit
-  GenerationConfig that modeling.generate builds wherever that leaves a field unset (ours sets no
-  suppress_tokens, so the model's value applies; stage2_grpo.py and modeling.py are untouched).
+  ours through the model's generation_config, whose suppress_tokens both engines of
+  modeling.generate honour (our decode loop reads it; Hugging Face `generate` merges it into the
+  explicit GenerationConfig, which sets none; stage2_grpo.py and modeling.py are untouched).
   The claim is then checked from the token counts: a wrapper around transformers' generate counts
   each row's tokens up to the first stop token (modeling.completion_mask, the rule both sides use),
   stage 2 logs its mean completion length, TRL hands its completion ids to the reward. Any row

@@ -13,6 +13,7 @@ is measured, and why: the docstring of grpo_vs_trl.py.
 from __future__ import annotations
 
 import argparse
+import functools
 import inspect
 import json
 import math
@@ -137,15 +138,17 @@ class Instruments:
             linears[-1].register_forward_hook(recorder("matmul"))
 
     def wrap_generate(self) -> None:
-        """Time transformers' generate and count each row's tokens up to its first stop token."""
+        """Time transformers' generate and our decode loop (srt/decode.py, modeling.generate's
+        default engine), and count each row's tokens up to its first stop token."""
         from transformers.generation.utils import GenerationMixin
 
+        from srt import decode
         from srt.modeling import completion_mask
 
-        original = GenerationMixin.generate
         instruments = self
 
-        def generate(model, *args, **kwargs):
+        # `original`: the function wrapped; both take (model, input_ids, ...) and return the sequences
+        def generate(model, *args, original=GenerationMixin.generate, **kwargs):
             input_ids = kwargs.get("input_ids", args[0] if args else None)
             instruments.sync()
             start = time.perf_counter()
@@ -175,6 +178,7 @@ class Instruments:
             return output
 
         GenerationMixin.generate = generate
+        decode.decode = functools.partial(generate, original=decode.decode)
 
     def timed_call(self, kind: str, fn, *args, **kwargs):
         self.sync()

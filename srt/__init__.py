@@ -6,17 +6,19 @@ share lives here, one job a module:
 
     prompt        the prompt P(Q_t, C_t), the target (Z_t, A*_t), fitting a prompt to a token budget
     modeling      models and tokenizers, precision, the one batched `generate`, log-probs, the embedder
+    decode        the decode loop behind `generate`: one prefill per prompt, a static KV cache, sampling
     rollouts      GRPO's prompt stream and its K samples per prompt (dynamic sampling)
     probe         the greedy probes a training run logs (recall Jaccard, F1, format)
     distributed   torchrun set-up, DDP / FSDP wrapping, sharded checkpoints
     checkpoint    atomic save_pretrained folders, trainer state, RNG state, append-only logs
     training      seeding, the learning-rate schedule of §4.1, the wall-clock budget
     config        argparse with presets, flag checks, the resolved config written beside outputs
-    data_io       the JSONL record format and atomic writes
+    data_io       the JSONL record format, the weighted mix of several files, atomic writes
     synthetic     the embedded synthetic corpus (planted dependencies)
     corpora       readers for LoCoMo, CoQA, MultiWOZ, DailyDialog, ReDial, MG-ShopDial, chit-chat, JSONL
     teacher       the LLM teachers of §3.2 and the chat-API client
     metrics       F1, accuracy, recall Jaccard, the error taxonomy, paired bootstrap, McNemar
+    locomo_eval   LoCoMo's own per-category answer scoring and evidence recall
     report        Table 2 / Table 3 / Fig. 4 reports and plots
     attention     the §4.6 attention analysis
     memory_plan   the per-GPU memory planner behind --dry-run

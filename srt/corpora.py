@@ -240,7 +240,7 @@ def runs_of(indices) -> list[list[int]]:
 
 
 def load_locomo(
-    path, max_rounds=32, report=None, seed=0, adversarial="keep", date_headers="session", limit=None, **_
+    path, max_rounds=32, report=None, seed=0, adversarial="abstain", date_headers="session", limit=None, **_
 ) -> list[dict]:
     """One dialogue per question: a history window of at most `max_rounds - 1` rounds (so the
     dialogue, query round included, has at most `max_rounds`) and the question as the gold round.
@@ -257,10 +257,12 @@ def load_locomo(
     Dates: `date_headers='session'` writes "[<session date>]" before the first utterance of each
     session in the window and wherever the session changes ('turn': before every utterance), so
     dates an answer is computed from stay in the text.
-    Category 5 (adversarial, unanswerable as asked): 'keep' takes `adversarial_answer` as the
-    reference answer (the reading of A-Mem and of most LoCoMo evaluations); 'abstain' answers
-    LOCOMO_ABSTAIN instead (LoCoMo's own evaluation counts declining as correct); 'skip' drops
-    those questions.
+    Category 5 (adversarial, unanswerable as asked: the question moves a fact to the other speaker
+    or to another event): 'abstain' (the default) answers LOCOMO_ABSTAIN, which LoCoMo's own
+    evaluation alone counts as right (srt/locomo_eval.py), so SFT teaches the model to decline
+    after recalling the turns the question distorts; 'keep' takes `adversarial_answer`, the
+    planted answer, as the reference (the reading of A-Mem and of some LoCoMo evaluations);
+    'skip' drops those questions.
     Evidence blemishes are normalised where possible (normalise_evidence); a question with an
     evidence fragment that cannot be read or an id that names no turn is skipped and counted,
     since its H* would be incomplete."""
@@ -337,6 +339,21 @@ def load_locomo(
             )
             answer = str(answer)
             kind = LOCOMO_CATEGORIES.get(category, "unknown")
+            # a templated Z so that the oracle teacher can serve LoCoMo; an LLM teacher writes the
+            # real chain from the same H* (teacher.py)
+            if category == 5 and adversarial == "abstain":
+                reasoning = (
+                    "The recalled turns are the closest the conversation comes, but none of them says "
+                    "what the question asks: its premise is not in the conversation, so the answer "
+                    f"is: {answer}"
+                )
+            elif recall:
+                reasoning = (
+                    "The recalled turns, with their session dates, hold what the question needs; from "
+                    f"them the answer is: {answer}"
+                )
+            else:
+                reasoning = f"No single earlier turn states it; the answer is: {answer}"
             gold = {
                 "recall": recall,
                 "answer_keys": [],
@@ -344,16 +361,12 @@ def load_locomo(
                 "query_type": f"locomo-{kind}",
                 "category": category,
                 "evidence": ids,
+                # dia_id -> the label of the utterance that holds it, for LoCoMo's evidence recall,
+                # which counts dia_ids (several of one speaker's turns may merge into one utterance)
+                "evidence_labels": {i: f"{where[i][1]}{position[where[i][0]]}" for i in ids},
                 "derived_answer": True,
-                # a templated Z so that the oracle teacher can serve LoCoMo; an LLM teacher
-                # writes the real chain from the same H* (teacher.py)
                 "analysis": f"about the earlier conversation: {str(qa['question']).strip().rstrip('?.! ')}",
-                "reasoning": (
-                    "The recalled turns, with their session dates, hold what the question "
-                    f"needs; from them the answer is: {answer}"
-                )
-                if recall
-                else f"No single earlier turn states it; the answer is: {answer}",
+                "reasoning": reasoning,
                 "reasoning_source": "template",
             }
             if category == 5:

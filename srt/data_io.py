@@ -1,12 +1,15 @@
 """The data files every stage shares (docs/design.md, "Data"): the record format and its
-validation, a JSONL reader whose errors name the file, the line and the field, and atomic writers
-(a temporary file, then a rename), so that a killed run never leaves half a file behind."""
+validation, a JSONL reader whose errors name the file, the line and the field, the training mix of
+several files with a weight each (`--data a.jsonl:0.5 b.jsonl:0.5`), and atomic writers (a
+temporary file, then a rename), so that a killed run never leaves half a file behind."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import os
+import random
 import tempfile
 from pathlib import Path
 
@@ -87,6 +90,77 @@ def read_lines(path, parse, on_error="raise", errors=None) -> list:
 def read_jsonl(path, validate=True, on_error="raise", errors=None) -> list[dict]:
     """Read stage-0 records, one per line (see RECORD_FIELDS)."""
     return read_lines(path, validate_record if validate else (lambda obj, *_: obj), on_error, errors)
+
+
+# --------------------------------------------------------------------------------------------
+# A training mix: several record files, a weight each. `--data a.jsonl` (one file) trains on its
+# records exactly as before; `--data syn/train.jsonl:0.5 locomo/train.jsonl:0.5` on a mix.
+# --------------------------------------------------------------------------------------------
+def parse_data_spec(spec: str) -> tuple[str, float]:
+    """'PATH:WEIGHT' -> (PATH, WEIGHT); a bare PATH has weight 1. A weight is a finite number > 0."""
+    path, colon, weight = str(spec).rpartition(":")
+    if not colon:
+        return str(spec), 1.0
+    try:
+        value = float(weight)
+    except ValueError:
+        value = float("nan")
+    if not path or not math.isfinite(value) or value <= 0:
+        raise DataError(f"{spec!r} is not PATH or PATH:WEIGHT with WEIGHT a number > 0")
+    return path, value
+
+
+def data_spec(text: str) -> str:
+    """argparse type of --data: checks PATH[:WEIGHT] and keeps the text as given."""
+    try:
+        parse_data_spec(text)
+    except DataError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text
+
+
+def data_paths(specs) -> list[str]:
+    """The files of --data (a string or a list of PATH[:WEIGHT])."""
+    return [parse_data_spec(spec)[0] for spec in ([specs] if isinstance(specs, str) else specs)]
+
+
+def mix_sources(sources, seed: int) -> list[dict]:
+    """[(records, weight), ...] -> the records of one epoch of the mix, source after source (the
+    stages shuffle them). One source: its records, untouched, so a one-file run is what it always
+    was. Several: N = the records of all sources together, and source i fills round(N * w_i / W)
+    of the N places (W = the sum of the weights; at least one place, so every source is seen).
+    A source fills its places from seeded permutations of its records, every record once before
+    any twice: a source smaller than its share repeats, a larger one gives a seeded subset (the
+    same every epoch: give it a weight of at least its share of N to train on all of it)."""
+    if len(sources) == 1:
+        return sources[0][0]
+    total, weights = sum(len(records) for records, _ in sources), sum(w for _, w in sources)
+    mix = []
+    for i, (records, weight) in enumerate(sources):
+        places, rng, order = max(1, round(total * weight / weights)), random.Random(f"mix-{seed}-{i}"), []
+        while len(order) < places:
+            order += rng.sample(range(len(records)), len(records))
+        mix += [records[k] for k in order[:places]]
+    return mix
+
+
+def read_mixture(specs, seed: int = 0, keep=None, note: str = "") -> list[dict]:
+    """The training records of --data (a string or a list of PATH[:WEIGHT]): mix_sources over the
+    files, read with read_jsonl. `keep(record)` filters each file before the mix (stage 2's
+    --train-turns), so the weights apply to what trains; a file left empty is an error (`note`
+    says why it may be)."""
+    sources = []
+    for spec in [specs] if isinstance(specs, str) else specs:
+        path, weight = parse_data_spec(spec)
+        records = read_jsonl(path)
+        if keep is not None:
+            records = [r for r in records if keep(r)]
+        if not records:
+            raise DataError(f"{path}: no records{note}")
+        sources.append((records, weight))
+    if not sources:
+        raise DataError("--data names no file")
+    return mix_sources(sources, seed)
 
 
 def atomic_write_text(path, text: str) -> None:

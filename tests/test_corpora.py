@@ -140,6 +140,8 @@ def test_locomo_planted_evidence_maps_to_the_right_labels(tmp_path):
         for dia_id in query["gold"]["evidence"]:
             holders = [label for label, text in texts.items() if PLANTED.get(dia_id, "@@") in text]
             assert holders and holders[0] in query["gold"]["recall"], (d["id"], dia_id)
+            # the map LoCoMo's evidence recall counts dia_ids through: the utterance that holds it
+            assert query["gold"]["evidence_labels"][dia_id] == holders[0]
         assert len(query["gold"]["recall"]) == len(
             {t for i in query["gold"]["evidence"] for t in texts if PLANTED[i] in texts[t]}
         )
@@ -175,13 +177,18 @@ def test_locomo_answers_categories_dates_and_roles(tmp_path):
     questions = {d["rounds"][-1]["user"]: d for d in dialogues}
     year = questions["What year?"]["rounds"][-1]
     assert year["assistant"] == "2022" and year["gold"]["recall"] == [] and year["gold"]["category"] == 3
+    # Category 5 by default: SFT learns to decline, never the planted answer, and its chain says so
     adversarial = questions["What did Caroline run for charity?"]["rounds"][-1]
     assert (
-        adversarial["assistant"] == "a charity race"
+        adversarial["assistant"] == corpora.LOCOMO_ABSTAIN
         and adversarial["gold"]["query_type"] == "locomo-adversarial"
+        and adversarial["gold"]["adversarial_answer"] == "a charity race"
+        and "a charity race" not in adversarial["gold"]["reasoning"]
+        and "premise is not in the conversation" in adversarial["gold"]["reasoning"]
     )
-    abstain, _ = corpora.load_corpus("locomo", locomo_fixture(tmp_path), adversarial="abstain")
-    assert abstain[-1]["rounds"][-1]["assistant"] == corpora.LOCOMO_ABSTAIN
+    keep, _ = corpora.load_corpus("locomo", locomo_fixture(tmp_path), adversarial="keep")
+    assert keep[-1]["rounds"][-1]["assistant"] == "a charity race"
+    assert keep[-1]["rounds"][-1]["gold"]["reasoning"].endswith("the answer is: a charity race")
     skip, report = corpora.load_corpus("locomo", locomo_fixture(tmp_path), adversarial="skip")
     assert len(skip) == 8 and report["qa_skipped_adversarial"] == 1
     for d in dialogues:

@@ -10,6 +10,7 @@ import json
 import random
 import re
 import zlib
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -429,6 +430,34 @@ def test_locomo_conversations_never_span_splits_nor_dedup_each_other(tmp_path):
     assert (
         s0.deduplicate(dialogues)[1] > 30
     )  # whole-conversation windows: near-identical but for the question
+
+
+def test_a_file_goes_whole_to_one_split_or_by_conversation_into_train_and_dev(tmp_path):
+    """--split test: a new file in LoCoMo's schema is scored whole, no record left in train or dev.
+    Without it, 7 conversations with --dev-fraction 0.3 --test-fraction 0 split by conversation,
+    seeded: round(2.1) = 2 whole conversations in dev, 5 in train, none in test."""
+    path = locomo_release(
+        tmp_path / "locomo7.json", conversations=7, sessions=2, turns=10, questions=70, broken=0
+    )
+    records, stats = build(tmp_path / "whole", "locomo", path, "--split", "test")
+    assert stats["queries_per_split"] == {"train": 0, "dev": 0, "test": 70}
+    assert [len(read_jsonl(tmp_path / "whole" / f"{s}.jsonl")) for s in SPLITS] == [0, 0, 70]
+    assert json.loads((tmp_path / "whole" / "config.json").read_text())["split"] == "test"
+    owners = []
+    for seed in ("0", "1"):
+        out = tmp_path / f"seed{seed}"
+        build(out, "locomo", path, "--dev-fraction", "0.3", "--test-fraction", "0", "--seed", seed)
+        owner = {}
+        for split in SPLITS:
+            for r in read_jsonl(out / f"{split}.jsonl"):
+                assert owner.setdefault(r["meta"]["conversation_id"], split) == split
+        assert sorted(Counter(owner.values()).items()) == [("dev", 2), ("train", 5)]
+        owners.append(owner)
+    assert owners[0] != owners[1]  # the seed, not a conversation id, chooses dev
+    with pytest.raises(SystemExit):
+        s0.parse_args(["--source", "locomo", "--path", str(path), "--split", "holdout"])
+    with pytest.raises(SystemExit):
+        s0.parse_args(["--source", "locomo", "--path", str(path), "--dev-fraction", "1.5"])
 
 
 def test_locomo_release_scale_converts_every_resolvable_question(tmp_path):

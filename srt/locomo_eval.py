@@ -1,0 +1,199 @@
+"""LoCoMo's own scoring, beside ours: per question category, as the release scores it.
+
+LoCoMo (Maharana et al., 2024, "Evaluating Very Long-Term Conversational Memory of LLM Agents")
+scores an answer by the category of its question, in `eval_question_answering` of
+snap-research/locomo, task_eval/evaluation.py; this module follows it line for line:
+
+    1 multi-hop    the answer and the reference split on ',': for each reference part the best
+                   token F1 over the answer's parts, averaged over the reference parts
+    2 temporal     token F1
+    3 open-domain  token F1 against the reference up to its first ';' (the rest is a rationale)
+    4 single-hop   token F1
+    5 adversarial  1 when the answer says 'not mentioned' or 'no information available', else 0:
+                   the question's premise is not in the conversation, and the planted
+                   adversarial_answer is the wrong answer it baits
+
+Token F1 is LoCoMo's, not SQuAD's (srt/metrics.py): commas deleted first, then lower case,
+punctuation deleted, the words a/an/the/and dropped, and every token Porter-stemmed (NLTK's
+PorterStemmer, as the release uses).
+
+Evidence recall is LoCoMo's recall accuracy: the share of a question's evidence dia_ids that the
+method put before the answer (recalled in <HIS> tags, or retrieved), with each dia_id mapped to
+the label of the utterance that holds it (stage 0 keeps that map in meta.evidence_labels). The
+release gives a question without evidence a recall of 1; here it has none, so that a question
+nothing could be recalled for does not raise every method alike.
+
+Records carry their category in meta.category (srt/corpora.py's LoCoMo loader; our JSONL may carry
+it too). A library module: evaluate.py scores rows with it, report.py tabulates them.
+"""
+
+from __future__ import annotations
+
+import re
+import string
+from collections import Counter
+
+import numpy as np
+from nltk.stem import PorterStemmer
+
+from srt.corpora import LOCOMO_CATEGORIES
+from srt.metrics import paired_bootstrap
+
+_STEMMER = PorterStemmer()
+_PUNCTUATION = set(string.punctuation)
+_ARTICLES = re.compile(r"\b(a|an|the|and)\b")
+ABSTAIN_PHRASES = ("no information available", "not mentioned")  # category 5, lower case
+
+
+# --------------------------------------------------------------------------------------------
+# evaluation.py's normalisation and F1
+# --------------------------------------------------------------------------------------------
+def normalize_answer(text: str) -> str:
+    """evaluation.py's normalize_answer: commas out, lower case, punctuation out, a/an/the/and out,
+    whitespace squeezed. The order matters: "don't" -> "dont", "rock-and-roll" -> "rockandroll"."""
+    text = str(text).replace(",", "").lower()
+    text = "".join(ch for ch in text if ch not in _PUNCTUATION)
+    return " ".join(_ARTICLES.sub(" ", text).split())
+
+
+def stemmed_tokens(text: str) -> list[str]:
+    return [_STEMMER.stem(word) for word in normalize_answer(text).split()]
+
+
+def token_f1(prediction: str, reference: str) -> float:
+    """evaluation.py's f1_score: F1 of the bags of stemmed tokens; 0 when they share none."""
+    predicted, gold = stemmed_tokens(prediction), stemmed_tokens(reference)
+    same = sum((Counter(predicted) & Counter(gold)).values())
+    if same == 0:
+        return 0.0
+    precision, recall = same / len(predicted), same / len(gold)
+    return 2 * precision * recall / (precision + recall)
+
+
+def multi_answer_f1(prediction: str, reference: str) -> float:
+    """evaluation.py's f1 (category 1): both split on ','; each reference part takes its best F1
+    over the prediction's parts; the mean over the reference parts."""
+    predictions = [p.strip() for p in str(prediction).split(",")]
+    references = [g.strip() for g in str(reference).split(",")]
+    return float(np.mean([max(token_f1(p, g) for p in predictions) for g in references]))
+
+
+def says_not_mentioned(prediction: str) -> bool:
+    """Category 5: right only when the answer declines in one of the release's two phrasings."""
+    return any(phrase in str(prediction).lower() for phrase in ABSTAIN_PHRASES)
+
+
+def locomo_score(prediction, reference, category: int) -> float:
+    """The score of one answer in [0, 1], by its question's category (the module docstring).
+    A missing answer (no 'Final answer:') scores as the empty string does: 0."""
+    prediction, reference = "" if prediction is None else str(prediction), str(reference)
+    if category == 3:
+        reference = reference.split(";")[0].strip()
+    if category in (2, 3, 4):
+        return token_f1(prediction, reference)
+    if category == 1:
+        return multi_answer_f1(prediction, reference)
+    if category == 5:
+        return float(says_not_mentioned(prediction))
+    raise ValueError(f"LoCoMo has no question category {category!r} (1-5)")
+
+
+# --------------------------------------------------------------------------------------------
+# One record, one answer
+# --------------------------------------------------------------------------------------------
+def category_of(record) -> int | None:
+    """The LoCoMo category (1-5) a record carries in meta.category, else None."""
+    category = (record.get("meta") or {}).get("category")
+    return category if isinstance(category, int) and category in LOCOMO_CATEGORIES else None
+
+
+def evidence_recall(recalled, record) -> float | None:
+    """Share of the record's evidence that `recalled` (labels; None: the method recalls nothing
+    by design, as the full history) holds: per dia_id through meta.evidence_labels, else per
+    turn of H*. None without evidence or without a recalled set."""
+    if recalled is None:
+        return None
+    meta, chosen = record.get("meta") or {}, set(recalled)
+    labels = meta.get("evidence_labels") or {}
+    evidence = [labels[i] for i in meta.get("evidence") or [] if i in labels] or list(record["recall"])
+    if not evidence:
+        return None
+    return sum(label in chosen for label in evidence) / len(evidence)
+
+
+def score_row(answer, record, recalled) -> dict:
+    """The LoCoMo columns of one evaluated answer (all None for a record without a category)."""
+    category = category_of(record)
+    if category is None:
+        return {"locomo_category": None, "locomo_score": None, "evidence_recall": None}
+    return {
+        "locomo_category": category,
+        "locomo_score": locomo_score(answer, record["answer"], category),
+        "evidence_recall": evidence_recall(recalled, record),
+    }
+
+
+# --------------------------------------------------------------------------------------------
+# Per-category summaries and paired comparisons
+# --------------------------------------------------------------------------------------------
+CATEGORY_ORDER = tuple(LOCOMO_CATEGORIES)  # 1..5, the release's numbering
+COMPARED = ("locomo_score", "evidence_recall", "jaccard")
+
+
+def _mean(rows, key):
+    values = [float(r[key]) for r in rows if r.get(key) is not None]
+    return (float(np.mean(values)) if values else None), len(values)
+
+
+def summarize(rows) -> dict | None:
+    """{"all": .., "1": .., ..., "5": ..}, each {n, score, evidence_recall, n_evidence, jaccard,
+    n_jaccard, f1, input_tokens}, over the rows with a LoCoMo category; None when no row has one."""
+    scored = [r for r in rows if r.get("locomo_category") is not None]
+    if not scored:
+        return None
+    out = {}
+    for key, members in [("all", scored)] + [
+        (str(c), [r for r in scored if r["locomo_category"] == c]) for c in CATEGORY_ORDER
+    ]:
+        score, n = _mean(members, "locomo_score")
+        recall, n_evidence = _mean(members, "evidence_recall")
+        jaccard, n_jaccard = _mean(members, "jaccard")
+        out[key] = {
+            "n": n,
+            "score": score,
+            "evidence_recall": recall,
+            "n_evidence": n_evidence,
+            "jaccard": jaccard,
+            "n_jaccard": n_jaccard,
+            "f1": _mean(members, "f1")[0],
+            "input_tokens": _mean(members, "input_tokens")[0],
+        }
+    return out
+
+
+def compare(rows_by_name, reference, resamples=2000, seed=0) -> dict:
+    """Every variant against `reference` on the LoCoMo questions both answered: the paired
+    bootstrap interval (variant - reference) of each metric of COMPARED, on the items where both
+    have it, over all questions ("all") and per category."""
+    if reference is None or reference not in rows_by_name:
+        return {}
+    base = {r["id"]: r for r in rows_by_name[reference] if r.get("locomo_category") is not None}
+    out = {}
+    for name, rows in rows_by_name.items():
+        pairs = [(base[r["id"]], r) for r in rows if r["id"] in base]
+        if name == reference or not pairs:
+            continue
+        entry = {"against": reference}
+        for key in ("all",) + tuple(str(c) for c in CATEGORY_ORDER):
+            members = [(a, b) for a, b in pairs if key == "all" or str(a["locomo_category"]) == key]
+            cell = {"n": len(members)}
+            for metric in COMPARED:
+                both = [
+                    (a[metric], b[metric])
+                    for a, b in members
+                    if a.get(metric) is not None and b.get(metric) is not None
+                ]
+                cell[metric] = paired_bootstrap([x for x, _ in both], [y for _, y in both], resamples, seed)
+            entry[key] = cell
+        out[name] = entry
+    return out

@@ -1,0 +1,365 @@
+"""Our decode loop (srt/decode.py) against Hugging Face `generate`, the reference path of
+modeling.generate (engine="hf"), on the tiny random Llama in fp32.
+
+Exact equality of token ids is what is asserted, also across machines (AVX2 fp32, AMX): both paths
+run the same model in fp32 and differ only in how the prompt is split into forward passes and in
+the key length an attention call sees, so their logits agree to the last few bits; an argmax or a
+multinomial draw could differ only where two candidates are within ~1e-6 of each other, which the
+tiny model's logits (spread ~1, fp32 rounding ~1e-7) do not come near on these prompts."""
+
+import copy
+import math
+
+import pytest
+import torch
+
+from srt import decode, modeling
+from srt.modeling import load_model_and_tokenizer
+
+PROMPTS = [
+    "Hello",
+    "Q1: I need the Chakra Balancing service. A1: It is $180. Q2: and the price?",
+    "What time does the spa open on Monday?",
+]
+
+
+def both(model, tokenizer, prompts=PROMPTS, **kwargs):
+    """modeling.generate through each engine, from the same seed."""
+    out = {}
+    for engine in ("ours", "hf"):
+        torch.manual_seed(0)
+        out[engine] = modeling.generate(model, tokenizer, prompts, engine=engine, **kwargs)
+    return out["ours"], out["hf"]
+
+
+def assert_same(ours, hf):
+    for key in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask"):
+        assert torch.equal(ours[key], hf[key]), key
+    assert ours["texts"] == hf["texts"] and ours["generated_tokens"] == hf["generated_tokens"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Greedy: token for token what generate gives
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("K", [1, 3])
+def test_greedy_equals_generate_on_prompts_of_different_lengths(tiny, K):
+    model, tokenizer = tiny
+    ours, hf = both(model, tokenizer, max_new_tokens=24, num_generations=K, greedy=True)
+    assert ours["prompt_mask"][0, 0] == 0  # "Hello" is left padded
+    assert ours["completion_ids"].shape == (3 * K, 24)
+    assert_same(ours, hf)
+
+
+def test_rows_end_at_their_first_stop_token_as_in_generate():
+    """Plant a stop token: the token greedy decoding writes 4th in row 0. Every row must end at its
+    own first occurrence of it (the stop token counted, padding after it), exactly where generate
+    ends it, and the loop stops once every row has ended."""
+    model, tokenizer = load_model_and_tokenizer("tiny-random", dtype="float32")
+    free = modeling.generate(model, tokenizer, PROMPTS, max_new_tokens=20, greedy=True)
+    planted = int(free["completion_ids"][0, 3])
+    model.generation_config.eos_token_id = [*model.generation_config.eos_token_id, planted]
+    ours, hf = both(model, tokenizer, max_new_tokens=20, greedy=True)
+    assert_same(ours, hf)
+    expected = []
+    for row in free["completion_ids"].tolist():  # the same greedy path up to the stop
+        expected.append(row.index(planted) + 1 if planted in row else 20)
+    assert ours["generated_tokens"] == expected and expected[0] == 4
+    assert ours["completion_ids"].shape[1] == max(expected)
+    for i, n in enumerate(expected):
+        assert (ours["completion_ids"][i, n:] == tokenizer.pad_token_id).all()
+
+
+def test_both_engines_honour_the_models_suppress_tokens():
+    """bench/grpo_vs_trl.py forces every row to the cap by suppressing the stop tokens through the
+    model's generation_config: the planted stop token of the test above is then never written."""
+    model, tokenizer = load_model_and_tokenizer("tiny-random", dtype="float32")
+    free = modeling.generate(model, tokenizer, PROMPTS, max_new_tokens=20, greedy=True)
+    planted = int(free["completion_ids"][0, 3])
+    model.generation_config.eos_token_id = [*model.generation_config.eos_token_id, planted]
+    model.generation_config.suppress_tokens = modeling.stop_token_ids(model, tokenizer)
+    ours, hf = both(model, tokenizer, max_new_tokens=20, greedy=True)
+    assert_same(ours, hf)
+    assert ours["generated_tokens"] == [20, 20, 20] and planted not in ours["completion_ids"]
+
+
+def test_stop_when_ends_each_row_where_generate_ends_it(tiny):
+    """evaluate's direct methods stop a row at its first complete line: the decoded text is tested
+    after every step. Here: once the text is at least as long as row 1's first 5 tokens."""
+    model, tokenizer = tiny
+    free = modeling.generate(model, tokenizer, PROMPTS, max_new_tokens=16, greedy=True)
+    target = len(tokenizer.decode(free["completion_ids"][1, :5], skip_special_tokens=True))
+    ours, hf = both(
+        model, tokenizer, max_new_tokens=16, greedy=True, stop_when=lambda text: len(text) >= target
+    )
+    assert_same(ours, hf)
+    assert ours["generated_tokens"][1] == 5 and min(ours["generated_tokens"]) < 16
+
+
+def test_the_static_shape_step_a_cuda_graph_replays_gives_the_same_tokens(tiny):
+    """On a GPU the decode step attends to every column of the cache, those not yet written masked,
+    so that one captured graph serves every step. Run eagerly here, it must decode as the step
+    that reads only the written columns does."""
+    model, tokenizer = tiny
+    tokenizer.padding_side = "left"
+    enc = tokenizer(PROMPTS, return_tensors="pt", padding=True, add_special_tokens=False)
+    stops = modeling.stop_token_ids(model, tokenizer)
+    runs = [
+        decode.decode(
+            model,
+            enc.input_ids,
+            enc.attention_mask,
+            20,
+            stops,
+            tokenizer.pad_token_id,
+            num_generations=2,
+            greedy=True,
+            static_shapes=static,
+        )  # fmt: skip
+        for static in (False, True)
+    ]
+    assert torch.equal(runs[0], runs[1])
+
+
+def test_eager_attention_takes_the_mask_as_a_bias_and_decodes_the_same():
+    model, tokenizer = load_model_and_tokenizer("tiny-random", dtype="float32")
+    model.set_attn_implementation("eager")
+    ours, hf = both(model, tokenizer, max_new_tokens=12, num_generations=2, greedy=True)
+    assert_same(ours, hf)
+
+
+# ---------------------------------------------------------------------------------------------
+# K samples of a group: one prefill, its cache copied to the K rows
+# ---------------------------------------------------------------------------------------------
+def test_one_prefill_per_prompt_samples_what_k_prefills_sample(tiny):
+    """The K rows of a prompt start from one prefill, written to K rows of the cache. With the same
+    seed they must sample exactly what K separate prefills sample; and the K rows must differ
+    (they are K samples, not K copies of one)."""
+    model, tokenizer = tiny
+    outs = []
+    for prefill_once in (True, False):
+        torch.manual_seed(3)
+        outs.append(
+            modeling.generate(
+                model, tokenizer, PROMPTS, max_new_tokens=12, num_generations=4, prefill_once=prefill_once
+            )
+        )
+    assert torch.equal(outs[0]["completion_ids"], outs[1]["completion_ids"])
+    group = outs[0]["completion_ids"][4:8]
+    assert len({tuple(row.tolist()) for row in group}) > 1
+
+
+def test_kv_cache_holds_each_prompt_in_its_k_rows():
+    """After the prefill, rows j*K .. j*K+K-1 hold prompt j's keys, and the columns past the prompt
+    are still zero (nothing written there yet)."""
+    cache = decode.StaticKVCache(rows=6, length=5, repeats=3)
+    keys = torch.arange(2 * 1 * 2 * 1, dtype=torch.float32).reshape(2, 1, 2, 1) + 1  # 2 prompts, 2 positions
+    returned, _ = cache.update(keys, -keys, layer_idx=0)
+    assert torch.equal(returned, keys)  # the prompt attends to its own keys
+    stored = cache.keys[0]
+    assert stored.shape == (6, 1, 5, 1)
+    for row in range(6):
+        assert torch.equal(stored[row, :, :2], keys[row // 3])
+    assert (stored[:, :, 2:] == 0).all() and torch.equal(cache.values[0][:, :, :2], -stored[:, :, :2])
+    cache.column, cache.visible = torch.tensor([2]), 3  # one decode step writes column 2 of every row
+    step = torch.full((6, 1, 1, 1), 9.0)
+    returned, _ = cache.update(step, step, layer_idx=0)
+    assert returned.shape == (6, 1, 3, 1) and (returned[:, :, 2] == 9).all()
+
+
+# ---------------------------------------------------------------------------------------------
+# Sampling: exactly softmax(logits / T) cut by top-p
+# ---------------------------------------------------------------------------------------------
+def test_sampled_rollouts_equal_generates_under_one_seed(tiny):
+    """Both draw one torch.multinomial per step over all rows from the same probabilities, so under
+    one seed ours samples exactly what generate samples, temperature and top-p included: the same
+    distribution at every step of every row, and the same use of the random stream."""
+    model, tokenizer = tiny
+    ours, hf = both(model, tokenizer, max_new_tokens=16, num_generations=8, temperature=0.7, top_p=0.9)
+    assert_same(ours, hf)
+    assert len({tuple(r) for r in ours["completion_ids"][:8].tolist()}) > 1
+
+
+# Hand-made probabilities p at T = 1, T = 2 and top_p = 0.75. Tempered, q ∝ sqrt(p) =
+# [.277, .219, .170, .139, .107, .088]; the tokens ranked above token 3 hold .666 < .75, above
+# token 4 .805: the nucleus is {0, 1, 2, 3}. Two plausible mistakes both lose token 3:
+# - temperature after top-p: the nucleus of p itself is {0, 1, 2} (above token 3: .80 >= .75);
+# - one token too few (keep while the mass *including* the token is below top_p): {0, 1, 2}.
+P = torch.tensor([0.40, 0.25, 0.15, 0.10, 0.06, 0.04])
+T, TOP_P = 2.0, 0.75
+
+
+def nucleus_distribution(p, temperature, top_p):
+    """The expected distribution, written out independently: temper, sort, keep while the mass
+    above is below top_p, renormalize."""
+    q = p ** (1 / temperature)
+    q = q / q.sum()
+    order = sorted(range(len(q)), key=lambda i: -float(q[i]))
+    kept, above = [], 0.0
+    for i in order:
+        if above >= top_p:
+            break
+        kept.append(i)
+        above += float(q[i])
+    out = torch.zeros_like(q)
+    out[kept] = q[kept] / q[kept].sum()
+    return out
+
+
+def test_top_p_keeps_the_nucleus_of_the_tempered_distribution():
+    logits = P.log() / T
+    kept = decode.top_p_filter(logits[None], TOP_P)[0].isfinite()
+    assert kept.tolist() == [True, True, True, True, False, False]
+    assert decode.top_p_filter(P.log()[None], TOP_P)[0].isfinite().sum() == 3  # untempered: 3
+    assert decode.top_p_filter(logits[None], 1.0)[0].isfinite().all()
+    assert decode.top_p_filter(logits[None], 0.01)[0].isfinite().sum() == 1  # the best always stays
+
+
+def assert_follows(counts, expected, draws):
+    """Each token's count within 6 binomial standard deviations of draws * p (a false alarm for a
+    correct sampler: under 2e-9 per token by the normal approximation, every expected count here
+    being >= 100), and never a token of probability 0."""
+    for token, (n, p) in enumerate(zip(counts.tolist(), expected.tolist())):
+        if p == 0:
+            assert n == 0, f"token {token} has probability 0 and was drawn {n} times"
+        else:
+            sd = math.sqrt(draws * p * (1 - p))
+            assert abs(n - draws * p) <= 6 * sd, (token, n, draws * p)
+
+
+def test_draws_follow_softmax_of_logits_over_t_cut_by_top_p():
+    """20,000 draws of next_tokens from the hand-made logits, counted against the exact distribution.
+    Token 3 has probability .139 / .805 = .17 (about 3,450 draws): either mistake above draws it
+    never, 58 standard deviations from the truth."""
+    draws = 20_000
+    torch.manual_seed(0)
+    tokens = decode.next_tokens(P.log().expand(draws, -1), temperature=T, top_p=TOP_P)
+    counts = torch.bincount(tokens, minlength=len(P))
+    expected = nucleus_distribution(P, T, TOP_P)
+    assert expected[3] > 0.15 and expected[4] == 0
+    assert_follows(counts, expected, draws)
+    assert nucleus_distribution(P, 1.0, TOP_P)[3] == 0 and counts[3] > 3000  # either mistake: caught
+    # T = 0 is the argmax; a suppressed token is never drawn, even the best one
+    assert (decode.next_tokens(P.log().expand(4, -1), greedy=True) == 0).all()
+    suppressed = decode.next_tokens(P.log().expand(2000, -1), suppress=torch.tensor([0]))
+    assert (suppressed != 0).all()
+
+
+def test_first_tokens_of_a_group_follow_the_models_distribution():
+    """End to end: one prompt, K = 8,000 samples of one token each (one prefill, its cache copied to
+    8,000 rows), against softmax(logits / T) cut by top-p of the model's own logits for that prompt.
+    The tiny model's logits are nearly flat (std 0.17), so its head is scaled up 12x to give a
+    distribution with a few likely tokens; tokens expected fewer than 100 times are pooled."""
+    model, tokenizer = load_model_and_tokenizer("tiny-random", dtype="float32")
+    with torch.no_grad():
+        model.lm_head.weight.mul_(12)
+    temperature, top_p, draws = 0.8, 0.9, 8000
+    ids = tokenizer(["Q1: What time does the spa open?"], return_tensors="pt").input_ids
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[0, -1]
+    expected = nucleus_distribution(logits.softmax(-1), temperature, top_p)
+    torch.manual_seed(1)
+    out = decode.decode(
+        model, ids, torch.ones_like(ids), 1, [], tokenizer.pad_token_id,
+        num_generations=draws, temperature=temperature, top_p=top_p,
+    )  # fmt: skip
+    counts = torch.bincount(out[:, -1], minlength=len(expected))
+    assert 3 <= int((expected > 0).sum()) < len(expected) // 2  # a real cut
+    common = expected * draws >= 100
+    pooled_counts = torch.cat([counts[common], counts[~common & (expected > 0)].sum()[None]])
+    pooled_expected = torch.cat([expected[common], expected[~common].sum()[None]])
+    assert (counts[expected == 0] == 0).all()
+    assert_follows(pooled_counts, pooled_expected, draws)
+
+
+# ---------------------------------------------------------------------------------------------
+# Generation weights: a bf16 copy where the hardware has bf16 units
+# ---------------------------------------------------------------------------------------------
+def test_sampling_copy_is_bf16_keeps_fp32_buffers_and_refreshes_after_a_step():
+    model, _ = load_model_and_tokenizer("tiny-random", dtype="float32")
+    assert decode.sampling_model(model, None) is model  # no bf16 units: fp32, the model itself
+    low = decode.sampling_model(model, torch.bfloat16)
+    assert low is not model and not low.training
+    assert {p.dtype for p in low.parameters()} == {torch.bfloat16}
+    assert {p.dtype for p in model.parameters()} == {torch.float32}  # the masters stay fp32
+    assert all(b.dtype == torch.float32 for b in low.buffers() if b.is_floating_point())  # RoPE's inv_freq
+
+    def matches():
+        return all(torch.equal(q, p.to(torch.bfloat16)) for p, q in zip(model.parameters(), low.parameters()))
+
+    optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
+    with torch.no_grad():
+        model.lm_head.weight.add_(1.0)  # not followed yet: every call refreshes
+    assert decode.sampling_model(model, torch.bfloat16) is low and matches()
+    decode.follow_optimizer(model, optimizer)
+    with torch.no_grad():
+        model.lm_head.weight.add_(1.0)  # no optimizer step: the followed copy is reused as it is
+    decode.sampling_model(model, torch.bfloat16)
+    assert not matches()
+    model.lm_head.weight.grad = torch.ones_like(model.lm_head.weight)
+    optimizer.step()  # a step: the next rollout refreshes
+    assert decode.sampling_model(model, torch.bfloat16) is low and matches()
+
+
+def test_generate_samples_from_the_bf16_copy_and_hooks_see_it(tiny):
+    """modeling.generate(autocast_dtype=bf16), as stage 2 calls it on a GPU or an AMX CPU: the
+    decode runs on the copy (its matmuls in bf16, no autocast), and a forward hook registered on
+    the model before the copy was made fires on the copy (bench/grpo_workers.py reads precision so)."""
+    model, tokenizer = load_model_and_tokenizer("tiny-random", dtype="float32")
+    seen = []
+    model.model.layers[-1].mlp.down_proj.register_forward_hook(lambda m, i, o: seen.append(o.dtype))
+    out = modeling.generate(
+        model, tokenizer, PROMPTS[:2], max_new_tokens=6, greedy=True, autocast_dtype=torch.bfloat16
+    )
+    assert seen and set(seen) == {torch.bfloat16}
+    low = decode.sampling_model(model, torch.bfloat16)
+    reference = copy.deepcopy(model).to(torch.bfloat16)
+    assert all(torch.equal(p, q) for p, q in zip(low.parameters(), reference.parameters()))
+    again = modeling.generate(low, tokenizer, PROMPTS[:2], max_new_tokens=6, greedy=True)
+    assert torch.equal(out["completion_ids"], again["completion_ids"])
+
+
+def test_unknown_engine_and_empty_budget_are_refused(tiny):
+    model, tokenizer = tiny
+    with pytest.raises(ValueError, match="engine"):
+        modeling.generate(model, tokenizer, ["Hello"], engine="vllm")
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        decode.decode(model, torch.tensor([[5]]), torch.tensor([[1]]), 0, [], 0)
+
+
+# ---------------------------------------------------------------------------------------------
+# bench/rollout_speed.py
+# ---------------------------------------------------------------------------------------------
+def load_bench():
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    bench = Path(__file__).resolve().parents[1] / "bench"
+    sys.path.insert(0, str(bench))  # the benchmark imports its neighbour measure.py
+    spec = importlib.util.spec_from_file_location("rollout_speed", bench / "rollout_speed.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_rollout_speed_smoke_equal_work_precision_and_greedy_check(tmp_path):
+    import json
+
+    from records import hand_record
+
+    from srt.data_io import write_jsonl
+
+    data = tmp_path / "records.jsonl"
+    write_jsonl(data, [hand_record(i) for i in range(3)])
+    bench = load_bench()
+    common = ["--model", "tiny-random", "--data", str(data), "--out", str(tmp_path), "--max-new-tokens", "4"]
+    bench.main(common + ["--ks", "1,3", "--prompts", "2", "--repeats", "1", "--precision", "fp32"])
+    result = json.loads((tmp_path / "results.json").read_text())
+    assert [r["K"] for r in result["runs"]] == [1, 3]
+    for run in result["runs"]:  # every row exactly 4 tokens on both sides, fp32 read from the matmuls
+        assert run["ours"]["generated_tokens"] == run["hf"]["generated_tokens"] == 2 * run["K"] * 4
+        assert run["precision"] == {"ours": ["torch.float32"], "hf": ["torch.float32"]}
+        assert run["speedup"] > 0
+    bench.main(common + ["--check", "--check-prompts", "3", "--batch-size", "2"])
+    check = json.loads((tmp_path / "check.json").read_text())
+    assert check["equal"] is True and check["prompts"] == 3 and check["tokens"] > 0
