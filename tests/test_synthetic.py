@@ -13,6 +13,7 @@ from collections import Counter, defaultdict
 import pytest
 
 from srt.synthetic import (
+    ENGLISH_WORDS,
     FLIGHT_SLOTS,
     OFFENSIVE,
     SMALL_TALK_WORDS,
@@ -20,6 +21,7 @@ from srt.synthetic import (
     YES_NO_RULES,
     _clock,
     _other_time,
+    _plain_english,
     distinctive_keys,
     generate_synthetic,
     keys_outside_recall,
@@ -299,6 +301,48 @@ def test_small_talk_is_real_filtered_and_varied(corpus):
             assert SMALL_TALK_WORDS[0] <= len(text.split()) <= SMALL_TALK_WORDS[1] and text.isascii()
             assert not OFFENSIVE.search(text) and not re.search(r"\b[QA]\d+\b", text)
     assert len(set(talk)) > 0.6 * len(talk)
+
+
+def _plain_english_by_characters(text):
+    """The small-talk filter as first written, a loop over characters and re.I patterns: the
+    reference the faster filter must agree with exactly (the corpus, and every number measured on
+    it, depends on which lines pass)."""
+    words = text.split()
+    return (
+        SMALL_TALK_WORDS[0] <= len(words) <= SMALL_TALK_WORDS[1]
+        and len(text) <= 120
+        and all(32 <= ord(c) < 127 for c in text)
+        and sum(c.isalpha() or c == " " for c in text) >= 0.8 * len(text)
+        and max(len(w) for w in words) <= 18
+        and any(w.lower().strip(".,!?") in ENGLISH_WORDS for w in words)
+        and not OFFENSIVE.search(text)
+        and not re.search(r"http|www\.|@|<|>|\b[QA]\d+\b|answer:", text, re.I)
+    )
+
+
+def test_the_fast_small_talk_filter_agrees_with_the_character_loop():
+    """Edge cases where a case-insensitive or a character-class rewrite could differ: upper-case
+    insults and labels, a tab, DEL, non-ASCII look-alikes (the Kelvin sign folds to 'k' under re.I),
+    digits and punctuation at the 80% letter boundary; then the dataset's own messages."""
+    crafted = [
+        "I think that you are a FUCKING genius",
+        "What do you think of A12 and the rest",
+        "my ANSWER: is that it's fine by me",
+        "do you like the new WWW.site thing",
+        "it is\tfine by me and you know it",
+        "it is fine by me and you know\x7f it",
+        "I \u212aill time with the guitar all day",
+        "i'm at 12345 67890 12345 67890 and you",
+        "i'm at 1234 567 and what are you up to",
+        "the café is nice and you would like it",
+        "what do you do for fun on the weekend?",
+        "is it,,,,,,,,,,,, a thing for you",
+    ]
+    texts = crafted + [text for pair in small_talk_exchanges()[:2000] for text in pair]
+    texts += [f"{t} {t[:7].upper()}" for t in texts[: len(crafted) + 200]]
+    assert sum(_plain_english(t) for t in crafted) not in (0, len(crafted))  # both outcomes occur
+    for text in texts:
+        assert _plain_english(text) == _plain_english_by_characters(text), text
 
 
 def test_no_handful_of_strings_dominates(corpus):
