@@ -50,7 +50,9 @@ def cpu_flags() -> set[str]:
 def machine() -> dict:
     """Everything a reader needs to judge whether a table applies to their machine. bf16 units:
     avx512_bf16 only converts and dots; the matmul speed-up the repository measured needs AMX
-    (amx_bf16), which modeling.cpu_has_bf16_matmul probes, so both are recorded."""
+    (amx_bf16), which modeling.cpu_has_bf16_matmul probes, so both are recorded. "AMD EPYC" names
+    more than one machine kind: the vector ISA that ATen's kernels run (AVX2 or AVX512) told a
+    2-core EPYC with AVX-512 apart from one without, which took about twice as long a step."""
     import torch
 
     from srt.modeling import cpu_has_bf16_matmul
@@ -64,6 +66,8 @@ def machine() -> dict:
         "torch": torch.__version__,
         "transformers": _version("transformers"),
         "python": platform.python_version(),
+        "vector_isa": torch.backends.cpu.get_cpu_capability(),
+        "avx512f": "avx512f" in flags,
         "avx512_bf16": "avx512_bf16" in flags,
         "amx_bf16": "amx_bf16" in flags,
         "bf16_matmul_units": cpu_has_bf16_matmul(),
@@ -76,7 +80,7 @@ def machine() -> dict:
 
 
 def machine_line(info: dict) -> str:
-    where = info["gpu"] or f"{info['cpu']}, {info['logical_cpus']} logical CPUs"
+    where = info["gpu"] or f"{info['cpu']} ({info.get('vector_isa')}), {info['logical_cpus']} logical CPUs"
     bf16 = "has bf16 matmul units" if info["bf16_matmul_units"] else "no bf16 matmul units (fp32 only)"
     return (
         f"{where}; {bf16}; torch {info['torch']}, {info['torch_threads']} threads, "

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from records import hand_record
 
 from reward import compute_rewards
@@ -352,11 +353,15 @@ def test_markdown_rows():
     )
 
 
-def test_machine_record_names_the_cpu_and_its_bf16_units():
+def test_machine_record_names_the_cpu_its_vector_isa_and_its_bf16_units():
+    """The name "AMD EPYC" alone covered two machine kinds whose steps differed about 2x (AVX2 against AVX512):
+    the record and its one-line form carry the ISA that ATen's kernels dispatch to."""
     info = measure.machine()
     assert info["cpu"] and info["torch"] and info["torch_threads"] >= 1
-    assert isinstance(info["bf16_matmul_units"], bool)
-    assert info["cpu"] in measure.machine_line(info)
+    assert isinstance(info["bf16_matmul_units"], bool) and isinstance(info["avx512f"], bool)
+    assert info["vector_isa"] == torch.backends.cpu.get_cpu_capability()
+    line = measure.machine_line(info)
+    assert info["cpu"] in line and f"({info['vector_isa']})" in line
 
 
 def test_a_workers_peak_memory_is_its_own_not_its_parents():
