@@ -354,8 +354,8 @@ def test_markdown_rows():
 
 
 def test_machine_record_names_the_cpu_its_vector_isa_and_its_bf16_units():
-    """The name "AMD EPYC" alone covered two machine kinds whose steps differed about 2x (AVX2 against AVX512):
-    the record and its one-line form carry the ISA that ATen's kernels dispatch to."""
+    """The name "AMD EPYC" alone covered two machine kinds whose steps differed about 2x (AVX2
+    against AVX512): the record and its one-line form carry the ISA that ATen's kernels run."""
     info = measure.machine()
     assert info["cpu"] and info["torch"] and info["torch_threads"] >= 1
     assert isinstance(info["bf16_matmul_units"], bool) and isinstance(info["avx512f"], bool)
