@@ -80,7 +80,7 @@ def machine() -> dict:
 
 
 def machine_line(info: dict) -> str:
-    where = info["gpu"] or f"{info['cpu']} ({info.get('vector_isa')}), {info['logical_cpus']} logical CPUs"
+    where = info["gpu"] or f"{info['cpu']} ({info['vector_isa']}), {info['logical_cpus']} logical CPUs"
     bf16 = "has bf16 matmul units" if info["bf16_matmul_units"] else "no bf16 matmul units (fp32 only)"
     return (
         f"{where}; {bf16}; torch {info['torch']}, {info['torch_threads']} threads, "
