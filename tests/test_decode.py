@@ -363,3 +363,26 @@ def test_rollout_speed_smoke_equal_work_precision_and_greedy_check(tmp_path):
     bench.main(common + ["--check", "--check-prompts", "3", "--batch-size", "2"])
     check = json.loads((tmp_path / "check.json").read_text())
     assert check["equal"] is True and check["prompts"] == 3 and check["tokens"] > 0
+
+
+def test_decode_floor_times_every_linear_weight_once(tmp_path):
+    """The floor bench reads every nn.Linear weight of the model (tiny-random: 2 layers x 7 and the
+    lm_head), in bytes as stored, and its tokens/s is K over the measured step."""
+    import importlib
+    import json
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    floor = importlib.import_module("decode_floor")
+    floor.main(["--model", "tiny-random", "--ks", "1,4", "--repeats", "1", "--out", str(tmp_path)])
+    result = json.loads((tmp_path / "decode_floor.json").read_text())
+    from srt.modeling import load_model_and_tokenizer
+
+    model, _ = load_model_and_tokenizer("tiny-random", dtype="float32")
+    linear = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    assert result["matrices"] == len(linear) == 15
+    assert result["weight_mb"] == pytest.approx(sum(m.weight.numel() * 4 for m in linear) / 1e6)
+    assert [r["k"] for r in result["rows"]] == [1, 4]
+    for row in result["rows"]:
+        assert row["tokens_per_s"] == pytest.approx(row["k"] / (row["ms"] / 1000))

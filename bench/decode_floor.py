@@ -1,0 +1,108 @@
+"""Benchmark: the floor of one decode step on this machine, against which a decode loop's speed reads.
+
+Decoding one token for K rows must at least multiply the K rows by every weight matrix of the model
+once (every nn.Linear, the tied lm_head included). This times exactly that, `x @ w.T` for each
+weight, with no attention, norms, sampling or Python around it, at K = 1, 4 and 8, and the plain
+copy of the same bytes for the memory bandwidth. A decode step that costs little more than the
+weight products has nothing left to take out at this precision (bench/README.md,
+`rollout_speed.py`).
+
+    python bench/decode_floor.py --model smollm2-135m
+    python bench/decode_floor.py --model tiny-random --ks 1,4 --repeats 3
+
+Writes <out>/decode_floor.json and .md (default runs/bench/decode_floor).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent
+ROOT = BENCH.parent
+for _path in (str(ROOT), str(BENCH)):
+    if _path not in sys.path:
+        sys.path.insert(0, _path)
+
+from measure import machine, machine_line, markdown_table, write_results  # noqa: E402
+from rollout_speed import k_list  # noqa: E402
+
+from srt.config import at_least  # noqa: E402
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
+    p.add_argument("--model", default="smollm2-135m", help="a folder, an HF id, smollm2-135m, tiny-random")
+    p.add_argument("--ks", type=k_list, default=[1, 4, 8], help="rows per decode step")
+    p.add_argument("--repeats", type=at_least(1), default=7, help="timed passes (median), after one warm-up")
+    p.add_argument("--out", default="runs/bench/decode_floor")
+    return p
+
+
+def median_seconds(fn, repeats: int) -> float:
+    fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def main(argv=None) -> dict:
+    args = build_parser().parse_args(argv)
+    import torch
+
+    from srt.modeling import load_model_and_tokenizer
+
+    model, _ = load_model_and_tokenizer(args.model, dtype="float32")
+    weights = [m.weight.detach() for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    weight_bytes = sum(w.numel() * w.element_size() for w in weights)
+    rows = []
+    with torch.no_grad():
+        for k in args.ks:
+            inputs = {w.shape[1]: torch.randn(k, w.shape[1]) for w in weights}
+            seconds = median_seconds(lambda: [inputs[w.shape[1]] @ w.T for w in weights], args.repeats)
+            rows.append(
+                {
+                    "k": k,
+                    "ms": 1000 * seconds,
+                    "tokens_per_s": k / seconds,
+                    "gb_per_s": weight_bytes / seconds / 1e9,
+                }
+            )
+        source = torch.ones(weight_bytes // 4)
+        target = torch.empty_like(source)
+        copy_s = median_seconds(lambda: target.copy_(source), args.repeats)
+    info = machine()
+    payload = {
+        "machine": info,
+        "model": args.model,
+        "matrices": len(weights),
+        "weight_mb": weight_bytes / 1e6,
+        "threads": torch.get_num_threads(),
+        "rows": rows,
+        "copy": {"ms": 1000 * copy_s, "gb_per_s_read_write": 2 * weight_bytes / copy_s / 1e9},
+    }
+    table = markdown_table(
+        ["K rows", "every weight once (ms)", "at most tokens/s", "weights read (GB/s)"],
+        [[r["k"], f"{r['ms']:.0f}", f"{r['tokens_per_s']:.1f}", f"{r['gb_per_s']:.1f}"] for r in rows],
+    )
+    markdown = (
+        f"# The floor of a decode step\n\n{machine_line(info)}\n\n{args.model}: {len(weights)} weight "
+        f"matrices, {weight_bytes / 1e6:.0f} MB fp32, {torch.get_num_threads()} threads; median of "
+        f"{args.repeats}.\n\n{table}\n\nA plain copy of the same bytes: {1000 * copy_s:.0f} ms, "
+        f"{payload['copy']['gb_per_s_read_write']:.1f} GB/s read + write.\n"
+    )
+    print(markdown)
+    write_results(Path(args.out), "decode_floor", payload, markdown)
+    return payload
+
+
+if __name__ == "__main__":
+    main()
