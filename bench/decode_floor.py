@@ -16,7 +16,6 @@ Writes <out>/decode_floor.json and .md (default runs/bench/decode_floor).
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -27,7 +26,7 @@ for _path in (str(ROOT), str(BENCH)):
     if _path not in sys.path:
         sys.path.insert(0, _path)
 
-from measure import machine, machine_line, markdown_table, write_results  # noqa: E402
+from measure import describe, machine, machine_line, markdown_table, write_results  # noqa: E402
 from rollout_speed import k_list  # noqa: E402
 
 from srt.config import at_least  # noqa: E402
@@ -51,7 +50,7 @@ def median_seconds(fn, repeats: int) -> float:
         start = time.perf_counter()
         fn()
         times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return describe(times)["median"]
 
 
 def main(argv=None) -> dict:

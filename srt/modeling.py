@@ -584,7 +584,7 @@ class SentenceEmbedder:
         from transformers import AutoModel, AutoTokenizer
 
         self.tokenizer = AutoTokenizer.from_pretrained(path)
-        self.model = AutoModel.from_pretrained(path, torch_dtype=torch.float32).to(device).eval()
+        self.model = AutoModel.from_pretrained(path, dtype=torch.float32).to(device).eval()
         self.device = torch.device(device)
 
     @torch.inference_mode()
