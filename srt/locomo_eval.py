@@ -137,7 +137,8 @@ def score_row(answer, record, recalled) -> dict:
 # Per-category summaries and paired comparisons
 # --------------------------------------------------------------------------------------------
 CATEGORY_ORDER = tuple(LOCOMO_CATEGORIES)  # 1..5, the release's numbering
-COMPARED = ("locomo_score", "evidence_recall", "jaccard")
+ANSWERABLE = (1, 2, 3, 4)  # the premise is in the conversation; 5 is adversarial
+COMPARED = ("locomo_score", "evidence_recall", "jaccard", "f1")
 
 
 def _mean(rows, key):
@@ -145,16 +146,33 @@ def _mean(rows, key):
     return (float(np.mean(values)) if values else None), len(values)
 
 
+def _groups(rows):
+    """("all", rows), ("answerable", categories 1-4), then ("1", ..) .. ("5", ..). "answerable" holds
+    the questions whose premise is in the conversation: an answer that always declines scores
+    the share of category 5 over "all" and nothing here."""
+    return [("all", rows), ("answerable", [r for r in rows if r["locomo_category"] in ANSWERABLE])] + [
+        (str(c), [r for r in rows if r["locomo_category"] == c]) for c in CATEGORY_ORDER
+    ]
+
+
+def declined(row) -> float | None:
+    """1.0 when the row's final answer declines in the release's phrasings, 0.0 when it answers,
+    None without a final answer. Read from the stored answer, so rows written before this column
+    existed are counted too."""
+    answer = row.get("final_answer")
+    return None if answer is None else float(says_not_mentioned(answer))
+
+
 def summarize(rows) -> dict | None:
-    """{"all": .., "1": .., ..., "5": ..}, each {n, score, evidence_recall, n_evidence, jaccard,
-    n_jaccard, f1, input_tokens}, over the rows with a LoCoMo category; None when no row has one."""
-    scored = [r for r in rows if r.get("locomo_category") is not None]
+    """{"all": .., "answerable": .., "1": .., ..., "5": ..}, each {n, score, evidence_recall,
+    n_evidence, jaccard, n_jaccard, f1, declined, input_tokens}, over the rows with a LoCoMo
+    category; None when no row has one. `declined` is the share of answers that say "not
+    mentioned": right on category 5, a wrong answer on the others."""
+    scored = [dict(r, declined=declined(r)) for r in rows if r.get("locomo_category") is not None]
     if not scored:
         return None
     out = {}
-    for key, members in [("all", scored)] + [
-        (str(c), [r for r in scored if r["locomo_category"] == c]) for c in CATEGORY_ORDER
-    ]:
+    for key, members in _groups(scored):
         score, n = _mean(members, "locomo_score")
         recall, n_evidence = _mean(members, "evidence_recall")
         jaccard, n_jaccard = _mean(members, "jaccard")
@@ -166,6 +184,7 @@ def summarize(rows) -> dict | None:
             "jaccard": jaccard,
             "n_jaccard": n_jaccard,
             "f1": _mean(members, "f1")[0],
+            "declined": _mean(members, "declined")[0],
             "input_tokens": _mean(members, "input_tokens")[0],
         }
     return out
@@ -174,7 +193,7 @@ def summarize(rows) -> dict | None:
 def compare(rows_by_name, reference, resamples=2000, seed=0) -> dict:
     """Every variant against `reference` on the LoCoMo questions both answered: the paired
     bootstrap interval (variant - reference) of each metric of COMPARED, on the items where both
-    have it, over all questions ("all") and per category."""
+    have it, over all questions ("all"), the answerable ones (categories 1-4) and per category."""
     if reference is None or reference not in rows_by_name:
         return {}
     base = {r["id"]: r for r in rows_by_name[reference] if r.get("locomo_category") is not None}
@@ -184,8 +203,9 @@ def compare(rows_by_name, reference, resamples=2000, seed=0) -> dict:
         if name == reference or not pairs:
             continue
         entry = {"against": reference}
-        for key in ("all",) + tuple(str(c) for c in CATEGORY_ORDER):
-            members = [(a, b) for a, b in pairs if key == "all" or str(a["locomo_category"]) == key]
+        for key, firsts in _groups([a for a, _ in pairs]):
+            chosen = {id(a) for a in firsts}
+            members = [(a, b) for a, b in pairs if id(a) in chosen]
             cell = {"n": len(members)}
             for metric in COMPARED:
                 both = [

@@ -325,16 +325,17 @@ def comparison_table(summary) -> str:
 
 
 def locomo_table(summary, metric="score") -> str:
-    """LoCoMo's per-category table: `metric` (score or evidence_recall) per category and over all
-    questions, then our F1, Jaccard, input tokens and batch-1 latency, one row per variant."""
+    """LoCoMo's per-category table: `metric` (score or evidence_recall) per category, over the
+    answerable questions (1-4) and over all, then our F1, Jaccard, the share of answerable
+    questions declined, input tokens and batch-1 latency, one row per variant."""
     names = [n for n, s in summary["variants"].items() if s.get("locomo")]
-    keys = [str(c) for c in locomo_eval.CATEGORY_ORDER] + ["all"]
-    titles = [f"{LOCOMO_CATEGORIES[int(k)]} ({k})" for k in keys[:-1]] + ["all"]
+    keys = [str(c) for c in locomo_eval.CATEGORY_ORDER] + ["answerable", "all"]
+    titles = [f"{LOCOMO_CATEGORIES[int(k)]} ({k})" for k in keys[:-2]] + ["answerable (1-4)", "all"]
     lines = [
         "| Variant | Method | "
         + " | ".join(titles)
-        + " | F1 (ours) | Jaccard (%) | Input tokens | Latency b=1 (s) |",
-        "|---|---|" + "---|" * (len(keys) + 4),
+        + " | F1 (ours) | Jaccard (%) | declined on 1-4 (%) | Input tokens | Latency b=1 (s) |",
+        "|---|---|" + "---|" * (len(keys) + 5),
     ]
     for name in names:
         s, cells = summary["variants"][name], summary["variants"][name]["locomo"]
@@ -342,30 +343,34 @@ def locomo_table(summary, metric="score") -> str:
             f"| {name} | {s['method']} | "
             + " | ".join(_pct(cells[k][metric]) for k in keys)
             + f" | {_pct(cells['all']['f1'])} | {_pct(cells['all']['jaccard'])} | "
+            f"{_pct(cells['answerable'].get('declined'))} | "
             f"{_num(cells['all']['input_tokens'], 0)} | {_stat(s['latency_s'])} |"
         )
     count = "n" if metric == "score" else "n_evidence"
     first = summary["variants"][names[0]]["locomo"]
     lines.append(
-        f"| questions (n, {names[0]}) | | " + " | ".join(str(first[k][count]) for k in keys) + " | | | | |"
+        f"| questions (n, {names[0]}) | | " + " | ".join(str(first[k][count]) for k in keys) + " | | | | | |"
     )
     return "\n".join(lines)
 
 
 def locomo_comparison_table(summary) -> str:
-    """Each variant minus SRT on the same LoCoMo questions: score, evidence recall and Jaccard over
-    all questions, then the score per category, with paired bootstrap intervals."""
+    """Each variant minus SRT on the same LoCoMo questions: score and our F1 over all questions and
+    over the answerable ones (1-4), evidence recall and Jaccard, then the score per category,
+    with paired bootstrap intervals."""
     categories = [str(c) for c in locomo_eval.CATEGORY_ORDER]
     lines = [
-        "| Variant | Paired n | Δ score [95% CI] | Δ evidence recall [95% CI] | Δ Jaccard [95% CI] | "
+        "| Variant | Paired n | Δ score [95% CI] | Δ score on 1-4 | Δ F1 (ours) | Δ F1 on 1-4 | "
+        "Δ evidence recall | Δ Jaccard | "
         + " | ".join(f"Δ score {LOCOMO_CATEGORIES[int(k)]} ({k})" for k in categories)
         + " |",
-        "|---|---|---|---|---|" + "---|" * len(categories),
+        "|---|---|---|---|---|---|---|---|" + "---|" * len(categories),
     ]
     for name, c in summary.get("locomo_comparisons", {}).items():
-        every = c["all"]
+        every, answerable = c["all"], c["answerable"]
         lines.append(
-            f"| {name} | {every['n']} | {_ci(every['locomo_score'])} | {_ci(every['evidence_recall'])} | "
+            f"| {name} | {every['n']} | {_ci(every['locomo_score'])} | {_ci(answerable['locomo_score'])} | "
+            f"{_ci(every['f1'])} | {_ci(answerable['f1'])} | {_ci(every['evidence_recall'])} | "
             f"{_ci(every['jaccard'])} | "
             + " | ".join(f"{_ci(c[k]['locomo_score'])} (n={c[k]['n']})" for k in categories)
             + " |"
@@ -382,7 +387,11 @@ LOCOMO_NOTE = (
     "word, so it differs from our F1. Evidence recall: the share of a question's evidence turns the "
     "method recalled (<HIS> tags) or retrieved (RAG, CueMem), over questions with evidence; the full "
     "history recalls nothing by design ('-'). Accuracy and key-F1 need answer keys, which LoCoMo "
-    "records do not have: they are not computed for them."
+    "records do not have: they are not computed for them. Answerable (1-4): the questions whose "
+    "premise is in the conversation; an answer that always declines scores category 5's share over "
+    "all questions and 0 there. Declined on 1-4: the share of those answered 'not mentioned' (wrong "
+    "there). Our F1 of a declining answer to category 5 is its overlap with the reference 'Not "
+    "mentioned in the conversation.'"
 )
 
 

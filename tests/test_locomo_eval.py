@@ -204,6 +204,44 @@ def test_comparison_pairs_by_question_and_per_category():
     assert same["diff"] == same["low"] == same["high"] == -0.25
 
 
+def test_an_answer_that_always_declines_scores_only_category_5_and_nothing_on_1_to_4():
+    # The cheap answer a model trained on LoCoMo's abstaining category-5 targets can fall into:
+    # "Not mentioned" everywhere. Scored as the release scores it (locomo_score), it gets the
+    # share of category 5 over all questions; the answerable group must show 0 and a 100%
+    # decline rate, and a model that answers must beat it there.
+    references = {1: "pottery, camping", 2: "7 May 2023", 3: "Likely no; outdoors", 4: "a race", 5: "x"}
+    categories = [1, 2, 3, 4, 4, 5, 5, 4]
+    decline = "Not mentioned in the conversation."
+    rows = {"decline": [], "answer": []}
+    for k, c in enumerate(categories):
+        for name in rows:
+            answer = decline if name == "decline" or c == 5 else references[c].split(";")[0]
+            score = locomo_eval.locomo_score(answer, references[c] if c != 5 else decline, c)
+            rows[name].append(
+                {
+                    "id": f"q{k}",
+                    "locomo_category": c,
+                    "locomo_score": score,
+                    "final_answer": answer,
+                    "f1": score,
+                    "evidence_recall": None,
+                    "jaccard": None,
+                }
+            )
+    declines = locomo_eval.summarize(rows["decline"])
+    assert declines["all"]["score"] == pytest.approx(2 / 8)
+    assert declines["answerable"]["n"] == 6 and declines["answerable"]["score"] == 0.0
+    assert declines["answerable"]["declined"] == 1.0 and declines["5"]["declined"] == 1.0
+    answers = locomo_eval.summarize(rows["answer"])
+    assert answers["answerable"]["score"] == 1.0 and answers["answerable"]["declined"] == 0.0
+    paired = locomo_eval.compare(rows, "answer", resamples=500, seed=0)["decline"]
+    assert paired["answerable"]["n"] == 6 and paired["answerable"]["locomo_score"]["diff"] == -1.0
+    assert paired["5"]["locomo_score"]["diff"] == 0.0 and paired["answerable"]["f1"]["diff"] == -1.0
+    # a row without a final answer (a chain cut off) is neither a decline nor an answer
+    assert locomo_eval.declined({"final_answer": None}) is None
+    assert locomo_eval.declined({"final_answer": "There is no information available."}) == 1.0
+
+
 # ---------------------------------------------------------------------------------------------
 # evaluate.py: the rows and the report
 # ---------------------------------------------------------------------------------------------
@@ -268,9 +306,22 @@ def test_evaluate_reports_the_per_category_table_for_every_method(tmp_path):
     table = report.locomo_table(summary, "score").splitlines()
     assert table[0].startswith(
         "| Variant | Method | multi-hop (1) | temporal (2) | open-domain (3) | single-hop (4) | "
-        "adversarial (5) | all |"
+        "adversarial (5) | answerable (1-4) | all |"
     )
     assert len(table) == 2 + 3 + 1 and table[-1].startswith(
-        "| questions (n, srt) | | 1 | 1 | 1 | 1 | 2 | 6 |"
+        "| questions (n, srt) | | 1 | 1 | 1 | 1 | 2 | 4 | 6 |"
     )
+    for row in table[2:-1]:  # every column of the header is filled on every variant's row
+        assert row.count("|") == table[0].count("|")
+    answerable = [r for r in rows["srt"] if r["locomo_category"] != 5]
+    assert summary["variants"]["srt"]["locomo"]["answerable"]["declined"] == pytest.approx(
+        np.mean(
+            [
+                locomo_eval.says_not_mentioned(r["final_answer"])
+                for r in answerable
+                if r["final_answer"] is not None
+            ]
+        )
+    )
+    assert summary["locomo_comparisons"]["rag"]["answerable"]["n"] == 4
     assert "## LoCoMo evidence recall per question category (%)" in text and "task_eval/evaluation.py" in text
