@@ -140,6 +140,10 @@ if rank == 0:
     (tmp / "driver.json").write_text(json.dumps({"grpo_stats": stats, "greedy": texts,
         "decoding_gathers": decoding, "unit_gathers": gathered, "layer_by_layer_gathers": layer_by_layer,
         "per_step_text": per_step, "mixed": mixed}))
+# Both ranks past their last collective before either destroys the group: a rank that tears gloo
+# down while the other still drains its last eval's collectives can abort at exit (seen once under
+# a loaded CPU as "terminate called without an active exception", SIGABRT on rank 1).
+dist.barrier()
 distributed.teardown_distributed()
 """
 
