@@ -146,12 +146,12 @@ def _mean(rows, key):
     return (float(np.mean(values)) if values else None), len(values)
 
 
-def _groups(rows):
-    """("all", rows), ("answerable", categories 1-4), then ("1", ..) .. ("5", ..). "answerable" holds
+def _groups(items, category=lambda row: row["locomo_category"]):
+    """("all", items), ("answerable", categories 1-4), then ("1", ..) .. ("5", ..). "answerable" holds
     the questions whose premise is in the conversation: an answer that always declines scores
     the share of category 5 over "all" and nothing here."""
-    return [("all", rows), ("answerable", [r for r in rows if r["locomo_category"] in ANSWERABLE])] + [
-        (str(c), [r for r in rows if r["locomo_category"] == c]) for c in CATEGORY_ORDER
+    return [("all", items), ("answerable", [i for i in items if category(i) in ANSWERABLE])] + [
+        (str(c), [i for i in items if category(i) == c]) for c in CATEGORY_ORDER
     ]
 
 
@@ -203,9 +203,7 @@ def compare(rows_by_name, reference, resamples=2000, seed=0) -> dict:
         if name == reference or not pairs:
             continue
         entry = {"against": reference}
-        for key, firsts in _groups([a for a, _ in pairs]):
-            chosen = {id(a) for a in firsts}
-            members = [(a, b) for a, b in pairs if id(a) in chosen]
+        for key, members in _groups(pairs, category=lambda pair: pair[0]["locomo_category"]):
             cell = {"n": len(members)}
             for metric in COMPARED:
                 both = [

@@ -343,7 +343,7 @@ def locomo_table(summary, metric="score") -> str:
             f"| {name} | {s['method']} | "
             + " | ".join(_pct(cells[k][metric]) for k in keys)
             + f" | {_pct(cells['all']['f1'])} | {_pct(cells['all']['jaccard'])} | "
-            f"{_pct(cells['answerable'].get('declined'))} | "
+            f"{_pct(cells['answerable']['declined'])} | "
             f"{_num(cells['all']['input_tokens'], 0)} | {_stat(s['latency_s'])} |"
         )
     count = "n" if metric == "score" else "n_evidence"

@@ -209,14 +209,14 @@ def test_an_answer_that_always_declines_scores_only_category_5_and_nothing_on_1_
     # "Not mentioned" everywhere. Scored as the release scores it (locomo_score), it gets the
     # share of category 5 over all questions; the answerable group must show 0 and a 100%
     # decline rate, and a model that answers must beat it there.
-    references = {1: "pottery, camping", 2: "7 May 2023", 3: "Likely no; outdoors", 4: "a race", 5: "x"}
-    categories = [1, 2, 3, 4, 4, 5, 5, 4]
     decline = "Not mentioned in the conversation."
+    references = {1: "pottery, camping", 2: "7 May 2023", 3: "Likely no; outdoors", 4: "a race", 5: decline}
+    categories = [1, 2, 3, 4, 4, 5, 5, 4]
     rows = {"decline": [], "answer": []}
     for k, c in enumerate(categories):
         for name in rows:
-            answer = decline if name == "decline" or c == 5 else references[c].split(";")[0]
-            score = locomo_eval.locomo_score(answer, references[c] if c != 5 else decline, c)
+            answer = decline if name == "decline" else references[c].split(";")[0]
+            score = locomo_eval.locomo_score(answer, references[c], c)
             rows[name].append(
                 {
                     "id": f"q{k}",
