@@ -46,28 +46,25 @@ from measure import machine  # noqa: E402
 from srt.config import at_least, in_range, positive  # noqa: E402
 from srt.data_io import read_jsonl, write_json  # noqa: E402
 
-# The default recipe, sized from the times measured on the 2-core AMD EPYC without AMX (fp32) to
-# fit 150 minutes with room to spare:
-#   stage 0, 600 dialogues: 46 s (docs/experiments/demo.md).
-#   SFT: median 5.2 s a step on pruned histories, 20.7 s on full ones (demo.md). A 128-step cpu-long
-#     run (51 + 77 steps, 31 min at those medians) took 35.8-54 min (presets.md, grpo-recall.md):
-#     checkpoints and a busier machine add x1.15-1.75. The only start measured to let GRPO gain,
-#     256 steps at phase-1 share 0.4 (dev Jaccard 49.6%), took 83-107 min: with GRPO and the
-#     evaluation below that is 138-162 min, too close to 150. Moving 52 full steps to pruned ones
-#     (share 0.6: 154 pruned + 102 full) keeps the 256 steps and the records they show:
-#     154 x 5.2 s + 102 x 20.7 s = 48.5 min, 56-85 min at the measured x1.15-1.75.
+# The default recipe: the start GRPO once gained from, and the GRPO run that gained.
+#   stage 0, 600 dialogues: 41-46 s (docs/experiments/demo.md, grpo-replicates.md).
+#   SFT: 256 cpu-long steps, 102 on pruned histories and 154 on full ones (phase-1 share 0.4), the
+#     start of dev Jaccard 49.6% from which GRPO gained +7.4 [+2.8, +12.4] (grpo-recall.md). Replicate
+#     1 rebuilt it at 50.0% in 49.7 min on a 2-core Xeon with AMX (bf16 autocast: 4.5 s a pruned
+#     step, 15.7 s a full one); about 62 min on the EPYC with AVX-512 (5.2 s / 20.7 s in fp32).
+#     Share 0.6 (52 full steps moved to pruned ones) would save about 13 min there, but trains 408
+#     full-history records instead of 616, and records on full histories are what raised dev
+#     Jaccard in every start measured (grpo-replicates.md, "The SFT sweep").
 #   GRPO: the cpu-long recipe (30 steps of 2 groups of K = 4 at lr 1e-5), the only one measured to
-#     gain (+7.4 [+2.8, +12.4] Jaccard from the 256-step start): median step 80 s there, so 40 min
-#     without its probes (grpo-recall.md: 48.2 min with 4 probes of 16 queries).
-#   evaluation: 128 dev queries at batch 8, about 7 min a model (grpo-recall.md; bench/README.md:
-#     srt answers 0.31 requests/s at batch 8 against 5.2 s a request at batch 1) -> 14 min.
-#   In all 1 + (56 to 85) + 40 + 14 = 111-140 min. --placebo adds a second GRPO run and a third
-#   evaluation, about 47 min. Whether share 0.6 still reaches dev Jaccard >= 45% is what the SFT
-#   sweep of docs/experiments/grpo-replicates.md measures; every value below is a flag.
+#     gain: median step 41 s on the AMX Xeon (21 min), 80 s on the AVX-512 EPYC (40 min).
+#   evaluation: 128 dev queries at batch 8, about 4 min a model on the AMX Xeon, 7 on the EPYC.
+#   In all 79 min on the AMX Xeon (measured), about 2 hours on the AVX-512 EPYC; --placebo adds a
+#   second GRPO run and a third evaluation (25 min on the Xeon: 104 in all). On the EPYC with AVX2
+#   alone the chain takes about 4.7 hours and does not fit 150 minutes. Every value is a flag.
 RECIPE_DEFAULTS = dict(
     sft_steps=256,
     sft_lr=5e-5,
-    sft_phase1_fraction=0.6,
+    sft_phase1_fraction=0.4,
     sft_batch_size=2,
     sft_grad_accum=2,
     grpo_steps=30,

@@ -272,7 +272,7 @@ def test_the_default_recipe_is_what_the_help_says_and_the_stages_get_it():
     def flag(cmd, name):
         return cmd[cmd.index(name) + 1]
 
-    assert flag(sft, "--max-steps") == "256" and flag(sft, "--phase1-fraction") == "0.6"
+    assert flag(sft, "--max-steps") == "256" and flag(sft, "--phase1-fraction") == "0.4"
     assert flag(sft, "--seed") == "4" and flag(grpo, "--seed") == "4"
     assert flag(grpo, "--eval-limit") == "0" and flag(grpo, "--sample-every") == "0"  # no probe, no samples
     assert flag(ev, "--limit") == "130" and flag(ev, "--latency-per-bucket") == "0"
