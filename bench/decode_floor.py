@@ -8,6 +8,7 @@ weight products has nothing left to take out at this precision (bench/README.md,
 `rollout_speed.py`).
 
     python bench/decode_floor.py --model smollm2-135m
+    python bench/decode_floor.py --model smollm2-135m --dtype bfloat16   # the bf16 copy rollouts read
     python bench/decode_floor.py --model tiny-random --ks 1,4 --repeats 3
 
 Writes <out>/decode_floor.json and .md (default runs/bench/decode_floor).
@@ -39,6 +40,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default="smollm2-135m", help="a folder, an HF id, smollm2-135m, tiny-random")
     p.add_argument("--ks", type=k_list, default=[1, 4, 8], help="rows per decode step")
     p.add_argument("--repeats", type=at_least(1), default=7, help="timed passes (median), after one warm-up")
+    p.add_argument(
+        "--dtype",
+        choices=["float32", "bfloat16"],
+        default="float32",
+        help="the weights' and rows' precision (bfloat16: the copy rollouts sample from on bf16 units)",
+    )
     p.add_argument("--out", default="runs/bench/decode_floor")
     return p
 
@@ -60,12 +67,13 @@ def main(argv=None) -> dict:
     from srt.modeling import load_model_and_tokenizer
 
     model, _ = load_model_and_tokenizer(args.model, dtype="float32")
-    weights = [m.weight.detach() for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    dtype = getattr(torch, args.dtype)
+    weights = [m.weight.detach().to(dtype) for m in model.modules() if isinstance(m, torch.nn.Linear)]
     weight_bytes = sum(w.numel() * w.element_size() for w in weights)
     rows = []
     with torch.no_grad():
         for k in args.ks:
-            inputs = {w.shape[1]: torch.randn(k, w.shape[1]) for w in weights}
+            inputs = {w.shape[1]: torch.randn(k, w.shape[1], dtype=dtype) for w in weights}
             seconds = median_seconds(lambda: [inputs[w.shape[1]] @ w.T for w in weights], args.repeats)
             rows.append(
                 {
@@ -82,6 +90,7 @@ def main(argv=None) -> dict:
     payload = {
         "machine": info,
         "model": args.model,
+        "dtype": args.dtype,
         "matrices": len(weights),
         "weight_mb": weight_bytes / 1e6,
         "threads": torch.get_num_threads(),
@@ -94,7 +103,7 @@ def main(argv=None) -> dict:
     )
     markdown = (
         f"# The floor of a decode step\n\n{machine_line(info)}\n\n{args.model}: {len(weights)} weight "
-        f"matrices, {weight_bytes / 1e6:.0f} MB fp32, {torch.get_num_threads()} threads; median of "
+        f"matrices, {weight_bytes / 1e6:.0f} MB {args.dtype}, {torch.get_num_threads()} threads; median of "
         f"{args.repeats}.\n\n{table}\n\nA plain copy of the same bytes: {1000 * copy_s:.0f} ms, "
         f"{payload['copy']['gb_per_s_read_write']:.1f} GB/s read + write.\n"
     )

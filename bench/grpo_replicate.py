@@ -55,12 +55,17 @@ from srt.data_io import read_jsonl, write_json  # noqa: E402
 #     Share 0.6 (52 full steps moved to pruned ones) would save about 13 min there, but trains 408
 #     full-history records instead of 616, and records on full histories are what raised dev
 #     Jaccard in every start measured (grpo-replicates.md, "The SFT sweep").
-#   GRPO: the cpu-long recipe (30 steps of 2 groups of K = 4 at lr 1e-5), the only one measured to
-#     gain: median step 41 s on the AMX Xeon (21 min), 80 s on the AVX-512 EPYC (40 min).
+#   GRPO: the cpu-long recipe (30 steps of 2 groups at lr 1e-5) with K = 8 samples a group. K = 4,
+#     cpu-long's own, gained once from seed 0's start (+7.4 Jaccard) but not in replicate 1 (-0.8
+#     [-4.9, +3.1]), where 38% of its groups had one recall reward for all four samples and so no
+#     advantage; K = 8 from replicate 1's start halved that share (19%) and gained +5.9 [+1.4,
+#     +10.3]. K = 8 is fixed here before the replicates that test it (--grpo-k 4 restores the
+#     other). Median step 58 s on the AMX Xeon (29 min; 41 s at K = 4), about 110 s on the AVX-512
+#     EPYC (about 55 min, scaled from its 80 s at K = 4).
 #   evaluation: 128 dev queries at batch 8, about 4 min a model on the AMX Xeon, 7 on the EPYC.
-#   In all 79 min on the AMX Xeon (measured), about 2 hours on the AVX-512 EPYC; --placebo adds a
-#   second GRPO run and a third evaluation (25 min on the Xeon: 104 in all). On the EPYC with AVX2
-#   alone the chain takes about 4.7 hours and does not fit 150 minutes. Every value is a flag.
+#   In all about 88 min on the AMX Xeon, about 2.3 hours on the AVX-512 EPYC; --placebo adds a
+#   second GRPO run and a third evaluation (about 33 min on the Xeon). On the EPYC with AVX2 alone
+#   the chain takes more than 5 hours and does not fit 150 minutes. Every value is a flag.
 RECIPE_DEFAULTS = dict(
     sft_steps=256,
     sft_lr=5e-5,
@@ -68,7 +73,7 @@ RECIPE_DEFAULTS = dict(
     sft_batch_size=2,
     sft_grad_accum=2,
     grpo_steps=30,
-    grpo_k=4,
+    grpo_k=8,
     grpo_prompts_per_step=2,
     grpo_lr=1e-5,
 )

@@ -142,6 +142,10 @@ def verdict(pooled: dict) -> dict:
     }
 
 
+def plural(count: int, noun: str) -> str:
+    return f"{count} {noun}" + ("" if count == 1 else "s")
+
+
 def _ci(d: dict | None) -> str:
     if d is None or d.get("diff") is None:
         return "-"
@@ -164,7 +168,7 @@ def table(results: list[dict], paths: list[str], pooled: dict, decision: dict) -
             )
     for name, per_measure in pooled.items():
         lines.append(
-            f"| **pooled, {per_measure['jaccard']['replicates']} replicates** | {name} | - | "
+            f"| **pooled, {plural(per_measure['jaccard']['replicates'], 'replicate')}** | {name} | - | "
             + " | ".join(_ci(per_measure[m]) for m in MEASURES)
             + " |"
         )

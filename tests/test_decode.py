@@ -386,3 +386,20 @@ def test_decode_floor_times_every_linear_weight_once(tmp_path):
     assert [r["k"] for r in result["rows"]] == [1, 4]
     for row in result["rows"]:
         assert row["tokens_per_s"] == pytest.approx(row["k"] / (row["ms"] / 1000))
+
+
+def test_decode_floor_in_bf16_reads_half_the_bytes(tmp_path):
+    """--dtype bfloat16 times the bf16 copy rollouts sample from: the same matrices, 2 bytes each."""
+    import importlib
+    import json
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    floor = importlib.import_module("decode_floor")
+    common = ["--model", "tiny-random", "--ks", "2", "--repeats", "1"]
+    floor.main(common + ["--out", str(tmp_path / "fp32")])
+    floor.main(common + ["--dtype", "bfloat16", "--out", str(tmp_path / "bf16")])
+    fp32, bf16 = (json.loads((tmp_path / d / "decode_floor.json").read_text()) for d in ("fp32", "bf16"))
+    assert bf16["dtype"] == "bfloat16" and bf16["matrices"] == fp32["matrices"] == 15
+    assert bf16["weight_mb"] == pytest.approx(fp32["weight_mb"] / 2)

@@ -133,9 +133,9 @@ def test_pool_script_reads_results_and_writes_its_table_json_and_plot(tmp_path):
     assert payload["pooled"]["placebo-start"]["jaccard"]["diff"] == pytest.approx(0.125, abs=1e-12)
     assert payload["pooled"]["placebo-start"]["jaccard"]["replicates"] == 1
     assert payload["pooled"]["grpo-placebo"]["jaccard"]["diff"] == pytest.approx(0.375, abs=1e-12)
-    assert (out / "pooled.png").stat().st_size > 0 and "pooled, 2 replicates" in (
-        out / "pooled.md"
-    ).read_text()
+    table = (out / "pooled.md").read_text()
+    assert (out / "pooled.png").stat().st_size > 0 and "pooled, 2 replicates" in table
+    assert "**pooled, 1 replicate** | placebo-start" in table  # one placebo: the singular
 
 
 def test_pool_script_names_a_file_that_is_not_a_result(tmp_path):
@@ -274,6 +274,7 @@ def test_the_default_recipe_is_what_the_help_says_and_the_stages_get_it():
 
     assert flag(sft, "--max-steps") == "256" and flag(sft, "--phase1-fraction") == "0.4"
     assert flag(sft, "--seed") == "4" and flag(grpo, "--seed") == "4"
+    assert flag(grpo, "-K") == "8" and flag(grpo, "--max-steps") == "30"  # the recipe the replicates test
     assert flag(grpo, "--eval-limit") == "0" and flag(grpo, "--sample-every") == "0"  # no probe, no samples
     assert flag(ev, "--limit") == "130" and flag(ev, "--latency-per-bucket") == "0"
     assert "placebo" not in commands and all("--resume" in c for c in commands.values())
