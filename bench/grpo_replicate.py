@@ -60,11 +60,11 @@ from srt.data_io import read_jsonl, write_json  # noqa: E402
 #     [-4.9, +3.1]), where 38% of its groups had one recall reward for all four samples and so no
 #     advantage; K = 8 from replicate 1's start halved that share (19%) and gained +5.9 [+1.4,
 #     +10.3]. K = 8 is fixed here before the replicates that test it (--grpo-k 4 restores the
-#     other). Median step 58 s on the AMX Xeon (29 min; 41 s at K = 4), about 110 s on the AVX-512
-#     EPYC (about 55 min, scaled from its 80 s at K = 4).
+#     other). Median step 58-61 s on the AMX Xeon (29-32 min; 41 s at K = 4), about 110 s on the
+#     AVX-512 EPYC (about 55 min, scaled from its 80 s at K = 4).
 #   evaluation: 128 dev queries at batch 8, about 4 min a model on the AMX Xeon, 7 on the EPYC.
-#   In all about 88 min on the AMX Xeon, about 2.3 hours on the AVX-512 EPYC; --placebo adds a
-#   second GRPO run and a third evaluation (about 33 min on the Xeon). On the EPYC with AVX2 alone
+#   In all 88 min on the AMX Xeon (replicate 2, measured), about 2.3 hours on the AVX-512 EPYC;
+#   --placebo adds a second GRPO run and a third evaluation (29 min on the Xeon: 117 in all). On the EPYC with AVX2 alone
 #   the chain takes more than 5 hours and does not fit 150 minutes. Every value is a flag.
 RECIPE_DEFAULTS = dict(
     sft_steps=256,
