@@ -64,8 +64,9 @@ from srt.data_io import read_jsonl, write_json  # noqa: E402
 #     AVX-512 EPYC (about 55 min, scaled from its 80 s at K = 4).
 #   evaluation: 128 dev queries at batch 8, about 4 min a model on the AMX Xeon, 7 on the EPYC.
 #   In all 88 min on the AMX Xeon (replicate 2, measured), about 2.3 hours on the AVX-512 EPYC;
-#   --placebo adds a second GRPO run and a third evaluation (29 min on the Xeon: 117 in all). On the EPYC with AVX2 alone
-#   the chain takes more than 5 hours and does not fit 150 minutes. Every value is a flag.
+#   --placebo adds a second GRPO run and a third evaluation (29 min on the Xeon: 117 in all). On the
+#   EPYC with AVX2 alone the chain takes more than 5 hours and does not fit 150 minutes. Every value
+#   is a flag.
 RECIPE_DEFAULTS = dict(
     sft_steps=256,
     sft_lr=5e-5,
