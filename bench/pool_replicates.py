@@ -142,6 +142,12 @@ def verdict(pooled: dict) -> dict:
     }
 
 
+def replicate_name(path: str) -> str:
+    """runs/replicate-k8-2/result.json -> replicate-k8-2; a kept copy, k8-seed-2.json -> k8-seed-2."""
+    path = Path(path)
+    return path.parent.name if path.name == "result.json" else path.stem
+
+
 def plural(count: int, noun: str) -> str:
     return f"{count} {noun}" + ("" if count == 1 else "s")
 
@@ -162,7 +168,7 @@ def table(results: list[dict], paths: list[str], pooled: dict, decision: dict) -
     for path, r in zip(paths, results):
         for name, d in r["differences"].items():
             lines.append(
-                f"| seed {r['seed']} ({Path(path).parent.name}) | {name} | {d.get('n', '-')} | "
+                f"| seed {r['seed']} ({replicate_name(path)}) | {name} | {d.get('n', '-')} | "
                 + " | ".join(_ci(d.get(m)) for m in MEASURES)
                 + " |"
             )

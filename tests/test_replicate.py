@@ -136,6 +136,8 @@ def test_pool_script_reads_results_and_writes_its_table_json_and_plot(tmp_path):
     table = (out / "pooled.md").read_text()
     assert (out / "pooled.png").stat().st_size > 0 and "pooled, 2 replicates" in table
     assert "**pooled, 1 replicate** | placebo-start" in table  # one placebo: the singular
+    assert "| seed 1 (replicate-1) | grpo-start |" in table
+    assert pool.replicate_name("docs/experiments/grpo-replicates/k8-seed-2.json") == "k8-seed-2"
 
 
 def test_pool_script_names_a_file_that_is_not_a_result(tmp_path):
