@@ -60,5 +60,35 @@ REPLICATE_FLAGS ?=
 grpo-replicate: setup
 	$(PYTHON) bench/grpo_replicate.py --seed $(SEED) $(if $(filter 1,$(PLACEBO)),--placebo) $(REPLICATE_FLAGS)
 
+# SRT on real dialogue (docs/experiments/locomo.md): a LoCoMo file split by conversation into train and
+# dev, stage 1 at equal steps on the synthetic corpus only, on LoCoMo-train only and on their mix (and
+# the mix without CoT), all evaluated on the same dev questions beside full history, RAG and CueMem.
+# LOCOMO is the only input: a file in the release's schema. W (rounds kept) and L (tokens) size the
+# window: W=12 L=1536 on a 2-core CPU, W=16 L=2048 on a GPU. Each stage resumes: a second call (or a
+# later session, if runs/ is still there) redoes only what is missing.
+LOCOMO         ?=
+W              ?= 12
+L              ?= 1536
+LOCOMO_RUN     ?= runs/locomo
+LOCOMO_SFT     ?= --preset cpu-long --max-steps 96 --lr 2e-4 --phase1-fraction 0.6 --seed 1
+LOCOMO_MIX     := $(DATA)/train.jsonl:0.5 $(LOCOMO_RUN)/data/train.jsonl:0.5
+LOCOMO_SFT_CMD  = $(PYTHON) stage1_sft.py $(LOCOMO_SFT) --model smollm2-135m --max-length $(L) --resume
+.PHONY: locomo
+locomo: setup
+	@test -n "$(LOCOMO)" || { echo "error: name the conversations: make locomo LOCOMO=path/to/locomo10.json" >&2; exit 2; }
+	$(PYTHON) stage0_build.py --source locomo --path $(LOCOMO) --max-rounds $(W) --dev-fraction 0.3 \
+	    --test-fraction 0 --out $(LOCOMO_RUN)/data --resume
+	$(PYTHON) stage0_build.py --preset cpu-demo --out $(DATA) --resume
+	$(LOCOMO_SFT_CMD) --data $(DATA)/train.jsonl --out $(LOCOMO_RUN)/sft-syn
+	$(LOCOMO_SFT_CMD) --data $(LOCOMO_RUN)/data/train.jsonl --out $(LOCOMO_RUN)/sft-locomo
+	$(LOCOMO_SFT_CMD) --data $(LOCOMO_MIX) --out $(LOCOMO_RUN)/sft-mix
+	$(LOCOMO_SFT_CMD) --data $(LOCOMO_MIX) --target answer --out $(LOCOMO_RUN)/sft-mix-nocot
+	$(PYTHON) evaluate.py --data $(LOCOMO_RUN)/data/dev.jsonl --out $(LOCOMO_RUN)/eval --resume \
+	    --limit 128 --batch-size 8 --latency-per-bucket 2 \
+	    --compare mix=srt:$(LOCOMO_RUN)/sft-mix/final syn=srt:$(LOCOMO_RUN)/sft-syn/final \
+	              locomo=srt:$(LOCOMO_RUN)/sft-locomo/final nocot=srt:$(LOCOMO_RUN)/sft-mix-nocot/final \
+	              full=full:smollm2-135m rag=rag:smollm2-135m cuemem=cuemem:smollm2-135m \
+	    --table2 "SRT=mix,w/o CoT=nocot,Full history=full,RAG=rag,CueMem=cuemem"
+
 clean:
 	rm -rf runs
