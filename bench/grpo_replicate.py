@@ -81,6 +81,7 @@ RECIPE_DEFAULTS = dict(
 # the flags that may change between two invocations on one replicate folder: adding the placebo
 # later reuses the start, the GRPO run and their evaluated rows
 MAY_CHANGE = ("placebo",)
+RECORD_EVERY_S = 60  # how often a running stage writes its time so far to stages.json
 COMPARED = ("jaccard", "f1", "accuracy")  # read from evaluate.py's paired comparisons
 
 
@@ -228,28 +229,42 @@ def run_stage(
     """Run one stage unless the log holds it done with this very command, its product is on disk and
     no stage before it ran in this invocation (a stage that ran may have rewritten what this one
     read; rerun with --resume, it redoes only what changed). Its wall time adds up over the attempts,
-    so a killed-and-resumed stage counts all of it. -> whether it ran."""
+    recorded every RECORD_EVERY_S while it runs, so a killed-and-resumed stage counts all of it.
+    -> whether it ran."""
     entry = log.get(stage, {})
     if not upstream_ran and entry.get("done") and entry.get("command") == command and finished(stage, cfg):
         print(f"[{stage}] done in an earlier invocation ({entry['seconds']:.0f} s); skipped", flush=True)
         return False
     entry = {"seconds": 0.0, "attempts": 0, **entry, "command": command}  # time adds up over commands too
+    entry.update(attempts=entry["attempts"] + 1, done=False)
+    before = entry["seconds"]
     print(f"[{stage}] {' '.join(command)}", flush=True)
     t0 = time.perf_counter()
+
+    def record_time():
+        entry["seconds"] = before + time.perf_counter() - t0
+        log[stage] = entry
+        write_json(log_path, log)
+
     child = subprocess.Popen(command)
     # A stopped chain must not leave its stage running: a rerun would then write beside it.
     previous = signal.signal(signal.SIGTERM, lambda signum, frame: child.send_signal(signum))
     try:
-        rc = child.wait()
+        while True:
+            try:
+                rc = child.wait(timeout=RECORD_EVERY_S)
+                break
+            except subprocess.TimeoutExpired:
+                # a chain killed without a signal it can catch (a machine or session that ends)
+                # still counts all but the last interval of this attempt's time
+                record_time()
     except KeyboardInterrupt:  # what the stage saved stays for --resume
         child.send_signal(signal.SIGINT)
         rc = child.wait()
     finally:
         signal.signal(signal.SIGTERM, previous)
-    entry.update(seconds=entry["seconds"] + time.perf_counter() - t0, attempts=entry["attempts"] + 1)
     entry["done"] = rc == 0 and finished(stage, cfg)
-    log[stage] = entry
-    write_json(log_path, log)
+    record_time()
     if not entry["done"]:
         sys.exit(
             f"error: stage {stage} stopped (exit code {rc}); what it saved is kept: rerun the same "

@@ -5,6 +5,7 @@ its result.json, and the pooling math on hand-computed cases."""
 import importlib.util
 import json
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -243,6 +244,39 @@ def test_a_killed_stage_is_picked_up_and_the_placebo_added_later(chain):
     again = replicate.main(chain["argv"])  # without --placebo: the placebo stays in the result
     assert _stages(out) == before
     assert set(again["differences"]) == set(result["differences"])
+
+
+def test_a_stage_killed_without_warning_keeps_the_time_it_ran(tmp_path):
+    """SIGKILL (a session or machine that ends) cannot be caught, so the chain cannot write the
+    stage's time when it stops: the time must already be in stages.json, written while the stage
+    ran, with the attempt counted and the stage not done (a rerun redoes it). Before the fix a
+    killed attempt left nothing, and a resumed SFT of 48 + 14 minutes read as 14."""
+    log = tmp_path / "stages.json"
+    chain_script = (
+        "import importlib.util, sys\n"
+        "from pathlib import Path\n"
+        f"spec = importlib.util.spec_from_file_location('r', {str(REPO / 'bench' / 'grpo_replicate.py')!r})\n"
+        "r = importlib.util.module_from_spec(spec); spec.loader.exec_module(r)\n"
+        "r.RECORD_EVERY_S = 0.1\n"
+        "stage = [sys.executable, '-c', 'import time; time.sleep(30)']\n"
+        f"r.run_stage('sft', stage, {{'out': {str(tmp_path)!r}, 'data_dir': {str(tmp_path)!r}}}, {{}}, "
+        f"Path({str(log)!r}), False)\n"
+    )
+    chain = subprocess.Popen([sys.executable, "-c", chain_script])
+    try:
+        deadline = time.monotonic() + 20  # well before the stage's 30 s end
+        while time.monotonic() < deadline:
+            if log.exists() and json.loads(log.read_text())["sft"]["seconds"] >= 0.5:
+                break
+            time.sleep(0.05)
+        else:
+            pytest.fail("the running stage wrote no time within 20 s")
+        assert chain.poll() is None  # read while the stage runs, not after it ended
+    finally:
+        chain.kill()
+        chain.wait()
+    entry = json.loads(log.read_text())["sft"]
+    assert entry["attempts"] == 1 and entry["done"] is False and entry["seconds"] >= 0.5
 
 
 def test_another_recipe_in_the_same_folder_stops_with_one_line(chain):
