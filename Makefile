@@ -65,7 +65,7 @@ grpo-replicate: setup
 # the mix without CoT), all evaluated on the same dev questions beside full history, RAG and CueMem.
 # LOCOMO is the only input: a file in the release's schema. W (rounds kept) and L (tokens) size the
 # window: W=12 L=1536 on a 2-core CPU, W=16 L=2048 on a GPU. Each stage resumes: a second call (or a
-# later session, if runs/ is still there) redoes only what is missing.
+# later day, if runs/ is still there) redoes only what is missing.
 LOCOMO         ?=
 W              ?= 12
 L              ?= 1536
