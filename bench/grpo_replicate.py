@@ -255,7 +255,7 @@ def run_stage(
                 rc = child.wait(timeout=RECORD_EVERY_S)
                 break
             except subprocess.TimeoutExpired:
-                # a chain killed without a signal it can catch (a machine or session that ends)
+                # a chain killed without a signal it can catch (a machine taken back)
                 # still counts all but the last interval of this attempt's time
                 record_time()
     except KeyboardInterrupt:  # what the stage saved stays for --resume
