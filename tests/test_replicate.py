@@ -4,6 +4,8 @@ its result.json, and the pooling math on hand-computed cases."""
 
 import importlib.util
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -247,7 +249,7 @@ def test_a_killed_stage_is_picked_up_and_the_placebo_added_later(chain):
 
 
 def test_a_stage_killed_without_warning_keeps_the_time_it_ran(tmp_path):
-    """SIGKILL (a session or machine that ends) cannot be caught, so the chain cannot write the
+    """SIGKILL (a machine taken back) cannot be caught, so the chain cannot write the
     stage's time when it stops: the time must already be in stages.json, written while the stage
     ran, with the attempt counted and the stage not done (a rerun redoes it). Before the fix a
     killed attempt left nothing, and a resumed SFT of 48 + 14 minutes read as 14."""
@@ -262,7 +264,7 @@ def test_a_stage_killed_without_warning_keeps_the_time_it_ran(tmp_path):
         f"r.run_stage('sft', stage, {{'out': {str(tmp_path)!r}, 'data_dir': {str(tmp_path)!r}}}, {{}}, "
         f"Path({str(log)!r}), False)\n"
     )
-    chain = subprocess.Popen([sys.executable, "-c", chain_script])
+    chain = subprocess.Popen([sys.executable, "-c", chain_script], start_new_session=True)
     try:
         deadline = time.monotonic() + 20  # well before the stage's 30 s end
         while time.monotonic() < deadline:
@@ -272,8 +274,8 @@ def test_a_stage_killed_without_warning_keeps_the_time_it_ran(tmp_path):
         else:
             pytest.fail("the running stage wrote no time within 20 s")
         assert chain.poll() is None  # read while the stage runs, not after it ended
-    finally:
-        chain.kill()
+    finally:  # the chain and its stage together, as a machine taken back would
+        os.killpg(chain.pid, signal.SIGKILL)
         chain.wait()
     entry = json.loads(log.read_text())["sft"]
     assert entry["attempts"] == 1 and entry["done"] is False and entry["seconds"] >= 0.5
