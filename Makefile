@@ -80,9 +80,9 @@ locomo: setup
 	    --test-fraction 0 --out $(LOCOMO_RUN)/data --resume
 	$(PYTHON) stage0_build.py --preset cpu-demo --out $(DATA) --resume
 	$(LOCOMO_SFT_CMD) --data $(DATA)/train.jsonl --out $(LOCOMO_RUN)/sft-syn
-	$(LOCOMO_SFT_CMD) --data $(LOCOMO_RUN)/data/train.jsonl --out $(LOCOMO_RUN)/sft-locomo
 	$(LOCOMO_SFT_CMD) --data $(LOCOMO_MIX) --out $(LOCOMO_RUN)/sft-mix
 	$(LOCOMO_SFT_CMD) --data $(LOCOMO_MIX) --target answer --out $(LOCOMO_RUN)/sft-mix-nocot
+	$(LOCOMO_SFT_CMD) --data $(LOCOMO_RUN)/data/train.jsonl --out $(LOCOMO_RUN)/sft-locomo
 	$(PYTHON) evaluate.py --data $(LOCOMO_RUN)/data/dev.jsonl --out $(LOCOMO_RUN)/eval --resume \
 	    --limit 128 --batch-size 8 --latency-per-bucket 2 \
 	    --compare mix=srt:$(LOCOMO_RUN)/sft-mix/final syn=srt:$(LOCOMO_RUN)/sft-syn/final \
