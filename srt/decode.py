@@ -1,10 +1,10 @@
 """Our decode loop: the sampling behind every GRPO rollout and evaluation answer (modeling.generate),
-in plain PyTorch around the model's own forward pass, as nanochat's engine is.
+in plain PyTorch, as nanochat's engine is.
 
-    prefill  each distinct prompt runs once; its keys and values are written to the K rows of its
-             group in a static KV cache, preallocated for prompt + max_new_tokens positions;
-    decode   one token per step for every row: the step writes one column of the cache in place
-             (no torch.cat, no new allocation), then the next token is drawn from exactly
+    prefill  each distinct prompt runs once, through the model's own forward; its keys and values
+             go to a static KV cache, preallocated for prompt + max_new_tokens positions;
+    decode   one token per step for every row: the step writes its keys and values in place (no
+             torch.cat, no new allocation), then the next token is drawn from exactly
              softmax(logits / T) cut by top-p, the distribution whose log-probs GRPO's ratio and
              KL use (§3.4, Eqs. (8)-(9)); greedy takes the argmax;
     stop     a row ends at its first stop token (eos, <|im_end|>) or where the caller's test says
@@ -16,11 +16,14 @@ random stream as `generate` does, one torch.multinomial per step over all rows. 
 the reference path: modeling.generate(engine="hf").
 
 Speed. Decoding one token reads every weight and the whole KV cache, so it is bound by memory, not
-arithmetic. Hugging Face's dynamic cache also copies the whole cache at every step (torch.cat);
-ours writes one column. Where the hardware has bf16 units (a GPU, an AMX CPU) the rollouts run on a
-bf16 copy of the policy (`sampling_model`), which reads half the bytes and casts nothing at run
-time, where bf16 autocast casts every weight at every step. On a GPU the decode step is captured
-once as a CUDA graph and replayed, so the GPU stops waiting on Python between small kernels.
+arithmetic. For Llama-family models the decode step is written out (GroupedStep): the K samples of
+a prompt attend to the prompt's keys and values together, in one attention call per layer, so the
+prompt is read once per group instead of K times, and on a CPU the weights are prepacked for the
+matmul. Other architectures run the model's own forward at every step (StaticKVCache). Where the
+hardware has bf16 units (a GPU, an AMX CPU) the rollouts run on a bf16 copy of the policy
+(`sampling_model`), which reads half the bytes and casts nothing at run time, where bf16 autocast
+casts every weight at every step. On a GPU the decode step is captured once as a CUDA graph and
+replayed, so the GPU stops waiting on Python between small kernels.
 """
 
 from __future__ import annotations
@@ -82,6 +85,163 @@ def attention_mask(model, allowed):
 
 
 # --------------------------------------------------------------------------------------------
+# The grouped step: the decode step of a Llama-family model, written out
+# --------------------------------------------------------------------------------------------
+class GroupKVCache:
+    """The grouped step's cache, one sequence of keys (and one of values) per prompt and layer,
+    [B, kv_heads, P + C * K, head_dim]: the prompt's P columns once, then the completion columns of
+    its K rows interleaved by step, so that step t writes columns P + t*K .. P + t*K + K - 1 and an
+    eager step reads only the columns written so far. The prefill (the model's own forward) hands
+    each layer's prompt keys and values to `update`."""
+
+    def __init__(self, rows: int, width: int, length: int, group_size: int):
+        self.rows, self.width, self.K = rows, width, group_size
+        self.columns = width + (length - width) * group_size
+        self.keys, self.values = {}, {}
+        self.column = None  # the absolute column (width + t) the loop is at: a tensor, for CUDA graphs
+        self.visible = 0  # the loop's absolute visible length: width + steps written (or all of them)
+
+    def update(self, key, value, layer_idx, *args, **kwargs):  # the prefill only
+        for store, new in ((self.keys, key), (self.values, value)):
+            store[layer_idx] = new.new_zeros(new.shape[0], new.shape[1], self.columns, new.shape[3])
+            store[layer_idx][:, :, : self.width] = new
+        return key, value
+
+
+def grouped_step_supported(model) -> bool:
+    """The architectures GroupedStep writes out: Llama (SmolLM2) and Qwen2 (biases on q, k, v),
+    full attention in every layer, no norm on queries or keys."""
+    config = model.config
+    layers = getattr(getattr(model, "model", None), "layers", None)
+    return (
+        config.model_type in ("llama", "qwen2")
+        and layers is not None
+        and "sliding_attention" not in (getattr(config, "layer_types", None) or [])
+        and not getattr(config, "mlp_bias", False)
+        and not hasattr(layers[0].self_attn, "q_norm")
+    )
+
+
+def packed_weights(model, rows: int) -> dict:
+    """{linear module: its weight in oneDNN's blocked layout} on a CPU in bf16, else {} (the modules
+    run as they are). Multiplying by a prepacked weight skips the per-call reorder a plain bf16
+    matmul pays (what torch.compile's CPU freezing pass does), and gives the same numbers."""
+    weight = model.lm_head.weight
+    if weight.device.type != "cpu" or weight.dtype != torch.bfloat16 or not onednn_has_bf16():
+        return {}
+    return {
+        m: torch.ops.mkldnn._reorder_linear_weight(m.weight.detach(), rows)
+        for m in model.modules()
+        if isinstance(m, torch.nn.Linear)
+    }
+
+
+def onednn_has_bf16() -> bool:
+    return torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+
+
+_PACKED = weakref.WeakKeyDictionary()  # a model -> (the versions of its weights, their packed copies)
+
+
+def packed_for(model, rows: int) -> dict:
+    """packed_weights, made again only when a weight has changed since (an in-place update, such as
+    the refresh of the sampling copy after an optimizer step, bumps the tensor's version)."""
+    versions = tuple(p._version for p in model.parameters())
+    cached = _PACKED.get(model)
+    if cached is None or cached[0] != versions:
+        cached = _PACKED[model] = (versions, packed_weights(model, rows))
+    return cached[1]
+
+
+class GroupedStep:
+    """One decode step of a Llama-family model for `rows` = B prompts x K samples, written out.
+
+    A step must read every weight and the cache; what it can choose is how often, and in how many
+    calls. The K rows of a group share their prompt, so the group is one sequence of queries to
+    the attention: the K * G query heads that share a key/value head (grouped-query attention,
+    G = heads / kv_heads) attend in one call over the prompt's keys, read once per group instead of
+    once per row, and over the group's completion keys, of which a mask leaves each row its own.
+    This is exact attention, the same softmax over the same keys as the model's own forward.
+    Norms, rotary embeddings, the embedding and the activation are the model's own modules."""
+
+    def __init__(self, model, cache: GroupKVCache):
+        config = model.config
+        self.model, self.cache, self.K = model, cache, cache.K
+        self.heads, self.kv_heads = config.num_attention_heads, config.num_key_value_heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
+        self.packed = packed_for(model, cache.rows)
+        device, K, G = model.lm_head.weight.device, self.K, self.heads // self.kv_heads
+        # Query r*G + g (row r of the group, head g) may see completion column P + t*K + r' iff r' == r.
+        own_row = torch.arange(K, device=device)
+        self.own_pattern = (own_row[:, None, None] == own_row).repeat_interleave(G, 0)  # [K*G, 1, K]
+        self.own_offsets = own_row
+
+    def linear(self, module, x):
+        """module(x), through the prepacked weight where there is one (which bypasses the module's
+        forward hooks; they still fire in the prefill, the model's own forward)."""
+        packed = self.packed.get(module)
+        if packed is None:
+            return module(x)
+        return torch.ops.mkldnn._linear_pointwise(x, packed, module.bias, "none", [], "")
+
+    def attention_bias(self, key_mask):
+        """key_mask [rows, length] (True: a key the row may attend; absolute columns) -> the additive
+        mask [B, 1, K*G, visible columns] of the grouped layout: each prompt's padding hidden, and of
+        the completion columns each row sees its own, those written so far."""
+        cache, K = self.cache, self.K
+        prompt = key_mask[::K, None, : cache.width].expand(-1, self.own_pattern.shape[0], -1)  # [B, K*G, P]
+        written = key_mask[:, cache.width : cache.visible].unflatten(0, (-1, K))  # [B, K, steps]
+        own = written.repeat_interleave(self.heads // self.kv_heads, 1)[..., None] & self.own_pattern
+        allowed = torch.cat([prompt, own.flatten(2, 3)], -1)  # [B, K*G, P + steps*K]
+        bias = torch.zeros(allowed.shape, dtype=self.model.lm_head.weight.dtype, device=allowed.device)
+        return bias.masked_fill_(~allowed, float("-inf"))[:, None]
+
+    def __call__(self, tokens, positions, key_mask):
+        """tokens, positions [rows, 1]; key_mask [rows, length]. Writes this step's keys and values
+        (cache.column = width + t) to the K columns of step t; -> logits [rows, V]."""
+        inner, cache, K = self.model.model, self.cache, self.K
+        rows, groups = tokens.shape[0], tokens.shape[0] // K
+        columns = cache.width + (cache.column - cache.width) * K + self.own_offsets
+        visible = cache.width + (cache.visible - cache.width) * K
+        bias = self.attention_bias(key_mask)
+        hidden = inner.embed_tokens(tokens)  # [rows, 1, d]
+        cos, sin = inner.rotary_emb(hidden, positions)
+        for i, layer in enumerate(inner.layers):
+            attn = layer.self_attn
+            x = layer.input_layernorm(hidden)
+            q = self.linear(attn.q_proj, x).view(rows, self.heads, 1, self.head_dim)
+            k = self.linear(attn.k_proj, x).view(rows, self.kv_heads, 1, self.head_dim)
+            v = self.linear(attn.v_proj, x).view(rows, self.kv_heads, 1, self.head_dim)
+            q, k = apply_rotary(q, k, cos, sin)
+            # [rows, heads, 1, d] -> [B, kv_heads, K * G, d]: the group's queries of one kv head together
+            q = q.view(groups, K, self.kv_heads, -1, self.head_dim).transpose(1, 2).flatten(2, 3)
+            for store, new in ((cache.keys, k), (cache.values, v)):  # step t's K columns of each group
+                store[i].index_copy_(2, columns, new.view(groups, K, self.kv_heads, -1).transpose(1, 2))
+            keys, values = cache.keys[i][:, :, :visible], cache.values[i][:, :, :visible]
+            out = torch.nn.functional.scaled_dot_product_attention(q, keys, values, bias, scale=attn.scaling)
+            out = out.unflatten(2, (K, -1)).transpose(1, 2).reshape(rows, 1, -1)  # back to rows
+            hidden = hidden + self.linear(attn.o_proj, out)
+            x = layer.post_attention_layernorm(hidden)
+            mlp = layer.mlp
+            hidden = hidden + self.linear(
+                mlp.down_proj, mlp.act_fn(self.linear(mlp.gate_proj, x)) * self.linear(mlp.up_proj, x)
+            )
+        return self.linear(self.model.lm_head, inner.norm(hidden))[:, -1]
+
+
+def apply_rotary(q, k, cos, sin):
+    """Rotary position embeddings (RoFormer), as Llama's attention applies them: cos, sin [rows, 1,
+    head_dim] from the model's own rotary module."""
+
+    def rotate_half(x):
+        first, second = x.chunk(2, dim=-1)
+        return torch.cat((-second, first), dim=-1)
+
+    cos, sin = cos[:, None], sin[:, None]  # [rows, 1, 1, head_dim]
+    return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+
+
+# --------------------------------------------------------------------------------------------
 # The next token: exactly softmax(logits / T) cut by top-p, or the argmax
 # --------------------------------------------------------------------------------------------
 def top_p_filter(logits, top_p: float):
@@ -129,6 +289,7 @@ def decode(
     synced: bool = False,
     cuda_graph: bool = True,
     static_shapes: bool = False,
+    grouped: bool = True,
 ):
     """input_ids, attention_mask_2d [B, P]: B distinct prompts, left padded. -> sequences
     [B * K, P + C]: each prompt repeated K times (rows j*K .. j*K+K-1) and its completions, C <=
@@ -138,7 +299,9 @@ def decode(
     tests). synced: the forward pass communicates (FSDP with sharded weights), so every rank runs
     as many steps as the slowest one. static_shapes: every step attends to all the columns of the
     cache, those not yet written masked, so every step has one shape: what a CUDA graph replays
-    (cuda_graph, on a GPU), also available eagerly, where the tests check it."""
+    (cuda_graph, on a GPU), also available eagerly, where the tests check it. grouped: decode with
+    GroupedStep where the architecture allows (grouped_step_supported, and no FSDP); False runs the
+    model's own forward at every step, the general path the tests compare it with."""
     device, K = input_ids.device, num_generations
     if max_new_tokens < 1:
         raise ValueError(f"decode: max_new_tokens must be at least 1, not {max_new_tokens}")
@@ -147,7 +310,11 @@ def decode(
     per_prompt = K if prefill_once else 1
     rows, width = input_ids.shape[0] * per_prompt, input_ids.shape[1]
     length = width + max_new_tokens
-    cache = StaticKVCache(rows, length, repeats=per_prompt)
+    grouped = grouped and grouped_step_supported(model) and not (synced or is_fsdp(model))
+    if grouped:
+        cache = GroupKVCache(rows, width, length, per_prompt)
+    else:
+        cache = StaticKVCache(rows, length, repeats=per_prompt)
     stop_ids = torch.tensor(list(stop_ids), device=device)
     suppress = model.generation_config.suppress_tokens  # the one field of it both engines honour
     suppress = torch.tensor(suppress, device=device) if suppress else None
@@ -177,7 +344,11 @@ def decode(
     positions = prompt_lengths.clone()
     cache.column = torch.tensor([width], device=device)
 
+    grouped_step = GroupedStep(model, cache) if grouped else None
+
     def step():
+        if grouped_step is not None:
+            return grouped_step(tokens, positions, key_mask)
         return model(
             input_ids=tokens,
             attention_mask=attention_mask(model, key_mask[:, None, None, : cache.visible]),

@@ -128,6 +128,129 @@ def test_eager_attention_takes_the_mask_as_a_bias_and_decodes_the_same():
 
 
 # ---------------------------------------------------------------------------------------------
+# The grouped step (Llama family): the K rows of a group attend to their prompt together
+# ---------------------------------------------------------------------------------------------
+def decode_both_steps(model, tokenizer, prompts=PROMPTS, seed=0, **kwargs):
+    """decode.decode through the grouped step and through the model's own forward, same seed."""
+    tokenizer.padding_side = "left"
+    enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+    stops = modeling.stop_token_ids(model, tokenizer)
+    runs = []
+    for grouped in (True, False):
+        torch.manual_seed(seed)
+        runs.append(decode.decode(model, enc.input_ids, enc.attention_mask, 20, stops, tokenizer.pad_token_id,
+                                  grouped=grouped, **kwargs))  # fmt: skip
+    return runs
+
+
+@pytest.mark.parametrize("K, static", [(1, False), (3, False), (3, True)])
+def test_grouped_step_decodes_what_the_models_own_forward_decodes(tiny, K, static):
+    """Greedy and sampled (T = 0.7, top-p 0.9), prompts of three lengths (left padding): the grouped
+    step must give the tokens of the model's own forward, also with every column of the cache
+    attended and the unwritten ones masked (static shapes, the CUDA-graph path). Both run the
+    same fp32 model and the same softmax over the same keys, summed in another order (one call over
+    the group's keys against one per row): logits agree to ~1e-6, far below the gaps between the
+    tiny model's candidates here."""
+    model, tokenizer = tiny
+    assert decode.grouped_step_supported(model)
+    greedy = decode_both_steps(model, tokenizer, num_generations=K, greedy=True, static_shapes=static)
+    assert torch.equal(greedy[0], greedy[1])
+    sampled = decode_both_steps(
+        model, tokenizer, num_generations=K, temperature=0.7, top_p=0.9, static_shapes=static
+    )
+    assert torch.equal(sampled[0], sampled[1])
+    if K > 1:  # K samples, not K copies
+        assert len({tuple(r) for r in sampled[0][3:6].tolist()}) > 1
+
+
+def test_grouped_mask_leaves_each_row_its_own_completion_and_hides_padding(tiny):
+    """One prompt of 3 columns whose first is padding, K = 2 rows, G = 2 query heads per kv head,
+    after 2 steps: the completion columns are P + t*K + r. Query r*G + g may see prompt columns 1, 2
+    and its own row's columns 3 + 2t + r; a mask that let a row see its sibling's completion would
+    let the K samples of a group read each other."""
+    model, _ = tiny
+    cache = decode.GroupKVCache(rows=2, width=3, length=6, group_size=2)
+    step = decode.GroupedStep(model, cache)
+    key_mask = torch.tensor([[False, True, True, True, True, False]] * 2)
+    cache.visible = 5  # width + 2 steps written
+    allowed = step.attention_bias(key_mask)[0, 0].isfinite()  # [K*G, P + 2*K]
+    expected = torch.tensor(
+        [[0, 1, 1, 1, 0, 1, 0],  # row 0 (heads 0, 1): columns 3 (t=0) and 5 (t=1)
+         [0, 1, 1, 1, 0, 1, 0],
+         [0, 1, 1, 0, 1, 0, 1],  # row 1 (heads 2, 3): columns 4 and 6
+         [0, 1, 1, 0, 1, 0, 1]], dtype=torch.bool)  # fmt: skip
+    assert torch.equal(allowed, expected)
+
+
+def test_group_cache_holds_each_prompt_once_then_the_steps_interleaved():
+    cache = decode.GroupKVCache(rows=6, width=2, length=5, group_size=3)  # 2 prompts x K = 3, 3 steps
+    keys = torch.arange(4, dtype=torch.float32).reshape(2, 1, 2, 1) + 1
+    returned, _ = cache.update(keys, -keys, layer_idx=0)
+    assert torch.equal(returned, keys)  # the prompt attends to its own keys
+    assert cache.keys[0].shape == (2, 1, 2 + 3 * 3, 1)  # once per prompt, not per row
+    assert torch.equal(cache.keys[0][:, :, :2], keys) and torch.equal(cache.values[0][:, :, :2], -keys)
+    assert (cache.keys[0][:, :, 2:] == 0).all()
+
+
+def tiny_variant(tokenizer, kind):
+    """A 2-layer Qwen2 (biases on q, k, v) or a Llama with biased MLP projections (not written out)."""
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    shape = dict(vocab_size=len(tokenizer), hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, intermediate_size=128, eos_token_id=tokenizer.eos_token_id,
+                 pad_token_id=tokenizer.pad_token_id)  # fmt: skip
+    torch.manual_seed(0)
+    if kind == "qwen2":
+        model = Qwen2ForCausalLM(Qwen2Config(**shape))
+        with torch.no_grad():  # biases are zero at init: make them matter
+            for layer in model.model.layers:
+                for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                    proj.bias.normal_(0, 0.5)
+    else:
+        model = LlamaForCausalLM(LlamaConfig(**shape, mlp_bias=True))
+    model.generation_config.eos_token_id = modeling.stop_token_ids(model, tokenizer)
+    return model.eval()
+
+
+@pytest.mark.parametrize("kind, written_out", [("qwen2", True), ("llama-mlp-bias", False)])
+def test_other_architectures_decode_as_generate(tiny, kind, written_out):
+    """Qwen2 is written out (its q, k, v biases go through the step); a Llama with MLP biases is
+    not, and decodes through the model's own forward. Either way, greedy, generate's tokens."""
+    _, tokenizer = tiny
+    model = tiny_variant(tokenizer, kind)
+    assert decode.grouped_step_supported(model) == written_out
+    ours, hf = both(model, tokenizer, max_new_tokens=16, num_generations=2, greedy=True)
+    assert_same(ours, hf)
+
+
+@pytest.mark.skipif(
+    not decode.onednn_has_bf16(),
+    reason="oneDNN has no bf16 on this CPU: nothing is packed, the modules run as they are",
+)
+def test_packed_weights_multiply_as_the_modules_and_follow_their_updates():
+    """On a CPU with bf16, the bf16 copy's linear weights are prepacked; a packed product must equal
+    the module's own (the same bf16 inputs and weights; both accumulate in fp32, in the kernel's
+    own order, so within bf16's rounding of the output, 2^-8 relative), and after the weights
+    change in place (the copy's refresh after an optimizer step) the packed copies must follow."""
+    model, _ = load_model_and_tokenizer("tiny-random", dtype="float32")
+    low = decode.sampling_model(model, torch.bfloat16)
+    packed = decode.packed_for(low, rows=4)
+    linears = [m for m in low.modules() if isinstance(m, torch.nn.Linear)]
+    assert set(packed) == set(linears)
+    step = decode.GroupedStep.__new__(decode.GroupedStep)
+    step.packed = packed
+    x = torch.randn(4, 1, 64).to(torch.bfloat16)
+    proj = low.model.layers[0].mlp.up_proj
+    torch.testing.assert_close(step.linear(proj, x), proj(x), rtol=2**-7, atol=1e-3)
+    assert decode.packed_for(low, rows=4) is packed  # nothing changed: not packed again
+    with torch.no_grad():
+        proj.weight.mul_(2)
+    step.packed = decode.packed_for(low, rows=4)
+    assert step.packed is not packed
+    torch.testing.assert_close(step.linear(proj, x), proj(x), rtol=2**-7, atol=2e-3)
+
+
+# ---------------------------------------------------------------------------------------------
 # K samples of a group: one prefill, its cache copied to the K rows
 # ---------------------------------------------------------------------------------------------
 def test_one_prefill_per_prompt_samples_what_k_prefills_sample(tiny):
