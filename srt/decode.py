@@ -123,33 +123,49 @@ def grouped_step_supported(model) -> bool:
 
 
 def packed_weights(model, rows: int) -> dict:
-    """{linear module: its weight in oneDNN's blocked layout} on a CPU in bf16, else {} (the modules
-    run as they are). Multiplying by a prepacked weight skips the per-call reorder a plain bf16
-    matmul pays (what torch.compile's CPU freezing pass does), and gives the same numbers."""
+    """{linear module: its weight packed for the CPU's matmul library} on a CPU, else {} (the modules
+    run as they are). A prepacked weight is laid out once as the library's kernel reads it, instead
+    of at every call: in bf16 oneDNN's blocked layout (what torch.compile's CPU freezing pass
+    makes), in fp32 MKL's packed GEMM for `rows` rows. The products are the same up to the order of
+    the sums (tests/test_decode.py; bench/README.md has the speed)."""
     weight = model.lm_head.weight
-    if weight.device.type != "cpu" or weight.dtype != torch.bfloat16 or not onednn_has_bf16():
+    if weight.device.type != "cpu":
         return {}
-    return {
-        m: torch.ops.mkldnn._reorder_linear_weight(m.weight.detach(), rows)
-        for m in model.modules()
-        if isinstance(m, torch.nn.Linear)
-    }
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    if weight.dtype == torch.bfloat16 and onednn_has_bf16():
+        return {
+            m: ("onednn", torch.ops.mkldnn._reorder_linear_weight(m.weight.detach(), rows)) for m in linears
+        }
+    if weight.dtype == torch.float32 and torch.backends.mkl.is_available():
+        return {
+            m: ("mkl", torch.ops.mkl._mkl_reorder_linear_weight(m.weight.detach(), rows)) for m in linears
+        }
+    return {}
+
+
+def packed_linear(module, packed, x, rows: int):
+    """module(x) through its packed weight (which bypasses the module's forward hooks)."""
+    kind, weight = packed
+    if kind == "onednn":
+        return torch.ops.mkldnn._linear_pointwise(x, weight, module.bias, "none", [], "")
+    return torch.ops.mkl._mkl_linear(x, weight, module.weight, module.bias, rows)
 
 
 def onednn_has_bf16() -> bool:
     return torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
 
 
-_PACKED = weakref.WeakKeyDictionary()  # a model -> (the versions of its weights, their packed copies)
+_PACKED = weakref.WeakKeyDictionary()  # a model -> (the versions of its weights and rows, the packed weights)
 
 
 def packed_for(model, rows: int) -> dict:
     """packed_weights, made again only when a weight has changed since (an in-place update, such as
-    the refresh of the sampling copy after an optimizer step, bumps the tensor's version)."""
-    versions = tuple(p._version for p in model.parameters())
+    the refresh of the sampling copy after an optimizer step, bumps the tensor's version) or the
+    number of rows has (MKL packs for one)."""
+    key = (rows, tuple(p._version for p in model.parameters()))
     cached = _PACKED.get(model)
-    if cached is None or cached[0] != versions:
-        cached = _PACKED[model] = (versions, packed_weights(model, rows))
+    if cached is None or cached[0] != key:
+        cached = _PACKED[model] = (key, packed_weights(model, rows))
     return cached[1]
 
 
@@ -177,12 +193,10 @@ class GroupedStep:
         self.own_offsets = own_row
 
     def linear(self, module, x):
-        """module(x), through the prepacked weight where there is one (which bypasses the module's
-        forward hooks; they still fire in the prefill, the model's own forward)."""
+        """module(x), through the prepacked weight where there is one (the module's forward hooks
+        then fire in the prefill only, the model's own forward)."""
         packed = self.packed.get(module)
-        if packed is None:
-            return module(x)
-        return torch.ops.mkldnn._linear_pointwise(x, packed, module.bias, "none", [], "")
+        return module(x) if packed is None else packed_linear(module, packed, x, self.cache.rows)
 
     def attention_bias(self, key_mask):
         """key_mask [rows, length] (True: a key the row may attend; absolute columns) -> the additive

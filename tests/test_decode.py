@@ -223,31 +223,36 @@ def test_other_architectures_decode_as_generate(tiny, kind, written_out):
     assert_same(ours, hf)
 
 
-@pytest.mark.skipif(
-    not decode.onednn_has_bf16(),
-    reason="oneDNN has no bf16 on this CPU: nothing is packed, the modules run as they are",
-)
-def test_packed_weights_multiply_as_the_modules_and_follow_their_updates():
-    """On a CPU with bf16, the bf16 copy's linear weights are prepacked; a packed product must equal
-    the module's own (the same bf16 inputs and weights; both accumulate in fp32, in the kernel's
-    own order, so within bf16's rounding of the output, 2^-8 relative), and after the weights
-    change in place (the copy's refresh after an optimizer step) the packed copies must follow."""
+PACKING = {
+    torch.bfloat16: decode.onednn_has_bf16(),
+    torch.float32: torch.backends.mkl.is_available(),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_packed_weights_multiply_as_the_modules_and_follow_their_updates(dtype):
+    """On a CPU the weights of the decode step are prepacked (MKL in fp32, oneDNN in bf16). A packed
+    product must equal the module's own up to the order of the sums: fp32 within 1e-5 relative (64
+    products of size ~0.1 summed in another order differ by a few ulps), bf16 within its rounding
+    of the output (2^-8 relative; both accumulate in fp32). After the weights change in place (the
+    copy's refresh after an optimizer step) or the number of rows changes, they are packed again."""
+    if not PACKING[dtype]:
+        pytest.skip(f"this CPU's torch has no packed {dtype} matmul: the modules run as they are")
     model, _ = load_model_and_tokenizer("tiny-random", dtype="float32")
-    low = decode.sampling_model(model, torch.bfloat16)
-    packed = decode.packed_for(low, rows=4)
-    linears = [m for m in low.modules() if isinstance(m, torch.nn.Linear)]
-    assert set(packed) == set(linears)
-    step = decode.GroupedStep.__new__(decode.GroupedStep)
-    step.packed = packed
-    x = torch.randn(4, 1, 64).to(torch.bfloat16)
-    proj = low.model.layers[0].mlp.up_proj
-    torch.testing.assert_close(step.linear(proj, x), proj(x), rtol=2**-7, atol=1e-3)
-    assert decode.packed_for(low, rows=4) is packed  # nothing changed: not packed again
+    model = decode.sampling_model(model, dtype) if dtype != torch.float32 else model
+    packed = decode.packed_for(model, rows=4)
+    assert set(packed) == {m for m in model.modules() if isinstance(m, torch.nn.Linear)}
+    tolerance = dict(rtol=1e-5, atol=1e-6) if dtype == torch.float32 else dict(rtol=2**-7, atol=2e-3)
+    x = torch.randn(4, 1, 64).to(dtype)
+    proj = model.model.layers[0].mlp.up_proj
+    torch.testing.assert_close(decode.packed_linear(proj, packed[proj], x, 4), proj(x), **tolerance)
+    assert decode.packed_for(model, rows=4) is packed  # nothing changed: not packed again
     with torch.no_grad():
         proj.weight.mul_(2)
-    step.packed = decode.packed_for(low, rows=4)
-    assert step.packed is not packed
-    torch.testing.assert_close(step.linear(proj, x), proj(x), rtol=2**-7, atol=2e-3)
+    again = decode.packed_for(model, rows=4)
+    assert again is not packed
+    torch.testing.assert_close(decode.packed_linear(proj, again[proj], x, 4), proj(x), **tolerance)
+    assert decode.packed_for(model, rows=1) is not again
 
 
 # ---------------------------------------------------------------------------------------------
