@@ -3,9 +3,10 @@
 Decoding one token for K rows must at least multiply the K rows by every weight matrix of the model
 once (every nn.Linear, the tied lm_head included). This times exactly that, `x @ w.T` for each
 weight, with no attention, norms, sampling or Python around it, at K = 1, 4 and 8, and the plain
-copy of the same bytes for the memory bandwidth. A decode step that costs little more than the
-weight products has nothing left to take out at this precision (bench/README.md,
-`rollout_speed.py`).
+copy of the same bytes for the memory bandwidth; and the same products through the weights packed
+as the decode step packs them on a CPU (srt/decode.packed_weights: MKL in fp32, oneDNN in bf16).
+A decode step that costs little more than the weight products has nothing left to take out at this
+precision (bench/README.md, `rollout_speed.py`).
 
     python bench/decode_floor.py --model smollm2-135m
     python bench/decode_floor.py --model smollm2-135m --dtype bfloat16   # the bf16 copy rollouts read
@@ -64,23 +65,38 @@ def main(argv=None) -> dict:
     args = build_parser().parse_args(argv)
     import torch
 
+    from srt.decode import packed_linear, packed_weights
     from srt.modeling import load_model_and_tokenizer
 
     model, _ = load_model_and_tokenizer(args.model, dtype="float32")
     dtype = getattr(torch, args.dtype)
-    weights = [m.weight.detach().to(dtype) for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    model = model.to(dtype)
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    weights = [m.weight.detach() for m in linears]
     weight_bytes = sum(w.numel() * w.element_size() for w in weights)
     rows = []
     with torch.no_grad():
         for k in args.ks:
             inputs = {w.shape[1]: torch.randn(k, w.shape[1], dtype=dtype) for w in weights}
             seconds = median_seconds(lambda: [inputs[w.shape[1]] @ w.T for w in weights], args.repeats)
+            # The same products through the weights packed as the decode step packs them (if it does here).
+            packed = packed_weights(model, k)
+            packed_s = (
+                median_seconds(
+                    lambda: [packed_linear(m, packed[m], inputs[m.in_features], k) for m in linears],
+                    args.repeats,
+                )
+                if packed
+                else None
+            )
             rows.append(
                 {
                     "k": k,
                     "ms": 1000 * seconds,
                     "tokens_per_s": k / seconds,
                     "gb_per_s": weight_bytes / seconds / 1e9,
+                    "packed": next(iter(packed.values()))[0] if packed else None,
+                    "packed_ms": 1000 * packed_s if packed else None,
                 }
             )
         source = torch.ones(weight_bytes // 4)
@@ -98,8 +114,17 @@ def main(argv=None) -> dict:
         "copy": {"ms": 1000 * copy_s, "gb_per_s_read_write": 2 * weight_bytes / copy_s / 1e9},
     }
     table = markdown_table(
-        ["K rows", "every weight once (ms)", "at most tokens/s", "weights read (GB/s)"],
-        [[r["k"], f"{r['ms']:.0f}", f"{r['tokens_per_s']:.1f}", f"{r['gb_per_s']:.1f}"] for r in rows],
+        ["K rows", "every weight once (ms)", "at most tokens/s", "weights read (GB/s)", "packed (ms)"],
+        [
+            [
+                r["k"],
+                f"{r['ms']:.0f}",
+                f"{r['tokens_per_s']:.1f}",
+                f"{r['gb_per_s']:.1f}",
+                f"{r['packed_ms']:.0f} ({r['packed']})" if r["packed"] else "not packed here",
+            ]
+            for r in rows
+        ],
     )
     markdown = (
         f"# The floor of a decode step\n\n{machine_line(info)}\n\n{args.model}: {len(weights)} weight "

@@ -514,6 +514,8 @@ def test_decode_floor_times_every_linear_weight_once(tmp_path):
     assert [r["k"] for r in result["rows"]] == [1, 4]
     for row in result["rows"]:
         assert row["tokens_per_s"] == pytest.approx(row["k"] / (row["ms"] / 1000))
+        assert (row["packed"] == "mkl") == torch.backends.mkl.is_available()  # fp32: what the step packs
+        assert (row["packed_ms"] is not None) == (row["packed"] is not None)
 
 
 def test_decode_floor_in_bf16_reads_half_the_bytes(tmp_path):
