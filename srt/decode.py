@@ -162,11 +162,12 @@ def packed_for(model, rows: int) -> dict:
     """packed_weights, made again only when a weight has changed since (an in-place update, such as
     the refresh of the sampling copy after an optimizer step, bumps the tensor's version) or the
     number of rows has (MKL packs for one)."""
-    key = (rows, tuple(p._version for p in model.parameters()))
-    cached = _PACKED.get(model)
-    if cached is None or cached[0] != key:
-        cached = _PACKED[model] = (key, packed_weights(model, rows))
-    return cached[1]
+    key = (rows, weight_versions(model))
+    if model in _PACKED and _PACKED[model][0] == key:
+        return _PACKED[model][1]
+    _PACKED.pop(model, None)  # free the stale copies before packing new ones
+    _PACKED[model] = (key, packed_weights(model, rows))
+    return _PACKED[model][1]
 
 
 class GroupedStep:
@@ -431,43 +432,51 @@ def capture_step(step):
 # --------------------------------------------------------------------------------------------
 # Generation weights in the precision the hardware computes fastest
 # --------------------------------------------------------------------------------------------
-_COPIES = weakref.WeakKeyDictionary()  # a model -> its sampling copy: {"model", "stale", "follows"}
+_COPIES = weakref.WeakKeyDictionary()  # a model -> its sampling copy: {"model", "stale", "versions"}
+
+
+def weight_versions(model) -> tuple:
+    """Every parameter's version counter, which each in-place change (copy_, an optimizer's update
+    but a fused one's) increments: equal tuples, unchanged weights."""
+    return tuple(p._version for p in model.parameters())
 
 
 def sampling_model(model, dtype):
     """The model rollouts run on. `dtype` is modeling.resolve_dtype's autocast dtype: bf16 where
     the hardware has bf16 units (a GPU, an AMX CPU), None elsewhere (plain fp32). With bf16 and
     wider weights: a bf16 copy of the model (its forward hooks and tied weights kept; its buffers,
-    RoPE's inv_freq, stay fp32), made once and refreshed from the model's weights before a call
-    unless `follow_optimizer` knows nothing changed them. The master weights and the loss stay as
-    they are. Otherwise (fp32, already narrow, FSDP, which gathers bf16 itself): the model."""
+    RoPE's inv_freq, stay fp32), made once and refreshed from the model's weights before a call if
+    they have changed since (their versions) or an optimizer step `follow_optimizer` watches has
+    run (a fused optimizer changes no version). The master weights and the loss stay as they are.
+    Otherwise (fp32, already narrow, FSDP, which gathers bf16 itself): the model."""
     if dtype is None or any(hasattr(p, "to_local") for p in model.parameters()):
         return model
     if all(p.dtype == dtype for p in model.parameters() if p.is_floating_point()):
         return model
-    entry = _COPIES.setdefault(model, {"model": None, "stale": True, "follows": False})
+    entry = _COPIES.setdefault(model, {"model": None, "stale": True, "versions": None})
     if entry["model"] is None:  # deepcopy with each parameter's bf16 copy given: no fp32 duplicate
         given = {
             id(p): torch.nn.Parameter(p.detach().to(dtype, copy=True), requires_grad=False)
             for p in model.parameters()
             if p.is_floating_point()
         }
-        entry["model"], entry["stale"] = copy.deepcopy(model, given).eval(), False
-    elif entry["stale"] or not entry["follows"]:
+        entry["model"] = copy.deepcopy(model, given).eval()
+    elif entry["stale"] or entry["versions"] != weight_versions(model):
         with torch.no_grad():
             for master, low in zip(model.parameters(), entry["model"].parameters()):
                 low.copy_(master)
-        entry["stale"] = False
+    entry["stale"], entry["versions"] = False, weight_versions(model)
     return entry["model"]
 
 
 def follow_optimizer(model, optimizer) -> None:
-    """After each optimizer step the sampling copy of `model` is stale: the next rollout refreshes
-    it once (one cast of the weights), and rollouts with no step in between reuse it."""
-    entry = _COPIES.setdefault(model, {"model": None, "stale": True, "follows": False})
-    entry["follows"] = True
+    """After each optimizer step the weights rollouts read are stale, even where the step changed no
+    version (a fused optimizer): the next rollout refreshes the sampling copy once and packs the
+    weights again; rollouts with no step in between reuse them."""
+    entry = _COPIES.setdefault(model, {"model": None, "stale": True, "versions": None})
 
     def mark_stale(*_):
         entry["stale"] = True
+        _PACKED.pop(model, None)  # fp32: the packed weights are the model's own
 
     optimizer.register_step_post_hook(mark_stale)

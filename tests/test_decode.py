@@ -402,7 +402,11 @@ def test_first_tokens_of_a_group_follow_the_models_distribution():
 # ---------------------------------------------------------------------------------------------
 # Generation weights: a bf16 copy where the hardware has bf16 units
 # ---------------------------------------------------------------------------------------------
-def test_sampling_copy_is_bf16_keeps_fp32_buffers_and_refreshes_after_a_step():
+def test_sampling_copy_is_bf16_keeps_fp32_buffers_and_refreshes_when_the_weights_change():
+    """The copy is made once, reused while the masters are unchanged (no copy, so no repacking),
+    refreshed after an in-place change (a version counter moves), and after a step of a followed
+    optimizer even where the step moves no version counter (a fused AdamW): then the packed
+    weights of an fp32 model, the model's own, are packed again as well."""
     model, _ = load_model_and_tokenizer("tiny-random", dtype="float32")
     assert decode.sampling_model(model, None) is model  # no bf16 units: fp32, the model itself
     low = decode.sampling_model(model, torch.bfloat16)
@@ -414,18 +418,22 @@ def test_sampling_copy_is_bf16_keeps_fp32_buffers_and_refreshes_after_a_step():
     def matches():
         return all(torch.equal(q, p.to(torch.bfloat16)) for p, q in zip(model.parameters(), low.parameters()))
 
-    optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
+    copied = decode.weight_versions(low)
+    assert decode.sampling_model(model, torch.bfloat16) is low and decode.weight_versions(low) == copied
     with torch.no_grad():
-        model.lm_head.weight.add_(1.0)  # not followed yet: every call refreshes
-    assert decode.sampling_model(model, torch.bfloat16) is low and matches()
-    decode.follow_optimizer(model, optimizer)
-    with torch.no_grad():
-        model.lm_head.weight.add_(1.0)  # no optimizer step: the followed copy is reused as it is
-    decode.sampling_model(model, torch.bfloat16)
+        model.lm_head.weight.add_(1.0)
     assert not matches()
-    model.lm_head.weight.grad = torch.ones_like(model.lm_head.weight)
-    optimizer.step()  # a step: the next rollout refreshes
     assert decode.sampling_model(model, torch.bfloat16) is low and matches()
+
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1, fused=True)
+    decode.follow_optimizer(model, optimizer)
+    packed = decode.packed_for(model, rows=2)
+    for p in model.parameters():
+        p.grad = torch.ones_like(p)
+    optimizer.step()
+    assert not matches()
+    assert decode.sampling_model(model, torch.bfloat16) is low and matches()
+    assert decode.packed_for(model, rows=2) is not packed
 
 
 def test_generate_samples_from_the_bf16_copy_and_hooks_see_it(tiny):
