@@ -184,12 +184,24 @@ def speed(args) -> None:
                 "tokens_per_s": generated / seconds["median"],
             }
         row["speedup"] = row["ours"]["tokens_per_s"] / row["hf"]["tokens_per_s"]
+        # hf's seconds over ours in each repeat, the two rollouts run back to back: a slow spell of a
+        # shared machine moves both, so the paired ratios spread less than the medians' ratio.
+        row["paired"] = describe([h["seconds"] / o["seconds"] for o, h in zip(times["ours"], times["hf"])])
         results["runs"].append(row)
         ours, hf = row["ours"]["tokens_per_s"], row["hf"]["tokens_per_s"]
         print(f"K = {K}: ours {ours:.1f} tok/s, hf {hf:.1f} tok/s, x{ours / hf:.2f} {precision}", flush=True)
     widths = [len(tokenizer(p, add_special_tokens=False).input_ids) for p in prompts]
     table = markdown_table(
-        ["prompts x K", "precision (ours / hf)", "ours s", "hf s", "ours tok/s", "hf tok/s", "ours / hf"],
+        [
+            "prompts x K",
+            "precision (ours / hf)",
+            "ours s",
+            "hf s",
+            "ours tok/s",
+            "hf tok/s",
+            "ours / hf",
+            "paired, median (min-max)",
+        ],
         [
             [
                 f"{r['prompts']} x {r['K']}",
@@ -199,6 +211,7 @@ def speed(args) -> None:
                 r["ours"]["tokens_per_s"],
                 r["hf"]["tokens_per_s"],
                 f"{r['speedup']:.2f}x",
+                f"{r['paired']['median']:.2f}x ({r['paired']['min']:.2f}-{r['paired']['max']:.2f})",
             ]
             for r in results["runs"]
         ],
@@ -208,7 +221,8 @@ def speed(args) -> None:
         machine_line(results["machine"]) + "\n",
         f"{args.model}, --precision {args.precision}; prompts of {widths} tokens; every row exactly "
         f"{args.max_new_tokens} new tokens (stop tokens suppressed); T = {args.temperature}; median of "
-        f"{args.repeats} timed rollouts per side (prefill included, the same on both sides).\n",
+        f"{args.repeats} timed rollouts per side (prefill included, the same on both sides); paired: "
+        "hf's seconds over ours in each repeat, the two run back to back.\n",
         table,
     ]
     write_results(Path(args.out), "results", results, "\n".join(lines) + "\n")

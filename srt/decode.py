@@ -11,9 +11,9 @@ in plain PyTorch, as nanochat's engine is.
              so; it is then fed padding, and the loop ends when every row has ended.
 
 It returns what Hugging Face `generate` returns (prompt + completion ids, rows grouped by prompt),
-token for token the same under greedy decoding (tests/test_decode.py), and it draws from the
-random stream as `generate` does, one torch.multinomial per step over all rows. `generate` stays
-the reference path: modeling.generate(engine="hf").
+token for token the same under greedy decoding (tests/test_decode.py); sampled, it draws from the
+same distribution by the same method as torch.multinomial, with its own random numbers.
+`generate` stays the reference path: modeling.generate(engine="hf").
 
 Speed. Decoding one token reads every weight and the whole KV cache, so it is bound by memory, not
 arithmetic. For Llama-family models the decode step is written out (GroupedStep): the K samples of
@@ -273,15 +273,20 @@ def top_p_filter(logits, top_p: float):
 
 def next_tokens(logits, temperature=1.0, top_p=1.0, greedy=False, suppress=None):
     """logits [rows, V] -> one token per row. Temperature first, then the nucleus of the tempered
-    distribution (as Hugging Face's warpers do), then one draw per row by torch.multinomial.
+    distribution (as Hugging Face's warpers do), then one draw per row by the exponential race.
     `suppress`: token ids that may never be drawn (the model's generation_config.suppress_tokens)."""
     logits = logits.float()
     if suppress is not None:
         logits = logits.index_fill(-1, suppress, float("-inf"))
     if greedy:
         return logits.argmax(dim=-1)
-    logits = top_p_filter(logits / temperature, top_p)
-    return torch.multinomial(logits.softmax(dim=-1), num_samples=1).squeeze(1)
+    probs = top_p_filter(logits / temperature, top_p).softmax(dim=-1)
+    # The exponential race, torch.multinomial's own method for one sample: with E_i ~ Exp(1)
+    # independent, argmax_i p_i / E_i is token i with probability exactly p_i. E = -log U from
+    # uniform draws, which a CPU makes several times faster than exponential_ (bench/README.md);
+    # U = 0 gives E = inf, a token that cannot win, and a token of p = 0 never wins.
+    race = torch.empty_like(probs).uniform_().log_().neg_()
+    return (probs / race).argmax(dim=-1)
 
 
 # --------------------------------------------------------------------------------------------

@@ -1,11 +1,13 @@
 """Our decode loop (srt/decode.py) against Hugging Face `generate`, the reference path of
 modeling.generate (engine="hf"), on the tiny random Llama in fp32.
 
-Exact equality of token ids is what is asserted, also across machines (AVX2 fp32, AMX): both paths
-run the same model in fp32 and differ only in how the prompt is split into forward passes and in
-the key length an attention call sees, so their logits agree to the last few bits; an argmax or a
-multinomial draw could differ only where two candidates are within ~1e-6 of each other, which the
-tiny model's logits (spread ~1, fp32 rounding ~1e-7) do not come near on these prompts."""
+Exact equality of greedy token ids is what is asserted, also across machines (AVX2 fp32, AMX): both
+paths run the same model in fp32 and differ only in how the work is split into calls and in the
+order of the sums, so their logits agree to the last few bits; an argmax could differ only where
+two candidates are within ~1e-6 of each other, which the tiny model's logits (spread ~1, fp32
+rounding ~1e-7) do not come near on these prompts. Sampled, ours draws with its own random numbers
+(the exponential race from uniform draws), so against generate it is held to the distribution:
+draws counted against softmax(logits / T) cut by top-p."""
 
 import copy
 import math
@@ -297,16 +299,6 @@ def test_kv_cache_holds_each_prompt_in_its_k_rows():
 # ---------------------------------------------------------------------------------------------
 # Sampling: exactly softmax(logits / T) cut by top-p
 # ---------------------------------------------------------------------------------------------
-def test_sampled_rollouts_equal_generates_under_one_seed(tiny):
-    """Both draw one torch.multinomial per step over all rows from the same probabilities, so under
-    one seed ours samples exactly what generate samples, temperature and top-p included: the same
-    distribution at every step of every row, and the same use of the random stream."""
-    model, tokenizer = tiny
-    ours, hf = both(model, tokenizer, max_new_tokens=16, num_generations=8, temperature=0.7, top_p=0.9)
-    assert_same(ours, hf)
-    assert len({tuple(r) for r in ours["completion_ids"][:8].tolist()}) > 1
-
-
 # Hand-made probabilities p at T = 1, T = 2 and top_p = 0.75. Tempered, q ∝ sqrt(p) =
 # [.277, .219, .170, .139, .107, .088]; the tokens ranked above token 3 hold .666 < .75, above
 # token 4 .805: the nucleus is {0, 1, 2, 3}. Two plausible mistakes both lose token 3:
