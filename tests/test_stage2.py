@@ -238,13 +238,15 @@ def test_shared_prompt_logprobs_and_gradients_equal_the_unshared_ones(tiny):
 def test_generate_ignores_a_checkpoints_repetition_penalty_and_top_k():
     """Qwen2.5-Instruct ships generation_config.json with repetition_penalty 1.05 and top_k 20. The
     penalty lowers exactly the prompt tokens a verbatim recall copies; GRPO's ratio and KL use
-    plain softmax(logits / T). The shared generate must sample from the latter."""
+    plain softmax(logits / T). The shared generate must sample from the latter. Sampled through the
+    "hf" engine, whose draws share generate's random stream (our loop draws with its own, and
+    reads no setting of the checkpoint but suppress_tokens: greedy, it must equal plain greedy)."""
     model, tokenizer = load_model_and_tokenizer("tiny-random", dtype="float32")
     model.generation_config.repetition_penalty, model.generation_config.top_k = 1.05, 20
     prompts = ["Q1: I need the Chakra Balancing service. A1: It is $180. Q2: and the price?"]
     torch.manual_seed(7)
     ours = modeling.generate(
-        model, tokenizer, prompts, max_new_tokens=24, num_generations=32, temperature=0.9
+        model, tokenizer, prompts, max_new_tokens=24, num_generations=32, temperature=0.9, engine="hf"
     )
     stops = modeling.stop_token_ids(model, tokenizer)
 
@@ -267,6 +269,12 @@ def test_generate_ignores_a_checkpoints_repetition_penalty_and_top_k():
     assert torch.equal(ours["completion_ids"], plain)
     # Either of the checkpoint's settings alone would have sampled otherwise (the test can fail).
     assert not torch.equal(sample(top_k=0), plain) and not torch.equal(sample(repetition_penalty=1.0), plain)
+    greedy = modeling.generate(model, tokenizer, prompts, max_new_tokens=24, greedy=True)
+    plain_greedy = model.generate(
+        input_ids=greedy["prompt_ids"], attention_mask=greedy["prompt_mask"], do_sample=False, top_k=0,
+        repetition_penalty=1.0, max_new_tokens=24, eos_token_id=stops, pad_token_id=tokenizer.pad_token_id,
+    )[:, greedy["prompt_ids"].shape[1] :]  # fmt: skip
+    assert torch.equal(greedy["completion_ids"], plain_greedy)
 
 
 def test_prefilling_each_prompt_once_samples_exactly_what_k_prefills_do(tiny):
