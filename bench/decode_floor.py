@@ -4,7 +4,8 @@ Decoding one token for K rows must at least multiply the K rows by every weight 
 once (every nn.Linear, the tied lm_head included). This times exactly that, `x @ w.T` for each
 weight, with no attention, norms, sampling or Python around it, at K = 1, 4 and 8, and the plain
 copy of the same bytes for the memory bandwidth; and the same products through the weights packed
-as the decode step packs them on a CPU (srt/decode.packed_weights: MKL in fp32, oneDNN in bf16).
+as the decode step packs them on a CPU (srt/decode.packed_weights: MKL in fp32, oneDNN in bf16;
+q, k, v stacked into one product, and gate with up).
 A decode step that costs little more than the weight products has nothing left to take out at this
 precision (bench/README.md, `rollout_speed.py`).
 
@@ -83,7 +84,7 @@ def main(argv=None) -> dict:
             packed = packed_weights(model, k)
             packed_s = (
                 median_seconds(
-                    lambda: [packed_linear(m, packed[m], inputs[m.in_features], k) for m in linears],
+                    lambda: [packed_linear(packed[g], inputs[g[0].in_features], k) for g in packed],
                     args.repeats,
                 )
                 if packed

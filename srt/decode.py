@@ -12,7 +12,7 @@ in plain PyTorch, as nanochat's engine is.
 
 It returns what Hugging Face `generate` returns (prompt + completion ids, rows grouped by prompt),
 token for token the same under greedy decoding (tests/test_decode.py); sampled, it draws from the
-same distribution by the same method as torch.multinomial, with its own random numbers.
+same distribution with its own random numbers (inverse transform, one uniform number per row).
 `generate` stays the reference path: modeling.generate(engine="hf").
 
 Speed. Decoding one token reads every weight and the whole KV cache, so it is bound by memory, not
@@ -91,20 +91,23 @@ class GroupKVCache:
     """The grouped step's cache, one sequence of keys (and one of values) per prompt and layer,
     [B, kv_heads, P + C * K, head_dim]: the prompt's P columns once, then the completion columns of
     its K rows interleaved by step, so that step t writes columns P + t*K .. P + t*K + K - 1 and an
-    eager step reads only the columns written so far. The prefill (the model's own forward) hands
-    each layer's prompt keys and values to `update`."""
+    eager step reads only the columns written so far. A layer's keys and values are two halves of
+    one tensor, `store[layer]` [B, 2 * kv_heads, ...], which a step writes with one copy. The
+    prefill (the model's own forward) hands each layer's prompt keys and values to `update`."""
 
     def __init__(self, rows: int, width: int, length: int, group_size: int):
         self.rows, self.width, self.K = rows, width, group_size
         self.columns = width + (length - width) * group_size
-        self.keys, self.values = {}, {}
+        self.store, self.keys, self.values = {}, {}, {}
         self.column = None  # the absolute column (width + t) the loop is at: a tensor, for CUDA graphs
         self.visible = 0  # the loop's absolute visible length: width + steps written (or all of them)
 
     def update(self, key, value, layer_idx, *args, **kwargs):  # the prefill only
-        for store, new in ((self.keys, key), (self.values, value)):
-            store[layer_idx] = new.new_zeros(new.shape[0], new.shape[1], self.columns, new.shape[3])
-            store[layer_idx][:, :, : self.width] = new
+        batch, kv_heads, _, head_dim = key.shape
+        store = key.new_zeros(batch, 2 * kv_heads, self.columns, head_dim)
+        store[:, :, : self.width] = torch.cat([key, value], dim=1)
+        self.store[layer_idx] = store
+        self.keys[layer_idx], self.values[layer_idx] = store[:, :kv_heads], store[:, kv_heads:]
         return key, value
 
 
@@ -122,33 +125,58 @@ def grouped_step_supported(model) -> bool:
     )
 
 
+def fused_linears(model) -> list[tuple]:
+    """The decode step's weight products, those that read the same input made one: each layer's
+    (q, k, v) projections of the attention's input, its (gate, up) projections of the MLP's, then
+    o, down and the lm_head alone. One product of the stacked weights gives the outputs of the
+    separate ones side by side; on a CPU, where each call costs a dispatch, it is 120 calls fewer
+    a step for SmolLM2's 30 layers."""
+    groups = []
+    for layer in model.model.layers:
+        attn, mlp = layer.self_attn, layer.mlp
+        groups += [
+            (attn.q_proj, attn.k_proj, attn.v_proj),
+            (attn.o_proj,),
+            (mlp.gate_proj, mlp.up_proj),
+            (mlp.down_proj,),
+        ]
+    return groups + [(model.lm_head,)]
+
+
 def packed_weights(model, rows: int) -> dict:
-    """{linear module: its weight packed for the CPU's matmul library} on a CPU, else {} (the modules
-    run as they are). A prepacked weight is laid out once as the library's kernel reads it, instead
-    of at every call: in bf16 oneDNN's blocked layout (what torch.compile's CPU freezing pass
-    makes), in fp32 MKL's packed GEMM for `rows` rows. The products are the same up to the order of
-    the sums (tests/test_decode.py; bench/README.md has the speed)."""
-    weight = model.lm_head.weight
-    if weight.device.type != "cpu":
+    """{a group of fused_linears: its stacked weight packed for the CPU's matmul library} on a CPU,
+    else {} (the modules run as they are). A prepacked weight is laid out once as the library's
+    kernel reads it, instead of at every call: in bf16 oneDNN's blocked layout (what torch.compile's
+    CPU freezing pass makes), in fp32 MKL's packed GEMM for `rows` rows. The products are the same
+    up to the order of the sums (tests/test_decode.py; bench/README.md has the speed)."""
+    head = model.lm_head.weight
+    if head.device.type != "cpu":
         return {}
-    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
-    if weight.dtype == torch.bfloat16 and onednn_has_bf16():
-        return {
-            m: ("onednn", torch.ops.mkldnn._reorder_linear_weight(m.weight.detach(), rows)) for m in linears
-        }
-    if weight.dtype == torch.float32 and torch.backends.mkl.is_available():
-        return {
-            m: ("mkl", torch.ops.mkl._mkl_reorder_linear_weight(m.weight.detach(), rows)) for m in linears
-        }
-    return {}
+    if head.dtype == torch.bfloat16 and onednn_has_bf16():
+        kind = "onednn"
+    elif head.dtype == torch.float32 and torch.backends.mkl.is_available():
+        kind = "mkl"
+    else:
+        return {}
+    packed = {}
+    for group in fused_linears(model):
+        weight = torch.cat([m.weight.detach() for m in group]) if len(group) > 1 else group[0].weight.detach()
+        biases = [m.bias.detach() if m.bias is not None else head.new_zeros(m.out_features) for m in group]
+        bias = None if all(m.bias is None for m in group) else torch.cat(biases)
+        if kind == "onednn":  # oneDNN keeps only its own layout
+            packed[group] = (kind, torch.ops.mkldnn._reorder_linear_weight(weight, rows), None, bias)
+        else:  # MKL's op also takes the plain weight (its path for another row count)
+            packed[group] = (kind, torch.ops.mkl._mkl_reorder_linear_weight(weight, rows), weight, bias)
+    return packed
 
 
-def packed_linear(module, packed, x, rows: int):
-    """module(x) through its packed weight (which bypasses the module's forward hooks)."""
-    kind, weight = packed
+def packed_linear(packed, x, rows: int):
+    """x times a group's stacked weight through its packed copy: the outputs of the group's modules
+    side by side (the modules' forward hooks do not fire)."""
+    kind, weight, plain, bias = packed
     if kind == "onednn":
-        return torch.ops.mkldnn._linear_pointwise(x, weight, module.bias, "none", [], "")
-    return torch.ops.mkl._mkl_linear(x, weight, module.weight, module.bias, rows)
+        return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+    return torch.ops.mkl._mkl_linear(x, weight, plain, bias, rows)
 
 
 def onednn_has_bf16() -> bool:
@@ -186,6 +214,8 @@ class GroupedStep:
         self.model, self.cache, self.K = model, cache, cache.K
         self.heads, self.kv_heads = config.num_attention_heads, config.num_key_value_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
+        groups = fused_linears(model)
+        self.layer_linears, self.head = [groups[i : i + 4] for i in range(0, len(groups) - 1, 4)], groups[-1]
         self.packed = packed_for(model, cache.rows)
         device, K, G = model.lm_head.weight.device, self.K, self.heads // self.kv_heads
         # Query r*G + g (row r of the group, head g) may see completion column P + t*K + r' iff r' == r.
@@ -193,11 +223,14 @@ class GroupedStep:
         self.own_pattern = (own_row[:, None, None] == own_row).repeat_interleave(G, 0)  # [K*G, 1, K]
         self.own_offsets = own_row
 
-    def linear(self, module, x):
-        """module(x), through the prepacked weight where there is one (the module's forward hooks
-        then fire in the prefill only, the model's own forward)."""
-        packed = self.packed.get(module)
-        return module(x) if packed is None else packed_linear(module, packed, x, self.cache.rows)
+    def linear(self, group, x):
+        """The outputs of a group of fused_linears side by side, through its packed stacked weight
+        where there is one (the modules' forward hooks then fire in the prefill only, the model's
+        own forward)."""
+        packed = self.packed.get(group)
+        if packed is not None:
+            return packed_linear(packed, x, self.cache.rows)
+        return group[0](x) if len(group) == 1 else torch.cat([m(x) for m in group], dim=-1)
 
     def attention_bias(self, key_mask):
         """key_mask [rows, length] (True: a key the row may attend; absolute columns) -> the additive
@@ -215,45 +248,37 @@ class GroupedStep:
         """tokens, positions [rows, 1]; key_mask [rows, length]. Writes this step's keys and values
         (cache.column = width + t) to the K columns of step t; -> logits [rows, V]."""
         inner, cache, K = self.model.model, self.cache, self.K
+        H, KV, d = self.heads, self.kv_heads, self.head_dim
         rows, groups = tokens.shape[0], tokens.shape[0] // K
         columns = cache.width + (cache.column - cache.width) * K + self.own_offsets
         visible = cache.width + (cache.visible - cache.width) * K
         bias = self.attention_bias(key_mask)
-        hidden = inner.embed_tokens(tokens)  # [rows, 1, d]
-        cos, sin = inner.rotary_emb(hidden, positions)
-        for i, layer in enumerate(inner.layers):
+        hidden = inner.embed_tokens(tokens)  # [rows, 1, d_model]
+        cos, sin = inner.rotary_emb(hidden, positions)  # [rows, 1, d]: one position per row
+        for i, (layer, (qkv, o, gate_up, down)) in enumerate(zip(inner.layers, self.layer_linears)):
             attn = layer.self_attn
-            x = layer.input_layernorm(hidden)
-            q = self.linear(attn.q_proj, x).view(rows, self.heads, 1, self.head_dim)
-            k = self.linear(attn.k_proj, x).view(rows, self.kv_heads, 1, self.head_dim)
-            v = self.linear(attn.v_proj, x).view(rows, self.kv_heads, 1, self.head_dim)
-            q, k = apply_rotary(q, k, cos, sin)
-            # [rows, heads, 1, d] -> [B, kv_heads, K * G, d]: the group's queries of one kv head together
-            q = q.view(groups, K, self.kv_heads, -1, self.head_dim).transpose(1, 2).flatten(2, 3)
-            for store, new in ((cache.keys, k), (cache.values, v)):  # step t's K columns of each group
-                store[i].index_copy_(2, columns, new.view(groups, K, self.kv_heads, -1).transpose(1, 2))
-            keys, values = cache.keys[i][:, :, :visible], cache.values[i][:, :, :visible]
+            heads = self.linear(qkv, layer.input_layernorm(hidden)).view(rows, H + 2 * KV, d)
+            # RoPE on the queries and keys together, written back: keys and values then lie side by
+            # side, [rows, 2 * KV, d], as the cache holds them.
+            heads[:, : H + KV] = apply_rotary(heads[:, : H + KV], cos, sin)
+            # [rows, H, d] -> [B, KV, K * G, d]: the group's queries of one kv head together
+            q = heads[:, :H].view(groups, K, KV, -1, d).transpose(1, 2).flatten(2, 3)
+            # step t's K columns of each group, keys and values at once
+            cache.store[i].index_copy_(2, columns, heads[:, H:].view(groups, K, 2 * KV, d).transpose(1, 2))
+            keys, values = cache.store[i][:, :KV, :visible], cache.store[i][:, KV:, :visible]
             out = torch.nn.functional.scaled_dot_product_attention(q, keys, values, bias, scale=attn.scaling)
             out = out.unflatten(2, (K, -1)).transpose(1, 2).reshape(rows, 1, -1)  # back to rows
-            hidden = hidden + self.linear(attn.o_proj, out)
-            x = layer.post_attention_layernorm(hidden)
-            mlp = layer.mlp
-            hidden = hidden + self.linear(
-                mlp.down_proj, mlp.act_fn(self.linear(mlp.gate_proj, x)) * self.linear(mlp.up_proj, x)
-            )
-        return self.linear(self.model.lm_head, inner.norm(hidden))[:, -1]
+            hidden = hidden + self.linear(o, out)
+            gate, up = self.linear(gate_up, layer.post_attention_layernorm(hidden)).chunk(2, dim=-1)
+            hidden = hidden + self.linear(down, layer.mlp.act_fn(gate) * up)
+        return self.linear(self.head, inner.norm(hidden))[:, -1]
 
 
-def apply_rotary(q, k, cos, sin):
-    """Rotary position embeddings (RoFormer), as Llama's attention applies them: cos, sin [rows, 1,
-    head_dim] from the model's own rotary module."""
-
-    def rotate_half(x):
-        first, second = x.chunk(2, dim=-1)
-        return torch.cat((-second, first), dim=-1)
-
-    cos, sin = cos[:, None], sin[:, None]  # [rows, 1, 1, head_dim]
-    return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+def apply_rotary(x, cos, sin):
+    """Rotary position embeddings (RoFormer), as Llama's attention applies them to its queries and
+    keys: x [rows, heads, head_dim]; cos, sin [rows, 1, head_dim] from the model's own rotary module."""
+    first, second = x.chunk(2, dim=-1)
+    return x * cos + torch.cat((-second, first), dim=-1) * sin
 
 
 # --------------------------------------------------------------------------------------------
@@ -273,7 +298,7 @@ def top_p_filter(logits, top_p: float):
 
 def next_tokens(logits, temperature=1.0, top_p=1.0, greedy=False, suppress=None):
     """logits [rows, V] -> one token per row. Temperature first, then the nucleus of the tempered
-    distribution (as Hugging Face's warpers do), then one draw per row by the exponential race.
+    distribution (as Hugging Face's warpers do), then one draw per row by inverse transform.
     `suppress`: token ids that may never be drawn (the model's generation_config.suppress_tokens)."""
     logits = logits.float()
     if suppress is not None:
@@ -281,17 +306,29 @@ def next_tokens(logits, temperature=1.0, top_p=1.0, greedy=False, suppress=None)
     if greedy:
         return logits.argmax(dim=-1)
     probs = top_p_filter(logits / temperature, top_p).softmax(dim=-1)
-    # The exponential race, torch.multinomial's own method for one sample: with E_i ~ Exp(1)
-    # independent, argmax_i p_i / E_i is token i with probability exactly p_i. E = -log U from
-    # uniform draws, which a CPU makes several times faster than exponential_ (bench/README.md);
-    # U = 0 gives E = inf, a token that cannot win, and a token of p = 0 never wins.
-    race = torch.empty_like(probs).uniform_().log_().neg_()
-    return (probs / race).argmax(dim=-1)
+    # Inverse transform: u uniform on (0, total], the token is the first i with cdf_i >= u, which
+    # happens with probability (cdf_i - cdf_{i-1}) / total = p_i. One uniform number per row, not
+    # one per token as torch.multinomial's exponential race draws (V of them, most of the cost of
+    # a draw on a CPU: bench/README.md). The cumulative sum is in fp64, so its rounding moves no
+    # probability by more than ~1e-12. A token of p = 0 adds an empty interval: never drawn, as
+    # u > 0 and u <= total (1 - U lies in (0, 1] exactly for fp64's U in [0, 1)).
+    cdf = probs.double().cumsum(dim=-1)
+    u = (1 - torch.rand(probs.shape[0], 1, dtype=torch.float64, device=probs.device)) * cdf[:, -1:]
+    return torch.searchsorted(cdf, u).squeeze(1)
 
 
 # --------------------------------------------------------------------------------------------
 # The loop
 # --------------------------------------------------------------------------------------------
+def last_column(width: int, device):
+    """logits_to_keep for the prefill, which needs the logits of the last column only: as an index
+    tensor, not the int 1. Hugging Face slices hidden[:, -1:] for an int, a view whose strides
+    torch's matmul cannot fold into one matrix product: it then expands the lm_head weight per
+    prompt and copies it (about 170 ms a prompt for SmolLM2 in bf16 on a CPU, bench/README.md). An
+    index tensor gathers a fresh [B, 1, d] tensor, which multiplies as one product."""
+    return torch.tensor([width - 1], device=device)
+
+
 @torch.no_grad()
 def decode(
     model,
@@ -350,7 +387,7 @@ def decode(
             position_ids=(attention_mask_2d.cumsum(-1) - 1).clamp(min=0),
             cache=cache,
             use_cache=True,
-            logits_to_keep=1,
+            logits_to_keep=last_column(width, device),
         )
         .logits[:, -1]
         .repeat_interleave(per_prompt, dim=0)

@@ -6,7 +6,7 @@ paths run the same model in fp32 and differ only in how the work is split into c
 order of the sums, so their logits agree to the last few bits; an argmax could differ only where
 two candidates are within ~1e-6 of each other, which the tiny model's logits (spread ~1, fp32
 rounding ~1e-7) do not come near on these prompts. Sampled, ours draws with its own random numbers
-(the exponential race from uniform draws), so against generate it is held to the distribution:
+(inverse transform, one uniform number per row), so against generate it is held to the distribution:
 draws counted against softmax(logits / T) cut by top-p."""
 
 import copy
@@ -243,18 +243,50 @@ def test_packed_weights_multiply_as_the_modules_and_follow_their_updates(dtype):
     model, _ = load_model_and_tokenizer("tiny-random", dtype="float32")
     model = decode.sampling_model(model, dtype) if dtype != torch.float32 else model
     packed = decode.packed_for(model, rows=4)
-    assert set(packed) == {m for m in model.modules() if isinstance(m, torch.nn.Linear)}
+    groups = decode.fused_linears(model)
+    assert set(packed) == set(groups)
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    assert sorted(id(m) for group in groups for m in group) == sorted(id(m) for m in linears)  # each once
     tolerance = dict(rtol=1e-5, atol=1e-6) if dtype == torch.float32 else dict(rtol=2**-7, atol=2e-3)
     x = torch.randn(4, 1, 64).to(dtype)
-    proj = model.model.layers[0].mlp.up_proj
-    torch.testing.assert_close(decode.packed_linear(proj, packed[proj], x, 4), proj(x), **tolerance)
+    mlp = model.model.layers[0].mlp
+    gate_up = (mlp.gate_proj, mlp.up_proj)  # one product of the stacked weights: both outputs side by side
+
+    def separate():
+        return torch.cat([mlp.gate_proj(x), mlp.up_proj(x)], dim=-1)
+
+    torch.testing.assert_close(decode.packed_linear(packed[gate_up], x, 4), separate(), **tolerance)
     assert decode.packed_for(model, rows=4) is packed  # nothing changed: not packed again
     with torch.no_grad():
-        proj.weight.mul_(2)
+        mlp.up_proj.weight.mul_(2)
     again = decode.packed_for(model, rows=4)
     assert again is not packed
-    torch.testing.assert_close(decode.packed_linear(proj, again[proj], x, 4), proj(x), **tolerance)
+    torch.testing.assert_close(decode.packed_linear(again[gate_up], x, 4), separate(), **tolerance)
     assert decode.packed_for(model, rows=1) is not again
+
+
+def test_prompt_passes_hand_the_lm_head_a_tensor_that_multiplies_as_one_product(tiny):
+    """The prefill of decode and the shared prompt pass of completion_logprobs need the logits of
+    the last column only. Asked for as logits_to_keep=1, Hugging Face hands the lm_head
+    hidden[:, -1:], a view whose batch stride is the prompt's length: torch's matmul cannot fold
+    it into one [B, d] product and copies the whole lm_head weight for each prompt (about 170 ms a
+    prompt for SmolLM2 in bf16 on a CPU). Every input the lm_head sees must have the strides of a
+    fresh tensor of its shape; the values are tested elsewhere (greedy equality with generate,
+    shared against plain log-probs)."""
+    model, tokenizer = tiny
+    seen = []
+    handle = model.lm_head.register_forward_pre_hook(lambda m, args: seen.append(args[0]))
+    try:
+        out = modeling.generate(model, tokenizer, PROMPTS, max_new_tokens=4, num_generations=2, greedy=True)
+        assert seen and seen[0].shape == (len(PROMPTS), 1, model.config.hidden_size)  # the prefill
+        ids = torch.cat([out["prompt_ids"], out["completion_ids"]], 1)
+        attention = torch.cat([out["prompt_mask"], out["completion_mask"]], 1)
+        modeling.completion_logprobs(model, ids, attention, 4, 1.0, share_prompts=True)
+    finally:
+        handle.remove()
+    assert any(x.shape[0] == len(PROMPTS) and x.shape[1] == 1 for x in seen[1:])  # the shared prompt pass
+    for x in seen:
+        assert x.stride() == torch.empty(x.shape).stride(), (tuple(x.shape), x.stride())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -362,6 +394,21 @@ def test_draws_follow_softmax_of_logits_over_t_cut_by_top_p():
     assert (decode.next_tokens(P.log().expand(4, -1), greedy=True) == 0).all()
     suppressed = decode.next_tokens(P.log().expand(2000, -1), suppress=torch.tensor([0]))
     assert (suppressed != 0).all()
+
+
+def test_inverse_transform_draws_no_zero_probability_token_at_the_extremes(monkeypatch):
+    """The draw takes the first token whose cumulative probability reaches u = (1 - U) * total.
+    At U's extremes (0 and the largest fp64 below 1) u is the total and 2^-53 of it: the last and
+    the first token of positive probability, never one of the zero-probability tokens beside them
+    (u = U * total would take token 0, of probability 0, at U = 0)."""
+    logits = torch.tensor([[-math.inf, 0.0, -math.inf, 0.0, -math.inf]]).expand(2, -1)
+    for uniform, token in ((0.0, 3), (1 - 2**-53, 1)):
+        monkeypatch.setattr(
+            decode.torch,
+            "rand",
+            lambda *shape, dtype=None, device=None, u=uniform: torch.full(shape, u, dtype=dtype),
+        )
+        assert decode.next_tokens(logits).tolist() == [token, token]
 
 
 def test_first_tokens_of_a_group_follow_the_models_distribution():
