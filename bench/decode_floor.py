@@ -5,7 +5,8 @@ once (every nn.Linear, the tied lm_head included). This times exactly that, `x @
 weight, with no attention, norms, sampling or Python around it, at K = 1, 4 and 8, and the plain
 copy of the same bytes for the memory bandwidth; and the same products through the weights packed
 as the decode step packs them on a CPU (srt/decode.packed_weights: MKL in fp32, oneDNN in bf16;
-q, k, v stacked into one product, and gate with up).
+q, k, v stacked into one product, and gate with up); and the prefill's last-column logits, sliced
+as Hugging Face's logits_to_keep=1 slices them against gathered by an index (decode.last_column).
 A decode step that costs little more than the weight products has nothing left to take out at this
 precision (bench/README.md, `rollout_speed.py`).
 
@@ -47,6 +48,9 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["float32", "bfloat16"],
         default="float32",
         help="the weights' and rows' precision (bfloat16: the copy rollouts sample from on bf16 units)",
+    )
+    p.add_argument(
+        "--prompt-length", type=at_least(1), default=943, help="the prefill's logits: prompt tokens"
     )
     p.add_argument("--out", default="runs/bench/decode_floor")
     return p
@@ -103,6 +107,17 @@ def main(argv=None) -> dict:
         source = torch.ones(weight_bytes // 4)
         target = torch.empty_like(source)
         copy_s = median_seconds(lambda: target.copy_(source), args.repeats)
+        # The prefill's one row of logits per prompt, from hidden states [B, P, d]: the lm_head on
+        # hidden[:, -1:] (Hugging Face's logits_to_keep=1) against hidden gathered by an index
+        # (srt/decode.last_column). The slice's batch stride is P * d: torch's matmul cannot fold it
+        # into one product and copies the weight for each prompt.
+        head, prefill = model.lm_head, []
+        for prompts in (1, 8):
+            hidden = torch.randn(prompts, args.prompt_length, head.in_features, dtype=dtype)
+            index = torch.tensor([args.prompt_length - 1])
+            sliced = median_seconds(lambda: head(hidden[:, -1:]), args.repeats)
+            gathered = median_seconds(lambda: head(hidden[:, index]), args.repeats)
+            prefill.append({"prompts": prompts, "slice_ms": 1000 * sliced, "index_ms": 1000 * gathered})
     info = machine()
     payload = {
         "machine": info,
@@ -113,6 +128,7 @@ def main(argv=None) -> dict:
         "threads": torch.get_num_threads(),
         "rows": rows,
         "copy": {"ms": 1000 * copy_s, "gb_per_s_read_write": 2 * weight_bytes / copy_s / 1e9},
+        "prefill_logits": prefill,
     }
     table = markdown_table(
         ["K rows", "every weight once (ms)", "at most tokens/s", "weights read (GB/s)", "packed (ms)"],
@@ -131,7 +147,13 @@ def main(argv=None) -> dict:
         f"# The floor of a decode step\n\n{machine_line(info)}\n\n{args.model}: {len(weights)} weight "
         f"matrices, {weight_bytes / 1e6:.0f} MB {args.dtype}, {torch.get_num_threads()} threads; median of "
         f"{args.repeats}.\n\n{table}\n\nA plain copy of the same bytes: {1000 * copy_s:.0f} ms, "
-        f"{payload['copy']['gb_per_s_read_write']:.1f} GB/s read + write.\n"
+        f"{payload['copy']['gb_per_s_read_write']:.1f} GB/s read + write.\n\nThe prefill's last-column "
+        f"logits of prompts of {args.prompt_length} tokens, the lm_head on hidden[:, -1:] against hidden "
+        "gathered by an index: "
+        + ", ".join(
+            f"{r['prompts']} prompt(s) {r['slice_ms']:.1f} ms against {r['index_ms']:.1f} ms" for r in prefill
+        )
+        + ".\n"
     )
     print(markdown)
     write_results(Path(args.out), "decode_floor", payload, markdown)

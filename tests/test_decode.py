@@ -145,15 +145,20 @@ def decode_both_steps(model, tokenizer, prompts=PROMPTS, seed=0, **kwargs):
     return runs
 
 
-@pytest.mark.parametrize("K, static", [(1, False), (3, False), (3, True)])
-def test_grouped_step_decodes_what_the_models_own_forward_decodes(tiny, K, static):
+@pytest.mark.parametrize(
+    "K, static, packed", [(1, False, True), (3, False, True), (3, True, True), (3, True, False)]
+)
+def test_grouped_step_decodes_what_the_models_own_forward_decodes(tiny, K, static, packed, monkeypatch):
     """Greedy and sampled (T = 0.7, top-p 0.9), prompts of three lengths (left padding): the grouped
     step must give the tokens of the model's own forward, also with every column of the cache
-    attended and the unwritten ones masked (static shapes, the CUDA-graph path). Both run the
-    same fp32 model and the same softmax over the same keys, summed in another order (one call over
-    the group's keys against one per row): logits agree to ~1e-6, far below the gaps between the
-    tiny model's candidates here."""
+    attended and the unwritten ones masked (static shapes, the CUDA-graph path), and with the
+    modules run as they are, their outputs side by side, where nothing is packed (a GPU). Both run
+    the same fp32 model and the same softmax over the same keys, summed in another order (one call
+    over the group's keys against one per row): logits agree to ~1e-6, far below the gaps between
+    the tiny model's candidates here."""
     model, tokenizer = tiny
+    if not packed:
+        monkeypatch.setattr(decode, "packed_for", lambda model, rows: {})
     assert decode.grouped_step_supported(model)
     greedy = decode_both_steps(model, tokenizer, num_generations=K, greedy=True, static_shapes=static)
     assert torch.equal(greedy[0], greedy[1])
@@ -550,8 +555,23 @@ def test_decode_floor_times_every_linear_weight_once(tmp_path):
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
     floor = importlib.import_module("decode_floor")
-    floor.main(["--model", "tiny-random", "--ks", "1,4", "--repeats", "1", "--out", str(tmp_path)])
+    floor.main(
+        [
+            "--model",
+            "tiny-random",
+            "--ks",
+            "1,4",
+            "--repeats",
+            "1",
+            "--prompt-length",
+            "16",
+            "--out",
+            str(tmp_path),
+        ]
+    )
     result = json.loads((tmp_path / "decode_floor.json").read_text())
+    assert [r["prompts"] for r in result["prefill_logits"]] == [1, 8]  # the slice against the index, timed
+    assert all(r["slice_ms"] > 0 and r["index_ms"] > 0 for r in result["prefill_logits"])
     from srt.modeling import load_model_and_tokenizer
 
     model, _ = load_model_and_tokenizer("tiny-random", dtype="float32")
