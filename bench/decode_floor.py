@@ -75,7 +75,7 @@ def main(argv=None) -> dict:
 
     model, _ = load_model_and_tokenizer(args.model, dtype="float32")
     dtype = getattr(torch, args.dtype)
-    model = model.to(dtype)
+    model = model.to(dtype).requires_grad_(False)  # as the sampling copy: matmul's paths depend on it
     linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
     weights = [m.weight.detach() for m in linears]
     weight_bytes = sum(w.numel() * w.element_size() for w in weights)
@@ -110,7 +110,7 @@ def main(argv=None) -> dict:
         # The prefill's one row of logits per prompt, from hidden states [B, P, d]: the lm_head on
         # hidden[:, -1:] (Hugging Face's logits_to_keep=1) against hidden gathered by an index
         # (srt/decode.last_column). The slice's batch stride is P * d: torch's matmul cannot fold it
-        # into one product and copies the weight for each prompt.
+        # into one product and, for a weight that takes no gradient, copies it for each prompt.
         head, prefill = model.lm_head, []
         for prompts in (1, 8):
             hidden = torch.randn(prompts, args.prompt_length, head.in_features, dtype=dtype)

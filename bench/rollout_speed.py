@@ -11,9 +11,11 @@ honour), so every row is exactly
 --max-new-tokens long on both sides, which the outputs are checked for. Sides alternate within
 each repeat, after one warm-up each, so a slow spell of a shared machine falls on both. Reported
 per K (--ks, default batch 1, K = 4 and K = 8 samples of --prompts prompts): the median seconds of
-one rollout (prefill included, the same on both sides), generated tokens per second, and the
-ratio ours / hf. The precision is read from the computation: the dtype of the last matmul of the
-last decoder layer during one untimed call per side (forward hooks, removed before timing).
+one rollout (prefill included, the same on both sides), generated tokens per second, the
+ratio ours / hf, the paired ratio and the ratio of CPU seconds (which a virtual machine's
+neighbours do not inflate, as they do wall time). The precision is read from the computation:
+the dtype of the last matmul of the last decoder layer during one untimed call per side (forward
+hooks, removed before timing).
 
 --check: greedy equality instead of speed. The first --check-prompts dev prompts, in fp32 on both
 sides, batches of --batch-size prompts, stop tokens allowed: ours must give generate's tokens, row
@@ -150,7 +152,7 @@ def speed(args) -> None:
 
         def __call__(self, engine):
             torch.manual_seed(args.seed)
-            start = time.perf_counter()
+            start, cpu_start = time.perf_counter(), time.process_time()
             out = modeling.generate(
                 model,
                 tokenizer,
@@ -161,10 +163,16 @@ def speed(args) -> None:
                 autocast_dtype=autocast_dtype,
                 engine=engine,
             )
-            seconds = time.perf_counter() - start
+            seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
             if min(out["generated_tokens"]) != args.max_new_tokens:
                 sys.exit(f"error: {engine}: a row ended before --max-new-tokens; the lengths are not equal")
-            return {"seconds": seconds, "generated": sum(out["generated_tokens"]), "rows": len(out["texts"])}
+            generated = sum(out["generated_tokens"])
+            return {
+                "seconds": seconds,
+                "cpu_seconds": cpu_seconds,
+                "generated": generated,
+                "rows": len(out["texts"]),
+            }
 
     results = {"machine": machine(), "config": vars(args), "runs": []}
     for K in args.ks:
@@ -187,6 +195,10 @@ def speed(args) -> None:
         # hf's seconds over ours in each repeat, the two rollouts run back to back: a slow spell of a
         # shared machine moves both, so the paired ratios spread less than the medians' ratio.
         row["paired"] = describe([h["seconds"] / o["seconds"] for o, h in zip(times["ours"], times["hf"])])
+        # CPU seconds of the process (every thread): a virtual machine's neighbours take wall time from
+        # a run (steal time) but not CPU time, so this ratio moves less on a shared machine.
+        row["cpu"] = {engine: describe([r["cpu_seconds"] for r in times[engine]]) for engine in ENGINES}
+        row["cpu_ratio"] = row["cpu"]["hf"]["median"] / row["cpu"]["ours"]["median"]
         results["runs"].append(row)
         ours, hf = row["ours"]["tokens_per_s"], row["hf"]["tokens_per_s"]
         print(f"K = {K}: ours {ours:.1f} tok/s, hf {hf:.1f} tok/s, x{ours / hf:.2f} {precision}", flush=True)
@@ -201,6 +213,8 @@ def speed(args) -> None:
             "hf tok/s",
             "ours / hf",
             "paired, median (min-max)",
+            "CPU s ours / hf",
+            "hf / ours by CPU s",
         ],
         [
             [
@@ -212,6 +226,8 @@ def speed(args) -> None:
                 r["hf"]["tokens_per_s"],
                 f"{r['speedup']:.2f}x",
                 f"{r['paired']['median']:.2f}x ({r['paired']['min']:.2f}-{r['paired']['max']:.2f})",
+                f"{r['cpu']['ours']['median']:.1f} / {r['cpu']['hf']['median']:.1f}",
+                f"{r['cpu_ratio']:.2f}x",
             ]
             for r in results["runs"]
         ],
@@ -222,7 +238,8 @@ def speed(args) -> None:
         f"{args.model}, --precision {args.precision}; prompts of {widths} tokens; every row exactly "
         f"{args.max_new_tokens} new tokens (stop tokens suppressed); T = {args.temperature}; median of "
         f"{args.repeats} timed rollouts per side (prefill included, the same on both sides); paired: "
-        "hf's seconds over ours in each repeat, the two run back to back.\n",
+        "hf's seconds over ours in each repeat, the two run back to back; CPU s: the process's CPU "
+        "seconds (all threads, medians), which a shared machine's steal time does not inflate.\n",
         table,
     ]
     write_results(Path(args.out), "results", results, "\n".join(lines) + "\n")

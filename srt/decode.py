@@ -323,9 +323,10 @@ def next_tokens(logits, temperature=1.0, top_p=1.0, greedy=False, suppress=None)
 def last_column(width: int, device):
     """logits_to_keep for the prefill, which needs the logits of the last column only: as an index
     tensor, not the int 1. Hugging Face slices hidden[:, -1:] for an int, a view whose strides
-    torch's matmul cannot fold into one matrix product: it then expands the lm_head weight per
-    prompt and copies it (about 170 ms a prompt for SmolLM2 in bf16 on a CPU, bench/README.md). An
-    index tensor gathers a fresh [B, 1, d] tensor, which multiplies as one product."""
+    torch's matmul cannot fold into one matrix product: for a weight that takes no gradient (the
+    sampling copy, the reference model) it then expands the lm_head weight per prompt and copies
+    it (about 170 ms a prompt for SmolLM2 in bf16 on a CPU, bench/README.md). An index tensor
+    gathers a fresh [B, 1, d] tensor, which multiplies as one product."""
     return torch.tensor([width - 1], device=device)
 
 

@@ -540,6 +540,7 @@ def test_rollout_speed_smoke_equal_work_precision_and_greedy_check(tmp_path):
         assert run["ours"]["generated_tokens"] == run["hf"]["generated_tokens"] == 2 * run["K"] * 4
         assert run["precision"] == {"ours": ["torch.float32"], "hf": ["torch.float32"]}
         assert run["speedup"] > 0
+        assert run["cpu_ratio"] == run["cpu"]["hf"]["median"] / run["cpu"]["ours"]["median"] > 0
     bench.main(common + ["--check", "--check-prompts", "3", "--batch-size", "2"])
     check = json.loads((tmp_path / "check.json").read_text())
     assert check["equal"] is True and check["prompts"] == 3 and check["tokens"] > 0
