@@ -12,8 +12,8 @@ honour), so every row is exactly
 each repeat, after one warm-up each, so a slow spell of a shared machine falls on both. Reported
 per K (--ks, default batch 1, K = 4 and K = 8 samples of --prompts prompts): the median seconds of
 one rollout (prefill included, the same on both sides), generated tokens per second, the
-ratio ours / hf, the paired ratio and the ratio of CPU seconds (which a virtual machine's
-neighbours do not inflate, as they do wall time). The precision is read from the computation:
+ratio ours / hf, the paired ratio and the ratio of CPU seconds (steal time, what a virtual
+machine's neighbours take, counts in wall time only). The precision is read from the computation:
 the dtype of the last matmul of the last decoder layer during one untimed call per side (forward
 hooks, removed before timing).
 
@@ -195,8 +195,8 @@ def speed(args) -> None:
         # hf's seconds over ours in each repeat, the two rollouts run back to back: a slow spell of a
         # shared machine moves both, so the paired ratios spread less than the medians' ratio.
         row["paired"] = describe([h["seconds"] / o["seconds"] for o, h in zip(times["ours"], times["hf"])])
-        # CPU seconds of the process (every thread): a virtual machine's neighbours take wall time from
-        # a run (steal time) but not CPU time, so this ratio moves less on a shared machine.
+        # CPU seconds of the process (every thread): the time a virtual machine's neighbours take from a
+        # run (steal time) is wall time, not CPU time of the process.
         row["cpu"] = {engine: describe([r["cpu_seconds"] for r in times[engine]]) for engine in ENGINES}
         row["cpu_ratio"] = row["cpu"]["hf"]["median"] / row["cpu"]["ours"]["median"]
         results["runs"].append(row)

@@ -357,9 +357,7 @@ def completion_logprobs(
         input_ids=shared_ids,
         attention_mask=shared_mask,
         use_cache=True,
-        logits_to_keep=decode.last_column(
-            P, shared_ids.device
-        ),  # an index, not 1: decode.last_column says why
+        logits_to_keep=decode.last_column(P, shared_ids.device),  # an index, not 1: its docstring says why
         position_ids=(shared_mask.cumsum(-1) - 1).clamp(min=0),
     )
     cache = prompt_out.cache
