@@ -68,20 +68,33 @@ class StaticKVCache:
         self.values[layer_idx].index_copy_(2, self.column, value)
         return self.keys[layer_idx][:, :, : self.visible], self.values[layer_idx][:, :, : self.visible]
 
+    # What Hugging Face's mask helpers ask a cache when the prefill hands them no mask (prompts
+    # without padding): the prompt attends to itself only, from column 0.
+    def get_query_offset(self, layer_idx=0):
+        return 0
+
+    def get_mask_sizes(self, query_length, layer_idx=0):
+        return query_length, 0
+
+
+def check_attention(model) -> None:
+    """The attentions whose masks `attention_mask` writes: sdpa and eager, full attention."""
+    if "sliding_attention" in (getattr(model.config, "layer_types", None) or []):
+        raise ValueError("decode: sliding-window attention layers need their own mask; use engine='hf'")
+    kind = model.config._attn_implementation
+    if kind not in ("sdpa", "eager"):
+        raise ValueError(f"decode: attention {kind!r} is not supported (sdpa, eager); use engine='hf'")
+
 
 def attention_mask(model, allowed):
     """allowed [rows, 1, queries, keys] (True: may attend) as the model's attention takes it: sdpa a
     boolean mask, eager a bias added to the scores (0 or fp32's minimum; the sum promotes to fp32).
     A 4-D mask reaches the attention as it is (transformers' masking_utils passes it through)."""
-    if "sliding_attention" in (getattr(model.config, "layer_types", None) or []):
-        raise ValueError("decode: sliding-window attention layers need their own mask; use engine='hf'")
-    kind = model.config._attn_implementation
-    if kind == "sdpa":
+    check_attention(model)
+    if model.config._attn_implementation == "sdpa":
         return allowed
-    if kind == "eager":
-        bias = torch.zeros(allowed.shape, dtype=torch.float32, device=allowed.device)
-        return bias.masked_fill(~allowed, torch.finfo(torch.float32).min)
-    raise ValueError(f"decode: attention {kind!r} is not supported (sdpa, eager); use engine='hf'")
+    bias = torch.zeros(allowed.shape, dtype=torch.float32, device=allowed.device)
+    return bias.masked_fill(~allowed, torch.finfo(torch.float32).min)
 
 
 # --------------------------------------------------------------------------------------------
@@ -109,6 +122,8 @@ class GroupKVCache:
         self.store[layer_idx] = store
         self.keys[layer_idx], self.values[layer_idx] = store[:, :kv_heads], store[:, kv_heads:]
         return key, value
+
+    get_query_offset, get_mask_sizes = StaticKVCache.get_query_offset, StaticKVCache.get_mask_sizes
 
 
 def grouped_step_supported(model) -> bool:
@@ -363,6 +378,7 @@ def decode(
     device, K = input_ids.device, num_generations
     if max_new_tokens < 1:
         raise ValueError(f"decode: max_new_tokens must be at least 1, not {max_new_tokens}")
+    check_attention(model)
     if not prefill_once:
         input_ids, attention_mask_2d = (t.repeat_interleave(K, dim=0) for t in (input_ids, attention_mask_2d))
     per_prompt = K if prefill_once else 1
@@ -378,13 +394,18 @@ def decode(
     suppress = torch.tensor(suppress, device=device) if suppress else None
 
     # Prefill: causal over the real tokens; a padding position sees itself only (never an empty row).
+    # Prompts without padding pass no mask: the model's attention is then plainly causal, and SDPA
+    # skips the upper half of the scores instead of computing it and masking it out.
     real = attention_mask_2d.bool()
-    causal = torch.ones(width, width, dtype=torch.bool, device=device).tril()
-    allowed = (causal & real[:, None, :]) | torch.eye(width, dtype=torch.bool, device=device)
+    prefill_mask = None
+    if not bool(real.all()):
+        causal = torch.ones(width, width, dtype=torch.bool, device=device).tril()
+        allowed = (causal & real[:, None, :]) | torch.eye(width, dtype=torch.bool, device=device)
+        prefill_mask = attention_mask(model, allowed[:, None])
     logits = (
         model(
             input_ids=input_ids,
-            attention_mask=attention_mask(model, allowed[:, None]),
+            attention_mask=prefill_mask,
             position_ids=(attention_mask_2d.cumsum(-1) - 1).clamp(min=0),
             cache=cache,
             use_cache=True,

@@ -129,6 +129,42 @@ def test_eager_attention_takes_the_mask_as_a_bias_and_decodes_the_same():
     assert_same(ours, hf)
 
 
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+@pytest.mark.parametrize("K", [1, 3])
+def test_a_prompt_without_padding_prefills_under_the_models_own_causal_mask(attention, K):
+    """Where no prompt is padded the prefill hands the model no mask, so its attention is plainly
+    causal (SDPA then skips the scores above the diagonal): the tokens must still be generate's. A
+    padded batch must still get its own mask, which hides the padding."""
+    model, tokenizer = load_model_and_tokenizer("tiny-random", dtype="float32")
+    model.set_attn_implementation(attention)
+    prompts = [PROMPTS[1]]
+    ours, hf = both(model, tokenizer, prompts, max_new_tokens=16, num_generations=K, greedy=True)
+    assert ours["prompt_mask"].all()
+    assert_same(ours, hf)
+
+    masks = []
+    model.register_forward_pre_hook(lambda m, a, kw: masks.append(kw.get("attention_mask")), with_kwargs=True)
+    stops = modeling.stop_token_ids(model, tokenizer)
+    for batch in (prompts, PROMPTS):
+        tokenizer.padding_side = "left"
+        enc = tokenizer(batch, return_tensors="pt", padding=True, add_special_tokens=False)
+        decode.decode(model, enc.input_ids, enc.attention_mask, 1, stops, tokenizer.pad_token_id, greedy=True)
+    assert masks[0] is None and masks[1] is not None and masks[1].shape[-2:] == enc.input_ids.shape[-1:] * 2
+
+
+def test_decode_refuses_sliding_window_attention_before_any_work():
+    """The loop writes full-attention masks: a model with sliding-window layers is refused up front,
+    also where the prompt is unpadded and the prefill would pass no mask."""
+    model, tokenizer = load_model_and_tokenizer("tiny-random", dtype="float32")
+    model.config.layer_types = ["sliding_attention"] * model.config.num_hidden_layers
+    enc = tokenizer([PROMPTS[1]], return_tensors="pt", add_special_tokens=False)
+    calls = []
+    model.register_forward_pre_hook(lambda *a: calls.append(1))
+    with pytest.raises(ValueError, match="sliding-window"):
+        decode.decode(model, enc.input_ids, enc.attention_mask, 1, [0], tokenizer.pad_token_id, greedy=True)
+    assert not calls
+
+
 # ---------------------------------------------------------------------------------------------
 # The grouped step (Llama family): the K rows of a group attend to their prompt together
 # ---------------------------------------------------------------------------------------------
@@ -573,6 +609,7 @@ def test_decode_floor_times_every_linear_weight_once(tmp_path):
     result = json.loads((tmp_path / "decode_floor.json").read_text())
     assert [r["prompts"] for r in result["prefill_logits"]] == [1, 8]  # the slice against the index, timed
     assert all(r["slice_ms"] > 0 and r["index_ms"] > 0 for r in result["prefill_logits"])
+    assert result["prefill_mask"]["masked_ms"] > 0 and result["prefill_mask"]["causal_ms"] > 0
     from srt.modeling import load_model_and_tokenizer
 
     model, _ = load_model_and_tokenizer("tiny-random", dtype="float32")
