@@ -1,7 +1,8 @@
 """Our decode loop: the sampling behind every GRPO rollout and evaluation answer (modeling.generate),
 in plain PyTorch, as nanochat's engine is.
 
-    prefill  each distinct prompt runs once, through the model's own forward; its keys and values
+    prefill  each distinct prompt runs once, through the model's own forward (plainly causal where
+             no prompt is padded, else under a mask that hides the padding); its keys and values
              go to a static KV cache, preallocated for prompt + max_new_tokens positions;
     decode   one token per step for every row: the step writes its keys and values in place (no
              torch.cat, no new allocation), then the next token is drawn from exactly
