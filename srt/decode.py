@@ -166,24 +166,36 @@ def packed_weights(model, rows: int) -> dict:
     CPU freezing pass makes), in fp32 MKL's packed GEMM for `rows` rows. The products are the same
     up to the order of the sums (tests/test_decode.py; bench/README.md has the speed)."""
     head = model.lm_head.weight
-    if head.device.type != "cpu":
-        return {}
-    if head.dtype == torch.bfloat16 and onednn_has_bf16():
-        kind = "onednn"
-    elif head.dtype == torch.float32 and torch.backends.mkl.is_available():
-        kind = "mkl"
-    else:
+    kind = packing_kind(head)
+    if kind is None:
         return {}
     packed = {}
     for group in fused_linears(model):
         weight = torch.cat([m.weight.detach() for m in group]) if len(group) > 1 else group[0].weight.detach()
         biases = [m.bias.detach() if m.bias is not None else head.new_zeros(m.out_features) for m in group]
         bias = None if all(m.bias is None for m in group) else torch.cat(biases)
-        if kind == "onednn":  # oneDNN keeps only its own layout
-            packed[group] = (kind, torch.ops.mkldnn._reorder_linear_weight(weight, rows), None, bias)
-        else:  # MKL's op also takes the plain weight (its path for another row count)
-            packed[group] = (kind, torch.ops.mkl._mkl_reorder_linear_weight(weight, rows), weight, bias)
+        packed[group] = pack(kind, weight, bias, rows)
     return packed
+
+
+def packing_kind(weight) -> str | None:
+    """The library that packs weights of this dtype on this device: "onednn" (bf16), "mkl" (fp32),
+    or None (not a CPU, or no such library: the modules run as they are)."""
+    if weight.device.type != "cpu":
+        return None
+    if weight.dtype == torch.bfloat16 and onednn_has_bf16():
+        return "onednn"
+    if weight.dtype == torch.float32 and torch.backends.mkl.is_available():
+        return "mkl"
+    return None
+
+
+def pack(kind: str, weight, bias, rows: int) -> tuple:
+    """One weight [out, in] packed for `rows` rows -> (kind, packed, plain weight or None, bias)."""
+    if kind == "onednn":  # oneDNN keeps only its own layout
+        return kind, torch.ops.mkldnn._reorder_linear_weight(weight, rows), None, bias
+    # MKL's op also takes the plain weight (its path for another row count)
+    return kind, torch.ops.mkl._mkl_reorder_linear_weight(weight, rows), weight, bias
 
 
 def packed_linear(packed, x, rows: int):

@@ -638,3 +638,41 @@ def test_decode_floor_in_bf16_reads_half_the_bytes(tmp_path):
     fp32, bf16 = (json.loads((tmp_path / d / "decode_floor.json").read_text()) for d in ("fp32", "bf16"))
     assert bf16["dtype"] == "bfloat16" and bf16["matrices"] == fp32["matrices"] == 15
     assert bf16["weight_mb"] == pytest.approx(fp32["weight_mb"] / 2)
+
+
+def test_decode_step_splits_a_step_and_puts_the_modules_back(tmp_path):
+    """The step bench times tiny-random's grouped step (2 layers: 2 x 4 products and the lm_head) as
+    it is and with products, then attention, served from a cache; the shares are its differences.
+    Its stand-ins must be gone afterwards: a SDPA left patched would serve every later attention
+    one cached output."""
+    import importlib
+    import json
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    bench = importlib.import_module("decode_step")
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    bench.main(
+        [
+            "--model",
+            "tiny-random",
+            "--prompt-length",
+            "8",
+            "--at",
+            "3",
+            "--repeats",
+            "2",
+            "--out",
+            str(tmp_path),
+        ]
+    )
+    assert torch.nn.functional.scaled_dot_product_attention is sdpa
+    result = json.loads((tmp_path / "decode_step.json").read_text())
+    assert result["products_per_step"] == 9
+    for stat in ("median", "min"):
+        share = result["shares_ms"][stat]
+        assert share["products"] + share["attention"] + share["rest"] == pytest.approx(share["step"])
+        assert share["step"] == result["times_ms"]["as it is"][stat] > 0
+    if result["packing"] is not None:
+        assert result["product_fixed_ms"] > 0
