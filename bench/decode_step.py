@@ -61,7 +61,7 @@ def main(argv=None) -> dict:
 
     torch.manual_seed(args.seed)
     model, _ = load_model_and_tokenizer(args.model, dtype="float32")
-    sampler = decode.sampling_model(model, getattr(torch, args.dtype) if args.dtype == "bfloat16" else None)
+    sampler = decode.sampling_model(model, torch.bfloat16 if args.dtype == "bfloat16" else None)
     if not decode.grouped_step_supported(sampler):
         sys.exit(f"error: {args.model}: decode.GroupedStep does not write out this architecture")
     K, width = args.K, args.prompt_length
