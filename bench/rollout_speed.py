@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+import warnings
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
@@ -47,6 +48,7 @@ from measure import bench_records, describe, machine, machine_line, markdown_tab
 from srt.config import at_least, positive  # noqa: E402
 
 ENGINES = ("ours", "hf")
+GRAPH_FAILED = "decode: CUDA graph capture failed"  # decode.capture_step's warning when it falls back
 
 
 def k_list(text: str) -> list[int]:
@@ -109,6 +111,14 @@ def load_prompts(args, tokenizer, n: int) -> list[str]:
         sys.exit(f"error: {e}")
 
 
+def graph_record(device: str, failed: list[bool]) -> str:
+    """What our rollouts did with the CUDA graph: on a GPU the loop replays its decode step as one,
+    or warns (GRAPH_FAILED) and decodes eagerly; `failed` says for each timed rollout if it warned."""
+    if device != "cuda":
+        return "n/a"
+    return f"failed in {sum(failed)} of {len(failed)} rollouts" if any(failed) else "replayed"
+
+
 def observed_precision(model, run) -> dict:
     """engine -> dtype of the last decoder layer's last matmul during one call of `run(engine)`.
     Hooks go on the model and on its sampling copy (srt/decode.py), and come off before timing."""
@@ -153,17 +163,21 @@ def speed(args) -> None:
         def __call__(self, engine):
             torch.manual_seed(args.seed)
             start, cpu_start = time.perf_counter(), time.process_time()
-            out = modeling.generate(
-                model,
-                tokenizer,
-                prompts,
-                max_new_tokens=args.max_new_tokens,
-                num_generations=self.K,
-                temperature=args.temperature,
-                autocast_dtype=autocast_dtype,
-                engine=engine,
-            )
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                out = modeling.generate(
+                    model,
+                    tokenizer,
+                    prompts,
+                    max_new_tokens=args.max_new_tokens,
+                    num_generations=self.K,
+                    temperature=args.temperature,
+                    autocast_dtype=autocast_dtype,
+                    engine=engine,
+                )
             seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
+            for warning in caught:  # shown as usual, and read for the CUDA graph's fallback
+                warnings.showwarning(warning.message, warning.category, warning.filename, warning.lineno)
             if min(out["generated_tokens"]) != args.max_new_tokens:
                 sys.exit(f"error: {engine}: a row ended before --max-new-tokens; the lengths are not equal")
             generated = sum(out["generated_tokens"])
@@ -172,6 +186,7 @@ def speed(args) -> None:
                 "cpu_seconds": cpu_seconds,
                 "generated": generated,
                 "rows": len(out["texts"]),
+                "graph_failed": any(str(w.message).startswith(GRAPH_FAILED) for w in caught),
             }
 
     results = {"machine": machine(), "config": vars(args), "runs": []}
@@ -183,6 +198,7 @@ def speed(args) -> None:
             for engine in ENGINES:
                 times[engine].append(rollout(engine))
         row = {"K": K, "prompts": len(prompts), "precision": precision}
+        row["cuda_graph"] = graph_record(device, [r["graph_failed"] for r in times["ours"]])
         for engine in ENGINES:
             seconds = describe([r["seconds"] for r in times[engine]])
             generated = times[engine][0]["generated"]
@@ -201,7 +217,11 @@ def speed(args) -> None:
         row["cpu_ratio"] = row["cpu"]["hf"]["median"] / row["cpu"]["ours"]["median"]
         results["runs"].append(row)
         ours, hf = row["ours"]["tokens_per_s"], row["hf"]["tokens_per_s"]
-        print(f"K = {K}: ours {ours:.1f} tok/s, hf {hf:.1f} tok/s, x{ours / hf:.2f} {precision}", flush=True)
+        print(
+            f"K = {K}: ours {ours:.1f} tok/s, hf {hf:.1f} tok/s, x{ours / hf:.2f} {precision}, "
+            f"CUDA graph: {row['cuda_graph']}",
+            flush=True,
+        )
     widths = [len(tokenizer(p, add_special_tokens=False).input_ids) for p in prompts]
     table = markdown_table(
         [
@@ -242,6 +262,9 @@ def speed(args) -> None:
         "seconds (all threads, medians), which a shared machine's steal time does not inflate.\n",
         table,
     ]
+    if device == "cuda":
+        graphs = "; ".join(f"K = {r['K']}: {r['cuda_graph']}" for r in results["runs"])
+        lines.append(f"\nOur decode step as a CUDA graph (else eager, with a warning): {graphs}.")
     write_results(Path(args.out), "results", results, "\n".join(lines) + "\n")
     print("\n".join(lines))
 

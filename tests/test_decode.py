@@ -577,9 +577,29 @@ def test_rollout_speed_smoke_equal_work_precision_and_greedy_check(tmp_path):
         assert run["precision"] == {"ours": ["torch.float32"], "hf": ["torch.float32"]}
         assert run["speedup"] > 0
         assert run["cpu_ratio"] == run["cpu"]["hf"]["median"] / run["cpu"]["ours"]["median"] > 0
+    graph = "replayed" if torch.cuda.is_available() else "n/a"
+    assert [run["cuda_graph"] for run in result["runs"]] == [graph, graph]
     bench.main(common + ["--check", "--check-prompts", "3", "--batch-size", "2"])
     check = json.loads((tmp_path / "check.json").read_text())
     assert check["equal"] is True and check["prompts"] == 3 and check["tokens"] > 0
+
+
+def test_rollout_speed_reads_the_cuda_graph_fallback_from_decodes_own_warning(monkeypatch):
+    """On a GPU the bench reports whether our rollouts replayed the decode step as a CUDA graph. It
+    reads the warning decode.capture_step gives when it falls back to eager decoding: a capture that
+    fails here (no CUDA on a CPU, or a broken step on a GPU) must give a warning the bench counts."""
+    bench = load_bench()
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)  # a CPU-only torch has nothing to sync
+
+    def broken_step():
+        raise RuntimeError("not capturable")
+
+    with pytest.warns(UserWarning) as caught:
+        assert decode.capture_step(broken_step) == (None, None)
+    assert str(caught[0].message).startswith(bench.GRAPH_FAILED)
+    assert bench.graph_record("cuda", [False, False, False]) == "replayed"
+    assert bench.graph_record("cuda", [False, True, False]) == "failed in 1 of 3 rollouts"
+    assert bench.graph_record("cpu", [False]) == "n/a"
 
 
 def test_decode_floor_times_every_linear_weight_once(tmp_path):
@@ -676,3 +696,43 @@ def test_decode_step_splits_a_step_and_puts_the_modules_back(tmp_path):
         assert share["step"] == result["times_ms"]["as it is"][stat] > 0
     if result["packing"] is not None:
         assert result["product_fixed_ms"] > 0
+
+
+def test_gpu_rollouts_script_runs_end_to_end_on_a_cpu_from_an_exported_shape(tmp_path):
+    """bench/gpu_rollouts.sh is what a GPU machine runs in one go, so it must not first fail there: on
+    a CPU (CPU_SMOKE) it exports tiny-random's shape (config and tokenizer, no weights), gives it
+    random weights, times both engines at K = 1, 4, 8 and finds the greedy tokens equal."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from records import hand_record
+
+    from srt.data_io import write_jsonl
+
+    root = Path(__file__).resolve().parents[1]
+    data = tmp_path / "data"
+    data.mkdir()
+    for split in ("train", "dev"):
+        write_jsonl(data / f"{split}.jsonl", [hand_record(i) for i in range(3)])
+    work = tmp_path / "work"
+    env = dict(os.environ, PYTHON=sys.executable, MODEL="tiny-random", DATA=str(data), WORK=str(work))
+    script = ["bash", str(root / "bench" / "gpu_rollouts.sh")]
+    shape = tmp_path / "shape"
+    subprocess.run(script, env=dict(env, EXPORT_SHAPE=str(shape)), check=True, capture_output=True)
+    assert (shape / "config.json").exists() and (shape / "tokenizer.json").exists()
+    assert not list(shape.glob("*.safetensors"))  # the shape travels without weights
+    smoke = dict(env, CPU_SMOKE="1", SHAPE=str(shape), TOKENS="3", REPEATS="1", CHECK_PROMPTS="2")
+    out = subprocess.run(script, env=smoke, check=True, capture_output=True, text=True).stdout
+    assert "FAILED" not in out
+    assert (work / "model" / "model.safetensors").exists()
+    speed = json.loads((work / "speed" / "results.json").read_text())
+    assert [r["K"] for r in speed["runs"]] == [1, 4, 8]
+    for run in speed["runs"]:  # every row 3 tokens; no CUDA graph off a GPU
+        assert run["ours"]["generated_tokens"] == run["hf"]["generated_tokens"] == run["K"] * 3
+        assert run["cuda_graph"] == "n/a"
+    for check in ("check", "check-tiny"):
+        result = json.loads((work / check / "check.json").read_text())
+        assert result["equal"] is True and result["prompts"] == 2

@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# Our decode loop on a GPU, in one short run: rollouts of srt/decode.py against Hugging Face
+# `generate` at batch 1, K = 4 and K = 8 (as stage 2 runs them: ours on the bf16 copy of the policy,
+# its decode step replayed as a CUDA graph; generate under bf16 autocast), whether the graph was
+# replayed or fell back to eager decoding, and greedy equality of the two in fp32 (the embedded
+# default's shape and tiny-random). Prints bench/rollout_speed.py's tables; writes under runs/gpu_rollouts/.
+#
+#   bash bench/gpu_rollouts.sh                                         # MODEL=smollm2-135m, installed
+#   EXPORT_SHAPE=.gpu/smollm2-shape bash bench/gpu_rollouts.sh         # here: its config and tokenizer
+#   SHAPE=.gpu/smollm2-shape bash bench/gpu_rollouts.sh                # there: that shape, random weights
+#   CPU_SMOKE=1 MODEL=tiny-random TOKENS=8 REPEATS=1 CHECK_PROMPTS=4 bash bench/gpu_rollouts.sh   # on a CPU
+#
+# SHAPE is for a GPU machine the weights cannot reach (the embedded model is a 98 MB file): a folder
+# with a model's config, generation config and tokenizer, to which the script gives random weights
+# (seed 0). The time of a rollout depends on the shapes, not on the weights' values, and every row
+# runs to exactly TOKENS new tokens on both sides (the stop tokens are suppressed), so the speed is
+# that of the real model. The greedy check on random weights compares flatter logits than a
+# trained model's: a difference there may be a near tie; tiny-random is checked too.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python}
+MODEL=${MODEL:-smollm2-135m}
+WORK=${WORK:-runs/gpu_rollouts}
+DATA=${DATA:-runs/data}
+TOKENS=${TOKENS:-128}
+REPEATS=${REPEATS:-3}
+CHECK_PROMPTS=${CHECK_PROMPTS:-32}
+
+if [ -n "${EXPORT_SHAPE:-}" ]; then
+    $PY - "$MODEL" "$EXPORT_SHAPE" <<'PY'
+import sys
+from srt.modeling import load_model_and_tokenizer
+model, tokenizer = load_model_and_tokenizer(sys.argv[1], dtype="float32")
+for part in (model.config, model.generation_config, tokenizer):
+    part.save_pretrained(sys.argv[2])
+print(f"{sys.argv[1]}'s config and tokenizer, no weights: {sys.argv[2]}")
+PY
+    exit 0
+fi
+if [ -n "${CPU_SMOKE:-}" ]; then
+    export CUDA_VISIBLE_DEVICES=""
+elif [ "$($PY -c 'import torch; print(torch.cuda.is_available())')" != "True" ]; then
+    echo "error: no CUDA GPU visible: this check measures GPU rollouts (the CPU ones: bench/rollout_speed.py)" >&2
+    exit 1
+fi
+mkdir -p "$WORK"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || true
+$PY -c 'import torch, transformers; print("torch", torch.__version__, "cuda", torch.version.cuda, "transformers", transformers.__version__)'
+
+if [ -n "${SHAPE:-}" ]; then
+    $PY - "$SHAPE" "$WORK/model" <<'PY'
+import sys
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+shape, out = sys.argv[1:]
+torch.manual_seed(0)
+model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(shape))
+model.generation_config = GenerationConfig.from_pretrained(shape)
+model.save_pretrained(out)
+AutoTokenizer.from_pretrained(shape).save_pretrained(out)
+print(f"random weights of {shape}'s shape: {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters")
+PY
+    MODEL="$WORK/model"
+fi
+[ -f "$DATA/train.jsonl" ] || $PY stage0_build.py --preset cpu-demo --out "$DATA" --quiet
+
+echo "== rollout speed: ours against generate, batch 1, K = 4, K = 8"
+$PY bench/rollout_speed.py --model "$MODEL" --data "$DATA/train.jsonl" --ks 1,4,8 --repeats "$REPEATS" \
+    --max-new-tokens "$TOKENS" --out "$WORK/speed" || echo "FAILED: speed"
+echo "== greedy equality, fp32: $MODEL"
+$PY bench/rollout_speed.py --check --model "$MODEL" --data "$DATA/dev.jsonl" --max-new-tokens "$TOKENS" \
+    --check-prompts "$CHECK_PROMPTS" --out "$WORK/check" | tail -1 || echo "FAILED: check"
+echo "== greedy equality, fp32: tiny-random"
+$PY bench/rollout_speed.py --check --model tiny-random --data "$DATA/dev.jsonl" --max-new-tokens "$TOKENS" \
+    --check-prompts "$CHECK_PROMPTS" --out "$WORK/check-tiny" | tail -1 || echo "FAILED: check tiny-random"
