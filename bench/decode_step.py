@@ -143,6 +143,21 @@ def main(argv=None) -> dict:
                 calls.append(1000 * (time.perf_counter() - start) / 10)  # ms a call
             fixed_ms = describe(calls[1:])["median"]
 
+        # What reading the weights costs the ops after it: a 4-element add, warm (right after another)
+        # and right after a read of as many bytes as the step's weights, which pushes the add's code
+        # and data out of the caches. In a step every op after a product pays some of this, so the
+        # products' share below is the bytes they read and what that reading costs the ops after them.
+        weight_bytes = sum(p.numel() * p.element_size() for p in sampler.parameters())
+        sweep, tiny = torch.ones(weight_bytes // 4), torch.ones(4)
+        after = {"warm": [], "after_weights": []}
+        for _ in range(args.repeats):
+            for name, before in (("warm", lambda: tiny + 1), ("after_weights", sweep.sum)):
+                before()
+                start = time.perf_counter()
+                tiny + 1
+                after[name].append(1000 * (time.perf_counter() - start))
+        small_op_ms = {name: describe(values)["median"] for name, values in after.items()}
+
     stats = {name: describe(values) for name, values in times.items()}
     shares = {
         stat: {
@@ -163,6 +178,8 @@ def main(argv=None) -> dict:
         "shares_ms": shares,
         "products_per_step": calls_per_step,
         "product_fixed_ms": fixed_ms,
+        "weight_mb": weight_bytes / 1e6,
+        "small_op_ms": small_op_ms,
     }
     table = markdown_table(
         ["", "step (ms)", "weight products", "attention", "norms, RoPE, copies, Python"],
@@ -182,7 +199,10 @@ def main(argv=None) -> dict:
         f"K = {K}, a prompt of {width} tokens, {args.at} completion tokens in the cache; "
         f"{args.repeats} steps of each kind, interleaved. Shares are differences of the medians (or "
         f"of the minima): the step as it is, with the products' outputs cached, and with the "
-        f"attention's too.\n\n{table}\n\n{fixed}\n"
+        f"attention's too.\n\n{table}\n\n{fixed}\n\nA 4-element add: {1000 * small_op_ms['warm']:.1f} us "
+        f"right after another, {1000 * small_op_ms['after_weights']:.1f} us right after reading "
+        f"{weight_bytes / 1e6:.0f} MB (the step's weights): the products' share includes what their bytes "
+        "cost the ops after them.\n"
     )
     print(markdown)
     write_results(Path(args.out), "decode_step", payload, markdown)

@@ -696,6 +696,12 @@ def test_decode_step_splits_a_step_and_puts_the_modules_back(tmp_path):
         assert share["step"] == result["times_ms"]["as it is"][stat] > 0
     if result["packing"] is not None:
         assert result["product_fixed_ms"] > 0
+    # The add is timed after reading as many bytes as the bf16 copy's weights (tied ones counted once).
+    from srt.modeling import load_model_and_tokenizer
+
+    model, _ = load_model_and_tokenizer("tiny-random", dtype="float32")
+    assert result["weight_mb"] == pytest.approx(sum(p.numel() for p in model.parameters()) * 2 / 1e6)
+    assert result["small_op_ms"]["warm"] > 0 and result["small_op_ms"]["after_weights"] > 0
 
 
 def test_gpu_rollouts_script_runs_end_to_end_on_a_cpu_from_an_exported_shape(tmp_path):
