@@ -15,7 +15,8 @@ one rollout (prefill included, the same on both sides), generated tokens per sec
 ratio ours / hf, the paired ratio and the ratio of CPU seconds (steal time, what a virtual
 machine's neighbours take, counts in wall time only). The precision is read from the computation:
 the dtype of the last matmul of the last decoder layer during one untimed call per side (forward
-hooks, removed before timing).
+hooks, removed before timing). On a GPU it also reports whether our rollouts replayed their decode
+step as a CUDA graph (decode.capture_step warns when the capture fails and the loop decodes eagerly).
 
 --check: greedy equality instead of speed. The first --check-prompts dev prompts, in fp32 on both
 sides, batches of --batch-size prompts, stop tokens allowed: ours must give generate's tokens, row

@@ -92,3 +92,12 @@ def test_exactly_one_place_calls_hugging_face_generate():
             ):
                 callers.append(path.relative_to(REPO).as_posix())
     assert callers == ["srt/modeling.py"]
+
+
+def test_the_readme_maps_every_script_and_every_module_of_the_package():
+    """README's "Reading the code beside the paper" is how a student finds a file: a module left out
+    of it (as srt/decode.py, the loop behind every rollout, once was) is one they never open."""
+    readme = (REPO / "README.md").read_text()
+    listed = [f"`{name}.py`" for name in SCRIPTS]
+    listed += [f"`{path.relative_to(REPO)}`" for path in PACKAGE.values()]
+    assert [name for name in listed if name not in readme] == []
