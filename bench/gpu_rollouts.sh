@@ -46,6 +46,15 @@ fi
 mkdir -p "$WORK"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || true
 $PY -c 'import torch, transformers; print("torch", torch.__version__, "cuda", torch.version.cuda, "transformers", transformers.__version__)'
+$PY - <<'PY'  # an older transformers takes the cache under another name: decode stops at once
+import sys
+import transformers
+pinned = next(line.split("==")[1].strip() for line in open("requirements.txt") if line.startswith("transformers=="))
+numbers = lambda version: tuple(int(part) for part in version.split(".")[:3] if part.isdigit())
+if numbers(transformers.__version__) < numbers(pinned):
+    sys.exit(f"error: transformers {transformers.__version__} is older than requirements.txt's {pinned}: "
+             "install that wheel first (docs/gpu.md)")
+PY
 
 if [ -n "${SHAPE:-}" ]; then
     $PY - "$SHAPE" "$WORK/model" <<'PY'

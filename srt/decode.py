@@ -427,6 +427,13 @@ def decode(
         .logits[:, -1]
         .repeat_interleave(per_prompt, dim=0)
     )
+    if not cache.keys:  # an older transformers takes the cache as past_key_values and drops `cache`
+        import transformers
+
+        raise RuntimeError(
+            f"decode: the model's forward wrote no keys or values to the cache it was handed "
+            f"(transformers {transformers.__version__}); install the version of requirements.txt"
+        )
 
     # The decode step reads these buffers in place (a CUDA graph replays on their addresses).
     key_mask = torch.zeros(rows, length, dtype=torch.bool, device=device)

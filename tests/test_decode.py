@@ -165,6 +165,23 @@ def test_decode_refuses_sliding_window_attention_before_any_work():
     assert not calls
 
 
+@pytest.mark.parametrize("grouped", [True, False])
+def test_decode_refuses_a_forward_that_drops_its_cache(grouped):
+    """A transformers older than requirements.txt's takes the cache as `past_key_values` and drops the
+    `cache` keyword into **kwargs: the prefill then writes nothing to our cache. The grouped step
+    used to fail later with a bare KeyError, and the general step to decode every token without the
+    prompt, silently; now the loop stops right after the prefill, naming the cause."""
+    model, tokenizer = load_model_and_tokenizer("tiny-random", dtype="float32")
+
+    def drop_cache(module, args, kwargs):
+        return args, {key: value for key, value in kwargs.items() if key != "cache"}
+
+    model.register_forward_pre_hook(drop_cache, with_kwargs=True)
+    enc = tokenizer([PROMPTS[1]], return_tensors="pt", add_special_tokens=False)
+    with pytest.raises(RuntimeError, match="wrote no keys or values to the cache"):
+        decode.decode(model, enc.input_ids, enc.attention_mask, 3, [0], 0, greedy=True, grouped=grouped)
+
+
 # ---------------------------------------------------------------------------------------------
 # The grouped step (Llama family): the K rows of a group attend to their prompt together
 # ---------------------------------------------------------------------------------------------
