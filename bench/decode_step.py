@@ -145,7 +145,7 @@ def main(argv=None) -> dict:
 
         # What reading the weights costs the ops after it: a 4-element add, warm (right after another)
         # and right after a read of as many bytes as the step's weights, which pushes the add's code
-        # and data out of the caches. In a step every op after a product pays some of this, so the
+        # and data out of the caches. In a step the ops between products pay some of this, so the
         # products' share below is the bytes they read and what that reading costs the ops after them.
         weight_bytes = sum(p.numel() * p.element_size() for p in sampler.parameters())
         sweep, tiny = torch.ones(weight_bytes // 4), torch.ones(4)

@@ -90,8 +90,8 @@ def check_attention(model) -> None:
 def attention_mask(model, allowed):
     """allowed [rows, 1, queries, keys] (True: may attend) as the model's attention takes it: sdpa a
     boolean mask, eager a bias added to the scores (0 or fp32's minimum; the sum promotes to fp32).
-    A 4-D mask reaches the attention as it is (transformers' masking_utils passes it through)."""
-    check_attention(model)
+    A 4-D mask reaches the attention as it is (transformers' masking_utils passes it through).
+    decode() has run check_attention before any call."""
     if model.config._attn_implementation == "sdpa":
         return allowed
     bias = torch.zeros(allowed.shape, dtype=torch.float32, device=allowed.device)
