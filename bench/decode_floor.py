@@ -2,13 +2,14 @@
 
 Decoding one token for K rows must at least multiply the K rows by every weight matrix of the model
 once (every nn.Linear, the tied lm_head included). This times exactly that, `x @ w.T` for each
-weight, with no attention, norms, sampling or Python around it, at K = 1, 4 and 8, and the plain
-copy of the same bytes for the memory bandwidth; and the same products through the weights packed
-as the decode step packs them on a CPU (srt/decode.packed_weights: MKL in fp32, oneDNN in bf16;
-q, k, v stacked into one product, and gate with up); and the prefill's last-column logits, sliced
-as Hugging Face's logits_to_keep=1 slices them against gathered by an index (decode.last_column).
-A decode step that costs little more than the weight products has nothing left to take out at this
-precision (bench/README.md, `rollout_speed.py`).
+weight, with no attention, norms, sampling or Python around it, at K = 1, 4 and 8; a plain read
+(a sum) and a plain copy of the same bytes, for what the memory gives; and the same products
+through the weights packed as the decode step packs them on a CPU (srt/decode.packed_weights: MKL
+in fp32, oneDNN in bf16; q, k, v stacked into one product, and gate with up); and the prefill's
+last-column logits, sliced as Hugging Face's logits_to_keep=1 slices them against gathered by an
+index (decode.last_column). A decode step that costs little more than the weight products has
+nothing left to take out at this precision but a faster product (bench/README.md,
+`rollout_speed.py`); products much slower than the plain read are the kernel's, not the memory's.
 
     python bench/decode_floor.py --model smollm2-135m
     python bench/decode_floor.py --model smollm2-135m --dtype bfloat16   # the bf16 copy rollouts read
@@ -102,10 +103,14 @@ def main(argv=None) -> dict:
                     "gb_per_s": weight_bytes / seconds / 1e9,
                     "packed": next(iter(packed.values()))[0] if packed else None,
                     "packed_ms": 1000 * packed_s if packed else None,
+                    "packed_gb_per_s": weight_bytes / packed_s / 1e9 if packed else None,
                 }
             )
+        # What the memory gives: the same bytes read once (a sum: fp32, which the CPU sums at full
+        # vector width with nothing to convert), and read and written once (a copy).
         source = torch.ones(weight_bytes // 4)
         target = torch.empty_like(source)
+        read_s = median_seconds(source.sum, args.repeats)
         copy_s = median_seconds(lambda: target.copy_(source), args.repeats)
         # The prefill's one row of logits per prompt, from hidden states [B, P, d]: the lm_head on
         # hidden[:, -1:] (Hugging Face's logits_to_keep=1) against hidden gathered by an index
@@ -137,12 +142,20 @@ def main(argv=None) -> dict:
         "weight_mb": weight_bytes / 1e6,
         "threads": torch.get_num_threads(),
         "rows": rows,
+        "read": {"ms": 1000 * read_s, "gb_per_s": weight_bytes / read_s / 1e9},
         "copy": {"ms": 1000 * copy_s, "gb_per_s_read_write": 2 * weight_bytes / copy_s / 1e9},
         "prefill_logits": prefill,
         "prefill_mask": {"masked_ms": 1000 * masked, "causal_ms": 1000 * unmasked},
     }
     table = markdown_table(
-        ["K rows", "every weight once (ms)", "at most tokens/s", "weights read (GB/s)", "packed (ms)"],
+        [
+            "K rows",
+            "every weight once (ms)",
+            "at most tokens/s",
+            "weights read (GB/s)",
+            "packed (ms)",
+            "packed (GB/s)",
+        ],
         [
             [
                 r["k"],
@@ -150,6 +163,7 @@ def main(argv=None) -> dict:
                 f"{r['tokens_per_s']:.1f}",
                 f"{r['gb_per_s']:.1f}",
                 f"{r['packed_ms']:.0f} ({r['packed']})" if r["packed"] else "not packed here",
+                f"{r['packed_gb_per_s']:.1f}" if r["packed"] else "",
             ]
             for r in rows
         ],
@@ -157,7 +171,8 @@ def main(argv=None) -> dict:
     markdown = (
         f"# The floor of a decode step\n\n{machine_line(info)}\n\n{args.model}: {len(weights)} weight "
         f"matrices, {weight_bytes / 1e6:.0f} MB {args.dtype}, {torch.get_num_threads()} threads; median of "
-        f"{args.repeats}.\n\n{table}\n\nA plain copy of the same bytes: {1000 * copy_s:.0f} ms, "
+        f"{args.repeats}.\n\n{table}\n\nThe same bytes read once (a sum): {1000 * read_s:.0f} ms, "
+        f"{payload['read']['gb_per_s']:.1f} GB/s; copied: {1000 * copy_s:.0f} ms, "
         f"{payload['copy']['gb_per_s_read_write']:.1f} GB/s read + write.\n\nThe prefill's last-column "
         f"logits of prompts of {args.prompt_length} tokens, the lm_head on hidden[:, -1:] against hidden "
         "gathered by an index: "

@@ -621,7 +621,8 @@ def test_rollout_speed_reads_the_cuda_graph_fallback_from_decodes_own_warning(mo
 
 def test_decode_floor_times_every_linear_weight_once(tmp_path):
     """The floor bench reads every nn.Linear weight of the model (tiny-random: 2 layers x 7 and the
-    lm_head), in bytes as stored, and its tokens/s is K over the measured step."""
+    lm_head), in bytes as stored, and its tokens/s is K over the measured step; its rates (the
+    products', the packed products', a plain read's) are those bytes over their own times."""
     import importlib
     import json
     import sys
@@ -658,6 +659,10 @@ def test_decode_floor_times_every_linear_weight_once(tmp_path):
         assert row["tokens_per_s"] == pytest.approx(row["k"] / (row["ms"] / 1000))
         assert (row["packed"] == "mkl") == torch.backends.mkl.is_available()  # fp32: what the step packs
         assert (row["packed_ms"] is not None) == (row["packed"] is not None)
+        if row["packed"]:  # the packed products read the same bytes as the plain ones
+            assert row["packed_gb_per_s"] == pytest.approx(result["weight_mb"] / row["packed_ms"])
+    # the plain read is of the weights' bytes: MB / ms = GB/s
+    assert result["read"]["gb_per_s"] == pytest.approx(result["weight_mb"] / result["read"]["ms"])
 
 
 def test_decode_floor_in_bf16_reads_half_the_bytes(tmp_path):
