@@ -50,7 +50,7 @@ def parameter_digest(model) -> str:
 # --------------------------------------------------------------------------------------------
 def cpu_has_bf16_matmul() -> bool:
     """True on CPUs with AMX tiles (Intel Sapphire Rapids and later), where oneDNN runs bf16
-    matmuls in hardware and bf16 autocast is about twice as fast as fp32 (docs/experiments/presets.md).
+    matmuls in hardware and bf16 autocast trains 1.5-2x as fast as fp32 (docs/experiments/presets.md).
     Without AMX, bf16 is emulated and slower than fp32."""
     try:
         return bool(torch.cpu._is_amx_tile_supported())
