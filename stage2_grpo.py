@@ -55,7 +55,7 @@ from srt.data_io import (
     read_mixture,
     write_json,
 )
-from srt.decode import follow_optimizer
+from srt.decode import DRAFT_TOKENS, follow_optimizer
 from srt.distributed import (
     accumulate,
     add_scale_flags,
@@ -157,6 +157,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="run each group's prompt once in the log-prob passes (its KV cache copied to its K rows)",
     )
     add("--top-p", type=Bounded(float, low=0.0, high=1.0, strict=True), default=1.0, help="nucleus sampling")
+    add(
+        "--draft-tokens",
+        type=at_least(0),
+        default=DRAFT_TOKENS,
+        help="tokens drafted from each row's context and checked per decode step (same distribution; 0: off)",
+    )
     add("--max-new-tokens", type=at_least(1), default=256, help="completion length cap")
     add(
         "--max-prompt-length",

@@ -10,7 +10,8 @@ stop tokens are suppressed (the model's generation_config.suppress_tokens, which
 honour), so every row is exactly
 --max-new-tokens long on both sides, which the outputs are checked for. Sides alternate within
 each repeat, after one warm-up each, so a slow spell of a shared machine falls on both. Reported
-per K (--ks, default batch 1, K = 4 and K = 8 samples of --prompts prompts): the median seconds of
+per K (--ks, default batch 1, K = 4 and K = 8 samples of --prompts prompts; ours also without its
+drafts, --draft-tokens 0, in the same repeats, for what they gain): the median seconds of
 one rollout (prefill included, the same on both sides), generated tokens per second, the
 ratio ours / hf, the paired ratio and the ratio of CPU seconds (steal time, what a virtual
 machine's neighbours take, counts in wall time only). The precision is read from the computation:
@@ -49,6 +50,7 @@ from measure import bench_records, describe, machine, machine_line, markdown_tab
 from srt.config import at_least, positive  # noqa: E402
 
 ENGINES = ("ours", "hf")
+ONE_TOKEN = "ours, 1 token a step"  # ours with draft_tokens 0: what the drafts gain, in the same run
 GRAPH_FAILED = "decode: CUDA graph capture failed"  # decode.capture_step's warning when it falls back
 
 
@@ -77,6 +79,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-new-tokens", type=at_least(1), default=128, help="every row's length")
     p.add_argument("--max-prompt-length", type=at_least(1), default=1536, help="as stage 2's cpu-demo")
     p.add_argument("--temperature", type=positive(float), default=1.0)
+    p.add_argument(
+        "--draft-tokens",
+        type=at_least(0),
+        default=None,
+        help="ours: drafts checked per step (default: decode.DRAFT_TOKENS; 0: one token a step)",
+    )
     p.add_argument(
         "--precision",
         choices=["auto", "fp32", "bf16"],
@@ -161,7 +169,8 @@ def speed(args) -> None:
         def models(self):
             return [model, decode.sampling_model(model, autocast_dtype)]
 
-        def __call__(self, engine):
+        def __call__(self, side):
+            engine, drafts = ("ours", 0) if side == ONE_TOKEN else (side, args.draft_tokens)
             torch.manual_seed(args.seed)
             start, cpu_start = time.perf_counter(), time.process_time()
             with warnings.catch_warnings(record=True) as caught:
@@ -175,12 +184,13 @@ def speed(args) -> None:
                     temperature=args.temperature,
                     autocast_dtype=autocast_dtype,
                     engine=engine,
+                    **({"draft_tokens": drafts} if engine == "ours" else {}),
                 )
             seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
             for warning in caught:  # shown as usual, and read for the CUDA graph's fallback
                 warnings.showwarning(warning.message, warning.category, warning.filename, warning.lineno)
             if min(out["generated_tokens"]) != args.max_new_tokens:
-                sys.exit(f"error: {engine}: a row ended before --max-new-tokens; the lengths are not equal")
+                sys.exit(f"error: {side}: a row ended before --max-new-tokens; the lengths are not equal")
             generated = sum(out["generated_tokens"])
             return {
                 "seconds": seconds,
@@ -191,16 +201,20 @@ def speed(args) -> None:
             }
 
     results = {"machine": machine(), "config": vars(args), "runs": []}
+    drafts = decode.DRAFT_TOKENS if args.draft_tokens is None else args.draft_tokens
+    sides = ENGINES + ((ONE_TOKEN,) if drafts > 0 else ())
     for K in args.ks:
         rollout = Rollout(K)
         precision = observed_precision(model, rollout)  # also the warm-up of each side
-        times = {engine: [] for engine in ENGINES}
+        times = {side: [] for side in sides}
+        if drafts > 0:
+            rollout(ONE_TOKEN)  # its warm-up
         for _ in range(args.repeats):
-            for engine in ENGINES:
-                times[engine].append(rollout(engine))
+            for side in sides:
+                times[side].append(rollout(side))
         row = {"K": K, "prompts": len(prompts), "precision": precision}
         row["cuda_graph"] = graph_record(device, [r["graph_failed"] for r in times["ours"]])
-        for engine in ENGINES:
+        for engine in sides:
             seconds = describe([r["seconds"] for r in times[engine]])
             generated = times[engine][0]["generated"]
             row[engine] = {
@@ -216,6 +230,9 @@ def speed(args) -> None:
         # run (steal time) is wall time, not CPU time of the process.
         row["cpu"] = {engine: describe([r["cpu_seconds"] for r in times[engine]]) for engine in ENGINES}
         row["cpu_ratio"] = row["cpu"]["hf"]["median"] / row["cpu"]["ours"]["median"]
+        if drafts > 0:  # the drafts' gain: one token a step's seconds over ours, repeat by repeat
+            pairs = zip(times["ours"], times[ONE_TOKEN])
+            row["drafts_paired"] = describe([one["seconds"] / ours["seconds"] for ours, one in pairs])
         results["runs"].append(row)
         ours, hf = row["ours"]["tokens_per_s"], row["hf"]["tokens_per_s"]
         print(
@@ -236,6 +253,8 @@ def speed(args) -> None:
             "paired, median (min-max)",
             "CPU s ours / hf",
             "hf / ours by CPU s",
+            "ours, 1 token a step, s",
+            "drafts' gain, paired",
         ],
         [
             [
@@ -249,6 +268,8 @@ def speed(args) -> None:
                 f"{r['paired']['median']:.2f}x ({r['paired']['min']:.2f}-{r['paired']['max']:.2f})",
                 f"{r['cpu']['ours']['median']:.1f} / {r['cpu']['hf']['median']:.1f}",
                 f"{r['cpu_ratio']:.2f}x",
+                r[ONE_TOKEN]["seconds"]["median"] if ONE_TOKEN in r else "-",
+                f"{r['drafts_paired']['median']:.2f}x" if ONE_TOKEN in r else "-",
             ]
             for r in results["runs"]
         ],
@@ -256,7 +277,9 @@ def speed(args) -> None:
     lines = [
         "# Rollouts: our decode loop vs Hugging Face generate\n",
         machine_line(results["machine"]) + "\n",
-        f"{args.model}, --precision {args.precision}; prompts of {widths} tokens; every row exactly "
+        f"{args.model}, --precision {args.precision}; ours checks up to {drafts} drafted tokens a step "
+        "(also timed with none, one token a step: the drafts' gain is its seconds over ours, paired); "
+        f"prompts of {widths} tokens; every row exactly "
         f"{args.max_new_tokens} new tokens (stop tokens suppressed); T = {args.temperature}; median of "
         f"{args.repeats} timed rollouts per side (prefill included, the same on both sides); paired: "
         "hf's seconds over ours in each repeat, the two run back to back; CPU s: the process's CPU "

@@ -9,7 +9,11 @@ in plain PyTorch, as nanochat's engine is.
              softmax(logits / T) cut by top-p, the distribution whose log-probs GRPO's ratio and
              KL use (§3.4, Eqs. (8)-(9)); greedy takes the argmax;
     stop     a row ends at its first stop token (eos, <|im_end|>) or where the caller's test says
-             so; it is then fed padding, and the loop ends when every row has ended.
+             so; it is then fed padding, and the loop ends when every row has ended;
+    drafts   an SRT chain copies turns of its history, so the tokens that followed a row's last
+             few tokens earlier in its context are good guesses of its next ones: a step also
+             checks up to DRAFT_TOKENS such drafts per row and keeps those the model would have
+             drawn (exact speculative sampling: the same distribution, fewer steps).
 
 It returns what Hugging Face `generate` returns (prompt + completion ids, rows grouped by prompt),
 token for token the same under greedy decoding (tests/test_decode.py); sampled, it draws from the
@@ -30,6 +34,7 @@ replayed, so the GPU stops waiting on Python between small kernels.
 from __future__ import annotations
 
 import copy
+import itertools
 import weakref
 
 import torch
@@ -275,31 +280,62 @@ class GroupedStep:
     def __call__(self, tokens, positions, key_mask):
         """tokens, positions [rows, 1]; key_mask [rows, length]. Writes this step's keys and values
         (cache.column = width + t) to the K columns of step t; -> logits [rows, V]."""
+        cache, K = self.cache, self.K
+        columns = cache.width + (cache.column - cache.width) * K + self.own_offsets  # [K], every group
+        visible = cache.width + (cache.visible - cache.width) * K
+        return self.forward(tokens, positions, columns, self.attention_bias(key_mask), visible)[:, -1]
+
+    def forward(self, tokens, positions, columns, bias, visible: int):
+        """tokens, positions [rows, Q]: Q consecutive positions of every row (Q = 1 but where drafts
+        are checked); columns: where their keys and values go, [K * Q] the same for every group
+        (the one-token step) or [B, K * Q]; bias [B, 1, K * Q * G, visible]. -> logits [rows, Q, V].
+        The queries of a kv head are ordered (row, position, head of the row)."""
         inner, cache, K = self.model.model, self.cache, self.K
         H, KV, d = self.heads, self.kv_heads, self.head_dim
-        rows, groups = tokens.shape[0], tokens.shape[0] // K
-        columns = cache.width + (cache.column - cache.width) * K + self.own_offsets
-        visible = cache.width + (cache.visible - cache.width) * K
-        bias = self.attention_bias(key_mask)
-        hidden = inner.embed_tokens(tokens)  # [rows, 1, d_model]
-        cos, sin = inner.rotary_emb(hidden, positions)  # [rows, 1, d]: one position per row
+        rows, Q = tokens.shape
+        groups, G = rows // K, H // KV
+        hidden = inner.embed_tokens(tokens)  # [rows, Q, d_model]
+        cos, sin = inner.rotary_emb(hidden, positions)  # [rows, Q, d]: one position per token
+        cos, sin = cos[:, :, None], sin[:, :, None]
+        group_of = torch.arange(groups, device=tokens.device)[:, None]  # with columns [B, K * Q]
         for i, (layer, (qkv, o, gate_up, down)) in enumerate(zip(inner.layers, self.layer_linears)):
             attn = layer.self_attn
-            heads = self.linear(qkv, layer.input_layernorm(hidden)).view(rows, H + 2 * KV, d)
+            heads = self.linear(qkv, layer.input_layernorm(hidden)).view(rows, Q, H + 2 * KV, d)
             # RoPE on the queries and keys together, written back: keys and values then lie side by
-            # side, [rows, 2 * KV, d], as the cache holds them.
-            heads[:, : H + KV] = apply_rotary(heads[:, : H + KV], cos, sin)
-            # [rows, H, d] -> [B, KV, K * G, d]: the group's queries of one kv head together
-            q = heads[:, :H].view(groups, K, KV, -1, d).transpose(1, 2).flatten(2, 3)
-            # step t's K columns of each group, keys and values at once
-            cache.store[i].index_copy_(2, columns, heads[:, H:].view(groups, K, 2 * KV, d).transpose(1, 2))
+            # side, [rows, Q, 2 * KV, d], as the cache holds them.
+            heads[:, :, : H + KV] = apply_rotary(heads[:, :, : H + KV], cos, sin)
+            # [rows, Q, H, d] -> [B, KV, K * Q * G, d]: the group's queries of one kv head together
+            q = heads[:, :, :H].reshape(groups, K, Q, KV, G, d).permute(0, 3, 1, 2, 4, 5).flatten(2, 4)
+            new = heads[:, :, H:].reshape(groups, K * Q, 2 * KV, d).transpose(1, 2)  # [B, 2KV, K*Q, d]
+            if columns.dim() == 1:
+                cache.store[i].index_copy_(2, columns, new)
+            else:  # group b's columns[b] (scatter_ would copy the whole cache: 50x slower on a CPU)
+                cache.store[i][group_of, :, columns] = new.transpose(1, 2)
             keys, values = cache.store[i][:, :KV, :visible], cache.store[i][:, KV:, :visible]
             out = torch.nn.functional.scaled_dot_product_attention(q, keys, values, bias, scale=attn.scaling)
-            out = out.unflatten(2, (K, -1)).transpose(1, 2).reshape(rows, 1, -1)  # back to rows
+            out = out.unflatten(2, (K, Q, G)).permute(0, 2, 3, 1, 4, 5).reshape(rows, Q, H * d)  # by row
             hidden = hidden + self.linear(o, out)
             gate, up = self.linear(gate_up, layer.post_attention_layernorm(hidden)).chunk(2, dim=-1)
             hidden = hidden + self.linear(down, layer.mlp.act_fn(gate) * up)
-        return self.linear(self.head, inner.norm(hidden))[:, -1]
+        return self.linear(self.head, inner.norm(hidden))
+
+    def drafted_bias(self, prompt_mask, last_seen, steps: int):
+        """The mask of a step that checks drafts: prompt_mask [B, P] (True: a real prompt column);
+        last_seen [rows, Q], the last completion index query (row, position) may see, itself
+        included; steps: the completion indices the keys span. -> [B, 1, K * Q * G, P + steps * K].
+        Completion index n of row r sits at column P + n * K + r, as in the one-token step."""
+        K, G = self.K, self.heads // self.kv_heads
+        rows, Q = last_seen.shape
+        seen = torch.arange(steps, device=last_seen.device) <= last_seen[..., None]  # [rows, Q, steps]
+        own = (
+            seen.view(-1, K, Q, 1, steps, 1)
+            & torch.eye(K, dtype=torch.bool, device=seen.device)[None, :, None, None, None, :]
+        )  # [B, K, Q, 1, steps, K]: only the row's own columns
+        own = own.expand(-1, -1, -1, G, -1, -1).reshape(rows // K, K * Q * G, steps * K)
+        prompt = prompt_mask[:, None, :].expand(-1, K * Q * G, -1)
+        allowed = torch.cat([prompt, own], -1)
+        bias = torch.zeros(allowed.shape, dtype=self.model.lm_head.weight.dtype, device=allowed.device)
+        return bias.masked_fill_(~allowed, float("-inf"))[:, None]
 
 
 def apply_rotary(x, cos, sin):
@@ -334,6 +370,91 @@ def next_tokens(logits, temperature=1.0, top_p=1.0, greedy=False, suppress=None)
     if greedy:
         return logits.argmax(dim=-1)
     probs = top_p_filter(logits / temperature, top_p).softmax(dim=-1)
+    return draw(probs)
+
+
+# --------------------------------------------------------------------------------------------
+# Drafts from the context: the recall copies turns of the history
+# --------------------------------------------------------------------------------------------
+# An SRT chain recalls earlier turns verbatim (<HIS>A3: ...</HIS>), so much of a completion repeats
+# text already in its prompt. After the last few tokens written, the tokens that followed the same
+# tokens earlier in the context are a free guess of what comes next (prompt lookup decoding): one
+# step reads the weights once for a row's next token and its Q - 1 guesses, and keeps the guesses
+# the model would have drawn. The guesses change no probability (speculative sampling, Leviathan et
+# al., 2023; Chen et al., 2023): see check_drafts.
+# Up to 3 drafts a step: on SRT chains of the demo's GRPO samples, a row then writes 1.7 tokens a
+# step; more drafts add little there and cost attention (bench/README.md).
+DRAFT_TOKENS = 3
+# Drafts are not free: on a 2-core CPU a step that checks 3 of them takes ~1.3x a one-token step
+# (the attention's queries times 4, the check), so they pay where a row keeps at least 0.3 of a
+# draft a step. A model that does not copy its context (SmolLM2 before SFT keeps ~0.15) decodes one
+# token a step after a first DRAFT_TRIAL row-steps, trying drafts again every DRAFT_RETRY steps.
+DRAFTS_PAY, DRAFT_TRIAL, DRAFT_RETRY = 0.3, 16, 8
+
+
+def context_drafts(context, real, ends, draft_tokens: int, longest: int = 3):
+    """context [rows, L] token ids; real [rows, L] True where a token is real (not padding, already
+    written); ends [rows]: each row's context is context[:, :end]. -> (drafts [rows, draft_tokens],
+    lengths [rows]): for each row, the tokens that followed the most recent earlier occurrence of its
+    last n tokens (n = longest, else shorter, down to 1), at most draft_tokens of them and only
+    tokens before its end; length 0 where no earlier occurrence exists."""
+    rows, L = context.shape
+    drafts = context.new_zeros(rows, draft_tokens)
+    lengths = torch.zeros(rows, dtype=torch.long, device=context.device)
+    found = torch.zeros(rows, dtype=torch.bool, device=context.device)
+    for n in range(longest, 0, -1):
+        windows = context.unfold(1, n, 1)  # [rows, L - n + 1, n]: window s holds context[s : s + n]
+        last = context.gather(1, (ends[:, None] - n + torch.arange(n, device=context.device)).clamp(min=0))
+        starts = torch.arange(L - n + 1, device=context.device)
+        match = (windows == last[:, None]).all(-1) & real.unfold(1, n, 1).all(-1)
+        match &= starts + n < ends[:, None]  # a token follows, before the end: not the tail itself
+        start = torch.where(match, starts, -1).max(-1).values  # the most recent occurrence
+        take = ~found & (start >= 0)
+        follow = (start + n).clamp(min=0)
+        lengths = torch.where(take, (ends - follow).clamp(max=draft_tokens), lengths)
+        index = (follow[:, None] + torch.arange(draft_tokens, device=context.device)).clamp(max=L - 1)
+        drafts = torch.where(take[:, None], context.gather(1, index), drafts)
+        found |= take
+    return drafts, lengths
+
+
+def check_drafts(logits, drafts, lengths, temperature=1.0, top_p=1.0, greedy=False, suppress=None):
+    """logits [rows, Q, V]: the model's next-token logits after the row's last token and after each
+    of its drafts, drafts [rows, Q - 1], lengths [rows] (drafts beyond a row's length are padding).
+    -> (accepted [rows], next [rows]): the row keeps drafts[:accepted], then writes `next`.
+
+    Exact speculative sampling with a draft of probability 1: draft j is kept with probability
+    p_j(draft_j), p_j the distribution next_tokens draws from; at the first refusal the token comes
+    from p_j without the refused draft, renormalized; when all are kept, from p after the last. So
+    each token written is distributed as p_j(x) = p_j(draft) 1[x = draft] + (1 - p_j(draft)) p_j(x) /
+    (1 - p_j(draft)) 1[x != draft]: exactly p_j, as if drawn one step at a time. Greedy keeps
+    a draft where it is the argmax and writes the argmax after."""
+    logits = logits.to(torch.float32, copy=True)  # one [rows, Q, V] copy, changed in place below:
+    if suppress is not None:  # on a CPU each new tensor of this size costs its page faults
+        logits.index_fill_(-1, suppress, float("-inf"))
+    rows, Q, V = logits.shape
+    positions = torch.arange(Q - 1, device=logits.device)
+    drafted = positions < lengths[:, None]  # [rows, Q - 1]
+    if greedy:
+        best = logits.argmax(-1)  # [rows, Q]
+        kept = (best[:, :-1] == drafts) & drafted
+        accepted = kept.long().cumprod(-1).sum(-1)
+        return accepted, best.gather(1, accepted[:, None]).squeeze(1)
+    scores = top_p_filter(logits.div_(temperature), top_p)  # log p_j up to each position's constant
+    log_draft = scores[:, :-1].gather(2, drafts[..., None]).squeeze(-1) - scores[:, :-1].logsumexp(-1)
+    uniform = torch.rand(rows, Q - 1, dtype=torch.float64, device=logits.device)
+    kept = (uniform < log_draft.double().exp()) & drafted
+    accepted = kept.long().cumprod(-1).sum(-1)
+    final = scores[torch.arange(rows, device=logits.device), accepted].softmax(-1)  # p after the kept drafts
+    if Q > 1:  # where the draft at `accepted` was refused, draw without it
+        refused = accepted < lengths
+        refused_draft = drafts.gather(1, accepted.clamp(max=Q - 2)[:, None])
+        final = final.scatter(1, refused_draft, final.gather(1, refused_draft) * ~refused[:, None])
+    return accepted, draw(final)
+
+
+def draw(probs):
+    """One token per row of probs [rows, V] (not necessarily summing to 1) by inverse transform."""
     # Inverse transform: u uniform on (0, total], the token is the first i with cdf_i >= u, which
     # happens with probability (cdf_i - cdf_{i-1}) / total = p_i. One uniform number per row, not
     # one per token as torch.multinomial's exponential race draws (V of them, most of the cost of
@@ -376,6 +497,7 @@ def decode(
     cuda_graph: bool = True,
     static_shapes: bool = False,
     grouped: bool = True,
+    draft_tokens: int | None = None,
 ):
     """input_ids, attention_mask_2d [B, P]: B distinct prompts, left padded. -> sequences
     [B * K, P + C]: each prompt repeated K times (rows j*K .. j*K+K-1) and its completions, C <=
@@ -387,8 +509,13 @@ def decode(
     cache, those not yet written masked, so every step has one shape: what a CUDA graph replays
     (cuda_graph, on a GPU), also available eagerly, where the tests check it. grouped: decode with
     GroupedStep where the architecture allows (grouped_step_supported, and no FSDP); False runs the
-    model's own forward at every step, the general path the tests compare it with."""
+    model's own forward at every step, the general path the tests compare it with. draft_tokens:
+    with the grouped step, each step also checks up to this many tokens drafted from the row's own
+    context (context_drafts, check_drafts: the same distribution, fewer steps); 0, or where a step
+    must keep one shape (a CUDA graph, static_shapes) or the caller tests text (stopping), one
+    token a step."""
     device, K = input_ids.device, num_generations
+    draft_tokens = DRAFT_TOKENS if draft_tokens is None else draft_tokens
     if max_new_tokens < 1:
         raise ValueError(f"decode: max_new_tokens must be at least 1, not {max_new_tokens}")
     check_attention(model)
@@ -398,8 +525,10 @@ def decode(
     rows, width = input_ids.shape[0] * per_prompt, input_ids.shape[1]
     length = width + max_new_tokens
     grouped = grouped and grouped_step_supported(model) and not (synced or is_fsdp(model))
-    if grouped:
-        cache = GroupKVCache(rows, width, length, per_prompt)
+    one_shape = static_shapes or (cuda_graph and device.type == "cuda")
+    drafting = grouped and draft_tokens > 0 and stopping is None and not one_shape
+    if grouped:  # a drafted step may write up to draft_tokens columns past the last token kept
+        cache = GroupKVCache(rows, width, length + (draft_tokens if drafting else 0), per_prompt)
     else:
         cache = StaticKVCache(rows, length, repeats=per_prompt)
     stop_ids = torch.tensor(list(stop_ids), device=device)
@@ -444,6 +573,11 @@ def decode(
     cache.column = torch.tensor([width], device=device)
 
     grouped_step = GroupedStep(model, cache) if grouped else None
+    if drafting:
+        return decode_with_drafts(
+            grouped_step, input_ids.repeat_interleave(per_prompt, dim=0), real, logits, max_new_tokens,
+            stop_ids, pad_id, draft_tokens, temperature, top_p, greedy, suppress,
+        )  # fmt: skip
 
     def step():
         if grouped_step is not None:
@@ -488,6 +622,71 @@ def decode(
         else:
             logits = step()
     return torch.cat([input_ids.repeat_interleave(per_prompt, dim=0), completion[:, : t + 1]], dim=1)
+
+
+def decode_with_drafts(
+    step, prompts, prompt_real, logits, max_new_tokens, stop_ids, pad_id, draft_tokens,
+    temperature, top_p, greedy, suppress,
+):  # fmt: skip
+    """decode's loop where each step also checks drafts: prompts [rows, P] (each prompt's K rows),
+    prompt_real [B, P] (False: padding), logits [rows, V] of the prefill. Each row moves at its
+    own pace: it writes the drafts it keeps and one token drawn after them, so completion index n
+    of row r is at cache column P + n * K + r, as in the one-token loop, but n differs by row."""
+    rows, width = prompts.shape
+    K, device = step.K, prompts.device
+    own_row = torch.arange(rows, device=device) % K
+    prompt_lengths = prompt_real.sum(-1, keepdim=True).repeat_interleave(K, dim=0)
+    # The row's context, prompt then completion, and one spare column that writes past a row's end
+    # go to (it stays padding, never real).
+    context = torch.cat([prompts, prompts.new_full((rows, max_new_tokens + 1), pad_id)], 1)
+    real = torch.zeros(context.shape, dtype=torch.bool, device=device)
+    real[:, :width] = prompt_real.repeat_interleave(K, dim=0)
+    written = torch.zeros(rows, dtype=torch.long, device=device)
+    finished = torch.zeros(rows, dtype=torch.bool, device=device)
+    spare = context.shape[1] - 1
+
+    def append(new, counts):
+        """Write new[:, :counts] after each row's completion, up to and including its first stop
+        token and within max_new_tokens; a finished row writes nothing."""
+        offsets = torch.arange(new.shape[1], device=device)
+        keep = (offsets < counts[:, None]) & (written[:, None] + offsets < max_new_tokens)
+        keep &= ~finished[:, None]
+        stop = torch.isin(new, stop_ids) & keep
+        keep &= (stop.long().cumsum(1) - stop.long()) == 0  # nothing after the first stop token
+        target = torch.where(keep, width + written[:, None] + offsets, spare)
+        context.scatter_(1, target, new)
+        real.scatter_(1, target, keep)
+        real[:, spare] = False
+        written.add_(keep.sum(1))
+        finished.logical_or_((stop & keep).any(1) | (written >= max_new_tokens))
+
+    append(next_tokens(logits, temperature, top_p, greedy, suppress)[:, None], torch.ones_like(written))
+    drafting_rows, kept = 0, 0  # over this call: row-steps that checked drafts, drafts they kept
+    for step_number in itertools.count():
+        if bool(finished.all()):
+            break
+        ends = width + written
+        drafts, lengths = context_drafts(context, real, ends, draft_tokens)
+        # A row writes at most max_new_tokens: its last token is always drawn, never a draft.
+        lengths = torch.where(finished, 0, torch.minimum(lengths, max_new_tokens - written - 1))
+        pays = drafting_rows < DRAFT_TRIAL or kept >= DRAFTS_PAY * drafting_rows
+        if not (pays or step_number % DRAFT_RETRY == 0):
+            lengths = torch.zeros_like(lengths)
+        Q = 1 + int(lengths.max())
+        drafts = drafts[:, : Q - 1]
+        # The row's last token (not yet in the cache) and its drafts, at completion indices
+        # written - 1 .. written - 2 + Q; each sees the prompt and its own row up to itself.
+        tokens = torch.cat([context.gather(1, ends[:, None] - 1), drafts], 1)
+        index = written[:, None] - 1 + torch.arange(Q, device=device)
+        columns = (width + index * K + own_row[:, None]).view(-1, K * Q)
+        steps = int(index.max()) + 1
+        bias = step.drafted_bias(prompt_real, index, steps)
+        step_logits = step.forward(tokens, prompt_lengths + index, columns, bias, width + steps * K)
+        accepted, drawn = check_drafts(step_logits, drafts, lengths, temperature, top_p, greedy, suppress)
+        drafting_rows, kept = drafting_rows + int((lengths > 0).sum()), kept + int(accepted.sum())
+        new = torch.cat([drafts, drafts.new_full((rows, 1), pad_id)], 1)
+        append(new.scatter(1, accepted[:, None], drawn[:, None]), accepted + 1)
+    return context[:, : width + int(written.max())]
 
 
 def capture_step(step):

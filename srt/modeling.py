@@ -388,6 +388,7 @@ def generate(
     prefill_once=True,
     stop_when=None,
     engine="ours",
+    draft_tokens=None,
 ) -> dict:
     """Completions of prompt texts (already chat-templated) -> {prompt_ids, prompt_mask,
     completion_ids, completion_mask, texts, input_tokens, generated_tokens}, rows grouped by
@@ -408,7 +409,11 @@ def generate(
 
     stop_when(text) -> bool ends a row early once its decoded completion satisfies it (evaluate's
     direct methods stop at their first complete line); the row is then padded like a row that
-    emitted a stop token, and generated_tokens counts its tokens up to that point."""
+    emitted a stop token, and generated_tokens counts its tokens up to that point.
+
+    draft_tokens (engine "ours"): tokens drafted from each row's own context and checked in the
+    same step (decode.context_drafts, decode.check_drafts), None for decode.DRAFT_TOKENS, 0 for one
+    token a step. The samples' distribution is the same either way; their random numbers are not."""
     device = next(model.parameters()).device
     tokenizer.padding_side = "left"
     encoded = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False).to(device)
@@ -448,6 +453,7 @@ def generate(
                 stopping=stop_rows if stop_when is not None else None,
                 prefill_once=prefill_once,
                 synced=synced,
+                draft_tokens=draft_tokens,
             )
     elif engine == "hf":
         sequences = hf_generate(

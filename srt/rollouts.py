@@ -35,6 +35,7 @@ def sample_groups(policy, tokenizer, records, prompts, cfg, reward_fn, autocast_
             temperature=cfg.temperature,
             top_p=cfg.top_p,
             autocast_dtype=autocast_dtype,
+            draft_tokens=getattr(cfg, "draft_tokens", None),
         )
     t1 = time.perf_counter()
     examples = [record for record in records for _ in range(cfg.num_generations)]
