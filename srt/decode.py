@@ -389,7 +389,7 @@ DRAFT_TOKENS = 3
 # (the attention's queries times 4, the check), so they pay where a row keeps at least 0.3 of a
 # draft a step. A model that does not copy its context (SmolLM2 before SFT keeps ~0.15) decodes one
 # token a step after a first DRAFT_TRIAL row-steps, trying drafts again every DRAFT_RETRY steps.
-DRAFTS_PAY, DRAFT_TRIAL, DRAFT_RETRY = 0.3, 16, 8
+DRAFTS_PAY, DRAFT_TRIAL, DRAFT_RETRY = 0.3, 16, 16
 
 
 def context_drafts(context, real, ends, draft_tokens: int, longest: int = 3):
@@ -401,6 +401,8 @@ def context_drafts(context, real, ends, draft_tokens: int, longest: int = 3):
     rows, L = context.shape
     drafts = context.new_zeros(rows, draft_tokens)
     lengths = torch.zeros(rows, dtype=torch.long, device=context.device)
+    if draft_tokens == 0:
+        return drafts, lengths
     found = torch.zeros(rows, dtype=torch.bool, device=context.device)
     for n in range(longest, 0, -1):
         windows = context.unfold(1, n, 1)  # [rows, L - n + 1, n]: window s holds context[s : s + n]
@@ -429,10 +431,13 @@ def check_drafts(logits, drafts, lengths, temperature=1.0, top_p=1.0, greedy=Fal
     each token written is distributed as p_j(x) = p_j(draft) 1[x = draft] + (1 - p_j(draft)) p_j(x) /
     (1 - p_j(draft)) 1[x != draft]: exactly p_j, as if drawn one step at a time. Greedy keeps
     a draft where it is the argmax and writes the argmax after."""
+    rows, Q, V = logits.shape
+    if Q == 1:  # nothing drafted: a one-token step
+        kept_none = torch.zeros(rows, dtype=torch.long, device=logits.device)
+        return kept_none, next_tokens(logits[:, 0], temperature, top_p, greedy, suppress)
     logits = logits.to(torch.float32, copy=True)  # one [rows, Q, V] copy, changed in place below:
     if suppress is not None:  # on a CPU each new tensor of this size costs its page faults
         logits.index_fill_(-1, suppress, float("-inf"))
-    rows, Q, V = logits.shape
     positions = torch.arange(Q - 1, device=logits.device)
     drafted = positions < lengths[:, None]  # [rows, Q - 1]
     if greedy:
@@ -446,10 +451,9 @@ def check_drafts(logits, drafts, lengths, temperature=1.0, top_p=1.0, greedy=Fal
     kept = (uniform < log_draft.double().exp()) & drafted
     accepted = kept.long().cumprod(-1).sum(-1)
     final = scores[torch.arange(rows, device=logits.device), accepted].softmax(-1)  # p after the kept drafts
-    if Q > 1:  # where the draft at `accepted` was refused, draw without it
-        refused = accepted < lengths
-        refused_draft = drafts.gather(1, accepted.clamp(max=Q - 2)[:, None])
-        final = final.scatter(1, refused_draft, final.gather(1, refused_draft) * ~refused[:, None])
+    # Where the draft at `accepted` was refused, draw without it.
+    refused, refused_draft = accepted < lengths, drafts.gather(1, accepted.clamp(max=Q - 2)[:, None])
+    final = final.scatter(1, refused_draft, final.gather(1, refused_draft) * ~refused[:, None])
     return accepted, draw(final)
 
 
@@ -666,12 +670,11 @@ def decode_with_drafts(
         if bool(finished.all()):
             break
         ends = width + written
-        drafts, lengths = context_drafts(context, real, ends, draft_tokens)
+        pays = drafting_rows < DRAFT_TRIAL or kept >= DRAFTS_PAY * drafting_rows
+        retry = step_number % DRAFT_RETRY == 0
+        drafts, lengths = context_drafts(context, real, ends, draft_tokens if pays or retry else 0)
         # A row writes at most max_new_tokens: its last token is always drawn, never a draft.
         lengths = torch.where(finished, 0, torch.minimum(lengths, max_new_tokens - written - 1))
-        pays = drafting_rows < DRAFT_TRIAL or kept >= DRAFTS_PAY * drafting_rows
-        if not (pays or step_number % DRAFT_RETRY == 0):
-            lengths = torch.zeros_like(lengths)
         Q = 1 + int(lengths.max())
         drafts = drafts[:, : Q - 1]
         # The row's last token (not yet in the cache) and its drafts, at completion indices
