@@ -382,8 +382,8 @@ def next_tokens(logits, temperature=1.0, top_p=1.0, greedy=False, suppress=None)
 # step reads the weights once for a row's next token and its Q - 1 guesses, and keeps the guesses
 # the model would have drawn. The guesses change no probability (speculative sampling, Leviathan et
 # al., 2023; Chen et al., 2023): see check_drafts.
-# Up to 3 drafts a step: on SRT chains of the demo's GRPO samples, a row then writes 1.7 tokens a
-# step; more drafts add little there and cost attention (bench/README.md).
+# Up to 3 drafts a step: a step's cost grows with its positions (the attention's queries), and a
+# row seldom keeps more than its first few drafts (bench/README.md).
 DRAFT_TOKENS = 3
 # Drafts are not free: on a 2-core CPU a step that checks 3 of them takes ~1.3x a one-token step
 # (the attention's queries times 4, the check), so they pay where a row keeps at least 0.3 of a
