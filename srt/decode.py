@@ -389,6 +389,7 @@ DRAFT_TOKENS = 3
 # (the attention's queries times 4, the check), so they pay where a row keeps at least 0.3 of a
 # draft a step. A model that does not copy its context (SmolLM2 before SFT keeps ~0.15) decodes one
 # token a step after a first DRAFT_TRIAL row-steps, trying drafts again every DRAFT_RETRY steps.
+# Whether a step drafts depends on the tokens drawn before it only, so no token's law changes.
 DRAFTS_PAY, DRAFT_TRIAL, DRAFT_RETRY = 0.3, 16, 16
 
 
