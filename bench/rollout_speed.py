@@ -214,10 +214,10 @@ def speed(args) -> None:
                 times[side].append(rollout(side))
         row = {"K": K, "prompts": len(prompts), "precision": precision}
         row["cuda_graph"] = graph_record(device, [r["graph_failed"] for r in times["ours"]])
-        for engine in sides:
-            seconds = describe([r["seconds"] for r in times[engine]])
-            generated = times[engine][0]["generated"]
-            row[engine] = {
+        for side in sides:
+            seconds = describe([r["seconds"] for r in times[side]])
+            generated = times[side][0]["generated"]
+            row[side] = {
                 "seconds": seconds,
                 "generated_tokens": generated,
                 "tokens_per_s": generated / seconds["median"],
