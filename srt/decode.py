@@ -427,7 +427,8 @@ def check_drafts(logits, drafts, lengths, temperature=1.0, top_p=1.0, greedy=Fal
     -> (accepted [rows], next [rows]): the row keeps drafts[:accepted], then writes `next`.
 
     Exact speculative sampling with a draft of probability 1: draft j is kept with probability
-    p_j(draft_j), p_j the distribution next_tokens draws from; at the first refusal the token comes
+    p_j(draft_j), p_j the distribution next_tokens draws from (the pi_old whose log-probs GRPO's
+    ratio uses and samples from, §3.4, Eqs. (8)-(9)); at the first refusal the token comes
     from p_j without the refused draft, renormalized; when all are kept, from p after the last. So
     each token written is distributed as p_j(x) = p_j(draft) 1[x = draft] + (1 - p_j(draft)) p_j(x) /
     (1 - p_j(draft)) 1[x != draft]: exactly p_j, as if drawn one step at a time. Greedy keeps
