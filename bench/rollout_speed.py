@@ -202,7 +202,9 @@ def speed(args) -> None:
 
     results = {"machine": machine(), "config": vars(args), "runs": []}
     drafts = decode.DRAFT_TOKENS if args.draft_tokens is None else args.draft_tokens
-    sides = ENGINES + ((ONE_TOKEN,) if drafts > 0 else ())
+    # ours runs between its two comparisons (1 token a step, then ours, then generate), so each of
+    # the two paired ratios compares rollouts run back to back.
+    sides = ((ONE_TOKEN,) if drafts > 0 else ()) + ENGINES
     for K in args.ks:
         rollout = Rollout(K)
         precision = observed_precision(model, rollout)  # also the warm-up of each side

@@ -25,7 +25,7 @@ import torch
 
 from srt import decode
 from srt.checkpoint import publish_dir
-from srt.distributed import is_main_process
+from srt.distributed import is_fsdp, is_main_process
 
 
 def peak_gpu_gb(device) -> float | None:
@@ -438,7 +438,11 @@ def generate(
     model.eval()
     if engine == "ours":
         sampler = decode.sampling_model(model, autocast_dtype)
-        with autocast(device, autocast_dtype if sampler is model else None):
+        # Inference mode: a decode step's ~700 small ops skip autograd's bookkeeping (version
+        # counters, view tracking), about 4% of a rollout on a CPU (bench/README.md). Not under
+        # FSDP, whose hooks manage the parameters' storage.
+        inference = not (synced or is_fsdp(model) or is_fsdp(sampler))
+        with autocast(device, autocast_dtype if sampler is model else None), torch.inference_mode(inference):
             sequences = decode.decode(
                 sampler,
                 encoded.input_ids,
@@ -455,6 +459,9 @@ def generate(
                 synced=synced,
                 draft_tokens=draft_tokens,
             )
+        # A normal tensor again: stage 2's loss embeds these ids, and autograd cannot save an
+        # inference tensor for the backward pass.
+        sequences = sequences.clone()
     elif engine == "hf":
         sequences = hf_generate(
             model,

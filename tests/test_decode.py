@@ -779,6 +779,31 @@ def test_generate_samples_from_the_bf16_copy_and_hooks_see_it(tiny):
     assert torch.equal(out["completion_ids"], again["completion_ids"])
 
 
+def test_rollouts_decoded_in_inference_mode_train_the_policy():
+    """generate decodes in inference mode, whose tensors autograd refuses to save for a backward
+    pass. What stage 2 does next must still work: embed the returned completion ids in a training
+    forward and backpropagate (an embedding saves its ids), step the optimizer, and sample again
+    from the refreshed bf16 copy (an in-place copy into an inference tensor would be refused)."""
+    model, tokenizer = load_model_and_tokenizer("tiny-random", dtype="float32")
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
+    decode.follow_optimizer(model, optimizer)
+    out = modeling.generate(
+        model, tokenizer, PROMPTS, max_new_tokens=6, num_generations=2, autocast_dtype=torch.bfloat16
+    )
+    for key in ("prompt_ids", "completion_ids", "completion_mask"):
+        assert not out[key].is_inference(), key
+    model.train()
+    model(input_ids=out["completion_ids"]).logits.float().logsumexp(-1).mean().backward()
+    assert model.model.embed_tokens.weight.grad.abs().sum() > 0
+    optimizer.step()
+    low = decode.sampling_model(model, torch.bfloat16)  # refreshed in place from the new weights
+    assert all(torch.equal(q, p.to(torch.bfloat16)) for p, q in zip(model.parameters(), low.parameters()))
+    again = modeling.generate(
+        model, tokenizer, PROMPTS, max_new_tokens=6, greedy=True, autocast_dtype=torch.bfloat16
+    )
+    assert again["completion_ids"].shape == (3, 6)
+
+
 def test_unknown_engine_and_empty_budget_are_refused(tiny):
     model, tokenizer = tiny
     with pytest.raises(ValueError, match="engine"):
