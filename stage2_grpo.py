@@ -45,7 +45,7 @@ from tqdm.auto import tqdm
 from reward import ANSWER_GATES, ANSWER_REWARDS, compute_rewards
 from srt import memory_plan
 from srt.checkpoint import JsonlLog, has_trainer_state, rng_state, set_rng_state
-from srt.config import Bounded, at_least, parse_config, positive, write_config
+from srt.config import Bounded, at_least, parse_config, positive, require, write_config
 from srt.data_io import (
     DataError,
     data_paths,
@@ -90,7 +90,7 @@ from srt.probe import (
     step_metrics,
 )
 from srt.prompt import fit_prompt
-from srt.rollouts import PromptStream, sample_batch, think_lengths
+from srt.rollouts import PromptStream, Rollout, sample_batch, think_lengths
 from srt.training import TimeBudget, seed_everything, warmup_lr
 
 # --------------------------------------------------------------------------------------------
@@ -156,7 +156,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=True,
         help="run each group's prompt once in the log-prob passes (its KV cache copied to its K rows)",
     )
-    add("--top-p", type=Bounded(float, low=0.0, high=1.0, strict=True), default=1.0, help="nucleus sampling")
+    add(
+        "--top-p",
+        type=Bounded(float, low=0.0, high=1.0, strict=True),
+        default=1.0,
+        help="nucleus sampling; stage 2 takes only 1.0 (Eq. (9)'s ratio and KL are over the full softmax)",
+    )
     add(
         "--draft-tokens",
         type=at_least(0),
@@ -186,6 +191,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="KL weight of Eq. (9), not printed in the paper; 0 skips pi_ref",
     )
     add("--clip-eps", type=positive(float), default=0.2, help="epsilon of the clipped ratio in Eq. (9)")
+    add(
+        "--is-cap",
+        type=at_least(0.0, float),
+        default=2.0,
+        help="truncated importance sampling: each token's surrogate times min(pi_old / pi_sampler, C), "
+        "for rollouts drawn on a bf16 copy of the policy (not in the paper); 0: off",
+    )
     add("--mu", type=at_least(1), default=1, help="passes over each sample batch")
     add(
         "--loss-norm",
@@ -290,6 +302,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 def parse_args(argv=None) -> argparse.Namespace:
     cfg = parse_config(build_parser(), PRESETS, argv)
+    # The ratio and the KL of Eq. (9) read log-probs of softmax(logits / T) over the whole vocabulary
+    # (but suppressed tokens): a nucleus sampler draws from another distribution, which they would
+    # not see (the bias TRL's users met, its issue 6789). Refused rather than half-corrected.
+    require(
+        cfg.top_p == 1.0,
+        f"--top-p {cfg.top_p}: stage 2 samples from the full softmax(logits / T), whose log-probs "
+        "the ratio and KL of Eq. (9) use; a nucleus would bias both (use 1.0)",
+    )
+    require(cfg.is_cap == 0 or cfg.is_cap >= 1, f"--is-cap {cfg.is_cap}: 0 (off) or a cap of at least 1")
     if cfg.preset in ("cpu-demo", "cpu-long") and cfg.eval_data is None:  # the demo shows its before / after
         dev = Path(data_paths(cfg.data)[0]).parent / "dev.jsonl"
         cfg.eval_data = str(dev) if dev.exists() else None
@@ -329,9 +350,20 @@ def k3_kl(logprobs, ref_logprobs):
 
 
 def grpo_loss(
-    logprobs, old_logprobs, ref_logprobs, advantages, mask, clip_eps=0.2, beta=0.04, loss_norm="seq"
+    logprobs,
+    old_logprobs,
+    ref_logprobs,
+    advantages,
+    mask,
+    clip_eps=0.2,
+    beta=0.04,
+    loss_norm="seq",
+    is_weights=None,
 ):
-    """-> (loss, stats). logprobs / old / ref: [B, C]; advantages: [B]; mask: [B, C] completion mask.
+    """-> (loss, stats). logprobs / old / ref: [B, C]; advantages: [B] or [B, C]; mask: [B, C], the
+    rollout's policy_mask (1 on the tokens the policy sampled: only they count, in every term and in
+    the normalisation); is_weights: [B, C] truncated importance weights pi_old / pi_sampler
+    (truncated_is_weights), or None for 1.
 
     loss_norm="seq" is Eq. (9) as written: each completion's token terms are averaged over its own
     |o_i| tokens, then completions are averaged (1/G). A token of a short completion thus weighs more
@@ -340,95 +372,53 @@ def grpo_loss(
     over every token of the batch and divides by their number, so each token weighs the same."""
     mask = mask.to(logprobs.dtype)
     ratio = torch.exp(logprobs - old_logprobs)  # r_{i,t}(theta)
-    A = (
-        advantages.unsqueeze(1) if advantages.dim() == 1 else advantages
-    )  # A~_i on every token, or [B, C]: one each
+    A = advantages.unsqueeze(1) if advantages.dim() == 1 else advantages  # A~_i on every token, or one each
     unclipped = ratio * A
     clipped = torch.clamp(ratio, 1 - clip_eps, 1 + clip_eps) * A
     objective = torch.min(unclipped, clipped)  # pessimistic bound, no gradient when clipped
+    if is_weights is not None:  # the samples came from pi_sampler, Eq. (9)'s expectation is over pi_old
+        objective = objective * is_weights
     kl = k3_kl(logprobs, ref_logprobs) if ref_logprobs is not None else torch.zeros_like(logprobs)
     objective = objective - beta * kl
+    # A masked token may hold anything (a NaN from a -inf log-prob): it is selected out, not multiplied.
+    objective = torch.where(mask > 0, objective, 0.0)
     if loss_norm == "seq":
-        per_completion = (objective * mask).sum(1) / mask.sum(1).clamp(min=1)  # 1/|o_i| sum_t
+        per_completion = objective.sum(1) / mask.sum(1).clamp(min=1)  # 1/|o_i| sum_t
         loss = -per_completion.mean()  # 1/G sum_i
     elif loss_norm == "token":
-        loss = -(objective * mask).sum() / mask.sum().clamp(min=1)
+        loss = -objective.sum() / mask.sum().clamp(min=1)
     else:
         raise ValueError(f"unknown loss_norm {loss_norm!r}; use seq or token")
     with torch.no_grad():
         is_clipped = ((ratio > 1 + clip_eps) & (A > 0)) | ((ratio < 1 - clip_eps) & (A < 0))
         tokens = mask.sum().clamp(min=1)
-        stats = {
-            "kl": ((kl * mask).sum() / tokens).item(),
-            "clip_fraction": ((is_clipped * mask).sum() / tokens).item(),
-            "ratio": ((ratio * mask).sum() / tokens).item(),
-        }
+
+        def token_mean(x):
+            return (torch.where(mask > 0, x.float(), 0.0).sum() / tokens).item()
+
+        stats = {"kl": token_mean(kl), "clip_fraction": token_mean(is_clipped), "ratio": token_mean(ratio)}
     return loss, stats
 
 
+def truncated_is_weights(old_logprobs, sampler_logprobs, cap: float):
+    """Per token w = min(pi_old / pi_sampler, cap), detached: truncated importance sampling (TRL's
+    vllm_importance_sampling_correction in its token / truncate mode; verl, OpenRLHF). Eq. (9)
+    takes its expectation over o ~ pi_old, but the rollouts came from the sampler: a bf16 copy of the
+    policy where the hardware has bf16 units (srt/decode.py), whose log-probs differ from the fp32
+    master weights' under autocast by ~0.04 nats a token. Multiplying each token's surrogate by w
+    makes the gradient the on-policy one in expectation; the cap bounds the variance a rare token
+    with pi_sampler << pi_old would add, at the price of a bias on those tokens. On an fp32 CPU
+    the sampler is the policy itself and w = 1 up to rounding. None (no sampler log-probs, or
+    cap 0): no correction."""
+    if sampler_logprobs is None or cap == 0:
+        return None
+    return torch.exp(old_logprobs.detach() - sampler_logprobs).clamp(max=cap)
+
+
 # --------------------------------------------------------------------------------------------
-# One GRPO step: sample and score, Eq. (8), pi_old and pi_ref, then mu passes of Eq. (9).
+# One GRPO step in three calls, as GRPO-Zero's train.py: rollout (sample and score, Eqs. (4)-(7)),
+# advantages (Eq. (8)), update (Eq. (9)). One record, srt/rollouts.py's Rollout, passes between them.
 # --------------------------------------------------------------------------------------------
-def reward_matrix(scores: list[dict], K: int, *components: str) -> torch.Tensor:
-    """[num_groups, K] of the summed reward `components` of each completion ("total" = Eq. (4))."""
-    rewards = [sum(float(score[name]) for name in components) for score in scores]
-    return torch.tensor(rewards, dtype=torch.float64).view(-1, K)
-
-
-def rollout_advantages(batch: dict, tokenizer, K: int, credit: str, device) -> torch.Tensor:
-    """Eq. (8) for every completion of the sample batch: [B] (one A~ per completion, --credit
-    sequence, the paper), or [B, C] (--credit segment, not in the paper: Eq. (4) pays a lucky answer
-    for a wrong recall, so here the think tokens take the advantage of format + recall and the
-    answer tokens that of format + answer)."""
-    if credit == "sequence":
-        return group_advantages(reward_matrix(batch["scores"], K, "total")).view(-1).to(device)
-    completion_ids = batch["completion_ids"]
-    columns = torch.arange(completion_ids.shape[1])
-    in_think = (columns < think_lengths(tokenizer, completion_ids).unsqueeze(1)).to(device)
-    think_advantage = group_advantages(reward_matrix(batch["scores"], K, "format", "recall"))
-    answer_advantage = group_advantages(reward_matrix(batch["scores"], K, "format", "answer"))
-    return torch.where(
-        in_think, think_advantage.view(-1, 1).to(device), answer_advantage.view(-1, 1).to(device)
-    )
-
-
-def micro_batches(rows: torch.Tensor, size: int) -> tuple[torch.Tensor, ...]:
-    """--micro-batch-size rows at a time: the unit of every forward pass (memory_plan.py)."""
-    return rows.split(size or len(rows))
-
-
-def sequence_logprobs(model, sequences, rows, cfg, autocast_dtype, share_prompts, with_entropy=False):
-    """-> (log pi(o_t | P, o_<t) of the completion tokens of `rows` [R, C], entropy or None)."""
-    device = sequences["input_ids"].device
-    with autocast(device, autocast_dtype):
-        return completion_logprobs(
-            model,
-            sequences["input_ids"][rows],
-            sequences["attention_mask"][rows],
-            sequences["completion_mask"].shape[1],
-            cfg.temperature,
-            with_entropy,
-            share_prompts,
-        )
-
-
-@torch.no_grad()
-def frozen_logprobs(model, sequences, rows, cfg, autocast_dtype, share_prompts) -> torch.Tensor:
-    """Log-probs under a model that does not train in this step: pi_old before any update, pi_ref."""
-    parts = micro_batches(rows, cfg.micro_batch_size)
-    return torch.cat(
-        [sequence_logprobs(model, sequences, part, cfg, autocast_dtype, share_prompts)[0] for part in parts]
-    )
-
-
-def micro_batch_weight(part, rows, completion_mask, loss_norm: str) -> float:
-    """Eq. (9) averages over a minibatch's completions (seq) or its tokens (token): each micro-batch
-    weighs by its share, so the summed gradient is the one of the whole minibatch at once."""
-    if loss_norm == "seq":
-        return len(part) / len(rows)
-    return completion_mask[part].sum().item() / completion_mask[rows].sum().clamp(min=1).item()
-
-
 def grpo_step(
     policy,
     ref_model,
@@ -445,79 +435,86 @@ def grpo_step(
 ) -> dict:
     """One GRPO step on this rank's prompts. `reward_fn` defaults to reward.compute_rewards;
     `train_model` is the DDP wrapper if any (its backward all-reduces), `policy` the module that
-    samples; `draw_more()` gives dynamic sampling fresh prompts; `batch` is a sample batch already
-    drawn by rollouts.sample_batch (--explain prints it first)."""
+    samples; `draw_more()` gives dynamic sampling fresh prompts; `batch` is a Rollout already drawn
+    by rollouts.sample_batch (--explain prints it first). -> what the step reports (step_result)."""
     reward_fn = reward_fn or compute_rewards
-    train_model = policy if train_model is None else train_model
     device = next(policy.parameters()).device
+    rollout = batch or sample_batch(
+        policy, tokenizer, records, prompts, cfg, reward_fn, autocast_dtype, draw_more
+    )
+    advantages = rollout_advantages(rollout, tokenizer, cfg.credit, device)
+    stats = update(policy, ref_model, optimizer, rollout, advantages, cfg, train_model, autocast_dtype)
+    return step_result(rollout, stats)
 
-    # Sample K completions per prompt from pi_old, score them with Eqs. (4)-(7).
-    if batch is None:
-        batch = sample_batch(policy, tokenizer, records, prompts, cfg, reward_fn, autocast_dtype, draw_more)
-    train_started = time.perf_counter()
-    sequences = {
-        "input_ids": torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1).to(device),
-        "attention_mask": torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1).to(device),
-        "completion_mask": batch["completion_mask"].to(device),
-    }
-    completion_mask = sequences["completion_mask"]
 
-    # Eq. (8): group-relative advantages.
-    advantages = rollout_advantages(batch, tokenizer, cfg.num_generations, cfg.credit, device)
+def rollout_advantages(rollout: Rollout, tokenizer, credit: str, device) -> torch.Tensor:
+    """Eq. (8) for every completion of the sample batch: [B] (one A~ per completion, --credit
+    sequence, the paper), or [B, C] (--credit segment, not in the paper: Eq. (4) pays a lucky answer
+    for a wrong recall, so here the think tokens take the advantage of format + recall and the
+    answer tokens that of format + answer)."""
+    if credit == "sequence":
+        return group_advantages(rollout.rewards("total")).view(-1).to(device)
+    columns = torch.arange(rollout.completion_ids.shape[1])
+    in_think = (columns < think_lengths(tokenizer, rollout.completion_ids).unsqueeze(1)).to(device)
+    think_advantage = group_advantages(rollout.rewards("format", "recall")).view(-1, 1).to(device)
+    answer_advantage = group_advantages(rollout.rewards("format", "answer")).view(-1, 1).to(device)
+    return torch.where(in_think, think_advantage, answer_advantage)
 
-    # The sample batch in backprop minibatches (§4.1: sample / backprop = 4). Every rank has as many
-    # rows, so as many minibatches, which DDP needs (one all-reduce per backward).
-    all_rows = torch.arange(len(completion_mask), device=device)
-    minibatches = all_rows.tensor_split(min(cfg.sample_ratio, len(all_rows)))
-    # Each distinct prompt runs once for its K rows (modeling.completion_logprobs), except under
-    # DDP / FSDP wrappers and gradient checkpointing, which allow one module call per backward.
-    sharded = any(hasattr(p, "to_local") for p in policy.parameters())
-    share_frozen = cfg.share_prompts and not sharded
-    share_trained = share_frozen and train_model is policy and not cfg.gradient_checkpointing
 
-    # pi_old and pi_ref, once per sample batch. The first minibatch needs no pi_old pass: it is
-    # scored before any update, where pi_theta = pi_old, so its old log-probs are its own, detached.
-    policy.eval()
-    old_logprobs = torch.zeros(completion_mask.shape, device=device)
-    if len(minibatches) > 1:
-        later = torch.cat(minibatches[1:])
-        old_logprobs[later] = frozen_logprobs(policy, sequences, later, cfg, autocast_dtype, share_frozen)
-    ref_logprobs = None
-    if cfg.beta > 0 and ref_model is not None:
-        ref_logprobs = frozen_logprobs(ref_model, sequences, all_rows, cfg, autocast_dtype, share_frozen)
+def update(
+    policy, ref_model, optimizer, rollout: Rollout, advantages, cfg, train_model=None, autocast_dtype=None
+):
+    """Eq. (9) on one rollout: `mu` passes over its backprop minibatches (§4.1: sample / backprop =
+    4), one AdamW step each. Every rank has as many rows, so as many minibatches, which DDP needs
+    (one all-reduce per backward). -> the statistics of the updates."""
+    started, train_model = time.perf_counter(), policy if train_model is None else train_model
+    device = next(policy.parameters()).device
+    logprobs_of = token_logprobs_of(policy, train_model, rollout, cfg, autocast_dtype)
+    policy_mask = rollout.policy_mask.to(device)
+    sampler = None if rollout.sampler_logprobs is None else rollout.sampler_logprobs.to(device)
+    minibatches = torch.arange(len(policy_mask), device=device).tensor_split(
+        min(cfg.sample_ratio, len(policy_mask))
+    )
 
-    # mu passes of Eq. (9) over the minibatches, one AdamW step each.
-    policy.train()  # gradient checkpointing works only in train mode; the models have no dropout
+    # pi_old and pi_ref, once per rollout, by the same path as the loss's forward: the same function,
+    # the same micro-batches, train mode (the models have no dropout; gradient checkpointing runs only
+    # there). The first minibatch needs no pi_old pass: it is scored before any update, where
+    # pi_theta = pi_old, so its own log-probs serve.
+    policy.train()
+    old_logprobs = torch.zeros(policy_mask.shape, device=device)
+    ref_logprobs = (
+        torch.zeros(policy_mask.shape, device=device) if cfg.beta > 0 and ref_model is not None else None
+    )
+    with torch.no_grad():
+        for index, rows in enumerate(minibatches):
+            for part in micro_batches(rows, cfg.micro_batch_size):
+                if index > 0:
+                    old_logprobs[part] = logprobs_of(policy, part)[0]
+                if ref_logprobs is not None:
+                    ref_logprobs[part] = logprobs_of(ref_model, part)[0]
+
     updates, entropies, skipped = [], [], 0
     for epoch in range(cfg.mu):
         for index, rows in enumerate(minibatches):
             optimizer.zero_grad(set_to_none=True)
             parts = micro_batches(rows, cfg.micro_batch_size)
-            tokens = completion_mask[rows].sum().clamp(min=1).item()
-            totals = {"loss": 0.0, "kl": 0.0, "clip_fraction": 0.0, "ratio": 0.0, "entropy_sum": 0.0}
+            tokens = policy_mask[rows].sum().clamp(min=1).item()  # Eq. (9)'s tokens: the policy's
+            totals = dict.fromkeys(("loss", "kl", "clip_fraction", "ratio", "entropy_sum"), 0.0)
             for i, part in enumerate(parts):
                 with accumulate(train_model, sync=i == len(parts) - 1):  # DDP: all-reduce after the last
-                    logprobs, entropy = sequence_logprobs(
-                        train_model,
-                        sequences,
-                        part,
-                        cfg,
-                        autocast_dtype,
-                        share_trained,
-                        with_entropy=epoch == 0,
-                    )
-                    if epoch == 0 and index == 0:  # pi_old of this minibatch, for the passes mu > 1
+                    logprobs, entropy = logprobs_of(train_model, part, with_entropy=epoch == 0)
+                    if epoch == 0 and index == 0:  # pi_old of the first minibatch, for the passes mu > 1
                         old_logprobs[part] = logprobs.detach()
-                    ref_part = None if ref_logprobs is None else ref_logprobs[part]
+                    ref = None if ref_logprobs is None else ref_logprobs[part]
+                    sampled = None if sampler is None else sampler[part]
+                    is_weights = truncated_is_weights(old_logprobs[part], sampled, cfg.is_cap)
                     loss, loss_stats = grpo_loss(
-                        logprobs, old_logprobs[part], ref_part, advantages[part], completion_mask[part],
-                        cfg.clip_eps, cfg.beta, cfg.loss_norm,
+                        logprobs, old_logprobs[part], ref, advantages[part], policy_mask[part],
+                        cfg.clip_eps, cfg.beta, cfg.loss_norm, is_weights,
                     )  # fmt: skip
-                    weight = micro_batch_weight(part, rows, completion_mask, cfg.loss_norm)
+                    weight = micro_batch_weight(part, rows, policy_mask, cfg.loss_norm)
                     (loss * weight).backward()  # every rank, even a bad loss: DDP/FSDP need all ranks
-                add_micro_batch(
-                    totals, loss.item() * weight, loss_stats, entropy, completion_mask[part], tokens
-                )
+                add_micro_batch(totals, loss.item() * weight, loss_stats, entropy, policy_mask[part], tokens)
             if epoch == 0:
                 entropies.append(totals["entropy_sum"] / tokens)
             grad_norm = clip_grad_norm(policy.parameters(), cfg.max_grad_norm).item()
@@ -530,41 +527,109 @@ def grpo_step(
             updates.append(dict(totals, grad_norm=grad_norm))
     optimizer.zero_grad(set_to_none=True)
     policy.eval()
-    return step_result(batch, sequences, updates, entropies, skipped, time.perf_counter() - train_started)
+    return dict(
+        updates=updates,
+        entropies=entropies,
+        skipped=skipped,
+        train_s=time.perf_counter() - started,
+        **sampler_mismatch(old_logprobs, sampler, policy_mask, cfg.is_cap),
+    )
 
 
-def add_micro_batch(totals: dict, weighted_loss, loss_stats, entropy, completion_mask, tokens) -> None:
+def token_logprobs_of(policy, train_model, rollout: Rollout, cfg, autocast_dtype):
+    """-> logprobs_of(model, rows, with_entropy=False): (log pi(o_t | P, o_<t) [R, C], entropy or
+    None) of the completion tokens of `rows` (one micro-batch) in one forward. One path for
+    pi_old, pi_theta and pi_ref: each distinct prompt runs once for its K rows
+    (modeling.completion_logprobs) unless a wrapper (DDP, FSDP) or gradient checkpointing allows only
+    one module call per backward; then no pass shares, so pi_old equals pi_theta before an update to
+    the last bit, where the two paths differ under bf16 autocast by ~0.03 nats a token."""
+    device = next(policy.parameters()).device
+    input_ids, attention_mask = rollout.sequences(device)
+    C = rollout.completion_ids.shape[1]
+    sharded = any(hasattr(p, "to_local") for p in policy.parameters())
+    share = cfg.share_prompts and not sharded and train_model is policy and not cfg.gradient_checkpointing
+    suppress = policy.generation_config.suppress_tokens  # never sampled (srt/decode.py): not in pi either
+    suppress = torch.tensor(suppress, device=device) if suppress else None
+
+    def logprobs_of(model, rows, with_entropy=False):
+        with autocast(device, autocast_dtype):
+            return completion_logprobs(
+                model, input_ids[rows], attention_mask[rows], C, cfg.temperature,
+                with_entropy, share, suppress,
+            )  # fmt: skip
+
+    return logprobs_of
+
+
+def sampler_mismatch(old_logprobs, sampler_logprobs, policy_mask, cap: float) -> dict:
+    """How far the sampler was from pi_old, over the policy's tokens: the mean of log pi_old -
+    log pi_sampler, the k3 estimate of KL(pi_sampler || pi_old) (the tokens came from the sampler),
+    and the share of tokens whose importance weight the cap truncated. NaN where the sampler's
+    log-probs are unknown. About 0 on an fp32 CPU; ~0.04 nats a token on a bf16 sampler."""
+    if sampler_logprobs is None:
+        return dict(sampler_log_ratio=float("nan"), sampler_kl=float("nan"), is_capped_fraction=float("nan"))
+    sampled = policy_mask.bool()
+    log_ratio = (old_logprobs - sampler_logprobs)[sampled]
+    capped = (log_ratio > math.log(cap)).float().mean().item() if cap > 0 and len(log_ratio) else 0.0
+    return dict(
+        sampler_log_ratio=log_ratio.mean().item() if len(log_ratio) else 0.0,
+        sampler_kl=k3_kl(sampler_logprobs[sampled], old_logprobs[sampled]).mean().item()
+        if len(log_ratio)
+        else 0.0,
+        is_capped_fraction=capped,
+    )
+
+
+def micro_batches(rows: torch.Tensor, size: int) -> tuple[torch.Tensor, ...]:
+    """--micro-batch-size rows at a time: the unit of every forward pass (memory_plan.py)."""
+    return rows.split(size or len(rows))
+
+
+def micro_batch_weight(part, rows, policy_mask, loss_norm: str) -> float:
+    """Eq. (9) averages over a minibatch's completions (seq) or its policy tokens (token): each
+    micro-batch weighs by its share, so the summed gradient is the one of the whole minibatch at once."""
+    if loss_norm == "seq":
+        return len(part) / len(rows)
+    return policy_mask[part].sum().item() / policy_mask[rows].sum().clamp(min=1).item()
+
+
+def add_micro_batch(totals: dict, weighted_loss, loss_stats, entropy, policy_mask, tokens) -> None:
     """Fold one micro-batch into its minibatch's totals: the loss by its Eq. (9) weight, the token
-    means (KL, clip fraction, ratio) by its share of the minibatch's tokens, the entropy summed."""
+    means (KL, clip fraction, ratio) by its share of the minibatch's policy tokens, the entropy summed."""
     totals["loss"] += weighted_loss
     for key, value in loss_stats.items():
-        totals[key] += value * completion_mask.sum().item() / tokens
+        totals[key] += value * policy_mask.sum().item() / tokens
     if entropy is not None:
-        totals["entropy_sum"] += (entropy * completion_mask).sum().item()
+        totals["entropy_sum"] += torch.where(policy_mask > 0, entropy, 0.0).sum().item()
 
 
-def step_result(batch, sequences, updates, entropies, skipped, train_s) -> dict:
-    """What a step reports: its samples and scores, the mean of each update's statistics, lengths, timings."""
-    lengths = sequences["completion_mask"].sum(1).float()
+def step_result(rollout: Rollout, stats: dict) -> dict:
+    """What a step reports: its samples and scores, the mean of each update's statistics, the
+    sampler's mismatch, lengths, timings."""
+    updates, lengths = stats["updates"], rollout.policy_mask.sum(1).float()
 
     def mean_over_updates(key):
         return float(np.mean([update[key] for update in updates])) if updates else float("nan")
 
     return {
-        "scores": batch["scores"],
-        "texts": batch["texts"],
-        "records": batch["records"],
+        "scores": rollout.scores,
+        "texts": rollout.texts,
+        "records": rollout.records,
         **{key: mean_over_updates(key) for key in ("loss", "grad_norm", "kl", "clip_fraction", "ratio")},
-        "entropy": float(np.mean(entropies)) if entropies else float("nan"),
+        "entropy": float(np.mean(stats["entropies"])) if stats["entropies"] else float("nan"),
+        **{key: stats[key] for key in ("sampler_log_ratio", "sampler_kl", "is_capped_fraction")},
         "completion_length": lengths.mean().item(),
         "completion_tokens": int(lengths.sum().item()),
-        "sequence_tokens": int(sequences["attention_mask"].sum().item()),
-        "skipped_updates": skipped,
+        "sequence_tokens": int(rollout.prompt_mask.sum().item() + rollout.completion_mask.sum().item()),
+        "skipped_updates": stats["skipped"],
         "updates": len(updates),
-        "generate_s": batch["generate_s"],
-        "score_s": batch["score_s"],
-        "train_s": train_s,
-        **{k: batch[k] for k in ("draws", "groups_drawn", "groups_all_equal", "groups_recall_constant")},
+        "generate_s": rollout.generate_s,
+        "score_s": rollout.score_s,
+        "train_s": stats["train_s"],
+        "draws": rollout.draws,
+        "groups_drawn": rollout.groups_drawn,
+        "groups_all_equal": rollout.groups_all_equal,
+        "groups_recall_constant": rollout.groups_recall_constant,
     }
 
 
@@ -619,6 +684,7 @@ RESUME_MUST_MATCH = (
     "max_grad_norm",
     "beta",
     "clip_eps",
+    "is_cap",
     "temperature",
     "top_p",
     "max_new_tokens",
@@ -882,18 +948,18 @@ def explain(cfg, reward_fn=None, print_fn=print) -> dict:
     )
 
     # Eqs. (4)-(7): sample K completions from pi_old and score each.
-    batch = sample_batch(policy, tokenizer, [record], [prompt], cfg, reward_fn, autocast_dtype)
-    scores = batch["scores"]
+    rollout = sample_batch(policy, tokenizer, [record], [prompt], cfg, reward_fn, autocast_dtype)
+    scores = rollout.scores
     print_fn("\nEqs. (4)-(7): R = format + recall + answer for each completion")
     print_fn(f"{'k':>2}  {'format':>6}  {'recall':>7}  {'answer':>7}  {'R':>7}  completion (shortened)")
-    for k, (score, text) in enumerate(zip(scores, batch["texts"]), 1):
+    for k, (score, text) in enumerate(zip(scores, rollout.texts), 1):
         print_fn(
             f"{k:>2}  {score['format']:>6.2f}  {score['recall']:>7.4f}  {score['answer']:>7.4f}  "
             f"{score['total']:>7.4f}  {shorten(text)!r}"
         )
 
     # Eq. (8): the group's mean and population std, and each completion's advantage.
-    rewards = reward_matrix(scores, K, "total")[0]
+    rewards = rollout.rewards("total")[0]
     mean, std = rewards.mean().item(), rewards.std(unbiased=False).item()
     advantages = group_advantages(rewards.view(1, K))[0]
     print_fn(f"\nEq. (8): mean R = {mean:.4f}, std R = {std:.4f} (population: divide by K)")
@@ -907,19 +973,15 @@ def explain(cfg, reward_fn=None, print_fn=print) -> dict:
         )
 
     # pi_old (the policy before the step) and pi_ref (--model, frozen) on the sampled tokens.
-    sequences = {
-        "input_ids": torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1).to(device),
-        "attention_mask": torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1).to(device),
-        "completion_mask": batch["completion_mask"].to(device),
-    }
     rows = torch.arange(K, device=device)
-    policy.eval()
-    old_logprobs = frozen_logprobs(policy, sequences, rows, cfg, autocast_dtype, cfg.share_prompts)
-    ref_logprobs = frozen_logprobs(ref_model, sequences, rows, cfg, autocast_dtype, cfg.share_prompts)
+    logprobs_of = token_logprobs_of(policy, policy, rollout, cfg, autocast_dtype)  # the update's path
+    policy.train()
+    with torch.no_grad():
+        old_logprobs, ref_logprobs = logprobs_of(policy, rows)[0], logprobs_of(ref_model, rows)[0]
 
     # The update of grpo_step, on these samples.
     result = grpo_step(policy, ref_model, tokenizer, optimizer, [record], [prompt], cfg,
-                       reward_fn=reward_fn, autocast_dtype=autocast_dtype, batch=batch)  # fmt: skip
+                       reward_fn=reward_fn, autocast_dtype=autocast_dtype, batch=rollout)  # fmt: skip
     minibatches = min(cfg.sample_ratio, K)
     print_fn(
         f"\nThe update: {K} completions in {minibatches} minibatch(es) (--sample-ratio), mu = {cfg.mu} "
@@ -928,8 +990,11 @@ def explain(cfg, reward_fn=None, print_fn=print) -> dict:
     )
 
     # Eq. (9) per completion after the update: what a further pass over these samples computes.
-    new_logprobs = frozen_logprobs(policy, sequences, rows, cfg, autocast_dtype, cfg.share_prompts)
-    mask = sequences["completion_mask"].float()
+    policy.train()
+    with torch.no_grad():
+        new_logprobs = logprobs_of(policy, rows)[0]
+    policy.eval()
+    mask = rollout.policy_mask.to(device).float()
     ratio = torch.exp(new_logprobs - old_logprobs)
     A = advantages.to(device).unsqueeze(1)
     surrogate = torch.min(ratio * A, torch.clamp(ratio, 1 - eps, 1 + eps) * A)

@@ -6,8 +6,10 @@ in plain PyTorch, as nanochat's engine is.
              go to a static KV cache, preallocated for prompt + max_new_tokens positions;
     decode   one token per step for every row: the step writes its keys and values in place (no
              torch.cat, no new allocation), then the next token is drawn from exactly
-             softmax(logits / T) cut by top-p, the distribution whose log-probs GRPO's ratio and
-             KL use (§3.4, Eqs. (8)-(9)); greedy takes the argmax;
+             softmax(logits / T) cut by top-p and suppressed tokens, and its log-probability under
+             that distribution is kept (GRPO's log pi_sampler, §3.4: stage 2 weighs the sampler
+             against pi_old, and refuses top-p < 1, which its ratio would not see); greedy takes
+             the argmax;
     stop     a row ends at its first stop token (eos, <|im_end|>) or where the caller's test says
              so; it is then fed padding, and the loop ends when every row has ended;
     drafts   an SRT chain copies turns of its history, so the tokens that followed a row's last
@@ -361,16 +363,21 @@ def top_p_filter(logits, top_p: float):
 
 
 def next_tokens(logits, temperature=1.0, top_p=1.0, greedy=False, suppress=None):
-    """logits [rows, V] -> one token per row. Temperature first, then the nucleus of the tempered
-    distribution (as Hugging Face's warpers do), then one draw per row by inverse transform.
-    `suppress`: token ids that may never be drawn (the model's generation_config.suppress_tokens)."""
+    """logits [rows, V] -> (one token per row, its log-probability under the distribution it was
+    drawn from). Temperature first, then the nucleus of the tempered distribution (as Hugging Face's
+    warpers do), then one draw per row by inverse transform. `suppress`: token ids that may never be
+    drawn (the model's generation_config.suppress_tokens). The log-probability is the sampler's own
+    log pi_sampler(o_t), which GRPO's importance weight compares with pi_old (stage2_grpo.py); a
+    greedy choice has probability 1 (log-probability 0)."""
     logits = logits.float()
     if suppress is not None:
         logits = logits.index_fill(-1, suppress, float("-inf"))
     if greedy:
-        return logits.argmax(dim=-1)
+        best = logits.argmax(dim=-1)
+        return best, torch.zeros(best.shape, device=logits.device)
     probs = top_p_filter(logits / temperature, top_p).softmax(dim=-1)
-    return draw(probs)
+    tokens = draw(probs)
+    return tokens, probs.gather(1, tokens[:, None]).squeeze(1).log()
 
 
 # --------------------------------------------------------------------------------------------
@@ -424,11 +431,13 @@ def context_drafts(context, real, ends, draft_tokens: int, longest: int = 3):
 def check_drafts(logits, drafts, lengths, temperature=1.0, top_p=1.0, greedy=False, suppress=None):
     """logits [rows, Q, V]: the model's next-token logits after the row's last token and after each
     of its drafts, drafts [rows, Q - 1], lengths [rows] (drafts beyond a row's length are padding).
-    -> (accepted [rows], next [rows]): the row keeps drafts[:accepted], then writes `next`.
+    -> (accepted [rows], next [rows], logprobs [rows, Q]): the row keeps drafts[:accepted], then
+    writes `next`; logprobs[:, j] is log p_j of the token written at j (a kept draft's is the
+    probability its acceptance test used, `next`'s the p_j it is distributed as; 0 greedy).
 
     Exact speculative sampling with a draft of probability 1: draft j is kept with probability
-    p_j(draft_j), p_j the distribution next_tokens draws from (the pi_old whose log-probs GRPO's
-    ratio uses and samples from, §3.4, Eqs. (8)-(9)); at the first refusal the token comes
+    p_j(draft_j), p_j the distribution next_tokens draws from (GRPO's pi_sampler, §3.4, which
+    stage 2 weighs against pi_old of Eqs. (8)-(9)); at the first refusal the token comes
     from p_j without the refused draft, renormalized; when all are kept, from p after the last. So
     each token written is distributed as p_j(x) = p_j(draft) 1[x = draft] + (1 - p_j(draft)) p_j(x) /
     (1 - p_j(draft)) 1[x != draft]: exactly p_j, as if drawn one step at a time. Greedy keeps
@@ -436,7 +445,8 @@ def check_drafts(logits, drafts, lengths, temperature=1.0, top_p=1.0, greedy=Fal
     rows, Q, V = logits.shape
     if Q == 1:  # nothing drafted: a one-token step
         kept_none = torch.zeros(rows, dtype=torch.long, device=logits.device)
-        return kept_none, next_tokens(logits[:, 0], temperature, top_p, greedy, suppress)
+        token, logprob = next_tokens(logits[:, 0], temperature, top_p, greedy, suppress)
+        return kept_none, token, logprob[:, None]
     logits = logits.to(torch.float32, copy=True)  # one [rows, Q, V] copy, changed in place below:
     if suppress is not None:  # on a CPU each new tensor of this size costs its page faults
         logits.index_fill_(-1, suppress, float("-inf"))
@@ -446,17 +456,25 @@ def check_drafts(logits, drafts, lengths, temperature=1.0, top_p=1.0, greedy=Fal
         best = logits.argmax(-1)  # [rows, Q]
         kept = (best[:, :-1] == drafts) & drafted
         accepted = kept.long().cumprod(-1).sum(-1)
-        return accepted, best.gather(1, accepted[:, None]).squeeze(1)
+        return (
+            accepted,
+            best.gather(1, accepted[:, None]).squeeze(1),
+            torch.zeros(rows, Q, device=logits.device),
+        )
     scores = top_p_filter(logits.div_(temperature), top_p)  # log p_j up to each position's constant
     log_draft = scores[:, :-1].gather(2, drafts[..., None]).squeeze(-1) - scores[:, :-1].logsumexp(-1)
     uniform = torch.rand(rows, Q - 1, dtype=torch.float64, device=logits.device)
     kept = (uniform < log_draft.double().exp()) & drafted
     accepted = kept.long().cumprod(-1).sum(-1)
-    final = scores[torch.arange(rows, device=logits.device), accepted].softmax(-1)  # p after the kept drafts
+    at_accepted = scores[torch.arange(rows, device=logits.device), accepted].softmax(-1)  # p_accepted
     # Where the draft at `accepted` was refused, draw without it.
     refused, refused_draft = accepted < lengths, drafts.gather(1, accepted.clamp(max=Q - 2)[:, None])
-    final = final.scatter(1, refused_draft, final.gather(1, refused_draft) * ~refused[:, None])
-    return accepted, draw(final)
+    final = at_accepted.scatter(1, refused_draft, at_accepted.gather(1, refused_draft) * ~refused[:, None])
+    drawn = draw(final)
+    # Each token written is distributed as its p_j (above): its log-probability is log p_j(token).
+    logprobs = torch.cat([log_draft, log_draft.new_zeros(rows, 1)], 1)
+    logprobs.scatter_(1, accepted[:, None], at_accepted.gather(1, drawn[:, None]).log())
+    return accepted, drawn, logprobs
 
 
 def draw(probs):
@@ -504,22 +522,24 @@ def decode(
     static_shapes: bool = False,
     grouped: bool = True,
     draft_tokens: int | None = None,
+    with_logprobs: bool = False,
 ):
     """input_ids, attention_mask_2d [B, P]: B distinct prompts, left padded. -> sequences
     [B * K, P + C]: each prompt repeated K times (rows j*K .. j*K+K-1) and its completions, C <=
-    max_new_tokens, finished rows padded with pad_id. `stopping(completion_so_far [rows, t])` -> bool
-    per row, called after each step, ends rows on the caller's own test (modeling.generate's
-    stop_when). prefill_once False prefills each of the K copies of a prompt (the reference for the
-    tests). synced: the forward pass communicates (FSDP with sharded weights), so every rank runs
-    as many steps as the slowest one. static_shapes: every step attends to all the columns of the
-    cache, those not yet written masked, so every step has one shape: what a CUDA graph replays
-    (cuda_graph, on a GPU), also available eagerly, where the tests check it. grouped: decode with
-    GroupedStep where the architecture allows (grouped_step_supported, and no FSDP); False runs the
-    model's own forward at every step, the general path the tests compare it with. draft_tokens:
-    with the grouped step, each step also checks up to this many tokens drafted from the row's own
-    context (context_drafts, check_drafts: the same distribution, fewer steps); 0, or where a step
-    must keep one shape (a CUDA graph, static_shapes) or the caller tests text (stopping), one
-    token a step."""
+    max_new_tokens, finished rows padded with pad_id. with_logprobs: -> (sequences, logprobs [B * K, C]), the
+    log-probability of each completion token under the distribution it was drawn from (next_tokens; 0 on
+    padding), which GRPO keeps as log pi_sampler. `stopping(completion_so_far [rows, t])` -> bool per row,
+    called after each step, ends rows on the caller's own test (modeling.generate's stop_when).
+    prefill_once False prefills each of the K copies of a prompt (the reference for the tests). synced:
+    the forward pass communicates (FSDP with sharded weights), so every rank runs as many steps as the
+    slowest one. static_shapes: every step attends to all the columns of the cache, those not yet written
+    masked, so every step has one shape: what a CUDA graph replays (cuda_graph, on a GPU), also available
+    eagerly, where the tests check it. grouped: decode with GroupedStep where the architecture allows
+    (grouped_step_supported, and no FSDP); False runs the model's own forward at every step, the general
+    path the tests compare it with. draft_tokens: with the grouped step, each step also checks up to this
+    many tokens drafted from the row's own context (context_drafts, check_drafts: the same distribution,
+    fewer steps); 0, or where a step must keep one shape (a CUDA graph, static_shapes) or the caller tests
+    text (stopping), one token a step."""
     device, K = input_ids.device, num_generations
     draft_tokens = DRAFT_TOKENS if draft_tokens is None else draft_tokens
     if max_new_tokens < 1:
@@ -580,10 +600,11 @@ def decode(
 
     grouped_step = GroupedStep(model, cache) if grouped else None
     if drafting:
-        return decode_with_drafts(
+        sequences, logprobs = decode_with_drafts(
             grouped_step, input_ids.repeat_interleave(per_prompt, dim=0), real, logits, max_new_tokens,
             stop_ids, pad_id, draft_tokens, temperature, top_p, greedy, suppress,
         )  # fmt: skip
+        return (sequences, logprobs) if with_logprobs else sequences
 
     def step():
         if grouped_step is not None:
@@ -603,10 +624,12 @@ def decode(
     graph, graph_logits = capture_step(step) if use_graph else (None, None)
 
     completion = torch.full((rows, max_new_tokens), pad_id, dtype=torch.long, device=device)
+    logprobs = torch.zeros(rows, max_new_tokens, device=device)
     finished = torch.zeros(rows, dtype=torch.bool, device=device)
     for t in range(max_new_tokens):
-        token = next_tokens(logits, temperature, top_p, greedy, suppress)  # every row: one draw each
+        token, logprob = next_tokens(logits, temperature, top_p, greedy, suppress)  # every row: one draw each
         completion[:, t] = torch.where(finished, pad_id, token)
+        logprobs[:, t] = torch.where(finished, 0.0, logprob)
         finished |= torch.isin(completion[:, t], stop_ids)
         if stopping is not None:
             finished |= stopping(completion[:, : t + 1])
@@ -627,7 +650,8 @@ def decode(
             logits = graph_logits
         else:
             logits = step()
-    return torch.cat([input_ids.repeat_interleave(per_prompt, dim=0), completion[:, : t + 1]], dim=1)
+    sequences = torch.cat([input_ids.repeat_interleave(per_prompt, dim=0), completion[:, : t + 1]], dim=1)
+    return (sequences, logprobs[:, : t + 1]) if with_logprobs else sequences
 
 
 def decode_with_drafts(
@@ -635,9 +659,10 @@ def decode_with_drafts(
     temperature, top_p, greedy, suppress,
 ):  # fmt: skip
     """decode's loop where each step also checks drafts: prompts [rows, P] (each prompt's K rows),
-    prompt_real [B, P] (False: padding), logits [rows, V] of the prefill. Each row moves at its
-    own pace: it writes the drafts it keeps and one token drawn after them, so completion index n
-    of row r is at cache column P + n * K + r, as in the one-token loop, but n differs by row."""
+    prompt_real [B, P] (False: padding), logits [rows, V] of the prefill. -> (sequences [rows, P + C],
+    the completion tokens' log-probabilities [rows, C]). Each row moves at its own pace: it writes
+    the drafts it keeps and one token drawn after them, so completion index n of row r is at cache
+    column P + n * K + r, as in the one-token loop, but n differs by row."""
     rows, width = prompts.shape
     K, device = step.K, prompts.device
     own_row = torch.arange(rows, device=device) % K
@@ -647,13 +672,14 @@ def decode_with_drafts(
     context = torch.cat([prompts, prompts.new_full((rows, max_new_tokens + 1), pad_id)], 1)
     real = torch.zeros(context.shape, dtype=torch.bool, device=device)
     real[:, :width] = prompt_real.repeat_interleave(K, dim=0)
+    logprobs = torch.zeros(context.shape, device=device)  # of each token written, where it is written
     written = torch.zeros(rows, dtype=torch.long, device=device)
     finished = torch.zeros(rows, dtype=torch.bool, device=device)
     spare = context.shape[1] - 1
 
-    def append(new, counts):
-        """Write new[:, :counts] after each row's completion, up to and including its first stop
-        token and within max_new_tokens; a finished row writes nothing."""
+    def append(new, new_logprobs, counts):
+        """Write new[:, :counts] (and their log-probabilities) after each row's completion, up to and
+        including its first stop token and within max_new_tokens; a finished row writes nothing."""
         offsets = torch.arange(new.shape[1], device=device)
         keep = (offsets < counts[:, None]) & (written[:, None] + offsets < max_new_tokens)
         keep &= ~finished[:, None]
@@ -661,12 +687,14 @@ def decode_with_drafts(
         keep &= (stop.long().cumsum(1) - stop.long()) == 0  # nothing after the first stop token
         target = torch.where(keep, width + written[:, None] + offsets, spare)
         context.scatter_(1, target, new)
+        logprobs.scatter_(1, target, torch.where(keep, new_logprobs, 0.0))
         real.scatter_(1, target, keep)
         real[:, spare] = False
         written.add_(keep.sum(1))
         finished.logical_or_((stop & keep).any(1) | (written >= max_new_tokens))
 
-    append(next_tokens(logits, temperature, top_p, greedy, suppress)[:, None], torch.ones_like(written))
+    first, first_logprob = next_tokens(logits, temperature, top_p, greedy, suppress)
+    append(first[:, None], first_logprob[:, None], torch.ones_like(written))
     drafting_rows, kept = 0, 0  # over this call: row-steps that checked drafts, drafts they kept
     for step_number in itertools.count():
         if bool(finished.all()):
@@ -687,11 +715,14 @@ def decode_with_drafts(
         steps = int(index.max()) + 1
         bias = step.drafted_bias(prompt_real, index, steps)
         step_logits = step.forward(tokens, prompt_lengths + index, columns, bias, width + steps * K)
-        accepted, drawn = check_drafts(step_logits, drafts, lengths, temperature, top_p, greedy, suppress)
+        accepted, drawn, new_logprobs = check_drafts(
+            step_logits, drafts, lengths, temperature, top_p, greedy, suppress
+        )
         drafting_rows, kept = drafting_rows + int((lengths > 0).sum()), kept + int(accepted.sum())
         new = torch.cat([drafts, drafts.new_full((rows, 1), pad_id)], 1)
-        append(new.scatter(1, accepted[:, None], drawn[:, None]), accepted + 1)
-    return context[:, : width + int(written.max())]
+        append(new.scatter(1, accepted[:, None], drawn[:, None]), new_logprobs, accepted + 1)
+    end = width + int(written.max())
+    return context[:, :end], logprobs[:, width:end]
 
 
 def capture_step(step):

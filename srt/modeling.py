@@ -84,17 +84,22 @@ def autocast(device, autocast_dtype):
 # --------------------------------------------------------------------------------------------
 # Log-probabilities of chosen tokens without full-vocabulary fp32 copies
 # --------------------------------------------------------------------------------------------
-def token_logprobs(logits, targets, temperature=1.0, chunk_size=256, with_entropy=False):
+def token_logprobs(logits, targets, temperature=1.0, chunk_size=256, with_entropy=False, suppress=None):
     """logits [B, C, V] (any dtype), targets [B, C] -> (log softmax(logits / T)[target] [B, C] fp32,
-    entropy [B, C] or None). Computed `chunk_size` positions at a time as the chosen token's logit
-    minus a log-sum-exp: the fp32 copy of one chunk is the only full-vocabulary temporary. Under
-    autograd each chunk is recomputed in backward (activation checkpointing) instead of kept, so
-    memory holds the logits in their own dtype (bf16 on a GPU) and one fp32 chunk, where
-    `log_softmax(logits.float())` kept two fp32 copies of all of them (~10 GB each for 16 rows
-    of 1024 tokens over Qwen2.5's 152k vocabulary). The entropy is a no-grad diagnostic."""
+    entropy [B, C] or None). suppress: token ids the sampler never draws (generation_config's
+    suppress_tokens), left out of the softmax as the sampler leaves them out. Computed `chunk_size`
+    positions at a time as the chosen token's logit minus a log-sum-exp: the fp32 copy of one chunk is the
+    only full-vocabulary temporary. Under autograd each chunk is recomputed in backward (activation
+    checkpointing) instead of kept, so memory holds the logits in their own dtype (bf16 on a GPU) and one
+    fp32 chunk, where `log_softmax(logits.float())` kept two fp32 copies of all of them (~10 GB each for
+    16 rows of 1024 tokens over Qwen2.5's 152k vocabulary). The entropy is a no-grad diagnostic."""
+
+    def tempered(x):
+        x = x.float() / temperature
+        return x if suppress is None else x.index_fill(-1, suppress.to(x.device), float("-inf"))
 
     def chosen_minus_lse(x, t):
-        x = x.float() / temperature
+        x = tempered(x)
         return x.gather(-1, t.unsqueeze(-1)).squeeze(-1) - x.logsumexp(-1)
 
     logprobs, entropy = [], []
@@ -107,8 +112,9 @@ def token_logprobs(logits, targets, temperature=1.0, chunk_size=256, with_entrop
             logprobs.append(chosen_minus_lse(x, t))
         if with_entropy:
             with torch.no_grad():  # H = lse - sum_v p_v z_v, with z = logits / T
-                z = x.float() / temperature
-                entropy.append(z.logsumexp(-1) - (z.softmax(-1) * z).sum(-1))
+                z = tempered(x)
+                p = z.softmax(-1)
+                entropy.append(z.logsumexp(-1) - (p * z.masked_fill(p == 0, 0.0)).sum(-1))
     return torch.cat(logprobs, dim=1), (torch.cat(entropy, dim=1) if with_entropy else None)
 
 
@@ -323,10 +329,12 @@ def completion_logprobs(
     temperature=1.0,
     with_entropy=False,
     share_prompts=False,
+    suppress=None,
 ):
     """-> (log pi(o_t | q, o_<t) [B, C], entropy [B, C] or None) for the last C = completion_length
     columns of left-padded prompt + right-padded completion rows. Logits are divided by the sampling
-    temperature, so these are the log-probs of the distribution the completions were drawn from.
+    temperature and `suppress`ed tokens left out (token_logprobs), so these are the log-probs of the
+    distribution the completions were drawn from, top_p = 1.
     Position ids follow the attention mask, as in generate: RoPE models do not mind the shift left
     padding causes, learned absolute positions do.
 
@@ -350,7 +358,9 @@ def completion_logprobs(
             logits_to_keep=C + 1,
         ).logits
         # Position t predicts token t + 1; chosen logit minus log-sum-exp, in chunks (no fp32 vocab copy).
-        return token_logprobs(logits[:, :-1], input_ids[:, -C:], temperature, with_entropy=with_entropy)
+        return token_logprobs(
+            logits[:, :-1], input_ids[:, -C:], temperature, with_entropy=with_entropy, suppress=suppress
+        )
     P = prompt_ids.shape[1]
     shared_ids, shared_mask = distinct[:, :P], distinct[:, P:]
     prompt_out = model(
@@ -371,7 +381,9 @@ def completion_logprobs(
     ).logits
     # The prompt's last position predicts o_1; completion position t predicts o_{t+1}.
     logits = torch.cat([prompt_out.logits[rows_of], tail[:, :-1]], dim=1)
-    return token_logprobs(logits, input_ids[:, -C:], temperature, with_entropy=with_entropy)
+    return token_logprobs(
+        logits, input_ids[:, -C:], temperature, with_entropy=with_entropy, suppress=suppress
+    )
 
 
 @torch.no_grad()
@@ -391,21 +403,25 @@ def generate(
     draft_tokens=None,
 ) -> dict:
     """Completions of prompt texts (already chat-templated) -> {prompt_ids, prompt_mask,
-    completion_ids, completion_mask, texts, input_tokens, generated_tokens}, rows grouped by
-    prompt (prompt j owns rows j*K .. j*K+K-1). Prompts are left padded so every completion starts
-    at the same column.
+    completion_ids, completion_mask, policy_mask, sampler_logprobs, texts, input_tokens,
+    generated_tokens}, rows grouped by prompt (prompt j owns rows j*K .. j*K+K-1). Prompts are left
+    padded so every completion starts at the same column. policy_mask: 1 where the model drew the
+    token (today every completion token; the mask GRPO's loss reads). sampler_logprobs [B * K, C]:
+    each token's log-probability under the distribution it was drawn from, in the precision it was
+    drawn in (engine "ours"; None for "hf"), 0 on padding.
 
     engine "ours": srt/decode.py's loop (each prompt prefilled once for its K samples, a static KV
     cache, a CUDA graph on a GPU), on a bf16 copy of the model where autocast_dtype is bf16
     (decode.sampling_model). engine "hf": Hugging Face `generate` under autocast, the reference the
     tests and bench/rollout_speed.py compare against; greedy, both give the same tokens.
 
-    Samples come from exactly softmax(logits / T) cut only by top_p, the distribution whose
-    log-probs GRPO's ratio and KL use, whatever a checkpoint's generation_config.json says
-    (Qwen2.5-Instruct ships repetition_penalty 1.05 and top_k 20): the "hf" path passes every
-    setting explicitly in a fresh GenerationConfig. The one field of the model's generation_config
-    both paths honour is suppress_tokens (bench/grpo_vs_trl.py forces equal lengths with it).
-    T = 0 is greedy.
+    Samples come from exactly softmax(logits / T) cut only by top_p and suppress_tokens, whatever a
+    checkpoint's generation_config.json says (Qwen2.5-Instruct ships repetition_penalty 1.05 and
+    top_k 20): the "hf" path passes every setting explicitly in a fresh GenerationConfig. The one
+    field of the model's generation_config both paths honour is suppress_tokens
+    (bench/grpo_vs_trl.py forces equal lengths with it), which GRPO's log-probs also leave out
+    (completion_logprobs' `suppress`); GRPO's ratio and KL cannot follow top_p < 1, so stage 2
+    refuses it. T = 0 is greedy.
 
     stop_when(text) -> bool ends a row early once its decoded completion satisfies it (evaluate's
     direct methods stop at their first complete line); the row is then padded like a row that
@@ -443,7 +459,7 @@ def generate(
         # FSDP, whose hooks manage the parameters' storage.
         inference = not (synced or is_fsdp(model) or is_fsdp(sampler))
         with autocast(device, autocast_dtype if sampler is model else None), torch.inference_mode(inference):
-            sequences = decode.decode(
+            sequences, sampler_logprobs = decode.decode(
                 sampler,
                 encoded.input_ids,
                 encoded.attention_mask,
@@ -458,11 +474,13 @@ def generate(
                 prefill_once=prefill_once,
                 synced=synced,
                 draft_tokens=draft_tokens,
+                with_logprobs=True,
             )
         # A normal tensor again: stage 2's loss embeds these ids, and autograd cannot save an
         # inference tensor for the backward pass.
-        sequences = sequences.clone()
+        sequences, sampler_logprobs = sequences.clone(), sampler_logprobs.clone()
     elif engine == "hf":
+        sampler_logprobs = None  # HF's scores are not kept: the sampler's log-probs are unknown
         sequences = hf_generate(
             model,
             encoded,
@@ -494,6 +512,8 @@ def generate(
         prompt_mask=prompt_mask,
         completion_ids=completion_ids,
         completion_mask=mask,
+        policy_mask=mask.clone(),
+        sampler_logprobs=None if sampler_logprobs is None else sampler_logprobs * mask,
         texts=texts,
         input_tokens=prompt_mask.sum(1).tolist(),
         generated_tokens=lengths,

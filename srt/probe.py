@@ -132,6 +132,9 @@ def step_metrics(step, results, step_s, **extra) -> dict:
                 "score_s",
                 "train_s",
                 "draws",
+                "sampler_log_ratio",
+                "sampler_kl",
+                "is_capped_fraction",
             )
         },
         "skipped_updates": sum_over_ranks("skipped_updates"),

@@ -1,4 +1,4 @@
-"""Sampling from pi_old for GRPO (stage2_grpo.py, §3.4): K completions per prompt in one batched
+"""Sampling for GRPO (stage2_grpo.py, §3.4): K completions per prompt in one batched
 generate, scored with the verifiable reward, and DAPO's dynamic sampling (Yu et al., 2025), which
 replaces groups whose K rewards are all equal: Eq. (8) gives them advantage 0, so they add nothing to
 the gradient. A library module: the caller passes the reward function (reward.compute_rewards)."""
@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import random
 import time
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -16,17 +17,95 @@ from srt.distributed import all_ranks_any, full_weights
 from srt.modeling import generate
 from srt.prompt import fit_prompt
 
-ROLLOUT_TENSORS = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask")
+
+# --------------------------------------------------------------------------------------------
+# The rollout record: what the policy wrote, with what probability, and what it scored
+# --------------------------------------------------------------------------------------------
+@dataclass
+class Rollout:
+    """One sample batch, the hand-off from sampling to the update (stage2_grpo.py: rollout ->
+    advantages -> update). Rows are grouped by prompt: rows g*K .. g*K+K-1 are group g.
+
+    Two masks, because two questions are asked of a completion token. completion_mask: is it part
+    of o_i (through the first stop token)? The forward attends to every such token. policy_mask: did
+    the policy sample it? Only those tokens enter the ratio, the KL, the entropy and the loss's
+    normalisation of Eq. (9); a token the program wrote into the completion (a recalled turn copied
+    out, TRL's tool_mask, Search-R1's state masking) has policy_mask 0 and is still attended to.
+
+    sampler_logprobs: log pi_sampler(o_t), the log-probability of each token under the distribution
+    it was drawn from (the same temperature, suppressed tokens and precision: a bf16 copy of the
+    policy where the hardware has bf16 units, srt/decode.py), 0 on padding; None where the sampler
+    did not report it (Hugging Face's generate). Stage 2 weighs pi_old against it."""
+
+    prompt_ids: torch.Tensor  # [B, P] left padded
+    prompt_mask: torch.Tensor  # [B, P] 1 on real prompt tokens
+    completion_ids: torch.Tensor  # [B, C] right padded
+    completion_mask: torch.Tensor  # [B, C] 1 through the first stop token: attended to
+    policy_mask: torch.Tensor  # [B, C] 1 where the policy sampled the token: in the loss
+    sampler_logprobs: torch.Tensor | None  # [B, C] log pi_sampler of each token, or None
+    texts: list[str]  # the completions as text, what the reward read
+    records: list[dict]  # each row's record (the reward's gold lives here, never in a prompt)
+    scores: list[dict]  # each row's reward terms, Eqs. (4)-(7): total, format, recall, answer, ...
+    num_generations: int  # K, the group size
+    draws: int = 1  # sample batches drawn (dynamic sampling)
+    groups_drawn: int = 0
+    groups_all_equal: int = 0  # groups whose K totals were equal: advantage 0 (Eq. (8))
+    groups_recall_constant: int = 0  # groups whose K recall parts were equal
+    generate_s: float = 0.0
+    score_s: float = 0.0
+
+    # The row tensors, and how join() pads each: prompts on the left, completions on the right.
+    ROW_TENSORS = (
+        "prompt_ids",
+        "prompt_mask",
+        "completion_ids",
+        "completion_mask",
+        "policy_mask",
+        "sampler_logprobs",
+    )
+
+    def rewards(self, *components: str) -> torch.Tensor:
+        """[groups, K] of the summed reward `components` of each row ("total" = Eq. (4))."""
+        values = [sum(float(score[name]) for name in components) for score in self.scores]
+        return torch.tensor(values, dtype=torch.float64).view(-1, self.num_generations)
+
+    def sequences(self, device) -> tuple[torch.Tensor, torch.Tensor]:
+        """(input_ids, attention_mask) [B, P + C] of prompt + completion, what a forward reads."""
+        input_ids = torch.cat([self.prompt_ids, self.completion_ids], dim=1).to(device)
+        attention_mask = torch.cat([self.prompt_mask, self.completion_mask], dim=1).to(device)
+        return input_ids, attention_mask
+
+    @classmethod
+    def join(cls, draws: list[Rollout], picks, pad_id) -> Rollout:
+        """The groups `picks` = [(draw, group), ...] of several sample batches as one batch: prompts
+        left padded, completions right padded (masks 0) to the widest of them."""
+        K = draws[0].num_generations
+        rows = [(d, g * K + k) for d, g in picks for k in range(K)]
+        tensors = {}
+        for key in cls.ROW_TENSORS:
+            if any(getattr(d, key) is None for d in draws):
+                tensors[key] = None
+                continue
+            width = max(getattr(d, key).shape[1] for d in draws)
+
+            def padded(d):
+                t, fill = getattr(d, key), (pad_id if key.endswith("ids") else 0)
+                gap = width - t.shape[1]
+                return F.pad(t, (gap, 0) if key.startswith("prompt") else (0, gap), value=fill)
+
+            each = [padded(d) for d in draws]  # each draw padded once, then its chosen rows taken
+            tensors[key] = torch.stack([each[d][r] for d, r in rows])
+        lists = {key: [getattr(draws[d], key)[r] for d, r in rows] for key in ("texts", "records", "scores")}
+        return cls(**tensors, **lists, num_generations=K)
 
 
-def sample_groups(policy, tokenizer, records, prompts, cfg, reward_fn, autocast_dtype) -> dict:
-    """K completions per prompt from pi_old in one batched generate (srt/decode.py's loop: each prompt
-    prefilled once for its K rows; on a bf16 copy of the policy where the hardware has bf16 units),
-    scored with the verifiable reward R = format + recall + answer (Eqs. (4)-(7)). Rows are grouped
-    by prompt."""
+def sample_groups(policy, tokenizer, records, prompts, cfg, reward_fn, autocast_dtype) -> Rollout:
+    """K completions per prompt from the policy in one batched generate (srt/decode.py's loop: each
+    prompt prefilled once for its K rows; on a bf16 copy of the policy where the hardware has bf16
+    units), scored with the verifiable reward R = format + recall + answer (Eqs. (4)-(7))."""
     t0 = time.perf_counter()
-    with full_weights(policy):  # FSDP: gathered once for the whole batch, freed after (sharding.py)
-        rollout = generate(
+    with full_weights(policy):  # FSDP: gathered once for the whole batch, freed after (srt/distributed.py)
+        out = generate(
             policy,
             tokenizer,
             prompts,
@@ -39,9 +118,20 @@ def sample_groups(policy, tokenizer, records, prompts, cfg, reward_fn, autocast_
         )
     t1 = time.perf_counter()
     examples = [record for record in records for _ in range(cfg.num_generations)]
-    scores = reward_fn(rollout["texts"], examples)
-    return dict(
-        rollout, scores=scores, records=examples, generate_s=t1 - t0, score_s=time.perf_counter() - t1
+    scores = reward_fn(out["texts"], examples)
+    return Rollout(
+        prompt_ids=out["prompt_ids"],
+        prompt_mask=out["prompt_mask"],
+        completion_ids=out["completion_ids"],
+        completion_mask=out["completion_mask"],
+        policy_mask=out.get("policy_mask", out["completion_mask"]),
+        sampler_logprobs=out.get("sampler_logprobs"),
+        texts=out["texts"],
+        records=examples,
+        scores=scores,
+        num_generations=cfg.num_generations,
+        generate_s=t1 - t0,
+        score_s=time.perf_counter() - t1,
     )
 
 
@@ -51,27 +141,9 @@ def constant_groups(scores, K, key="total") -> list[bool]:
     return [len(set(values[g : g + K])) == 1 for g in range(0, len(values), K)]
 
 
-def join_groups(draws, picks, K, pad_id) -> dict:
-    """The groups `picks` = [(draw, group), ...] of several sample batches as one batch: prompts left
-    padded, completions right padded (mask 0) to the widest of them."""
-    width = {key: max(d[key].shape[1] for d in draws) for key in ROLLOUT_TENSORS}
-
-    def padded(d, key):
-        fill = pad_id if key.endswith("ids") else 0
-        gap = width[key] - d[key].shape[1]
-        return F.pad(d[key], (gap, 0) if key.startswith("prompt") else (0, gap), value=fill)
-
-    rows = [(d, g * K + k) for d, g in picks for k in range(K)]
-    batch = {}
-    for key in ROLLOUT_TENSORS:  # each draw padded once, then its chosen rows taken
-        tensors = [padded(draw, key) for draw in draws]
-        batch[key] = torch.stack([tensors[d][r] for d, r in rows])
-    for key in ("texts", "scores", "records"):
-        batch[key] = [draws[d][key][r] for d, r in rows]
-    return batch
-
-
-def sample_batch(policy, tokenizer, records, prompts, cfg, reward_fn, autocast_dtype, draw_more=None) -> dict:
+def sample_batch(
+    policy, tokenizer, records, prompts, cfg, reward_fn, autocast_dtype, draw_more=None
+) -> Rollout:
     """This rank's sample batch of len(prompts) groups. With --dynamic-sampling total (DAPO), groups whose
     K rewards are all equal add nothing to the gradient; with --dynamic-sampling recall, groups whose
     recall parts are all equal carry no recall signal. Fresh prompts are drawn in their place, at most
@@ -84,7 +156,7 @@ def sample_batch(policy, tokenizer, records, prompts, cfg, reward_fn, autocast_d
         return [
             (d, g)
             for d, draw in enumerate(draws)
-            for g, same in enumerate(constant_groups(draw["scores"], K, key))
+            for g, same in enumerate(constant_groups(draw.scores, K, key))
             if not same
         ]
 
@@ -98,35 +170,33 @@ def sample_batch(policy, tokenizer, records, prompts, cfg, reward_fn, autocast_d
     if key == "off":
         picks = [(0, g) for g in range(len(prompts))]
     else:
-        everything = [(d, g) for d, draw in enumerate(draws) for g in range(len(draw["scores"]) // K)]
+        everything = [(d, g) for d, draw in enumerate(draws) for g in range(len(draw.scores) // K)]
         informative = informative_groups()
         picks = (informative + [p for p in everything if p not in informative])[: len(prompts)]
-    scores = [s for draw in draws for s in draw["scores"]]
-    batch = join_groups(draws, picks, K, tokenizer.pad_token_id)
-    batch.update(
-        draws=len(draws),
-        groups_drawn=len(scores) // K,
-        generate_s=sum(d["generate_s"] for d in draws),
-        score_s=sum(d["score_s"] for d in draws),
-        groups_all_equal=sum(constant_groups(scores, K)),
-        groups_recall_constant=sum(constant_groups(scores, K, "recall")),
-    )
+    scores = [s for draw in draws for s in draw.scores]
+    batch = Rollout.join(draws, picks, tokenizer.pad_token_id)
+    batch.draws, batch.groups_drawn = len(draws), len(scores) // K
+    batch.generate_s = sum(d.generate_s for d in draws)
+    batch.score_s = sum(d.score_s for d in draws)
+    batch.groups_all_equal = sum(constant_groups(scores, K))
+    batch.groups_recall_constant = sum(constant_groups(scores, K, "recall"))
     return batch
 
 
 def think_lengths(tokenizer, completion_ids, marker="</think>") -> torch.Tensor:
     """Per row, the number of completion tokens that write the think block through `marker` (every
     token where the marker never comes): the tokens that made the recall, for --credit segment. A
-    decoded prefix that holds the marker keeps it, so a binary search finds the shortest one."""
+    decoded prefix that holds the marker keeps it, so a binary search finds the shortest one. Special
+    tokens are decoded too: a tokenizer may make the marker one of them (Qwen3's </think>)."""
     lengths = []
     for ids in completion_ids.tolist():
         low, high = 1, len(ids)
-        if marker not in tokenizer.decode(ids, skip_special_tokens=True):
+        if marker not in tokenizer.decode(ids, skip_special_tokens=False):
             lengths.append(len(ids))
             continue
         while low < high:
             middle = (low + high) // 2
-            if marker in tokenizer.decode(ids[:middle], skip_special_tokens=True):
+            if marker in tokenizer.decode(ids[:middle], skip_special_tokens=False):
                 high = middle
             else:
                 low = middle + 1

@@ -444,16 +444,25 @@ def test_draws_follow_softmax_of_logits_over_t_cut_by_top_p():
     never, 58 standard deviations from the truth."""
     draws = 20_000
     torch.manual_seed(0)
-    tokens = decode.next_tokens(P.log().expand(draws, -1), temperature=T, top_p=TOP_P)
+    tokens, logprobs = decode.next_tokens(P.log().expand(draws, -1), temperature=T, top_p=TOP_P)
     counts = torch.bincount(tokens, minlength=len(P))
     expected = nucleus_distribution(P, T, TOP_P)
     assert expected[3] > 0.15 and expected[4] == 0
     assert_follows(counts, expected, draws)
     assert nucleus_distribution(P, 1.0, TOP_P)[3] == 0 and counts[3] > 3000  # either mistake: caught
-    # T = 0 is the argmax; a suppressed token is never drawn, even the best one
-    assert (decode.next_tokens(P.log().expand(4, -1), greedy=True) == 0).all()
-    suppressed = decode.next_tokens(P.log().expand(2000, -1), suppress=torch.tensor([0]))
+    # The sampler's own log-probability of each token is that of the distribution it was drawn from
+    # (tempered and cut), not of softmax(logits): log .17 = -1.77 for token 3, where the full softmax
+    # of P gives log .139 = -1.97. fp32 softmax and log: a few ulps of error.
+    assert torch.allclose(logprobs, expected.log()[tokens], atol=1e-5)
+    # T = 0 is the argmax (probability 1); a suppressed token is never drawn, even the best one
+    best, best_logprobs = decode.next_tokens(P.log().expand(4, -1), greedy=True)
+    assert (best == 0).all() and (best_logprobs == 0).all()
+    suppressed, suppressed_logprobs = decode.next_tokens(P.log().expand(2000, -1), suppress=torch.tensor([0]))
     assert (suppressed != 0).all()
+    without_best = P.clone().index_fill(0, torch.tensor([0]), 0.0)
+    assert torch.allclose(
+        suppressed_logprobs, (without_best / without_best.sum()).log()[suppressed], atol=1e-5
+    )
 
 
 def test_inverse_transform_draws_no_zero_probability_token_at_the_extremes(monkeypatch):
@@ -468,7 +477,7 @@ def test_inverse_transform_draws_no_zero_probability_token_at_the_extremes(monke
             "rand",
             lambda *shape, dtype=None, device=None, u=uniform: torch.full(shape, u, dtype=dtype),
         )
-        assert decode.next_tokens(logits).tolist() == [token, token]
+        assert decode.next_tokens(logits)[0].tolist() == [token, token]
 
 
 def test_first_tokens_of_a_group_follow_the_models_distribution():
@@ -543,20 +552,44 @@ def test_checked_drafts_write_each_token_from_the_models_distribution(temperatur
     logits = DRAFT_POSITIONS.log().expand(rows, -1, -1)
     drafts = torch.tensor([1, 4]).expand(rows, -1)
     torch.manual_seed(0)
-    accepted, drawn = decode.check_drafts(logits, drafts, torch.full((rows,), 2), temperature, top_p)
+    accepted, drawn, logprobs = decode.check_drafts(
+        logits, drafts, torch.full((rows,), 2), temperature, top_p
+    )
     assert 0 < (accepted == 0).sum() and 0 < (accepted == 2).sum()  # both branches taken
     for position in range(3):
         token = written_tokens(drafts, accepted, drawn, position)
         counts = torch.bincount(token, minlength=len(P))
         expected = nucleus_distribution(DRAFT_POSITIONS[position], temperature, top_p)
         assert_follows(counts, expected, len(token))
+        # Kept draft or drawn token, its log-probability is log p_position of what was written.
+        assert torch.allclose(logprobs[accepted >= position, position], expected.log()[token], atol=1e-5)
+
+
+def test_checked_drafts_of_mixed_lengths_keep_no_draft_beyond_a_rows_length():
+    """Rows with 0, 1 and 2 drafts in one step, 20,000 of each, all offered the drafts (1, 4): a row
+    never keeps more drafts than it has, and its first written token follows p_0 whatever its length.
+    A check that forgot each row's length (kept = uniform < p) would let a row of length 0 keep
+    draft 1 at p_0(1) = .25 and write it with probability .25 + .75 * .25 = .44 (first-token error
+    .19, where 6 standard deviations are .02)."""
+    rows = 60_000
+    logits = DRAFT_POSITIONS.log().expand(rows, -1, -1)
+    drafts = torch.tensor([1, 4]).expand(rows, -1)
+    lengths = torch.arange(rows) % 3
+    torch.manual_seed(0)
+    accepted, drawn, _ = decode.check_drafts(logits, drafts, lengths)
+    assert (accepted <= lengths).all()
+    first = torch.where(accepted > 0, drafts[:, 0], drawn)
+    for length in range(3):
+        counts = torch.bincount(first[lengths == length], minlength=len(P))
+        assert_follows(counts, DRAFT_POSITIONS[0], rows // 3)
 
 
 def test_checked_drafts_greedy_keep_the_argmax_and_respect_each_rows_length():
     logits = DRAFT_POSITIONS.log().expand(3, -1, -1)  # argmax: 0, then 5, then 2
     drafts = torch.tensor([[0, 5], [0, 3], [0, 5]])
-    accepted, drawn = decode.check_drafts(logits, drafts, torch.tensor([2, 2, 1]), greedy=True)
+    accepted, drawn, logprobs = decode.check_drafts(logits, drafts, torch.tensor([2, 2, 1]), greedy=True)
     assert accepted.tolist() == [2, 1, 1] and drawn.tolist() == [2, 5, 5]  # row 2: its one draft only
+    assert (logprobs == 0).all()  # a greedy choice has probability 1
 
 
 def count_drafted_steps(monkeypatch):
