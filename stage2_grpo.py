@@ -1,16 +1,18 @@
 """Stage 2 of SRT: recall-reasoning alignment with GRPO (paper §3.4, Eqs. (8)-(9)), in plain PyTorch.
 
-One GRPO step, in the order of the paper:
+One GRPO step, in the order of the paper, as three calls passing one record (grpo_step):
 
-    for each prompt P(Q_t, C_t): sample K completions tau^(k) from pi_old     (srt/rollouts.py)
-    score them with the verifiable reward R = format + recall + answer        (reward.py, Eqs. (4)-(7))
-    (--dynamic-sampling: groups whose K rewards are all equal are replaced by fresh prompts, DAPO)
-    Eq. (8): group-relative advantage  A~(k) = (R(k) - mean R) / (std R + 1e-8)
-    log-probs of pi_old (once per sample batch) and of the frozen pi_ref = the SFT model
-    split the sample batch into backprop minibatches (sample/backprop ratio 4, §4.1), `mu` passes:
-        Eq. (9): r = pi_theta / pi_old per token, clipped surrogate min(r A, clip(r, 1-eps, 1+eps) A),
-                 averaged over each completion's tokens and over the group, minus beta * KL(pi_theta||pi_ref)
-        AdamW step (constant learning rate after a linear warm-up, §4.1)
+  rollout     for each prompt P(Q_t, C_t): sample K completions tau^(k) from the policy, keeping each
+              token's log pi_sampler (srt/rollouts.py, a Rollout); score them with the verifiable reward
+              R = format + recall + answer (reward.py, Eqs. (4)-(7)); --dynamic-sampling: groups whose
+              K rewards are all equal are replaced by fresh prompts (DAPO)
+  advantages  Eq. (8): group-relative advantage  A~(k) = (R(k) - mean R) / (std R + 1e-8)
+  update      log-probs of pi_old (once per sample batch) and of the frozen pi_ref = the SFT model;
+              the sample batch in backprop minibatches (sample/backprop ratio 4, §4.1), `mu` passes:
+                Eq. (9): r = pi_theta / pi_old per token, clipped surrogate min(r A, clip(r, 1-eps, 1+eps) A),
+                         times w = min(pi_old / pi_sampler, C) where the sampler is a bf16 copy,
+                         averaged over each completion's tokens and over the group, minus beta * KL
+                AdamW step (constant learning rate after a linear warm-up, §4.1)
 
 Run on one CPU or GPU, or on N of them with torchrun (each rank samples and scores its own prompts,
 DDP all-reduces the gradients, rank 0 alone logs and saves):
@@ -568,7 +570,8 @@ def sampler_mismatch(old_logprobs, sampler_logprobs, policy_mask, cap: float) ->
     log-probs are unknown. About 0 on an fp32 CPU; ~0.04 nats a token on a bf16 sampler."""
     if sampler_logprobs is None:
         return dict(sampler_log_ratio=float("nan"), sampler_kl=float("nan"), is_capped_fraction=float("nan"))
-    sampled = policy_mask.bool()
+    sampled = policy_mask.bool()  # in fp64: the fp32 gap is ~1e-7, and k3 of it rounds below 0 in fp32
+    old_logprobs, sampler_logprobs = old_logprobs.double(), sampler_logprobs.double()
     log_ratio = (old_logprobs - sampler_logprobs)[sampled]
     capped = (log_ratio > math.log(cap)).float().mean().item() if cap > 0 and len(log_ratio) else 0.0
     return dict(

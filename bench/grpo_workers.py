@@ -148,6 +148,7 @@ class Instruments:
         instruments = self
 
         # `original`: the function wrapped; both take (model, input_ids, ...) and return the sequences
+        # (decode.decode with with_logprobs: the sequences and the sampler's log-probs)
         def generate(model, *args, original=GenerationMixin.generate, **kwargs):
             input_ids = kwargs.get("input_ids", args[0] if args else None)
             instruments.sync()
@@ -159,7 +160,8 @@ class Instruments:
                 instruments.generating.on = False
             instruments.sync()
             seconds = time.perf_counter() - start
-            sequences = output if hasattr(output, "shape") else output.sequences
+            sequences = output[0] if isinstance(output, tuple) else output
+            sequences = sequences if hasattr(sequences, "shape") else sequences.sequences
             width = input_ids.shape[1] if input_ids is not None else 0
             new = sequences[:, width:]
             lengths = (

@@ -908,3 +908,24 @@ def test_attribution_separates_the_matcher_and_the_queries_on_planted_answers(tm
     assert rows[old, "need recall"]["diff"] == pytest.approx(100 / 3)
     assert rows[old, "need recall"]["n"] == 3
     assert "| today's matcher | need recall | nocot | 3 | 66.7 | 0.0 | -66.7" in capsys.readouterr().out
+
+
+def test_sampler_mismatch_sees_the_bf16_gap_and_agrees_with_what_stage2_logs(tmp_path):
+    """fp32: the sampler is the policy, the gap is rounding (~1e-6, summation order); bf16: the copy's
+    gap is orders above it (a logit of ~10 moves by up to ~0.03 in bf16). What update logs is the
+    mean over the same tokens, computed per minibatch rather than at once (another order of sums
+    in bf16 autocast: 1e-2 of slack)."""
+    out = tmp_path / "mismatch"
+    load("sampler_mismatch").main(
+        ["--model", "tiny-random", "--synthetic", "6", "--logit-scale", "12", "--steps", "1",
+         "--max-new-tokens", "8", "--out", str(out)]
+    )  # fmt: skip
+    results = {r["sampler"]: r for r in json.loads((out / "results.json").read_text())["results"]}
+    fp32, bf16 = results["fp32"], results["bf16"]
+    assert fp32["tokens"] > 0 and bf16["tokens"] > 0
+    assert fp32["mean_abs_gap"] < 1e-4 and bf16["mean_abs_gap"] > 10 * fp32["mean_abs_gap"]
+    for r in (fp32, bf16):
+        (logged,) = r["logged_per_step"]
+        assert logged["sampler_log_ratio"] == pytest.approx(r["mean_log_ratio"], abs=1e-2)
+        assert logged["sampler_kl"] >= 0
+    assert "| bf16 |" in (out / "results.md").read_text()
