@@ -75,6 +75,7 @@ from srt.metrics import (
 )
 from srt.modeling import embed, load_embedder, load_model_and_tokenizer, render_chat, resolve_dtype
 from srt.prompt import SRT_SYSTEM_PROMPT, build_messages, format_history, format_target
+from srt.recall import RECALL_MODES
 from srt.teacher import ChatClient
 
 METHODS = ("full", "recency", "rag", "srt-p", "srt", "cuemem")
@@ -97,7 +98,7 @@ TABLE2_GUESS = {
 # 5: no accuracy or key-F1 without answer keys; LoCoMo's per-category score and evidence recall.
 SCORE_VERSION = 5
 # Per-variant settings (--variant-options NAME=JSON) and what they override.
-VARIANT_KEYS = ("limit", "recency_k", "rag_k", "cuemem", "max_new_tokens", "history")
+VARIANT_KEYS = ("limit", "recency_k", "rag_k", "cuemem", "max_new_tokens", "history", "recall")
 CUEMEM_MEMORY_KEYS = ("extractor", "window", "links_per_cue", "link_threshold", "capacity", "max_age")
 CUEMEM_QUERY_KEYS = ("top_k", "use_graph", "max_evidence", "temporal_decay", "min_relative_score")
 
@@ -289,12 +290,14 @@ def direct_answer_done(text: str) -> bool:
 
 
 def generate_batch(
-    model, tokenizer, prompts, max_new_tokens, autocast_dtype=None, one_line=False
+    model, tokenizer, prompts, max_new_tokens, autocast_dtype=None, one_line=False, recall="free"
 ) -> list[dict]:
     """Greedy completions of a batch of chat-templated prompt texts ->
-    [{text, input_tokens, generated_tokens, truncated}]; generated_tokens counts up to and
-    including the first stop token (or the end of the answer line when one_line); truncated: the
-    completion reached max_new_tokens without either."""
+    [{text, input_tokens, generated_tokens, decoded_tokens, copied_tokens, expanded, truncated}];
+    generated_tokens counts up to and including the first stop token (or the end of the answer line
+    when one_line), decoded_tokens those the model wrote, copied_tokens those recall "copy" wrote
+    (srt/recall.py; expanded: the labels it expanded); truncated: the completion reached
+    max_new_tokens without either."""
     stop_when = direct_answer_done if one_line else None
     out = modeling.generate(
         model,
@@ -304,6 +307,7 @@ def generate_batch(
         greedy=True,
         autocast_dtype=autocast_dtype,
         stop_when=stop_when,
+        recall=recall,
     )
     stops = torch.tensor(modeling.stop_token_ids(model, tokenizer), device=out["completion_ids"].device)
     rows = []
@@ -316,6 +320,9 @@ def generate_batch(
                 "text": text,
                 "input_tokens": int(n_in),
                 "generated_tokens": int(n_out),
+                "decoded_tokens": int(out["decoded_tokens"][i]),
+                "copied_tokens": int(out["copied_tokens"][i]) if "copied_tokens" in out else 0,
+                "expanded": out["expanded"][i] if "expanded" in out else [],
                 "truncated": not stopped and n_out >= max_new_tokens,
             }
         )
@@ -425,7 +432,8 @@ def variant_key(variant, options, args, fingerprint) -> str:
     """Everything that changes a variant's answers or scores: checkpoint, method, instruction,
     retrieval options, token budget, precision, scoring version (not --limit: a row's answer does
     not depend on how many others were asked)."""
-    options = {k: v for k, v in options.items() if k != "limit"}
+    # free recall is what every variant did before the option existed: its rows keep their key
+    options = {k: v for k, v in options.items() if k != "limit" and (k, v) != ("recall", "free")}
     settings = {
         "fingerprint": fingerprint,
         "method": variant["method"],
@@ -527,6 +535,7 @@ class Runner:
                 self.max_new,
                 self.autocast,
                 one_line=self.method not in SELF_RECALL_METHODS,
+                recall=self.options["recall"] if self.method in SELF_RECALL_METHODS else "free",
             )
         # ChatClient reports neither token counts nor whether the reply hit max_tokens.
         return [
@@ -534,6 +543,9 @@ class Runner:
                 "text": ask(self.client, b["messages"]),
                 "input_tokens": None,
                 "generated_tokens": None,
+                "decoded_tokens": None,
+                "copied_tokens": None,
+                "expanded": None,
                 "truncated": None,
             }
             for b in built
@@ -602,6 +614,9 @@ def evaluate_variant(runner, records, out_dir, key, quiet=False) -> list[dict]:
                     **scores,
                     "input_tokens": output["input_tokens"],
                     "generated_tokens": output["generated_tokens"],
+                    "decoded_tokens": output["decoded_tokens"],
+                    "copied_tokens": output["copied_tokens"],
+                    "expanded": output["expanded"],
                     "history_tokens": built[i]["history_tokens"],
                     "offline_s": built[i]["offline_s"],
                     "build_s": built[i]["build_s"],
@@ -656,6 +671,8 @@ def latency_sample(runner, records, out_dir, key, buckets) -> list[dict]:
                     "final_answer": answer,
                     "input_tokens": output["input_tokens"],
                     "generated_tokens": output["generated_tokens"],
+                    "decoded_tokens": output["decoded_tokens"],
+                    "copied_tokens": output["copied_tokens"],
                     "truncated": output["truncated"],
                     "batch_size": 1,
                 }
@@ -734,6 +751,8 @@ def parse_variant_options(specs, names) -> dict:
             )
         if value.get("history", "full") not in ("full", "none"):
             sys.exit(f"error: --variant-options {spec!r}: history is 'full' or 'none'")
+        if value.get("recall", "free") not in RECALL_MODES:
+            sys.exit(f"error: --variant-options {spec!r}: recall is one of {', '.join(RECALL_MODES)}")
         out[name] = value
     return out
 
@@ -750,6 +769,7 @@ def variant_options(variant, args) -> dict:
         else args.max_new_tokens_direct,
         "cuemem": {"extractor": args.cuemem_extractor, **args.cuemem_options},
         "history": "full",
+        "recall": args.recall,
     }
     options.update({k: v for k, v in own.items() if k != "cuemem"})
     options["cuemem"].update(own.get("cuemem", {}))
@@ -836,6 +856,13 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=128,
         help="for full / recency / rag / cuemem (default: 128)",
+    )
+    p.add_argument(
+        "--recall",
+        choices=RECALL_MODES,
+        default="free",
+        help="srt / srt-p: copy: the model names a turn (<HIS>A3:) and the decoder writes it out "
+        "(srt/recall.py); free: the model copies every token (the paper); per variant: --variant-options",
     )
     p.add_argument("--recency-k", type=int, default=4, help="rounds kept by `recency`")
     p.add_argument("--rag-k", type=int, default=4, help="utterances retrieved by `rag`")

@@ -61,6 +61,7 @@ from srt.modeling import (
     token_logprobs,
 )
 from srt.prompt import fit_history, format_target
+from srt.recall import RECALL_MODES, copied_spans
 from srt.training import TimeBudget, seed_everything, warmup_lr
 
 IGNORE_INDEX = -100  # label of a token that carries no loss (the prompt, the padding)
@@ -83,11 +84,23 @@ def visible_history(record, phase: int) -> list[dict]:
 def target_ids(tokenizer, target: str) -> tuple[list[int], int]:
     """Tokens of the target plus the end-of-turn token, and the index of the first answer token
     (the one that holds the first character of 'Final answer:')."""
+    ids, answer_from, _ = target_tokens_and_offsets(tokenizer, target)
+    return ids, answer_from
+
+
+def target_tokens_and_offsets(tokenizer, target: str) -> tuple[list[int], int, list[tuple[int, int]]]:
+    """target_ids, and each token's character span in `target` (the end-of-turn token's empty)."""
     encoded = tokenizer(target, add_special_tokens=False, return_offsets_mapping=True)
-    ids, offsets = encoded["input_ids"], encoded["offset_mapping"]
+    ids, offsets = encoded["input_ids"], [tuple(o) for o in encoded["offset_mapping"]]
     start = target.rfind(ANSWER_MARKER)
     answer_from = next(k for k, (_, end) in enumerate(offsets) if end > start)
-    return ids + [end_of_turn_id(tokenizer)], answer_from
+    return ids + [end_of_turn_id(tokenizer)], answer_from, offsets + [(len(target), len(target))]
+
+
+def copied_tokens(offsets, spans) -> list[bool]:
+    """True for a target token that lies inside a span recall "copy"'s decoder writes (srt/recall.py
+    copied_spans); a token that straddles a span's start holds the model's colon: it stays."""
+    return [any(a <= start and end <= b and start < end for a, b in spans) for start, end in offsets]
 
 
 # What each Table 2 variant learns to write: the SRT target (Z_t, A*_t), the answer alone ("w/o CoT"),
@@ -99,14 +112,18 @@ TARGETS = {
 }
 
 
-def build_example(tokenizer, record, phase: int, max_length: int, target: str = "full") -> dict | None:
+def build_example(
+    tokenizer, record, phase: int, max_length: int, target: str = "full", recall: str = "free"
+) -> dict | None:
     """input_ids = prompt + target + end-of-turn; labels = -100 on every prompt token (Eq. (3)
     conditions on the prompt but does not model it); answer_mask marks a_1..a_L, the rest of
     the target is r_1..r_M. Too long: drop the oldest turns, as at inference time. None when even
     that cannot fit, or when a turn of H* had to go: the target would cite a turn the prompt lost
     (such records are dropped rather than their gold turns protected, so survival is no tell).
     The prompt is fitted to what the full SRT target leaves, whatever `target` is, so SRT and its
-    controls read the same prompts and drop the same records."""
+    controls read the same prompts and drop the same records. recall "copy": the tokens of each tag
+    that the decoder would write (the turn's text and `</HIS>`, srt/recall.py) carry no loss; the
+    tag's opening, its label and colon, the prose and the answer do."""
     full_target, _ = target_ids(tokenizer, format_target(record))
     history = visible_history(record, phase)
     kept, prompt, prompt_ids = fit_history(tokenizer, record, history, max_length - len(full_target))
@@ -114,8 +131,13 @@ def build_example(tokenizer, record, phase: int, max_length: int, target: str = 
         return None
     if not set(record["recall"]) <= {turn["label"] for turn in kept}:
         return None
-    target_tokens, answer_from = target_ids(tokenizer, format_target(record, **TARGETS[target]))
-    labels = [IGNORE_INDEX] * len(prompt_ids) + target_tokens
+    target_text = format_target(record, **TARGETS[target])
+    target_tokens, answer_from, offsets = target_tokens_and_offsets(tokenizer, target_text)
+    copied = [False] * len(target_tokens)
+    if recall == "copy":
+        copied = copied_tokens(offsets, copied_spans(target_text, {t["label"]: t["text"] for t in kept}))
+    target_labels = [IGNORE_INDEX if c else token for token, c in zip(target_tokens, copied)]
+    labels = [IGNORE_INDEX] * len(prompt_ids) + target_labels
     answer_mask = [0] * (len(prompt_ids) + answer_from) + [1] * (len(target_tokens) - answer_from)
     return {
         "id": record["id"],
@@ -125,6 +147,7 @@ def build_example(tokenizer, record, phase: int, max_length: int, target: str = 
         "labels": labels,
         "answer_mask": answer_mask,
         "dropped": len(history) - len(kept),
+        "copied": sum(copied),
     }
 
 
@@ -133,8 +156,19 @@ class PhaseData:
     of records), in a deterministic order that depends only on (seed, epoch): every rank computes the
     same global batches, and a resumed run the same ones as an uninterrupted run."""
 
-    def __init__(self, tokenizer, records, phase, max_length, target, seed, global_batch, group_batches=32):
-        self.tokenizer, self.records, self.phase = tokenizer, records, phase
+    def __init__(
+        self,
+        tokenizer,
+        records,
+        phase,
+        max_length,
+        target,
+        seed,
+        global_batch,
+        group_batches=32,
+        recall="free",
+    ):
+        self.tokenizer, self.records, self.phase, self.recall = tokenizer, records, phase, recall
         self.max_length, self.target, self.seed = max_length, target, seed
         self.global_batch, self.group_batches = global_batch, group_batches
         self.cache, self.truncated, self.skipped, self.epochs = {}, set(), set(), {}
@@ -152,7 +186,7 @@ class PhaseData:
             k = (index + offset) % len(self.records)
             if k not in self.cache:
                 self.cache[k] = build_example(
-                    self.tokenizer, self.records[k], self.phase, self.max_length, self.target
+                    self.tokenizer, self.records[k], self.phase, self.max_length, self.target, self.recall
                 )
                 if self.cache[k] is None:
                     self.skipped.add(k)
@@ -331,6 +365,13 @@ def build_parser() -> argparse.ArgumentParser:
         "(the <HIS> tags without prose); every target trains on the same batches",
     )
     p.add_argument("--no-cot", action="store_true", help="the same as --target answer (Table 2 'w/o CoT')")
+    p.add_argument(
+        "--recall",
+        choices=RECALL_MODES,
+        default="free",
+        help="copy: the turn's text inside each <HIS> tag (and its </HIS>), which the decoder writes in "
+        "copy mode (srt/recall.py), carries no loss; free: every target token does (the paper)",
+    )
     p.add_argument("--save-every", type=at_least(1), default=50, help="write <out>/checkpoint every N steps")
     p.add_argument("--log-every", type=at_least(1), default=1, help="append to metrics.jsonl every N steps")
     p.add_argument(
@@ -374,6 +415,7 @@ RESUME_MUST_MATCH = (
     "world_size",
     "max_length",
     "target",
+    "recall",
     "epochs",
     "lr",
     "warmup_steps",
@@ -429,7 +471,9 @@ def train(cfg):
     global_batch = cfg.batch_size * cfg.grad_accum * world_size
     plan = phase_plan(cfg, {1: len(records), 2: len(records)})
     data = {
-        p: PhaseData(tokenizer, records, p, cfg.max_length, cfg.target, cfg.seed, global_batch)
+        p: PhaseData(
+            tokenizer, records, p, cfg.max_length, cfg.target, cfg.seed, global_batch, recall=cfg.recall
+        )
         for p, _ in plan
     }
     total_steps = sum(steps for _, steps in plan)

@@ -92,6 +92,7 @@ from srt.probe import (
     step_metrics,
 )
 from srt.prompt import fit_prompt
+from srt.recall import RECALL_MODES
 from srt.rollouts import PromptStream, Rollout, sample_batch, think_lengths
 from srt.training import TimeBudget, seed_everything, warmup_lr
 
@@ -169,6 +170,13 @@ def build_parser() -> argparse.ArgumentParser:
         type=at_least(0),
         default=DRAFT_TOKENS,
         help="tokens drafted from each row's context and checked per decode step (same distribution; 0: off)",
+    )
+    add(
+        "--recall",
+        choices=RECALL_MODES,
+        default="free",
+        help="copy: the policy names a turn (<HIS>A3:) and the decoder writes it out, tokens outside "
+        "the loss (srt/recall.py; not in the paper); free: the policy copies every token (the paper)",
     )
     add("--max-new-tokens", type=at_least(1), default=256, help="completion length cap")
     add(
@@ -609,7 +617,8 @@ def add_micro_batch(totals: dict, weighted_loss, loss_stats, entropy, policy_mas
 def step_result(rollout: Rollout, stats: dict) -> dict:
     """What a step reports: its samples and scores, the mean of each update's statistics, the
     sampler's mismatch, lengths, timings."""
-    updates, lengths = stats["updates"], rollout.policy_mask.sum(1).float()
+    updates, lengths = stats["updates"], rollout.completion_mask.sum(1).float()
+    copied = (rollout.completion_mask - rollout.policy_mask).sum(1).float()  # --recall copy's tokens
 
     def mean_over_updates(key):
         return float(np.mean([update[key] for update in updates])) if updates else float("nan")
@@ -622,6 +631,7 @@ def step_result(rollout: Rollout, stats: dict) -> dict:
         "entropy": float(np.mean(stats["entropies"])) if stats["entropies"] else float("nan"),
         **{key: stats[key] for key in ("sampler_log_ratio", "sampler_kl", "is_capped_fraction")},
         "completion_length": lengths.mean().item(),
+        "copied_length": copied.mean().item(),
         "completion_tokens": int(lengths.sum().item()),
         "sequence_tokens": int(rollout.prompt_mask.sum().item() + rollout.completion_mask.sum().item()),
         "skipped_updates": stats["skipped"],
@@ -688,6 +698,7 @@ RESUME_MUST_MATCH = (
     "beta",
     "clip_eps",
     "is_cap",
+    "recall",
     "temperature",
     "top_p",
     "max_new_tokens",

@@ -428,7 +428,9 @@ def context_drafts(context, real, ends, draft_tokens: int, longest: int = 3):
     return drafts, lengths
 
 
-def check_drafts(logits, drafts, lengths, temperature=1.0, top_p=1.0, greedy=False, suppress=None):
+def check_drafts(
+    logits, drafts, lengths, temperature=1.0, top_p=1.0, greedy=False, suppress=None, forced=None
+):
     """logits [rows, Q, V]: the model's next-token logits after the row's last token and after each
     of its drafts, drafts [rows, Q - 1], lengths [rows] (drafts beyond a row's length are padding).
     -> (accepted [rows], next [rows], logprobs [rows, Q]): the row keeps drafts[:accepted], then
@@ -441,7 +443,9 @@ def check_drafts(logits, drafts, lengths, temperature=1.0, top_p=1.0, greedy=Fal
     from p_j without the refused draft, renormalized; when all are kept, from p after the last. So
     each token written is distributed as p_j(x) = p_j(draft) 1[x = draft] + (1 - p_j(draft)) p_j(x) /
     (1 - p_j(draft)) 1[x != draft]: exactly p_j, as if drawn one step at a time. Greedy keeps
-    a draft where it is the argmax and writes the argmax after."""
+    a draft where it is the argmax and writes the argmax after. forced [rows] (True: the row's
+    drafts are a turn the program copies, srt/recall.py): all of them are kept, and the token
+    after them is drawn from p as usual."""
     rows, Q, V = logits.shape
     if Q == 1:  # nothing drafted: a one-token step
         kept_none = torch.zeros(rows, dtype=torch.long, device=logits.device)
@@ -454,7 +458,7 @@ def check_drafts(logits, drafts, lengths, temperature=1.0, top_p=1.0, greedy=Fal
     drafted = positions < lengths[:, None]  # [rows, Q - 1]
     if greedy:
         best = logits.argmax(-1)  # [rows, Q]
-        kept = (best[:, :-1] == drafts) & drafted
+        kept = ((best[:, :-1] == drafts) | forced_rows(forced, rows, logits.device)[:, None]) & drafted
         accepted = kept.long().cumprod(-1).sum(-1)
         return (
             accepted,
@@ -464,7 +468,9 @@ def check_drafts(logits, drafts, lengths, temperature=1.0, top_p=1.0, greedy=Fal
     scores = top_p_filter(logits.div_(temperature), top_p)  # log p_j up to each position's constant
     log_draft = scores[:, :-1].gather(2, drafts[..., None]).squeeze(-1) - scores[:, :-1].logsumexp(-1)
     uniform = torch.rand(rows, Q - 1, dtype=torch.float64, device=logits.device)
-    kept = (uniform < log_draft.double().exp()) & drafted
+    kept = (
+        (uniform < log_draft.double().exp()) | forced_rows(forced, rows, logits.device)[:, None]
+    ) & drafted
     accepted = kept.long().cumprod(-1).sum(-1)
     at_accepted = scores[torch.arange(rows, device=logits.device), accepted].softmax(-1)  # p_accepted
     # Where the draft at `accepted` was refused, draw without it.
@@ -475,6 +481,10 @@ def check_drafts(logits, drafts, lengths, temperature=1.0, top_p=1.0, greedy=Fal
     logprobs = torch.cat([log_draft, log_draft.new_zeros(rows, 1)], 1)
     logprobs.scatter_(1, accepted[:, None], at_accepted.gather(1, drawn[:, None]).log())
     return accepted, drawn, logprobs
+
+
+def forced_rows(forced, rows: int, device):
+    return forced if forced is not None else torch.zeros(rows, dtype=torch.bool, device=device)
 
 
 def draw(probs):
@@ -523,6 +533,7 @@ def decode(
     grouped: bool = True,
     draft_tokens: int | None = None,
     with_logprobs: bool = False,
+    copy_rule=None,
 ):
     """input_ids, attention_mask_2d [B, P]: B distinct prompts, left padded. -> sequences
     [B * K, P + C]: each prompt repeated K times (rows j*K .. j*K+K-1) and its completions, C <=
@@ -539,7 +550,10 @@ def decode(
     path the tests compare it with. draft_tokens: with the grouped step, each step also checks up to this
     many tokens drafted from the row's own context (context_drafts, check_drafts: the same distribution,
     fewer steps); 0, or where a step must keep one shape (a CUDA graph, static_shapes) or the caller tests
-    text (stopping), one token a step."""
+    text (stopping), one token a step. copy_rule(row, completion ids so far) -> ids (srt/recall.py
+    CopyRule, --recall copy): the tokens the program appends to the row now, a turn of its history;
+    written in one forward where drafts are checked, else one a step; with_logprobs then also
+    returns a [B * K, C] mask of the tokens it wrote (log-probability 0: not sampled)."""
     device, K = input_ids.device, num_generations
     draft_tokens = DRAFT_TOKENS if draft_tokens is None else draft_tokens
     if max_new_tokens < 1:
@@ -552,9 +566,15 @@ def decode(
     length = width + max_new_tokens
     grouped = grouped and grouped_step_supported(model) and not (synced or is_fsdp(model))
     one_shape = static_shapes or (cuda_graph and device.type == "cuda")
-    drafting = grouped and draft_tokens > 0 and stopping is None and not one_shape
-    if grouped:  # a drafted step may write up to draft_tokens columns past the last token kept
-        cache = GroupKVCache(rows, width, length + (draft_tokens if drafting else 0), per_prompt)
+    # A copied turn is written as kept drafts are, in one step, where the grouped step can check drafts.
+    drafting = grouped and (draft_tokens > 0 or copy_rule is not None) and stopping is None and not one_shape
+    if grouped:  # a drafted step may write up to this many columns past the last token kept
+        margin = (
+            max(draft_tokens, getattr(copy_rule, "longest", max_new_tokens) if copy_rule else 0)
+            if drafting
+            else 0
+        )
+        cache = GroupKVCache(rows, width, length + margin, per_prompt)
     else:
         cache = StaticKVCache(rows, length, repeats=per_prompt)
     stop_ids = torch.tensor(list(stop_ids), device=device)
@@ -600,11 +620,11 @@ def decode(
 
     grouped_step = GroupedStep(model, cache) if grouped else None
     if drafting:
-        sequences, logprobs = decode_with_drafts(
+        sequences, logprobs, copied = decode_with_drafts(
             grouped_step, input_ids.repeat_interleave(per_prompt, dim=0), real, logits, max_new_tokens,
-            stop_ids, pad_id, draft_tokens, temperature, top_p, greedy, suppress,
+            stop_ids, pad_id, draft_tokens, temperature, top_p, greedy, suppress, copy_rule,
         )  # fmt: skip
-        return (sequences, logprobs) if with_logprobs else sequences
+        return (sequences, logprobs, copied) if with_logprobs else sequences
 
     def step():
         if grouped_step is not None:
@@ -625,12 +645,20 @@ def decode(
 
     completion = torch.full((rows, max_new_tokens), pad_id, dtype=torch.long, device=device)
     logprobs = torch.zeros(rows, max_new_tokens, device=device)
+    copied = torch.zeros(rows, max_new_tokens, dtype=torch.bool, device=device)  # written by copy_rule
+    queues = [[] for _ in range(rows)]  # each row's copied tokens still to write, one a step here
     finished = torch.zeros(rows, dtype=torch.bool, device=device)
     for t in range(max_new_tokens):
         token, logprob = next_tokens(logits, temperature, top_p, greedy, suppress)  # every row: one draw each
+        for row in (r for r in range(rows) if queues[r]):  # the program's token, not the draw
+            token[row], logprob[row], copied[row, t] = queues[row].pop(0), 0.0, not finished[row]
         completion[:, t] = torch.where(finished, pad_id, token)
         logprobs[:, t] = torch.where(finished, 0.0, logprob)
         finished |= torch.isin(completion[:, t], stop_ids)
+        if copy_rule is not None:
+            for row in range(rows):
+                if not finished[row] and not queues[row]:
+                    queues[row] = list(copy_rule(row, completion[row, : t + 1].tolist()))
         if stopping is not None:
             finished |= stopping(completion[:, : t + 1])
         done = bool(finished.all())
@@ -651,18 +679,20 @@ def decode(
         else:
             logits = step()
     sequences = torch.cat([input_ids.repeat_interleave(per_prompt, dim=0), completion[:, : t + 1]], dim=1)
-    return (sequences, logprobs[:, : t + 1]) if with_logprobs else sequences
+    return (sequences, logprobs[:, : t + 1], copied[:, : t + 1]) if with_logprobs else sequences
 
 
 def decode_with_drafts(
     step, prompts, prompt_real, logits, max_new_tokens, stop_ids, pad_id, draft_tokens,
-    temperature, top_p, greedy, suppress,
+    temperature, top_p, greedy, suppress, copy_rule=None,
 ):  # fmt: skip
     """decode's loop where each step also checks drafts: prompts [rows, P] (each prompt's K rows),
     prompt_real [B, P] (False: padding), logits [rows, V] of the prefill. -> (sequences [rows, P + C],
-    the completion tokens' log-probabilities [rows, C]). Each row moves at its own pace: it writes
-    the drafts it keeps and one token drawn after them, so completion index n of row r is at cache
-    column P + n * K + r, as in the one-token loop, but n differs by row."""
+    the completion tokens' log-probabilities [rows, C], True where copy_rule wrote the token [rows,
+    C]). Each row moves at its own pace: it writes the drafts it keeps and one token drawn after
+    them, so completion index n of row r is at cache column P + n * K + r, as in the one-token loop,
+    but n differs by row. A turn copy_rule hands a row is its next step's drafts, all kept (forced):
+    the whole copy is written in one forward, and the row draws its next token after it."""
     rows, width = prompts.shape
     K, device = step.K, prompts.device
     own_row = torch.arange(rows, device=device) % K
@@ -673,11 +703,13 @@ def decode_with_drafts(
     real = torch.zeros(context.shape, dtype=torch.bool, device=device)
     real[:, :width] = prompt_real.repeat_interleave(K, dim=0)
     logprobs = torch.zeros(context.shape, device=device)  # of each token written, where it is written
+    copied = torch.zeros(context.shape, dtype=torch.bool, device=device)  # written by copy_rule
+    pending = [[] for _ in range(rows)]  # each row's copy, written at its next step
     written = torch.zeros(rows, dtype=torch.long, device=device)
     finished = torch.zeros(rows, dtype=torch.bool, device=device)
     spare = context.shape[1] - 1
 
-    def append(new, new_logprobs, counts):
+    def append(new, new_logprobs, counts, new_copied=None):
         """Write new[:, :counts] (and their log-probabilities) after each row's completion, up to and
         including its first stop token and within max_new_tokens; a finished row writes nothing."""
         offsets = torch.arange(new.shape[1], device=device)
@@ -688,10 +720,15 @@ def decode_with_drafts(
         target = torch.where(keep, width + written[:, None] + offsets, spare)
         context.scatter_(1, target, new)
         logprobs.scatter_(1, target, torch.where(keep, new_logprobs, 0.0))
+        if new_copied is not None:
+            copied.scatter_(1, target, keep & new_copied)
         real.scatter_(1, target, keep)
         real[:, spare] = False
         written.add_(keep.sum(1))
         finished.logical_or_((stop & keep).any(1) | (written >= max_new_tokens))
+        for row in range(rows) if copy_rule is not None else ():  # does the row's end open a tag?
+            if not finished[row] and not pending[row]:
+                pending[row] = list(copy_rule(row, context[row, width : width + written[row]].tolist()))
 
     first, first_logprob = next_tokens(logits, temperature, top_p, greedy, suppress)
     append(first[:, None], first_logprob[:, None], torch.ones_like(written))
@@ -703,6 +740,14 @@ def decode_with_drafts(
         pays = drafting_rows < DRAFT_TRIAL or kept >= DRAFTS_PAY * drafting_rows
         retry = step_number % DRAFT_RETRY == 0
         drafts, lengths = context_drafts(context, real, ends, draft_tokens if pays or retry else 0)
+        forced = torch.tensor([bool(p) for p in pending], device=device)
+        if forced.any():  # a row with a pending copy drafts the copy instead, to be kept whole
+            longest = max(len(p) for p in pending)
+            copy = torch.tensor([p + [pad_id] * (longest - len(p)) for p in pending], device=device)
+            drafts = torch.nn.functional.pad(drafts, (0, max(longest - drafts.shape[1], 0)), value=pad_id)
+            drafts[forced, :longest] = copy[forced]
+            lengths = torch.where(forced, torch.tensor([len(p) for p in pending], device=device), lengths)
+            pending = [[] for _ in range(rows)]
         # A row writes at most max_new_tokens: its last token is always drawn, never a draft.
         lengths = torch.where(finished, 0, torch.minimum(lengths, max_new_tokens - written - 1))
         Q = 1 + int(lengths.max())
@@ -716,13 +761,16 @@ def decode_with_drafts(
         bias = step.drafted_bias(prompt_real, index, steps)
         step_logits = step.forward(tokens, prompt_lengths + index, columns, bias, width + steps * K)
         accepted, drawn, new_logprobs = check_drafts(
-            step_logits, drafts, lengths, temperature, top_p, greedy, suppress
+            step_logits, drafts, lengths, temperature, top_p, greedy, suppress, forced
         )
-        drafting_rows, kept = drafting_rows + int((lengths > 0).sum()), kept + int(accepted.sum())
+        drafted = (lengths > 0) & ~forced  # the pays rule counts the context's drafts only
+        drafting_rows, kept = drafting_rows + int(drafted.sum()), kept + int(accepted[drafted].sum())
         new = torch.cat([drafts, drafts.new_full((rows, 1), pad_id)], 1)
-        append(new.scatter(1, accepted[:, None], drawn[:, None]), new_logprobs, accepted + 1)
+        new_copied = forced[:, None] & (torch.arange(Q, device=device) < accepted[:, None])
+        new_logprobs = torch.where(new_copied, 0.0, new_logprobs)  # the program's tokens: not sampled
+        append(new.scatter(1, accepted[:, None], drawn[:, None]), new_logprobs, accepted + 1, new_copied)
     end = width + int(written.max())
-    return context[:, :end], logprobs[:, width:end]
+    return context[:, :end], logprobs[:, width:end], copied[:, width:end]
 
 
 def capture_step(step):

@@ -26,6 +26,7 @@ import torch
 from srt import decode
 from srt.checkpoint import publish_dir
 from srt.distributed import is_fsdp, is_main_process
+from srt.recall import RECALL_MODES, CopyRule, prompt_history
 
 
 def peak_gpu_gb(device) -> float | None:
@@ -401,6 +402,7 @@ def generate(
     stop_when=None,
     engine="ours",
     draft_tokens=None,
+    recall="free",
 ) -> dict:
     """Completions of prompt texts (already chat-templated) -> {prompt_ids, prompt_mask,
     completion_ids, completion_mask, policy_mask, sampler_logprobs, texts, input_tokens,
@@ -429,7 +431,13 @@ def generate(
 
     draft_tokens (engine "ours"): tokens drafted from each row's own context and checked in the
     same step (decode.context_drafts, decode.check_drafts), None for decode.DRAFT_TOKENS, 0 for one
-    token a step. The samples' distribution is the same either way; their random numbers are not."""
+    token a step. The samples' distribution is the same either way; their random numbers are not.
+
+    recall "copy" (engine "ours"; srt/recall.py): once a row writes `<HIS>` and a label of its own
+    prompt's history with its colon, the decoder appends the rest of that turn and `</HIS>`. The
+    result then also holds `expanded` (the labels expanded, per row) and `copied_tokens` (the tokens
+    the program wrote, per row; policy_mask is 0 on them); generated_tokens counts every token of a
+    completion, decoded_tokens the model's own. "free" is the paper's: the model copies every token."""
     device = next(model.parameters()).device
     tokenizer.padding_side = "left"
     encoded = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False).to(device)
@@ -450,6 +458,13 @@ def generate(
             done.append(i in stopped_at)
         return torch.tensor(done, device=generated.device)
 
+    if recall not in RECALL_MODES:
+        raise ValueError(f"generate: unknown recall mode {recall!r}; use {' or '.join(RECALL_MODES)}")
+    copy_rule = None
+    if recall == "copy":
+        if engine != "ours":
+            raise ValueError("generate: recall='copy' needs engine='ours' (the decoder writes the copies)")
+        copy_rule = CopyRule(tokenizer, [prompt_history(p) for p in prompts], num_generations)
     was_training = model.training
     model.eval()
     if engine == "ours":
@@ -459,7 +474,7 @@ def generate(
         # FSDP, whose hooks manage the parameters' storage.
         inference = not (synced or is_fsdp(model) or is_fsdp(sampler))
         with autocast(device, autocast_dtype if sampler is model else None), torch.inference_mode(inference):
-            sequences, sampler_logprobs = decode.decode(
+            sequences, sampler_logprobs, copied = decode.decode(
                 sampler,
                 encoded.input_ids,
                 encoded.attention_mask,
@@ -475,12 +490,13 @@ def generate(
                 synced=synced,
                 draft_tokens=draft_tokens,
                 with_logprobs=True,
+                copy_rule=copy_rule,
             )
         # A normal tensor again: stage 2's loss embeds these ids, and autograd cannot save an
         # inference tensor for the backward pass.
         sequences, sampler_logprobs = sequences.clone(), sampler_logprobs.clone()
     elif engine == "hf":
-        sampler_logprobs = None  # HF's scores are not kept: the sampler's log-probs are unknown
+        sampler_logprobs, copied = None, None  # HF keeps no scores: the sampler's log-probs are unknown
         sequences = hf_generate(
             model,
             encoded,
@@ -507,17 +523,23 @@ def generate(
     texts = tokenizer.batch_decode(
         [row[:n] for row, n in zip(completion_ids, lengths)], skip_special_tokens=True
     )
-    return dict(
+    policy_mask = mask if copied is None else mask * ~copied
+    result = dict(
         prompt_ids=prompt_ids,
         prompt_mask=prompt_mask,
         completion_ids=completion_ids,
         completion_mask=mask,
-        policy_mask=mask.clone(),
-        sampler_logprobs=None if sampler_logprobs is None else sampler_logprobs * mask,
+        policy_mask=policy_mask.clone(),
+        sampler_logprobs=None if sampler_logprobs is None else sampler_logprobs * policy_mask,
         texts=texts,
         input_tokens=prompt_mask.sum(1).tolist(),
         generated_tokens=lengths,
+        decoded_tokens=policy_mask.sum(1).tolist(),
     )
+    if copy_rule is not None:
+        result["expanded"] = [copy_rule.expanded.get(row, []) for row in range(len(texts))]
+        result["copied_tokens"] = (mask - policy_mask).sum(1).tolist()
+    return result
 
 
 def hf_generate(

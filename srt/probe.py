@@ -128,6 +128,7 @@ def step_metrics(step, results, step_s, **extra) -> dict:
                 "loss",
                 "grad_norm",
                 "completion_length",
+                "copied_length",
                 "generate_s",
                 "score_s",
                 "train_s",

@@ -59,7 +59,8 @@ COMPARED = ("accuracy", "f1", "key_f1", "recall", "jaccard")
 BREAKDOWNS = {"query_type": "query type", "h_size": "|H*|", "distance_bin": "recall distance (rounds)"}
 DISTANCE_ORDER = ("none", "1-4", "5-9", "10-19", "20+")
 CUTOFF_LIMIT = 0.05  # a token budget that cuts off more answers than this is too tight
-OPTIONS_SHOWN = {"recency": ("recency_k",), "rag": ("rag_k",), "cuemem": ("cuemem",)}
+OPTIONS_SHOWN = {"recency": ("recency_k",), "rag": ("rag_k",), "cuemem": ("cuemem",), "srt": ("recall",),
+                 "srt-p": ("recall",)}  # fmt: skip
 # Table 2's variants need >= 96 queries, >= 24 per 8/16/24/32-round bucket, to be read.
 MIN_QUERIES, MIN_PER_BUCKET = 96, 24
 
@@ -127,6 +128,10 @@ def summarize_variant(variant, rows, latency_rows, fine_buckets) -> dict:
         "throughput": throughput(rows),
         "input_tokens": describe(r["input_tokens"] for r in rows),
         "generated_tokens": describe(r["generated_tokens"] for r in rows),
+        # of those, the model's own and those recall "copy" wrote (srt/recall.py)
+        "decoded_tokens": describe(r.get("decoded_tokens") for r in rows),
+        "copied_tokens": describe(r.get("copied_tokens") for r in rows),
+        "latency_decoded_tokens": describe(r.get("decoded_tokens") for r in latency_rows),
         "history_tokens": describe(r.get("history_tokens") for r in rows),
         # how long the final answers are: a list of candidates is long, and states several
         "answer_tokens": describe(r.get("answer_tokens") for r in rows),
@@ -267,8 +272,8 @@ def _p(m):
 def table1(summary) -> str:
     lines = [
         "| Method | Variant | n | F1 | key-F1 | Acc. (%) | Latency b=1 mean (s) | p50 | p90 | Input tokens | "
-        "Generated tokens | Throughput (req/s) | Offline per query (s) | Cut off (%) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "Generated tokens | of which decoded | Throughput (req/s) | Offline per query (s) | Cut off (%) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, s in summary["variants"].items():
         t = s.get("throughput")
@@ -278,6 +283,7 @@ def table1(summary) -> str:
             f"{_pct(s['accuracy'])} | {_stat(s['latency_s'])} | {_stat(s['latency_s'], 'p50')} | "
             f"{_stat(s['latency_s'], 'p90')} | {_stat(s['latency_input_tokens'], digits=0)} | "
             f"{_stat(s['latency_generated_tokens'], digits=0)} | "
+            f"{_stat(s.get('latency_decoded_tokens'), digits=0)} | "
             f"{rate} | {_stat(s['offline_s'], digits=3)} | "
             f"{_pct(s['truncated'])} |"
         )

@@ -115,6 +115,7 @@ def sample_groups(policy, tokenizer, records, prompts, cfg, reward_fn, autocast_
             top_p=cfg.top_p,
             autocast_dtype=autocast_dtype,
             draft_tokens=getattr(cfg, "draft_tokens", None),
+            recall=getattr(cfg, "recall", "free"),
         )
     t1 = time.perf_counter()
     examples = [record for record in records for _ in range(cfg.num_generations)]
@@ -124,7 +125,7 @@ def sample_groups(policy, tokenizer, records, prompts, cfg, reward_fn, autocast_
         prompt_mask=out["prompt_mask"],
         completion_ids=out["completion_ids"],
         completion_mask=out["completion_mask"],
-        policy_mask=out.get("policy_mask", out["completion_mask"]),
+        policy_mask=out.get("policy_mask", out["completion_mask"]),  # 0 on a turn copied out (--recall copy)
         sampler_logprobs=out.get("sampler_logprobs"),
         texts=out["texts"],
         records=examples,
