@@ -67,11 +67,13 @@ from srt.metrics import (
     error_type,
     f1_score,
     final_answer,
+    jaccard,
     key_f1,
     keys_present,
     normalize_answer,
     recall_metrics,
     states_several_candidates,
+    tag_labels,
 )
 from srt.modeling import embed, load_embedder, load_model_and_tokenizer, render_chat, resolve_dtype
 from srt.prompt import SRT_SYSTEM_PROMPT, build_messages, format_history, format_target
@@ -377,6 +379,10 @@ def score_prediction(
     row.update({"precision": None, "recall": None, "jaccard": None, "silent": None, "error_type": None})
     if recalled is not None and gold:
         row.update(recall_metrics(recalled, gold))
+    # the turns the tags name, however they were copied: the choice of turn alone
+    row["label_jaccard"] = (
+        jaccard(tag_labels(completion), gold) if gold and method in SELF_RECALL_METHODS else None
+    )
     if not gold and method in SELF_RECALL_METHODS:
         row["silent"] = float(not recalled)
     if recalled is not None and row["accuracy"] == 0.0:

@@ -378,6 +378,15 @@ def final_answer(method: str, completion: str) -> str:
 # --------------------------------------------------------------------------------------------
 # Recall metrics and the error taxonomy (Table 2, Table 3)
 # --------------------------------------------------------------------------------------------
+TAG_LABEL = re.compile(r"<HIS>\s*(?:Turn\s+)?([QA]\d+)\s*:")
+
+
+def tag_labels(completion: str) -> list[str]:
+    """The labels a completion's <HIS> tags open with, whatever text follows them: the turns it
+    chose, apart from how well it copied them (--recall copy writes the copy for it)."""
+    return list(dict.fromkeys(TAG_LABEL.findall(completion)))
+
+
 def jaccard(a, b) -> float:
     """IoU |a n b| / |a u b| of two sets; two empty sets agree perfectly (1.0), as in Eq. (6)."""
     a, b = set(a), set(b)

@@ -45,6 +45,7 @@ METRICS = (
     "precision",
     "recall",
     "jaccard",
+    "label_jaccard",
     "silent",
     "truncated",
     "format_valid",
@@ -55,7 +56,7 @@ METRICS = (
     "several_candidates",
 )
 # Paired against SRT, item by item (Table 2's intervals).
-COMPARED = ("accuracy", "f1", "key_f1", "recall", "jaccard")
+COMPARED = ("accuracy", "f1", "key_f1", "recall", "jaccard", "label_jaccard")
 BREAKDOWNS = {"query_type": "query type", "h_size": "|H*|", "distance_bin": "recall distance (rounds)"}
 DISTANCE_ORDER = ("none", "1-4", "5-9", "10-19", "20+")
 CUTOFF_LIMIT = 0.05  # a token budget that cuts off more answers than this is too tight

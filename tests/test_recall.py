@@ -180,7 +180,8 @@ def test_a_grpo_step_in_copy_mode_trains_on_the_policys_tokens_only(monkeypatch)
     records = [hand_record(i, 4, ("A1",), pruned_extra=()) for i in range(2)]
     prompts = [render_prompt(tokenizer, r) for r in records]
     cfg = g.parse_args(["--model", "tiny-random", "--dtype", "float32", "-K", "2", "--max-new-tokens", "30",
-                        "--sample-ratio", "1", "--recall", "copy", "--loss-norm", "token", "--draft-tokens", "0"])  # fmt: skip
+                        "--sample-ratio", "1", "--recall", "copy", "--loss-norm", "token",
+                        "--draft-tokens", "0"])  # fmt: skip
     scripted(monkeypatch, tokenizer("<think>\n<HIS>A1:", add_special_tokens=False).input_ids)
     torch.manual_seed(0)
 
