@@ -659,9 +659,10 @@ def evaluate_policy(
     max_prompt_length=None,
     autocast_dtype=None,
     progress=True,
+    recall="free",
 ) -> dict:
     """Mean reward components and recall Jaccard of greedy completions, on prompts fitted the way
-    GRPO fits them (oldest turns first; a gold turn cut is counted)."""
+    GRPO fits them (oldest turns first; a gold turn cut is counted), decoded in `recall` mode."""
     fitted = [fit_prompt(tokenizer, r, max_prompt_length) for r in records]
     result = greedy_probe(
         model,
@@ -673,6 +674,7 @@ def evaluate_policy(
         batch_size,
         autocast_dtype,
         progress,
+        recall,
     )
     return dict(result, gold_turns_cut=sum(cut for _, cut in fitted))
 
@@ -807,6 +809,7 @@ def train(cfg, reward_fn=None) -> dict:
                 max_prompt_length=cfg.max_prompt_length,
                 autocast_dtype=autocast_dtype,
                 progress=main_process,
+                recall=cfg.recall,
             )
         result = {k: finite_or_none(v) for k, v in merge_probes(gather_objects(mine, world_size)).items()}
         if main_process:

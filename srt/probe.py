@@ -34,9 +34,11 @@ def greedy_probe(
     batch_size=8,
     autocast_dtype=None,
     progress=True,
+    recall="free",
 ) -> dict:
     """Greedy completions of `prompts` (one per record; None = skipped, too long) -> the mean of
-    every reward component and of the recall Jaccard, the number scored and skipped, 3 examples."""
+    every reward component and of the recall Jaccard, the number scored and skipped, 3 examples.
+    recall: "copy" lets the decoder write the turns the tags name (srt/recall.py)."""
     start = time.perf_counter()
     kept = sorted(((r, p) for r, p in zip(records, prompts) if p is not None), key=lambda rp: len(rp[1]))
     completions, examples = [], []  # sorted by length: similar lengths batch with less padding
@@ -49,6 +51,7 @@ def greedy_probe(
             max_new_tokens=max_new_tokens,
             greedy=True,
             autocast_dtype=autocast_dtype,
+            recall=recall,
         )
         completions += out["texts"]
         examples += [r for r, _ in batch]
