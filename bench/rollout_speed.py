@@ -92,6 +92,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="auto: as stage 2 resolves it; bf16: fp32 weights with ours on a bf16 copy and hf under bf16 "
         "autocast, whatever the hardware (e.g. a CPU with avx512_bf16 but no AMX)",
     )
+    p.add_argument(
+        "--recall",
+        choices=["free", "copy"],
+        default="free",
+        help="copy: ours decodes in recall-by-pointer mode (srt/recall.py) with and without its drafts; "
+        "generate cannot, so it is not run (a model that writes <HIS> tags: an SFT checkpoint)",
+    )
     p.add_argument("--repeats", type=at_least(1), default=3, help="timed rollouts per side and K")
     p.add_argument("--check", action="store_true", help="greedy equality on dev prompts instead of speed")
     p.add_argument("--check-prompts", type=at_least(1), default=32, help="--check: how many prompts")
@@ -184,7 +191,7 @@ def speed(args) -> None:
                     temperature=args.temperature,
                     autocast_dtype=autocast_dtype,
                     engine=engine,
-                    **({"draft_tokens": drafts} if engine == "ours" else {}),
+                    **({"draft_tokens": drafts, "recall": args.recall} if engine == "ours" else {}),
                 )
             seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
             for warning in caught:  # shown as usual, and read for the CUDA graph's fallback
@@ -193,6 +200,7 @@ def speed(args) -> None:
                 sys.exit(f"error: {side}: a row ended before --max-new-tokens; the lengths are not equal")
             generated = sum(out["generated_tokens"])
             return {
+                "copied": sum(out.get("copied_tokens", [0])),
                 "seconds": seconds,
                 "cpu_seconds": cpu_seconds,
                 "generated": generated,
@@ -204,7 +212,8 @@ def speed(args) -> None:
     drafts = decode.DRAFT_TOKENS if args.draft_tokens is None else args.draft_tokens
     # ours runs between its two comparisons (1 token a step, then ours, then generate), so each of
     # the two paired ratios compares rollouts run back to back.
-    sides = ((ONE_TOKEN,) if drafts > 0 else ()) + ENGINES
+    engines = ENGINES if args.recall == "free" else ("ours",)  # generate cannot copy
+    sides = ((ONE_TOKEN,) if drafts > 0 else ()) + engines
     for K in args.ks:
         rollout = Rollout(K)
         precision = observed_precision(model, rollout)  # also the warm-up of each side
@@ -214,7 +223,8 @@ def speed(args) -> None:
         for _ in range(args.repeats):
             for side in sides:
                 times[side].append(rollout(side))
-        row = {"K": K, "prompts": len(prompts), "precision": precision}
+        row = {"K": K, "prompts": len(prompts), "precision": precision, "recall": args.recall}
+        row["copied_tokens"] = {side: describe([r["copied"] for r in times[side]]) for side in sides}
         row["cuda_graph"] = graph_record(device, [r["graph_failed"] for r in times["ours"]])
         for side in sides:
             seconds = describe([r["seconds"] for r in times[side]])
@@ -224,18 +234,30 @@ def speed(args) -> None:
                 "generated_tokens": generated,
                 "tokens_per_s": generated / seconds["median"],
             }
-        row["speedup"] = row["ours"]["tokens_per_s"] / row["hf"]["tokens_per_s"]
-        # hf's seconds over ours in each repeat, the two rollouts run back to back: a slow spell of a
-        # shared machine moves both, so the paired ratios spread less than the medians' ratio.
-        row["paired"] = describe([h["seconds"] / o["seconds"] for o, h in zip(times["ours"], times["hf"])])
-        # CPU seconds of the process (every thread): the time a virtual machine's neighbours take from a
-        # run (steal time) is wall time, not CPU time of the process.
-        row["cpu"] = {engine: describe([r["cpu_seconds"] for r in times[engine]]) for engine in ENGINES}
-        row["cpu_ratio"] = row["cpu"]["hf"]["median"] / row["cpu"]["ours"]["median"]
+        if args.recall == "copy":  # nothing to compare with generate; the drafts' gain below
+            row["speedup"] = row["paired"] = row["cpu_ratio"] = None
+        else:
+            row["speedup"] = row["ours"]["tokens_per_s"] / row["hf"]["tokens_per_s"]
+            # hf's seconds over ours in each repeat, the two rollouts run back to back: a slow spell of a
+            # shared machine moves both, so the paired ratios spread less than the medians' ratio.
+            row["paired"] = describe(
+                [h["seconds"] / o["seconds"] for o, h in zip(times["ours"], times["hf"])]
+            )
+            # CPU seconds of the process (every thread): the time a virtual machine's neighbours take from
+            # a run (steal time) is wall time, not CPU time of the process.
+            row["cpu"] = {engine: describe([r["cpu_seconds"] for r in times[engine]]) for engine in ENGINES}
+            row["cpu_ratio"] = row["cpu"]["hf"]["median"] / row["cpu"]["ours"]["median"]
         if drafts > 0:  # the drafts' gain: one token a step's seconds over ours, repeat by repeat
             pairs = zip(times["ours"], times[ONE_TOKEN])
             row["drafts_paired"] = describe([one["seconds"] / ours["seconds"] for ours, one in pairs])
         results["runs"].append(row)
+        if args.recall == "copy":
+            gain = row["drafts_paired"]["median"] if drafts > 0 else float("nan")
+            print(
+                f"K = {K}, copy: ours {row['ours']['tokens_per_s']:.1f} tok/s, drafts' gain {gain:.2f}x",
+                flush=True,
+            )
+            continue
         ours, hf = row["ours"]["tokens_per_s"], row["hf"]["tokens_per_s"]
         print(
             f"K = {K}: ours {ours:.1f} tok/s, hf {hf:.1f} tok/s, x{ours / hf:.2f} {precision}, "
@@ -243,6 +265,10 @@ def speed(args) -> None:
             flush=True,
         )
     widths = [len(tokenizer(p, add_special_tokens=False).input_ids) for p in prompts]
+
+    def with_hf(r, cell):
+        return "-" if r["speedup"] is None else cell(r)
+
     table = markdown_table(
         [
             "prompts x K",
@@ -257,21 +283,28 @@ def speed(args) -> None:
             "hf / ours by CPU s",
             "ours, 1 token a step, s",
             "drafts' gain, paired",
+            "copied tokens (ours)",
         ],
         [
             [
                 f"{r['prompts']} x {r['K']}",
                 f"{'/'.join(r['precision']['ours'])} / {'/'.join(r['precision']['hf'])}",
                 r["ours"]["seconds"]["median"],
-                r["hf"]["seconds"]["median"],
+                with_hf(r, lambda r: r["hf"]["seconds"]["median"]),
                 r["ours"]["tokens_per_s"],
-                r["hf"]["tokens_per_s"],
-                f"{r['speedup']:.2f}x",
-                f"{r['paired']['median']:.2f}x ({r['paired']['min']:.2f}-{r['paired']['max']:.2f})",
-                f"{r['cpu']['ours']['median']:.1f} / {r['cpu']['hf']['median']:.1f}",
-                f"{r['cpu_ratio']:.2f}x",
+                with_hf(r, lambda r: r["hf"]["tokens_per_s"]),
+                with_hf(r, lambda r: f"{r['speedup']:.2f}x"),
+                with_hf(
+                    r,
+                    lambda r: (
+                        f"{r['paired']['median']:.2f}x ({r['paired']['min']:.2f}-{r['paired']['max']:.2f})"
+                    ),
+                ),
+                with_hf(r, lambda r: f"{r['cpu']['ours']['median']:.1f} / {r['cpu']['hf']['median']:.1f}"),
+                with_hf(r, lambda r: f"{r['cpu_ratio']:.2f}x"),
                 r[ONE_TOKEN]["seconds"]["median"] if ONE_TOKEN in r else "-",
                 f"{r['drafts_paired']['median']:.2f}x" if ONE_TOKEN in r else "-",
+                r["copied_tokens"]["ours"]["median"],
             ]
             for r in results["runs"]
         ],
@@ -279,7 +312,8 @@ def speed(args) -> None:
     lines = [
         "# Rollouts: our decode loop vs Hugging Face generate\n",
         machine_line(results["machine"]) + "\n",
-        f"{args.model}, --precision {args.precision}; ours checks up to {drafts} drafted tokens a step "
+        f"{args.model}, --precision {args.precision}, --recall {args.recall}; "
+        f"ours checks up to {drafts} drafted tokens a step "
         "(also timed with none, one token a step: the drafts' gain is its seconds over ours, paired); "
         f"prompts of {widths} tokens; every row exactly "
         f"{args.max_new_tokens} new tokens (stop tokens suppressed); T = {args.temperature}; median of "

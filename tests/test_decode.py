@@ -888,6 +888,11 @@ def test_rollout_speed_smoke_equal_work_precision_and_greedy_check(tmp_path):
     bench.main(common + ["--check", "--check-prompts", "3", "--batch-size", "2"])
     check = json.loads((tmp_path / "check.json").read_text())
     assert check["equal"] is True and check["prompts"] == 3 and check["tokens"] > 0
+    # --recall copy: ours in copy mode with and without its drafts; generate cannot copy, so no ratio
+    bench.main(common + ["--ks", "2", "--repeats", "1", "--precision", "fp32", "--recall", "copy"])
+    (run,) = json.loads((tmp_path / "results.json").read_text())["runs"]
+    assert run["recall"] == "copy" and run["speedup"] is None and "hf" not in run
+    assert run["drafts_paired"]["median"] > 0 and run["copied_tokens"]["ours"]["median"] == 0  # no tags
 
 
 def test_rollout_speed_reads_the_cuda_graph_fallback_from_decodes_own_warning(monkeypatch):
