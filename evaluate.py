@@ -386,7 +386,8 @@ def score_prediction(
     if not gold and method in SELF_RECALL_METHODS:
         row["silent"] = float(not recalled)
     if recalled is not None and row["accuracy"] == 0.0:
-        row["error_type"] = error_type(recalled, gold, truncated)
+        labels = tag_labels(completion) if method in SELF_RECALL_METHODS else None
+        row["error_type"] = error_type(recalled, gold, truncated, labels)
     row.update(locomo_eval.score_row(answer, record, recalled))
     return row
 

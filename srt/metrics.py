@@ -33,7 +33,7 @@ import numpy as np
 SELF_RECALL_METHODS = ("srt", "srt-p")  # the model writes <HIS> tags itself
 # Table 3 rows. "Truncated" is this repository's addition: a chain cut off by max_new_tokens has no
 # answer at all, which says nothing about recall, so it would distort the paper's four shares.
-ERROR_TYPES = ("Missing Recall", "Over Recall", "Wrong Recall", "Failure Answer", "Truncated")
+ERROR_TYPES = ("Missing Recall", "Over Recall", "Wrong Recall", "Garbled Copy", "Failure Answer", "Truncated")
 
 THINK_CLOSE = "</think>"
 _ANSWER_ANYCASE = re.compile(re.escape("Final answer:"), re.IGNORECASE)
@@ -406,10 +406,12 @@ def recall_metrics(recalled, gold) -> dict:
     }
 
 
-def error_type(recalled, gold, truncated: bool = False) -> str:
+def error_type(recalled, gold, truncated: bool = False, labels=None) -> str:
     """Table 3 taxonomy of a wrong answer, tested in this order (docs/design.md): a completion cut off
     by the token cap -> Truncated; H^ = H* -> Failure Answer; H* a proper subset of H^ -> Over
-    Recall; H^ \\ H* non-empty -> Wrong Recall; otherwise (H^ a proper subset of H*) -> Missing Recall."""
+    Recall; H^ \\ H* non-empty -> Wrong Recall, or Garbled Copy where the tags' `labels` (when
+    given) name only turns of H*: the choice of turn was right, the copy matched no turn (what
+    --recall copy rules out); otherwise (H^ a proper subset of H*) -> Missing Recall."""
     if truncated:
         return "Truncated"
     recalled, gold = set(recalled), set(gold)
@@ -418,6 +420,8 @@ def error_type(recalled, gold, truncated: bool = False) -> str:
     if gold < recalled:
         return "Over Recall"
     if recalled - gold:
+        if labels is not None and set(labels) <= gold and all(r.startswith("?") for r in recalled - gold):
+            return "Garbled Copy"
         return "Wrong Recall"
     return "Missing Recall"
 

@@ -302,6 +302,15 @@ def test_error_taxonomy(recalled, gold, kind):
     assert metrics.error_type(recalled, gold) == kind
 
 
+def test_error_taxonomy_tells_a_wrong_label_from_a_garbled_copy():
+    """The tags named A1 and Q2 (H*), but Q2's copy matched no turn ("?..." in H^): the choice was
+    right, the copy failed. A tag that names A4 is a wrong choice whatever its text."""
+    assert metrics.error_type(["A1", "?q2 garbled"], ["A1", "Q2"], labels=["A1", "Q2"]) == "Garbled Copy"
+    assert metrics.error_type(["A1", "?q2 garbled"], ["A1", "Q2"], labels=["A1", "A4"]) == "Wrong Recall"
+    assert metrics.error_type(["A1", "A4"], ["A1", "Q2"], labels=["A1", "Q2"]) == "Wrong Recall"
+    assert metrics.error_type(["A1"], ["A1", "Q2"], labels=["A1"]) == "Missing Recall"
+
+
 def test_score_prediction_counts_hallucinated_tag():
     record = make_record(0, 4)
     completion = (
