@@ -804,6 +804,13 @@ def cuemem_extractor(args, spec, model=None, tokenizer=None):
     return cuemem.LLMExtractor(cuemem.hf_generate_fn(model, tokenizer, 128, autocast_dtype))
 
 
+def variant_pair(text: str) -> tuple[str, str]:
+    a, sep, b = text.partition(":")
+    if not sep or not a or not b:
+        raise argparse.ArgumentTypeError(f"{text!r} is not A:B (two --compare NAMEs)")
+    return a, b
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0],
@@ -827,6 +834,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=[],
         help=f"per-variant overrides, keys {', '.join(VARIANT_KEYS)}; e.g. a CueMem row under a "
         'capacity limit: \'cuemem-cap16={"cuemem": {"capacity": 16}}\'',
+    )
+    p.add_argument(
+        "--pairs",
+        nargs="+",
+        type=variant_pair,
+        default=[],
+        metavar="A:B",
+        help="more paired comparisons, B against A (--compare NAMEs), e.g. sft:sft-copydec",
     )
     p.add_argument(
         "--table2",
@@ -945,6 +960,9 @@ def resolve_config(argv=None) -> argparse.Namespace:
     if any(v["model"].startswith("api:") for v in args.variants) and not args.api_base:
         sys.exit("error: a model 'api:NAME' needs --api-base")
     args.variant_options = parse_variant_options(args.variant_options, {v["name"] for v in args.variants})
+    unknown = sorted({n for pair in args.pairs for n in pair} - {v["name"] for v in args.variants})
+    if unknown:
+        sys.exit(f"error: --pairs names {', '.join(unknown)}, which is not a --compare NAME")
     for v in args.variants:
         v["batch_size"] = 1 if v["model"].startswith("api:") else args.batch_size
         v["options"] = variant_options(v, args)
@@ -1028,6 +1046,7 @@ def main(argv=None) -> None:
             for v in variants
         },
         "comparisons": report.compare_variants(rows_by_name, srt_name, args.bootstrap, args.seed),
+        "pairs": report.compare_pairs(rows_by_name, args.pairs, args.bootstrap, args.seed),
         "locomo_comparisons": locomo_eval.compare(rows_by_name, srt_name, args.bootstrap, args.seed),
     }
     path = report.write_outputs(summary, out_dir)

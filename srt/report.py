@@ -320,13 +320,56 @@ def table2(summary) -> str:
 def comparison_table(summary) -> str:
     lines = [
         "| Variant | Paired n | Δ Acc. [95% CI] | McNemar p | Δ F1 [95% CI] | Δ key-F1 [95% CI] | "
-        "Δ Recall [95% CI] | Δ Jaccard [95% CI] |",
-        "|---|---|---|---|---|---|---|---|",
+        "Δ Recall [95% CI] | Δ Jaccard [95% CI] | Δ label Jaccard [95% CI] |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for name, c in summary.get("comparisons", {}).items():
         lines.append(
             f"| {name} | {c['n']} | {_ci(c['accuracy'])} | {_p(c['mcnemar'])} | {_ci(c['f1'])} | "
-            f"{_ci(c['key_f1'])} | {_ci(c['recall'])} | {_ci(c['jaccard'])} |"
+            f"{_ci(c['key_f1'])} | {_ci(c['recall'])} | {_ci(c['jaccard'])} | {_ci(c.get('label_jaccard'))} |"
+        )
+    return "\n".join(lines)
+
+
+def compare_pairs(rows_by_name, pairs, resamples=2000, seed=0) -> dict:
+    """--pairs A:B: B against A, as compare_variants compares a variant with SRT, plus the paired
+    difference in decoded tokens (the model's own, all queries both answered: what recall "copy"
+    saves) and both sides' batch-1 latency medians."""
+    out = {}
+    for a, b in pairs:
+        entry = compare_variants({a: rows_by_name[a], b: rows_by_name[b]}, a, resamples, seed)[b]
+        by_id = {r["id"]: r for r in rows_by_name[a]}
+        both = [(by_id[r["id"]], r) for r in rows_by_name[b] if r["id"] in by_id]
+        tokens = [(x["decoded_tokens"], y["decoded_tokens"]) for x, y in both
+                  if None not in (x.get("decoded_tokens"), y.get("decoded_tokens"))]  # fmt: skip
+        entry["decoded_tokens"] = paired_bootstrap(
+            [x for x, _ in tokens], [y for _, y in tokens], resamples, seed
+        )
+        entry["decoded_tokens"]["a_mean"] = float(np.mean([x for x, _ in tokens])) if tokens else None
+        out[f"{b} vs {a}"] = entry
+    return out
+
+
+def pairs_table(summary) -> str:
+    lines = [
+        "| B vs A | Paired n | Δ Acc. [95% CI] | McNemar p | Δ F1 [95% CI] | Δ Jaccard [95% CI] | "
+        "Δ label Jaccard [95% CI] | decoded tokens A, Δ [95% CI] | latency b=1 A / B (s, mean) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, c in summary.get("pairs", {}).items():
+        b, a = name.split(" vs ")
+        t = c["decoded_tokens"]
+        tokens = (
+            "-"
+            if t["diff"] is None
+            else f"{t['a_mean']:.0f}, {t['diff']:+.1f} [{t['low']:+.1f}, {t['high']:+.1f}]"
+        )
+        latency = (
+            f"{_stat(summary['variants'][a]['latency_s'])} / {_stat(summary['variants'][b]['latency_s'])}"
+        )
+        lines.append(
+            f"| {name} | {c['n']} | {_ci(c['accuracy'])} | {_p(c['mcnemar'])} | {_ci(c['f1'])} | "
+            f"{_ci(c['jaccard'])} | {_ci(c.get('label_jaccard'))} | {tokens} | {latency} |"
         )
     return "\n".join(lines)
 
@@ -561,6 +604,11 @@ def write_report(summary, out_dir, plots) -> Path:
         "## Every variant against SRT (paired)",
         comparison_table(summary) or "-",
     ]
+    if summary.get("pairs"):
+        parts += [
+            "## Pairs (--pairs A:B): B minus A, paired, on the queries that need recall (tokens: all)",
+            pairs_table(summary),
+        ]
     if any(s.get("locomo") for s in summary["variants"].values()):
         parts += [
             "## LoCoMo score per question category (%)",

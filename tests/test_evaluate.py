@@ -594,6 +594,7 @@ COMPARE = [
     "cm=cuemem:tiny-random",
     "cmcap=cuemem:tiny-random",
     "grpo=srt:tiny-random",
+    "grpo-copy=srt:tiny-random",
     "base-srtp=srt-p:tiny-random",
 ]
 FAST = ["--max-new-tokens", "6", "--max-new-tokens-direct", "3", "--batch-size", "2", "--quiet"]
@@ -616,6 +617,9 @@ def compare_run(tmp_path_factory):
                 *COMPARE,
                 "--variant-options",
                 'cmcap={"cuemem": {"capacity": 4}}',
+                'grpo-copy={"recall": "copy"}',
+                "--pairs",
+                "grpo:grpo-copy",
                 "--bootstrap",
                 "1000",
                 "--table2",
@@ -671,6 +675,23 @@ def test_compare_writes_report_and_summary(compare_run):
     assert "| Variant | 8 | 12 | 16 | 20 | 24 | 28 | 32 | >=24 |" in text
     assert json.loads((out / "config.json").read_text())["variants"][0]["name"] == "full"
     assert summary["num_examples"] == 4
+
+
+def test_a_copy_mode_variant_counts_its_tokens_and_pairs_with_its_free_twin(compare_run):
+    """recall "copy" is a per-variant option: its rows say what the model decoded and what the
+    program copied (the tiny model names no turn: nothing), its key differs from the free twin's,
+    and --pairs compares the two with paired intervals, decoded tokens and latency."""
+    _, out, summary = compare_run
+    free, copy = read_lines(out / "grpo.jsonl"), read_lines(out / "grpo-copy.jsonl")
+    assert all(r["copied_tokens"] == 0 and r["expanded"] == [] for r in copy)
+    assert all(r["decoded_tokens"] == r["generated_tokens"] for r in free + copy)
+    assert free[0]["key"] != copy[0]["key"]
+    assert summary["variants"]["grpo-copy"]["options"]["recall"] == "copy"
+    pair = summary["pairs"]["grpo-copy vs grpo"]
+    assert pair["n"] == 4 and pair["decoded_tokens"]["diff"] is not None and "label_jaccard" in pair
+    assert "## Pairs (--pairs A:B)" in (out / "report.md").read_text()
+    with pytest.raises(SystemExit, match="--pairs names nope"):
+        evaluate.resolve_config(["--compare", "a=srt:tiny-random", "--pairs", "a:nope"])
 
 
 def test_latency_is_measured_at_batch_one_per_bucket(compare_run):
