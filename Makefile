@@ -31,6 +31,7 @@ test: setup
 # prose; "No history" is the w/o-CoT model asked with an empty history (the floor). The slow or weak
 # baselines answer fewer queries (a stratified subset of the same 96, so they still pair with SRT),
 # and cuemem-cap16 is CueMem keeping at most 16 memory units (its forgetting under a capacity limit).
+# grpo-copy is SRT's GRPO model decoded with --recall copy: it names a turn, the decoder writes it out.
 demo: setup
 	$(PYTHON) stage0_build.py --preset cpu-demo --out $(DATA) --resume
 	$(PYTHON) stage1_sft.py --preset cpu-demo --model smollm2-135m --data $(DATA)/train.jsonl --out $(RUN)/sft --resume
@@ -44,10 +45,10 @@ demo: setup
 	              cuemem-cap16=cuemem:smollm2-135m \
 	              base-srtp=srt-p:smollm2-135m nocot=srt:$(RUN)/sft-nocot/final sft=srt:$(RUN)/sft/final \
 	              recall-only=srt:$(RUN)/sft-recall-only/final nohist=srt:$(RUN)/sft-nocot/final \
-	              grpo=srt:$(RUN)/grpo/final \
-	    --variant-options 'rag={"limit": 48}' 'cuemem={"limit": 48}' 'base-srtp={"limit": 16}' \
+	              grpo=srt:$(RUN)/grpo/final grpo-copy=srt:$(RUN)/grpo/final \
+	    --variant-options 'rag={"limit": 48}' 'cuemem={"limit": 48}' 'base-srtp={"limit": 16}' 'grpo-copy={"recall": "copy"}' \
 	        'cuemem-cap16={"limit": 48, "cuemem": {"capacity": 16}}' 'nohist={"history": "none"}' \
-	    --table2 "SRT=grpo,w/o RL=sft,w/o CoT=nocot,Recall only=recall-only,No history=nohist,w/o SFT=base-srtp,Full history=full,RAG=rag,CueMem=cuemem"
+	    --table2 "SRT=grpo,Recall by pointer=grpo-copy,w/o RL=sft,w/o CoT=nocot,Recall only=recall-only,No history=nohist,w/o SFT=base-srtp,Full history=full,RAG=rag,CueMem=cuemem"
 
 # One GRPO replicate (docs/experiments/grpo-replicates.md): stage 0 (data seed 0, built once), an SFT
 # start of seed SEED, GRPO from it (PLACEBO=1: and a placebo run from the same start), all evaluated

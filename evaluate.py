@@ -86,6 +86,7 @@ FIG4_BUCKETS = tuple(range(8, 33, 4))  # 8, 12, ..., 32 rounds (Fig. 4)
 # Conventional --compare names for Table 2, used when --table2 is not given.
 TABLE2_GUESS = {
     "SRT": ("grpo", "srt"),
+    "Recall by pointer": ("grpo-copy", "copy"),  # SRT with --recall copy (srt/recall.py)
     "w/o RL": ("sft",),
     "w/o CoT": ("nocot", "sft-nocot"),
     "Recall only": ("recall-only", "sft-recall-only"),

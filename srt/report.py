@@ -30,7 +30,8 @@ from srt.metrics import ERROR_TYPES, mcnemar_exact, paired_bootstrap
 # tags alone), "No history" (the w/o-CoT model with an empty history: the floor every accuracy is
 # read against), and the memory baselines on the same queries.
 TABLE2_ROWS = (
-    "SRT", "w/o RL", "w/o CoT", "Recall only", "No history", "w/o SFT", "Full history", "RAG", "CueMem",
+    "SRT", "Recall by pointer", "w/o RL", "w/o CoT", "Recall only", "No history", "w/o SFT", "Full history",
+    "RAG", "CueMem",
 )  # fmt: skip
 
 # --------------------------------------------------------------------------------------------
