@@ -705,6 +705,7 @@ def decode_with_drafts(
     logprobs = torch.zeros(context.shape, device=device)  # of each token written, where it is written
     copied = torch.zeros(context.shape, dtype=torch.bool, device=device)  # written by copy_rule
     pending = [[] for _ in range(rows)]  # each row's copy, written at its next step
+    in_label = torch.zeros(rows, dtype=torch.bool, device=device)  # no drafts until the colon
     written = torch.zeros(rows, dtype=torch.long, device=device)
     finished = torch.zeros(rows, dtype=torch.bool, device=device)
     spare = context.shape[1] - 1
@@ -728,7 +729,11 @@ def decode_with_drafts(
         finished.logical_or_((stop & keep).any(1) | (written >= max_new_tokens))
         for row in range(rows) if copy_rule is not None else ():  # does the row's end open a tag?
             if not finished[row] and not pending[row]:
-                pending[row] = list(copy_rule(row, context[row, width : width + written[row]].tolist()))
+                completion = context[row, width : width + written[row]].tolist()
+                pending[row] = list(copy_rule(row, completion))
+                in_label[row] = not pending[row] and getattr(copy_rule, "in_label", lambda c: False)(
+                    completion
+                )
 
     first, first_logprob = next_tokens(logits, temperature, top_p, greedy, suppress)
     append(first[:, None], first_logprob[:, None], torch.ones_like(written))
@@ -740,6 +745,7 @@ def decode_with_drafts(
         pays = drafting_rows < DRAFT_TRIAL or kept >= DRAFTS_PAY * drafting_rows
         retry = step_number % DRAFT_RETRY == 0
         drafts, lengths = context_drafts(context, real, ends, draft_tokens if pays or retry else 0)
+        lengths = torch.where(in_label, 0, lengths)  # the colon must end a step: the program copies
         forced = torch.tensor([bool(p) for p in pending], device=device)
         if forced.any():  # a row with a pending copy drafts the copy instead, to be kept whole
             longest = max(len(p) for p in pending)

@@ -26,6 +26,10 @@ HISTORY_LINE = re.compile(r"^([QA]\d+): (.*)$")
 # start of the copy (a token may join the colon, or the space, with the text that follows).
 OPEN_TAG = re.compile(r"<HIS>\s*([QA]\d+):([^<]*)\Z")
 TAIL_TOKENS = 24  # how much of a row's end the trigger decodes: the tag, its label and a few tokens
+# A row inside an opening tag, before its colon: the decoder checks no drafts for it, so the colon
+# ends a step and the program takes over at once (a draft kept past the colon would carry the row
+# into text of its own, which the program cannot replace).
+IN_LABEL = re.compile(r"<HIS>\s*[QA]?\d*\Z")
 
 
 def prompt_history(prompt: str) -> dict[str, str]:
@@ -76,6 +80,10 @@ class CopyRule:
         self.longest = max(
             (len(tail_ids(tokenizer, label, text)) for h in histories for label, text in h.items()), default=0
         )
+
+    def in_label(self, completion: list[int]) -> bool:
+        """Is the row writing a tag's label (`<HIS>`, `<HIS>A`, `<HIS>A3`), its colon still to come?"""
+        return IN_LABEL.search(self.tokenizer.decode(completion[-8:], skip_special_tokens=False)) is not None
 
     def __call__(self, row: int, completion: list[int]) -> list[int]:
         text = self.tokenizer.decode(completion[-TAIL_TOKENS:], skip_special_tokens=False)

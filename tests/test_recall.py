@@ -200,3 +200,40 @@ def test_a_grpo_step_in_copy_mode_trains_on_the_policys_tokens_only(monkeypatch)
     assert all(v == v for v in stats["updates"][0].values())  # finite
     result = g.step_result(rollout, stats)
     assert result["copied_length"] == pytest.approx(copied.sum(1).float().mean().item())
+
+
+def test_no_draft_carries_a_row_past_the_colon_of_a_tag(tiny, monkeypatch):
+    """Regression: a draft kept past `<HIS>A1:` (the prompt's own "A1: ..." line is a perfect draft)
+    carried the row into text of its own in the same step, where the program could no longer copy.
+    While a row writes a tag's label, it checks no drafts: the colon ends a step. A stand-in for
+    check_drafts writes the scripted token each step (no draft kept) and records what it was offered."""
+    model, tokenizer = tiny
+    prompt = render_prompt(tokenizer, hand_record(0, 4, ("A1",), pruned_extra=()))
+    script = tokenizer("<think>\n<HIS>A1:", add_special_tokens=False).input_ids
+    offered, state = [], {"step": 0}
+    monkeypatch.setattr(
+        decode,
+        "context_drafts",
+        lambda context, real, ends, n, **k: (context.new_full((len(ends), 2), 5), ends * 0 + 2),
+    )
+
+    def check(logits, drafts, lengths, *args, **kwargs):
+        offered.append(int(lengths[0]))
+        token = script[state["step"]] if state["step"] < len(script) else int(logits[0, 0].argmax())
+        state["step"] += 1
+        return lengths * 0, torch.tensor([token]), torch.zeros(1, logits.shape[1])
+
+    monkeypatch.setattr(decode, "check_drafts", check)
+    scripted(monkeypatch, script[:1])  # the prefill's token
+    state["step"] = 1
+    out = modeling.generate(
+        model, tokenizer, [prompt], max_new_tokens=len(script) + 4, greedy=True, recall="copy"
+    )
+    assert out["expanded"] == [["A1"]]
+    label_steps = [
+        i
+        for i in range(1, len(script))
+        if tokenizer.decode(script[:i]).endswith(("<HIS>", "<HIS>A", "<HIS>A1"))
+    ]
+    assert label_steps and all(offered[i - 1] == 0 for i in label_steps), (offered, label_steps)
+    assert offered[0] == 2  # elsewhere drafts are offered as usual
