@@ -314,7 +314,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     cfg = parse_config(build_parser(), PRESETS, argv)
     # The ratio and the KL of Eq. (9) read log-probs of softmax(logits / T) over the whole vocabulary
     # (but suppressed tokens): a nucleus sampler draws from another distribution, which they would
-    # not see (the bias TRL's users met, its issue 6789). Refused rather than half-corrected.
+    # not see. Refused rather than half-corrected.
     require(
         cfg.top_p == 1.0,
         f"--top-p {cfg.top_p}: stage 2 samples from the full softmax(logits / T), whose log-probs "

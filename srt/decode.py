@@ -535,25 +535,26 @@ def decode(
     with_logprobs: bool = False,
     copy_rule=None,
 ):
-    """input_ids, attention_mask_2d [B, P]: B distinct prompts, left padded. -> sequences
-    [B * K, P + C]: each prompt repeated K times (rows j*K .. j*K+K-1) and its completions, C <=
-    max_new_tokens, finished rows padded with pad_id. with_logprobs: -> (sequences, logprobs [B * K, C]), the
-    log-probability of each completion token under the distribution it was drawn from (next_tokens; 0 on
-    padding), which GRPO keeps as log pi_sampler. `stopping(completion_so_far [rows, t])` -> bool per row,
-    called after each step, ends rows on the caller's own test (modeling.generate's stop_when).
-    prefill_once False prefills each of the K copies of a prompt (the reference for the tests). synced:
-    the forward pass communicates (FSDP with sharded weights), so every rank runs as many steps as the
-    slowest one. static_shapes: every step attends to all the columns of the cache, those not yet written
-    masked, so every step has one shape: what a CUDA graph replays (cuda_graph, on a GPU), also available
-    eagerly, where the tests check it. grouped: decode with GroupedStep where the architecture allows
-    (grouped_step_supported, and no FSDP); False runs the model's own forward at every step, the general
-    path the tests compare it with. draft_tokens: with the grouped step, each step also checks up to this
-    many tokens drafted from the row's own context (context_drafts, check_drafts: the same distribution,
-    fewer steps); 0, or where a step must keep one shape (a CUDA graph, static_shapes) or the caller tests
-    text (stopping), one token a step. copy_rule(row, completion ids so far) -> ids (srt/recall.py
-    CopyRule, --recall copy): the tokens the program appends to the row now, a turn of its history;
-    written in one forward where drafts are checked, else one a step; with_logprobs then also
-    returns a [B * K, C] mask of the tokens it wrote (log-probability 0: not sampled)."""
+    """input_ids, attention_mask_2d [B, P]: B distinct prompts, left padded. -> sequences [B * K, P
+    + C]: each prompt repeated K times (rows j*K .. j*K+K-1) and its completions, C <=
+    max_new_tokens, finished rows padded with pad_id. with_logprobs: -> (sequences, logprobs [B * K,
+    C], copied [B * K, C]): each completion token's log-probability under the distribution it was
+    drawn from (next_tokens; 0 on padding and on copied tokens), which GRPO keeps as log pi_sampler,
+    and True where copy_rule wrote the token. `stopping(completion_so_far [rows, t])` -> bool per
+    row, called after each step, ends rows on the caller's own test (modeling.generate's stop_when).
+    prefill_once False prefills each of the K copies of a prompt (the reference for the tests).
+    synced: the forward pass communicates (FSDP with sharded weights), so every rank runs as many
+    steps as the slowest one. static_shapes: every step attends to all the columns of the cache,
+    those not yet written masked, so every step has one shape: what a CUDA graph replays
+    (cuda_graph, on a GPU), also available eagerly, where the tests check it. grouped: decode with
+    GroupedStep where the architecture allows (grouped_step_supported, and no FSDP); False runs the
+    model's own forward at every step, the general path the tests compare it with. draft_tokens:
+    with the grouped step, each step also checks up to this many tokens drafted from the row's own
+    context (context_drafts, check_drafts: the same distribution, fewer steps); 0, or where a step
+    must keep one shape (a CUDA graph, static_shapes) or the caller tests text (stopping), one token
+    a step. copy_rule(row, completion ids so far) -> ids (srt/recall.py CopyRule, --recall copy):
+    the tokens the program appends to the row now, a turn of its history; written in one forward
+    where drafts are checked, else one a step."""
     device, K = input_ids.device, num_generations
     draft_tokens = DRAFT_TOKENS if draft_tokens is None else draft_tokens
     if max_new_tokens < 1:
@@ -569,11 +570,7 @@ def decode(
     # A copied turn is written as kept drafts are, in one step, where the grouped step can check drafts.
     drafting = grouped and (draft_tokens > 0 or copy_rule is not None) and stopping is None and not one_shape
     if grouped:  # a drafted step may write up to this many columns past the last token kept
-        margin = (
-            max(draft_tokens, getattr(copy_rule, "longest", max_new_tokens) if copy_rule else 0)
-            if drafting
-            else 0
-        )
+        margin = max(draft_tokens, copy_rule.longest if copy_rule else 0) if drafting else 0
         cache = GroupKVCache(rows, width, length + margin, per_prompt)
     else:
         cache = StaticKVCache(rows, length, repeats=per_prompt)
@@ -729,11 +726,8 @@ def decode_with_drafts(
         finished.logical_or_((stop & keep).any(1) | (written >= max_new_tokens))
         for row in range(rows) if copy_rule is not None else ():  # does the row's end open a tag?
             if not finished[row] and not pending[row]:
-                completion = context[row, width : width + written[row]].tolist()
-                pending[row] = list(copy_rule(row, completion))
-                in_label[row] = not pending[row] and getattr(copy_rule, "in_label", lambda c: False)(
-                    completion
-                )
+                ids, in_label[row] = copy_rule.read(row, context[row, width : width + written[row]].tolist())
+                pending[row] = list(ids)
 
     first, first_logprob = next_tokens(logits, temperature, top_p, greedy, suppress)
     append(first[:, None], first_logprob[:, None], torch.ones_like(written))

@@ -81,22 +81,22 @@ class CopyRule:
             (len(tail_ids(tokenizer, label, text)) for h in histories for label, text in h.items()), default=0
         )
 
-    def in_label(self, completion: list[int]) -> bool:
-        """Is the row writing a tag's label (`<HIS>`, `<HIS>A`, `<HIS>A3`), its colon still to come?"""
-        return IN_LABEL.search(self.tokenizer.decode(completion[-8:], skip_special_tokens=False)) is not None
-
     def __call__(self, row: int, completion: list[int]) -> list[int]:
+        return self.read(row, completion)[0]
+
+    def read(self, row: int, completion: list[int]) -> tuple[list[int], bool]:
+        """-> (the ids to append now, whether the row is writing a tag's label, its colon to come),
+        from one decode of the row's tail."""
         text = self.tokenizer.decode(completion[-TAIL_TOKENS:], skip_special_tokens=False)
         match = OPEN_TAG.search(text)
         if match is None:
-            return []
+            return [], IN_LABEL.search(text) is not None
         label, written = match.group(1), match.group(2)
         utterance = self.histories[row // self.K].get(label)
         if utterance is None or not tag_tail(label, utterance).startswith(written):
-            return []  # not a turn of this prompt, or the row already wrote something else
-        ids = tail_ids(self.tokenizer, label, utterance, written)
+            return [], False  # not a turn of this prompt, or the row already wrote something else
         self.expanded.setdefault(row, []).append(label)
-        return ids
+        return tail_ids(self.tokenizer, label, utterance, written), False
 
 
 def copied_spans(target: str, history: dict[str, str]) -> list[tuple[int, int]]:
