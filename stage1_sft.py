@@ -373,6 +373,13 @@ def build_parser() -> argparse.ArgumentParser:
         "copy mode (srt/recall.py), carries no loss; free: every target token does (the paper)",
     )
     p.add_argument("--save-every", type=at_least(1), default=50, help="write <out>/checkpoint every N steps")
+    p.add_argument(
+        "--snapshot-every",
+        type=at_least(0),
+        default=0,
+        help="also keep the model of every N-th step as <out>/snapshots/step-N (save_pretrained), for a "
+        "learning curve; 0: none",
+    )
     p.add_argument("--log-every", type=at_least(1), default=1, help="append to metrics.jsonl every N steps")
     p.add_argument(
         "--time-budget-minutes",
@@ -579,6 +586,8 @@ def train(cfg):
             bar.update(1)
         if step % cfg.save_every == 0 and step < total_steps:
             save(step)
+        if cfg.snapshot_every and step % cfg.snapshot_every == 0 and step < total_steps:
+            save_final(out / "snapshots" / f"step-{step}", model, tokenizer, cfg.fsdp)
     bar.close()
 
     save(step)

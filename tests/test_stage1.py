@@ -247,6 +247,28 @@ def test_tiny_model_overfits_a_handful_of_records(tmp_path):
     assert json.loads((tmp_path / "out" / "config.json").read_text())["lr"] == 5e-3
 
 
+def test_snapshots_are_the_model_of_their_step_and_leave_the_run_unchanged(tmp_path):
+    """--snapshot-every 2 on a 4-step run keeps step 2's model, the weights of a 2-step run on the same
+    batches (phase 1 only in both), and the final weights equal a run without snapshots."""
+    data = write_records(tmp_path, [make_record(i, rounds=3 + i % 3) for i in range(6)])
+    common = ["--batch-size", "2", "--lr", "3e-3", "--phase1-fraction", "1.0"]
+    with_snapshots = stage1_sft.train(
+        run_args(data, tmp_path / "a", *common, "--max-steps", "4", "--snapshot-every", "2")
+    )
+    without = stage1_sft.train(run_args(data, tmp_path / "b", *common, "--max-steps", "4"))
+    two_steps = stage1_sft.train(run_args(data, tmp_path / "c", *common, "--max-steps", "2"))
+    for a, b in zip(with_snapshots.state_dict().values(), without.state_dict().values()):
+        assert torch.equal(a, b)
+    assert sorted(p.name for p in (tmp_path / "a" / "snapshots").iterdir()) == ["step-2"]
+    snapshot = load_file(str(tmp_path / "a" / "snapshots" / "step-2" / "model.safetensors"))
+    two = load_file(str(tmp_path / "c" / "final" / "model.safetensors"))
+    four = load_file(str(tmp_path / "a" / "final" / "model.safetensors"))
+    assert snapshot.keys() == two.keys()
+    for name in snapshot:
+        torch.testing.assert_close(snapshot[name], two[name], rtol=1e-5, atol=1e-6, msg=name)
+    assert any(not torch.equal(snapshot[name], four[name]) for name in snapshot)
+
+
 # ---------------------------------------------------------------------------------------------- resume
 def test_killed_run_resumes_to_the_uninterrupted_result(tmp_path):
     """SIGKILL a real run once it has written a mid-run checkpoint; --resume must then reach the
