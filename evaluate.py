@@ -22,6 +22,13 @@ Every method gets the same instruction: answer the current query from the histor
 information overrides older, reply 'Final answer: ...'. Offline work (RAG's embedding of the
 history, CueMem's index build) is timed apart from the query latency (`offline_s`).
 
+The memory a method reads. Where stage 0 wrote the whole conversations beside the records (LoCoMo:
+`conversations.jsonl`, `--conversations`), the memory systems (full, recency, rag, cuemem) read the
+whole conversation before the question, as they are used: RAG and CueMem retrieve from every
+utterance, and full reads the newest part that fits `--max-prompt-tokens`. SRT reads the record's
+own window, the prompt it was trained on. A variant's "memory" option ("window" or
+"conversation") overrides this; every variant answers the same questions, paired by id.
+
 Saved rows carry the fingerprint of the checkpoint's files and of the evaluation settings, and
 the hash of their record: --resume reuses a row only when all three match.
 
@@ -57,8 +64,8 @@ import reward
 from srt import locomo_eval, modeling, report
 from srt.attention import attention_analysis
 from srt.completion import is_valid_format
-from srt.config import parse_config, write_config
-from srt.data_io import BUCKETS, DataError, atomic_write_text, bucket_of, read_jsonl
+from srt.config import at_least, parse_config, write_config
+from srt.data_io import BUCKETS, DataError, atomic_write_text, bucket_of, read_jsonl, read_lines
 from srt.metrics import (
     SELF_RECALL_METHODS,
     accuracy,
@@ -101,7 +108,9 @@ TABLE2_GUESS = {
 # 5: no accuracy or key-F1 without answer keys; LoCoMo's per-category score and evidence recall.
 SCORE_VERSION = 5
 # Per-variant settings (--variant-options NAME=JSON) and what they override.
-VARIANT_KEYS = ("limit", "recency_k", "rag_k", "cuemem", "max_new_tokens", "history", "recall")
+VARIANT_KEYS = ("limit", "recency_k", "rag_k", "cuemem", "max_new_tokens", "history", "recall", "memory")
+MEMORIES = ("window", "conversation")
+MEMORY_METHODS = ("full", "recency", "rag", "cuemem")  # read the whole conversation where there is one
 CUEMEM_MEMORY_KEYS = ("extractor", "window", "links_per_cue", "link_threshold", "capacity", "max_age")
 CUEMEM_QUERY_KEYS = ("top_k", "use_graph", "max_evidence", "temporal_decay", "min_relative_score")
 
@@ -222,6 +231,66 @@ def rag_turns(record, k: int, history_vectors=None) -> list[str]:
     scores = history_vectors @ embed([record["query"]])[0]
     top = sorted(np.argsort(-scores, kind="stable")[:k])
     return [history[i]["label"] for i in top]
+
+
+def read_conversations(path) -> dict:
+    """stage 0's conversations.jsonl -> {conversation_id: {"rounds": [{"user", "assistant"}],
+    "dia_labels": {dia_id: label}}}; a bad line is named by file, line and field."""
+
+    def parse(obj, path, line):
+        if not isinstance(obj, dict) or not isinstance(obj.get("conversation_id"), str):
+            raise DataError(f"{path}:{line}: field 'conversation_id' must be a string")
+        rounds = obj.get("rounds")
+        if not isinstance(rounds, list) or not all(
+            isinstance(r, dict) and isinstance(r.get("user"), str) and isinstance(r.get("assistant"), str)
+            for r in rounds
+        ):
+            raise DataError(f"{path}:{line}: field 'rounds' must be a list of {{user, assistant}} strings")
+        if not isinstance(obj.get("dia_labels"), dict):
+            raise DataError(f"{path}:{line}: field 'dia_labels' must be an object")
+        return obj
+
+    return {c["conversation_id"]: c for c in read_lines(path, parse)}
+
+
+def conversation_record(record, conversation, keep_rounds: int | None = None) -> dict:
+    """The record as a memory system meets it: the history is every round of the conversation
+    before the question (its last `keep_rounds` where given), labelled Q1..An over the whole
+    conversation; H* and the evidence labels move to those labels (all of the evidence: the whole
+    conversation holds it). The query, the answer and the id stay: the rows pair with SRT's."""
+    rounds = conversation["rounds"]
+    first = 0 if keep_rounds is None else max(len(rounds) - keep_rounds, 0)
+    history = []
+    for number, turn in enumerate(rounds[first:], first + 1):
+        for side, speaker in (("Q", "user"), ("A", "assistant")):
+            text = turn["user" if side == "Q" else "assistant"]
+            if text:  # a conversation that ends on the user's side has an empty last reply
+                history.append({"label": f"{side}{number}", "speaker": speaker, "text": text})
+    shown = {t["label"] for t in history}
+    meta = dict(record.get("meta") or {})
+    labels = conversation["dia_labels"]
+    meta["evidence_labels"] = {i: labels[i] for i in meta.get("evidence") or [] if labels.get(i) in shown}
+    meta["memory"] = "conversation" if first == 0 else f"conversation, last {len(rounds) - first} rounds"
+    recall = sorted(set(meta["evidence_labels"].values()), key=lambda x: (int(x[1:]), x[0] == "A"))
+    view = {**record, "history": history, "query_turn": len(rounds) + 1, "recall": recall, "pruned": []}
+    return {**view, "meta": meta}
+
+
+def newest_that_fits(record, conversation, fits) -> dict:
+    """The conversation view with as many of the newest rounds as `fits(view)` allows (a binary
+    search: fewer rounds, a shorter prompt); the whole conversation where it fits, none kept
+    where not even the newest round does."""
+    whole = conversation_record(record, conversation)
+    if fits(whole):
+        return whole
+    low, high = 0, len(conversation["rounds"])  # fits(low rounds); not fits(high rounds)
+    while high - low > 1:
+        middle = (low + high) // 2
+        if fits(conversation_record(record, conversation, middle)):
+            low = middle
+        else:
+            high = middle
+    return conversation_record(record, conversation, low)
 
 
 def offline_state(method: str, record: dict, options: dict):
@@ -440,8 +509,12 @@ def variant_key(variant, options, args, fingerprint) -> str:
     """Everything that changes a variant's answers or scores: checkpoint, method, instruction,
     retrieval options, token budget, precision, scoring version (not --limit: a row's answer does
     not depend on how many others were asked)."""
-    # free recall is what every variant did before the option existed: its rows keep their key
-    options = {k: v for k, v in options.items() if k != "limit" and (k, v) != ("recall", "free")}
+    # free recall and the window are what every variant did before the options existed: its rows
+    # keep their key
+    defaults = (("recall", "free"), ("memory", "window"))
+    options = {k: v for k, v in options.items() if k != "limit" and (k, v) not in defaults}
+    if options.get("memory") == "conversation" and variant["method"] == "full":
+        options["max_prompt_tokens"] = args.max_prompt_tokens
     settings = {
         "fingerprint": fingerprint,
         "method": variant["method"],
@@ -501,16 +574,44 @@ def ask(client, messages) -> str:
 class Runner:
     """A variant's model (or API client) and settings: builds inputs, generates, times."""
 
-    def __init__(self, variant, args, options, model=None, tokenizer=None, client=None):
+    def __init__(self, variant, args, options, model=None, tokenizer=None, client=None, conversations=None):
         self.variant, self.method, self.args, self.options = variant, variant["method"], args, options
         self.model, self.tokenizer, self.client = model, tokenizer, client
         self.max_new = options["max_new_tokens"]
         self.autocast = resolve_dtype(args.dtype, model.device)[1] if model is not None else None
+        self.conversations = conversations or {}
+        self.states = {}  # conversation id -> (offline state, its seconds): one memory a conversation
+
+    def view(self, record) -> dict:
+        """The record this variant reads: its own window, or the whole conversation before the
+        question (the "memory" option); full keeps the newest rounds that fit --max-prompt-tokens."""
+        conversation = self.conversations.get((record.get("meta") or {}).get("conversation_id"))
+        if self.options.get("memory") != "conversation" or conversation is None:
+            return record
+        if self.method != "full" or self.tokenizer is None:
+            return conversation_record(record, conversation)
+
+        def fits(view):
+            prompt = render_chat(self.tokenizer, method_input("full", view, self.options)[0])
+            tokens = len(self.tokenizer(prompt, add_special_tokens=False)["input_ids"])
+            return tokens <= self.args.max_prompt_tokens
+
+        return newest_that_fits(record, conversation, fits)
 
     def build(self, record) -> dict:
-        """Offline state, then the online prompt build (retrieval query included), each timed."""
+        """Offline state, then the online prompt build (retrieval query included), each timed. Over
+        a whole conversation the offline state is built once and shared by its questions (as a
+        deployed memory is); each row then reports that one build's seconds."""
         t0 = time.perf_counter()
-        state = offline_state(self.method, record, self.options)
+        shared = (record.get("meta") or {}).get("memory", "").startswith("conversation")
+        conversation_id = (record.get("meta") or {}).get("conversation_id")
+        if shared and conversation_id in self.states:
+            state, offline_s = self.states[conversation_id]
+        else:
+            state = offline_state(self.method, record, self.options)
+            offline_s = time.perf_counter() - t0
+            if shared:
+                self.states[conversation_id] = (state, offline_s)
         t1 = time.perf_counter()
         messages, recalled = method_input(self.method, record, self.options, state)
         prompt = render_chat(self.tokenizer, messages) if self.client is None else None
@@ -529,7 +630,7 @@ class Runner:
             "messages": messages,
             "prompt": prompt,
             "recalled": recalled,
-            "offline_s": t1 - t0,
+            "offline_s": offline_s,
             "build_s": t2 - t1,
             "history_tokens": shown,
         }
@@ -761,6 +862,8 @@ def parse_variant_options(specs, names) -> dict:
             sys.exit(f"error: --variant-options {spec!r}: history is 'full' or 'none'")
         if value.get("recall", "free") not in RECALL_MODES:
             sys.exit(f"error: --variant-options {spec!r}: recall is one of {', '.join(RECALL_MODES)}")
+        if value.get("memory", "window") not in MEMORIES:
+            sys.exit(f"error: --variant-options {spec!r}: memory is one of {', '.join(MEMORIES)}")
         out[name] = value
     return out
 
@@ -778,6 +881,8 @@ def variant_options(variant, args) -> dict:
         "cuemem": {"extractor": args.cuemem_extractor, **args.cuemem_options},
         "history": "full",
         "recall": args.recall,
+        # the whole conversation for the memory systems where stage 0 wrote it; SRT its window
+        "memory": "conversation" if args.conversations and variant["method"] in MEMORY_METHODS else "window",
     }
     options.update({k: v for k, v in own.items() if k != "cuemem"})
     options["cuemem"].update(own.get("cuemem", {}))
@@ -890,6 +995,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--recency-k", type=int, default=4, help="rounds kept by `recency`")
     p.add_argument("--rag-k", type=int, default=4, help="utterances retrieved by `rag`")
     p.add_argument(
+        "--conversations",
+        default="auto",
+        help="stage 0's conversations.jsonl (LoCoMo): full, recency, rag and cuemem read the whole "
+        "conversation before each question, SRT its record's window; auto: the file beside --data "
+        "where there is one; none: every method reads the record's window",
+    )
+    p.add_argument(
+        "--max-prompt-tokens",
+        type=at_least(1),
+        default=2048,
+        help="full over a whole conversation reads its newest rounds that fit this many prompt tokens",
+    )
+    p.add_argument(
         "--cuemem-options",
         type=json.loads,
         default={},
@@ -948,6 +1066,13 @@ def resolve_config(argv=None) -> argparse.Namespace:
         sys.exit(f"error: --buckets {args.buckets!r} is not a comma-separated list of integers")
     if args.batch_size < 1:
         sys.exit("error: --batch-size must be at least 1")
+    if args.conversations == "auto":
+        beside = Path(args.data).parent / "conversations.jsonl"
+        args.conversations = str(beside) if beside.is_file() else None
+    elif args.conversations == "none":
+        args.conversations = None
+    elif not Path(args.conversations).is_file():
+        sys.exit(f"error: --conversations {args.conversations}: no such file")
     if args.bootstrap < 1000:
         sys.exit("error: --bootstrap needs at least 1000 resamples for a 95% interval")
     if args.api_base and not args.compare and not args.api_model:
@@ -975,6 +1100,10 @@ def main(argv=None) -> None:
     variants = args.variants
     try:
         all_records = read_jsonl(args.data)
+    except (DataError, OSError) as e:
+        sys.exit(f"error: {e}")
+    try:
+        conversations = read_conversations(args.conversations) if args.conversations else {}
     except (DataError, OSError) as e:
         sys.exit(f"error: {e}")
     random.seed(args.seed)
@@ -1010,8 +1139,8 @@ def main(argv=None) -> None:
             key = variant_key(variant, {**options, "cuemem": variant["options"]["cuemem"]}, args, fingerprint)
             if client is not None:
                 client.max_tokens = options["max_new_tokens"]
-            runner = Runner(variant, args, options, model, tokenizer, client)
-            chosen = select_examples(all_records, options["limit"], args.seed)
+            runner = Runner(variant, args, options, model, tokenizer, client, conversations)
+            chosen = [runner.view(r) for r in select_examples(all_records, options["limit"], args.seed)]
             rows_by_name[variant["name"]] = evaluate_variant(runner, chosen, out_dir, key, args.quiet)
             latency_by_name[variant["name"]] = (
                 latency_sample(runner, chosen, out_dir, key, args.buckets)

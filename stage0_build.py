@@ -3,6 +3,7 @@
     dialogues -> dedup -> 8..32 rounds -> Eq. (2) dependency scoring -> teacher (H*, Z, A*)
               -> verification filter -> train/dev/test JSONL + stats.json + config.json
                  (split by dialogue, seeded; --split test puts every record in one split)
+                 + LoCoMo: conversations.jsonl, every conversation whole, for retrievers
 
 stats.json's "lookup_checks" says whether a test answer can be read off train or off the number
 in a yes/no query alone (lookup_checks below; docs/synthetic-corpus.md).
@@ -32,7 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from srt.config import in_range, parse_config, write_config
-from srt.corpora import LOADERS, load_corpus
+from srt.corpora import LOADERS, LOCOMO_WINDOWS, load_corpus, locomo_conversations
 from srt.data_io import BUCKETS, bucket_of, write_json, write_jsonl
 from srt.modeling import embed
 from srt.prompt import his_tag
@@ -565,6 +566,37 @@ def lookup_summary(checks) -> str:
     )
 
 
+def window_summary(windows) -> str:
+    """stats.json's locomo_windows in one line: each kind's evidence ceiling, all and answerable."""
+    kinds = windows["kinds"]
+    parts = [
+        f"{kind}{'*' if kind == windows['used'] else ''} "
+        + " / ".join(f"{kinds[kind][g]['ids_inside']:.1%}" for g in ("all", "answerable") if g in kinds[kind])
+        for kind in kinds
+    ]
+    return (
+        f"  LoCoMo evidence ids inside a window of {windows['budget_rounds']} rounds (all / answerable; "
+        f"* the records'): " + ", ".join(parts)
+    )
+
+
+def drop_unsupported(records) -> tuple[list[dict], int]:
+    """Train only: a LoCoMo question of categories 1-4 whose window (chosen without the evidence)
+    holds none of its evidence would teach SFT to state an answer no shown turn supports. Dev and
+    test keep every question: a user's window misses evidence too, and the scores must show it.
+    -> (the records kept, how many were dropped)."""
+    kept = [
+        r
+        for r in records
+        if not (
+            r["meta"].get("category") in (1, 2, 3, 4)
+            and r["meta"].get("window", {}).get("evidence_in_window", [1, 1])[0] == 0
+            and r["meta"].get("evidence")
+        )
+    ]
+    return kept, len(records) - len(kept)
+
+
 PRESETS = {"cpu-demo": {"num_dialogues": 600}, "paper": {"num_dialogues": 5000}}
 # flags that change how a run goes, not what it builds
 RUN_ONLY = ("resume", "quiet", "teacher_cache", "max_concurrency", "api_timeout", "api_retries", "device")
@@ -601,6 +633,23 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="LoCoMo category 5 (the premise is not in the conversation): answered 'Not mentioned in "
         "the conversation.' (what LoCoMo's own scoring counts right), its planted adversarial_answer, "
         "or dropped",
+    )
+    p.add_argument(
+        "--locomo-window",
+        choices=LOCOMO_WINDOWS,
+        default="retrieved",
+        help="LoCoMo: the --max-rounds - 1 rounds a question's history keeps, chosen without its "
+        "evidence: the rounds closest to the question by all-MiniLM-L6-v2 (retrieved), the last ones "
+        "(recent), or every round whatever --max-rounds (all); evidence: an oracle window built around "
+        "the evidence (and dropping questions whose evidence rounds outnumber it). H* is the evidence "
+        "inside the window; stats.json's locomo_windows gives every kind's evidence ceiling",
+    )
+    p.add_argument(
+        "--locomo-train-unsupported",
+        choices=("drop", "keep"),
+        default="drop",
+        help="LoCoMo train split: drop (default) or keep the questions of categories 1-4 whose window "
+        "holds none of their evidence (their chain could cite no turn); dev and test keep every question",
     )
     p.add_argument("--num-dialogues", type=int, default=2000, help="synthetic dialogues to generate")
     p.add_argument("--out", default="runs/data")
@@ -690,7 +739,10 @@ def read_source(args) -> tuple[list[dict], dict]:
         **({"queries": args.queries} if args.queries else {}),
     }
     if args.source == "locomo":
-        options.update(seed=args.seed, adversarial=args.locomo_adversarial)
+        # stage 0's embedder for the retrieved windows, the one Eq. (2) uses
+        options.update(
+            seed=args.seed, adversarial=args.locomo_adversarial, window=args.locomo_window, embed=embed
+        )
     return load_corpus(args.source, args.path, **options)
 
 
@@ -724,6 +776,8 @@ def main(argv=None) -> None:
     out = Path(args.out)
     config = {k: v for k, v in vars(args).items() if k not in RUN_ONLY}
     outputs = [out / f"{s}.jsonl" for s in ("train", "dev", "test")] + [out / "stats.json"]
+    if args.source == "locomo":
+        outputs.append(out / "conversations.jsonl")
     if args.resume and (out / "config.json").exists() and all(p.exists() for p in outputs):
         if json.loads((out / "config.json").read_text()) == config:
             print(f"{out}: already built with this config (--resume), nothing to do")
@@ -731,8 +785,11 @@ def main(argv=None) -> None:
     start = time.time()
     try:
         dialogues, report = read_source(args)
+        # LoCoMo's questions are asked after the whole conversation: retrievers read all of it
+        conversations = locomo_conversations(args.path) if args.source == "locomo" else []
     except (ValueError, OSError) as e:  # DataError is a ValueError
         sys.exit(f"error: {e}")
+    windows = report.pop("locomo_windows", None)
     malformed = report.get("malformed", 0)
     if not dialogues:  # before the teacher and before any output: nothing already written is lost
         skipped = f" ({malformed} malformed, skipped)" if malformed else ""
@@ -754,7 +811,9 @@ def main(argv=None) -> None:
     drops = Counter({"malformed": malformed} if malformed else {})
     dialogues, merged = deduplicate(dialogues, args.dedup_intent, args.dedup_jaccard)
     drops["deduplication"] = merged
-    in_range = [d for d in dialogues if args.min_rounds <= len(d["rounds"]) <= args.max_rounds]
+    # a LoCoMo window of every round is asked for whole: --max-rounds does not bound it
+    longest = float("inf") if args.source == "locomo" and args.locomo_window == "all" else args.max_rounds
+    in_range = [d for d in dialogues if args.min_rounds <= len(d["rounds"]) <= longest]
     drops["length"] = len(dialogues) - len(in_range)
     records, annotate_drops = annotate_dialogues(in_range, teacher, args, progress=not args.quiet)
     drops.update(annotate_drops)
@@ -769,16 +828,22 @@ def main(argv=None) -> None:
         splits = {name: records if name == args.split else [] for name in ("train", "dev", "test")}
     else:
         splits = split_by_dialogue(records, args.seed, args.dev_fraction, args.test_fraction)
+    if args.source == "locomo" and args.locomo_train_unsupported == "drop":
+        splits["train"], unsupported = drop_unsupported(splits["train"])
+        drops["train_evidence_outside_window"] = unsupported
     stats = corpus_stats(num_input, kept_dialogues, splits, drops)
     stats.update(
         lookup_checks=lookup_checks(splits),
         source=args.source,
         source_report=report,
+        **({"locomo_windows": windows} if windows else {}),
         teacher={"name": args.teacher, **getattr(teacher, "stats", {})},
         seconds=round(time.time() - start, 1),
     )
     for name, part in splits.items():
         write_jsonl(out / f"{name}.jsonl", part)
+    if args.source == "locomo":
+        write_jsonl(out / "conversations.jsonl", conversations)
     write_json(out / "stats.json", stats)
     write_config(out, config)
     print(
@@ -797,6 +862,8 @@ def main(argv=None) -> None:
     )
     if report:
         print(f"  {args.source}: " + ", ".join(f"{k} {v}" for k, v in report.items() if k != "errors"))
+    if windows:
+        print(window_summary(windows))
     if args.teacher != "oracle":
         print(f"  teacher {args.teacher}: {dict(teacher.stats)}")
     if drops.get("teacher:no_gold_for_oracle"):

@@ -57,7 +57,7 @@ from srt.data_io import (
     read_mixture,
     write_json,
 )
-from srt.decode import DRAFT_TOKENS, follow_optimizer
+from srt.decode import follow_optimizer
 from srt.distributed import (
     accumulate,
     add_scale_flags,
@@ -164,12 +164,6 @@ def build_parser() -> argparse.ArgumentParser:
         type=Bounded(float, low=0.0, high=1.0, strict=True),
         default=1.0,
         help="nucleus sampling; stage 2 takes only 1.0 (Eq. (9)'s ratio and KL are over the full softmax)",
-    )
-    add(
-        "--draft-tokens",
-        type=at_least(0),
-        default=DRAFT_TOKENS,
-        help="tokens drafted from each row's context and checked per decode step (same distribution; 0: off)",
     )
     add(
         "--recall",

@@ -10,14 +10,17 @@ stop tokens are suppressed (the model's generation_config.suppress_tokens, which
 honour), so every row is exactly
 --max-new-tokens long on both sides, which the outputs are checked for. Sides alternate within
 each repeat, after one warm-up each, so a slow spell of a shared machine falls on both. Reported
-per K (--ks, default batch 1, K = 4 and K = 8 samples of --prompts prompts; ours also without its
-drafts, --draft-tokens 0, in the same repeats, for what they gain): the median seconds of
+per K (--ks, default batch 1, K = 4 and K = 8 samples of --prompts prompts): the median seconds of
 one rollout (prefill included, the same on both sides), generated tokens per second, the
 ratio ours / hf, the paired ratio and the ratio of CPU seconds (steal time, what a virtual
 machine's neighbours take, counts in wall time only). The precision is read from the computation:
 the dtype of the last matmul of the last decoder layer during one untimed call per side (forward
 hooks, removed before timing). On a GPU it also reports whether our rollouts replayed their decode
 step as a CUDA graph (decode.capture_step warns when the capture fails and the loop decodes eagerly).
+
+--recall copy: ours decodes by pointer (srt/recall.py: the program writes each recalled turn in one
+forward) and, in the same repeats, free on the same prompts; generate cannot copy, so it is not
+timed. Reported: the copies' gain, ours free's seconds over ours by pointer, repeat by repeat.
 
 --check: greedy equality instead of speed. The first --check-prompts dev prompts, in fp32 on both
 sides, batches of --batch-size prompts, stop tokens allowed: ours must give generate's tokens, row
@@ -50,7 +53,7 @@ from measure import bench_records, describe, machine, machine_line, markdown_tab
 from srt.config import at_least, positive  # noqa: E402
 
 ENGINES = ("ours", "hf")
-ONE_TOKEN = "ours, 1 token a step"  # ours with draft_tokens 0: what the drafts gain, in the same run
+FREE = "ours, free"  # --recall copy: ours with recall "free" on the same prompts, what the copies gain
 GRAPH_FAILED = "decode: CUDA graph capture failed"  # decode.capture_step's warning when it falls back
 
 
@@ -80,12 +83,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-prompt-length", type=at_least(1), default=1536, help="as stage 2's cpu-demo")
     p.add_argument("--temperature", type=positive(float), default=1.0)
     p.add_argument(
-        "--draft-tokens",
-        type=at_least(0),
-        default=None,
-        help="ours: drafts checked per step (default: decode.DRAFT_TOKENS; 0: one token a step)",
-    )
-    p.add_argument(
         "--precision",
         choices=["auto", "fp32", "bf16"],
         default="auto",
@@ -96,8 +93,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--recall",
         choices=["free", "copy"],
         default="free",
-        help="copy: ours decodes in recall-by-pointer mode (srt/recall.py) with and without its drafts; "
-        "generate cannot, so it is not run (a model that writes <HIS> tags: an SFT checkpoint)",
+        help="copy: ours decodes by pointer (srt/recall.py) and free, paired; generate cannot copy, so "
+        "it is not run (a model that writes <HIS> tags: an SFT checkpoint)",
     )
     p.add_argument("--repeats", type=at_least(1), default=3, help="timed rollouts per side and K")
     p.add_argument("--check", action="store_true", help="greedy equality on dev prompts instead of speed")
@@ -177,7 +174,7 @@ def speed(args) -> None:
             return [model, decode.sampling_model(model, autocast_dtype)]
 
         def __call__(self, side):
-            engine, drafts = ("ours", 0) if side == ONE_TOKEN else (side, args.draft_tokens)
+            engine, recall = ("ours", "free") if side == FREE else (side, args.recall)
             torch.manual_seed(args.seed)
             start, cpu_start = time.perf_counter(), time.process_time()
             with warnings.catch_warnings(record=True) as caught:
@@ -191,7 +188,7 @@ def speed(args) -> None:
                     temperature=args.temperature,
                     autocast_dtype=autocast_dtype,
                     engine=engine,
-                    **({"draft_tokens": drafts, "recall": args.recall} if engine == "ours" else {}),
+                    **({"recall": recall} if engine == "ours" else {}),
                 )
             seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
             for warning in caught:  # shown as usual, and read for the CUDA graph's fallback
@@ -209,17 +206,15 @@ def speed(args) -> None:
             }
 
     results = {"machine": machine(), "config": vars(args), "runs": []}
-    drafts = decode.DRAFT_TOKENS if args.draft_tokens is None else args.draft_tokens
-    # ours runs between its two comparisons (1 token a step, then ours, then generate), so each of
-    # the two paired ratios compares rollouts run back to back.
-    engines = ENGINES if args.recall == "free" else ("ours",)  # generate cannot copy
-    sides = ((ONE_TOKEN,) if drafts > 0 else ()) + engines
+    # Each paired ratio compares rollouts run back to back: ours and generate, or (--recall copy,
+    # where generate cannot copy) ours free and ours by pointer.
+    sides = ENGINES if args.recall == "free" else (FREE, "ours")
     for K in args.ks:
         rollout = Rollout(K)
         precision = observed_precision(model, rollout)  # also the warm-up of each side
         times = {side: [] for side in sides}
-        if drafts > 0:
-            rollout(ONE_TOKEN)  # its warm-up
+        if FREE in sides:
+            rollout(FREE)  # its warm-up
         for _ in range(args.repeats):
             for side in sides:
                 times[side].append(rollout(side))
@@ -234,8 +229,12 @@ def speed(args) -> None:
                 "generated_tokens": generated,
                 "tokens_per_s": generated / seconds["median"],
             }
-        if args.recall == "copy":  # nothing to compare with generate; the drafts' gain below
+        if args.recall == "copy":  # nothing to compare with generate: the copies' gain instead
             row["speedup"] = row["paired"] = row["cpu_ratio"] = None
+            # ours free's seconds over ours by pointer in each repeat, the two run back to back
+            row["copies_paired"] = describe(
+                [free["seconds"] / ours["seconds"] for ours, free in zip(times["ours"], times[FREE])]
+            )
         else:
             row["speedup"] = row["ours"]["tokens_per_s"] / row["hf"]["tokens_per_s"]
             # hf's seconds over ours in each repeat, the two rollouts run back to back: a slow spell of a
@@ -247,14 +246,12 @@ def speed(args) -> None:
             # a run (steal time) is wall time, not CPU time of the process.
             row["cpu"] = {engine: describe([r["cpu_seconds"] for r in times[engine]]) for engine in ENGINES}
             row["cpu_ratio"] = row["cpu"]["hf"]["median"] / row["cpu"]["ours"]["median"]
-        if drafts > 0:  # the drafts' gain: one token a step's seconds over ours, repeat by repeat
-            pairs = zip(times["ours"], times[ONE_TOKEN])
-            row["drafts_paired"] = describe([one["seconds"] / ours["seconds"] for ours, one in pairs])
         results["runs"].append(row)
         if args.recall == "copy":
-            gain = row["drafts_paired"]["median"] if drafts > 0 else float("nan")
+            pointer, free = row["ours"]["tokens_per_s"], row[FREE]["tokens_per_s"]
+            gain = row["copies_paired"]["median"]
             print(
-                f"K = {K}, copy: ours {row['ours']['tokens_per_s']:.1f} tok/s, drafts' gain {gain:.2f}x",
+                f"K = {K}: ours by pointer {pointer:.1f} tok/s, free {free:.1f} tok/s, x{gain:.2f} paired",
                 flush=True,
             )
             continue
@@ -281,8 +278,8 @@ def speed(args) -> None:
             "paired, median (min-max)",
             "CPU s ours / hf",
             "hf / ours by CPU s",
-            "ours, 1 token a step, s",
-            "drafts' gain, paired",
+            "ours free s",
+            "free / by pointer, paired",
             "copied tokens (ours)",
         ],
         [
@@ -302,24 +299,34 @@ def speed(args) -> None:
                 ),
                 with_hf(r, lambda r: f"{r['cpu']['ours']['median']:.1f} / {r['cpu']['hf']['median']:.1f}"),
                 with_hf(r, lambda r: f"{r['cpu_ratio']:.2f}x"),
-                r[ONE_TOKEN]["seconds"]["median"] if ONE_TOKEN in r else "-",
-                f"{r['drafts_paired']['median']:.2f}x" if ONE_TOKEN in r else "-",
+                r[FREE]["seconds"]["median"] if FREE in r else "-",
+                f"{r['copies_paired']['median']:.2f}x" if FREE in r else "-",
                 r["copied_tokens"]["ours"]["median"],
             ]
             for r in results["runs"]
         ],
     )
+    copy_note = (
+        " (ours by pointer, also timed free on the same prompts: free / by pointer is its seconds over "
+        "ours, paired)"
+        if args.recall == "copy"
+        else ""
+    )
     lines = [
         "# Rollouts: our decode loop vs Hugging Face generate\n",
         machine_line(results["machine"]) + "\n",
-        f"{args.model}, --precision {args.precision}, --recall {args.recall}; "
-        f"ours checks up to {drafts} drafted tokens a step "
-        "(also timed with none, one token a step: the drafts' gain is its seconds over ours, paired); "
+        f"{args.model}, --precision {args.precision}, --recall {args.recall}{copy_note}; "
         f"prompts of {widths} tokens; every row exactly "
         f"{args.max_new_tokens} new tokens (stop tokens suppressed); T = {args.temperature}; median of "
-        f"{args.repeats} timed rollouts per side (prefill included, the same on both sides); paired: "
-        "hf's seconds over ours in each repeat, the two run back to back; CPU s: the process's CPU "
-        "seconds (all threads, medians), which a shared machine's steal time does not inflate.\n",
+        f"{args.repeats} timed rollouts per side (prefill included, the same on both sides)"
+        + (
+            "; paired: hf's seconds over ours in each repeat, the two run back to back; CPU s: the "
+            "process's CPU seconds (all threads, medians), which a shared machine's steal time does "
+            "not inflate"
+            if args.recall == "free"
+            else ""
+        )
+        + ".\n",
         table,
     ]
     if device == "cuda":

@@ -42,6 +42,7 @@ import random
 import re
 from collections import Counter
 from pathlib import Path
+from typing import NamedTuple
 
 from srt.data_io import DataError, read_lines
 
@@ -143,6 +144,8 @@ def read_json(path):
 # --------------------------------------------------------------------------------------------
 LOCOMO_CATEGORIES = {1: "multi-hop", 2: "temporal", 3: "open-domain", 4: "single-hop", 5: "adversarial"}
 LOCOMO_ABSTAIN = "Not mentioned in the conversation."
+# how a question's history window is chosen (load_locomo); only 'evidence' reads the gold
+LOCOMO_WINDOWS = ("retrieved", "recent", "evidence", "all")
 # "D3:12", and the release's variants of it: "D30:05" (leading zero), "D:11:26" (stray colon).
 DIA_ID = re.compile(r"^D\s*:?\s*(\d+)\s*:\s*(\d+)$", re.IGNORECASE)
 
@@ -228,6 +231,24 @@ def choose_window(num_rounds, evidence_rounds, budget, rng) -> tuple[list[int] |
     return sorted(kept), "segments"
 
 
+def gold_free_window(kind, num_rounds, budget, similarity=None) -> tuple[list[int], str]:
+    """Round indices (0-based, ascending) of a window chosen from the question alone, as a user who
+    asks after the whole conversation has it: the evidence is never read. -> (indices, how):
+    'whole' (the conversation fits the budget), 'retrieved' (the `budget` rounds most similar to
+    the question, `similarity` holding one cosine per round; a tie goes to the earlier round),
+    'recent' (the last `budget` rounds) or 'all' (every round, whatever the budget)."""
+    if num_rounds <= budget:
+        return list(range(num_rounds)), "whole"
+    if kind == "all":
+        return list(range(num_rounds)), "all"
+    if kind == "recent":
+        return list(range(num_rounds - budget, num_rounds)), "recent"
+    if kind == "retrieved":
+        ranked = sorted(range(num_rounds), key=lambda i: -float(similarity[i]))  # stable: ties in round order
+        return sorted(ranked[:budget]), "retrieved"
+    raise ValueError(f"a gold-free window is retrieved, recent or all, not {kind!r}")
+
+
 def runs_of(indices) -> list[list[int]]:
     """[3, 4, 5, 9, 10] -> [[4, 6], [10, 11]]: runs of consecutive rounds, 1-based, inclusive."""
     runs = []
@@ -239,8 +260,104 @@ def runs_of(indices) -> list[list[int]]:
     return runs
 
 
+class LocomoConversation(NamedTuple):
+    sample_id: str
+    rounds_parts: list[tuple[list[dict], list[dict]]]  # per round: the turns merged into Qi, into Ai
+    where: dict[str, tuple[int, str]]  # dia_id -> (round index, "Q" | "A"), in conversation order
+    dates: dict[int, str]  # session -> its date
+    user_speaker: str
+    assistant_speaker: str
+
+
+def read_locomo_samples(path) -> list:
+    samples = read_json(resolve_file(path, ["locomo10.json", "*.json"]))
+    if not isinstance(samples, list):
+        raise DataError(f"{path}: expected a list of LoCoMo samples")
+    return samples
+
+
+def read_locomo_conversation(sample, s_index, report) -> LocomoConversation | None:
+    """One sample's sessions -> its rounds, with the roles and the merging load_locomo describes;
+    None (counted) for a sample without turns."""
+    sample_id = str(sample.get("sample_id", f"sample-{s_index}"))
+    conversation = sample.get("conversation") or {}
+    turns, dates = locomo_stream(conversation)
+    if not turns:
+        report["samples_without_turns"] += 1
+        return None
+    user_speaker = turns[0]["speaker"]
+    names = [conversation.get("speaker_a"), conversation.get("speaker_b")]
+    assistant_speaker = next(
+        (n for n in names if n and n != user_speaker),
+        next((t["speaker"] for t in turns if t["speaker"] != user_speaker), ""),
+    )
+    merged = merge_turns(
+        [dict(t, role="user" if t["speaker"] == user_speaker else "assistant") for t in turns], report
+    )
+    if merged and merged[-1]["role"] == "user":  # the conversation ends on the user's side: the
+        merged.append({"role": "assistant", "parts": []})  # turn may be evidence, so it stays, unanswered
+        report["trailing_user_kept"] += 1
+    rounds_parts = [(u["parts"], a["parts"]) for u, a in pair_merged(merged, report)]
+    where = {}
+    for r_index, sides in enumerate(rounds_parts):
+        for side, parts in zip("QA", sides):
+            for part in parts:
+                if part["dia_id"]:
+                    where[part["dia_id"]] = (r_index, side)
+    return LocomoConversation(sample_id, rounds_parts, where, dates, user_speaker, assistant_speaker)
+
+
+def render_rounds(conversation, kept, date_headers) -> list[dict]:
+    """The rounds `kept` (0-based, ascending) as a window shows them, {"user", "assistant"}: a
+    date header goes wherever the session changes from the utterance before it in the window."""
+    rounds, last_session, dates = [], None, conversation.dates
+    for r_index in kept:
+        texts = []
+        for parts in conversation.rounds_parts[r_index]:
+            text, last_session = render_locomo_utterance(parts, last_session, dates, date_headers)
+            texts.append(text)
+        rounds.append({"user": texts[0], "assistant": texts[1]})
+    return rounds
+
+
+def locomo_conversations(path, date_headers="session") -> list[dict]:
+    """Every conversation of a LoCoMo file, whole, for the methods that retrieve from all of it
+    (stage 0 writes them to conversations.jsonl): {"conversation_id": sample_id, "rounds":
+    [{"user", "assistant"}, ...], "dia_labels": {dia_id: "Q12" | "A12"}}. The rounds are what a
+    window holding every round renders, the labels that window's (1-based rounds)."""
+    out = []
+    for s_index, sample in enumerate(read_locomo_samples(path)):
+        conversation = read_locomo_conversation(sample, s_index, Counter())  # load_locomo counts these
+        if conversation is None:
+            continue
+        every_round = range(len(conversation.rounds_parts))
+        out.append(
+            {
+                "conversation_id": conversation.sample_id,
+                "rounds": render_rounds(conversation, every_round, date_headers),
+                "dia_labels": {i: f"{side}{r + 1}" for i, (r, side) in conversation.where.items()},
+            }
+        )
+    return out
+
+
+def embed_with_minilm(texts):
+    from srt.modeling import embed  # torch and the embedder load only when a window is retrieved
+
+    return embed(texts)
+
+
 def load_locomo(
-    path, max_rounds=32, report=None, seed=0, adversarial="abstain", date_headers="session", limit=None, **_
+    path,
+    max_rounds=32,
+    report=None,
+    seed=0,
+    adversarial="abstain",
+    date_headers="session",
+    window="retrieved",
+    embed=None,
+    limit=None,
+    **_,
 ) -> list[dict]:
     """One dialogue per question: a history window of at most `max_rounds - 1` rounds (so the
     dialogue, query round included, has at most `max_rounds`) and the question as the gold round.
@@ -254,6 +371,16 @@ def load_locomo(
     Every utterance starts with its speaker's name, because the questions name the speakers. A
     conversation that ends on the user's side keeps that last turn (it may be evidence) in a round
     whose assistant utterance is empty (`trailing_user_kept`).
+    Window: LoCoMo asks its questions after the whole conversation, so a window chosen from the
+    question alone is what a user has. 'retrieved' (the default) keeps the rounds closest to the
+    question by `embed` (texts -> unit-norm rows; default all-MiniLM-L6-v2), each round embedded as
+    the window renders it, once per conversation; 'recent' the last rounds; 'all' every round,
+    whatever `max_rounds`; 'evidence' is an oracle that reads the evidence (choose_window) and drops
+    a question whose evidence rounds outnumber the window. A window in conversation order keeps the
+    labels of its position (Q1, A1, ...). H* is the utterances that hold the evidence turns inside
+    the window: evidence outside it cannot be recalled, so it is not in H*, and a question with
+    none inside has an empty H*. The gold keeps every evidence id, so evidence recall still counts
+    them all. report["locomo_windows"] compares the kinds' evidence ceilings (window_ceilings).
     Dates: `date_headers='session'` writes "[<session date>]" before the first utterance of each
     session in the window and wherever the session changes ('turn': before every utterance), so
     dates an answer is computed from stay in the text.
@@ -268,38 +395,25 @@ def load_locomo(
     since its H* would be incomplete."""
     if adversarial not in ("keep", "abstain", "skip"):
         raise ValueError(f"adversarial must be keep, abstain or skip, not {adversarial!r}")
+    if window not in LOCOMO_WINDOWS:
+        raise ValueError(f"window must be {', '.join(LOCOMO_WINDOWS)}, not {window!r}")
     report = Counter() if report is None else report
-    samples = read_json(resolve_file(path, ["locomo10.json", "*.json"]))
-    if not isinstance(samples, list):
-        raise DataError(f"{path}: expected a list of LoCoMo samples")
-    dialogues, budget = [], max_rounds - 1
-    for s_index, sample in enumerate(samples):
-        sample_id = str(sample.get("sample_id", f"sample-{s_index}"))
-        conversation = sample.get("conversation") or {}
-        turns, dates = locomo_stream(conversation)
-        if not turns:
-            report["samples_without_turns"] += 1
+    embed = embed or embed_with_minilm
+    dialogues, budget, tallies = [], max_rounds - 1, []
+    for s_index, sample in enumerate(read_locomo_samples(path)):
+        conversation = read_locomo_conversation(sample, s_index, report)
+        if conversation is None:
             continue
-        user_speaker = turns[0]["speaker"]
-        names = [conversation.get("speaker_a"), conversation.get("speaker_b")]
-        assistant_speaker = next(
-            (n for n in names if n and n != user_speaker),
-            next((t["speaker"] for t in turns if t["speaker"] != user_speaker), ""),
-        )
-        merged = merge_turns(
-            [dict(t, role="user" if t["speaker"] == user_speaker else "assistant") for t in turns], report
-        )
-        if merged and merged[-1]["role"] == "user":  # the conversation ends on the user's side: the
-            merged.append({"role": "assistant", "parts": []})  # turn may be evidence, so it stays, unanswered
-            report["trailing_user_kept"] += 1
-        rounds_parts = [(u["parts"], a["parts"]) for u, a in pair_merged(merged, report)]
-        where = {}  # dia_id -> (round index, "Q" | "A")
-        for r_index, sides in enumerate(rounds_parts):
-            for side, parts in zip("QA", sides):
-                for part in parts:
-                    if part["dia_id"]:
-                        where[part["dia_id"]] = (r_index, side)
-        for q_index, qa in enumerate(sample.get("qa") or []):
+        sample_id, where = conversation.sample_id, conversation.where
+        num_rounds = len(conversation.rounds_parts)
+        qas = sample.get("qa") or []
+        similarities = None  # [question, round] cosines
+        if num_rounds > budget:
+            every_round = render_rounds(conversation, range(num_rounds), date_headers)
+            texts = [f"{r['user']} {r['assistant']}".strip() for r in every_round]
+            vectors = embed(texts + [str(qa.get("question") or "").strip() for qa in qas])
+            similarities = vectors[num_rounds:] @ vectors[:num_rounds].T
+        for q_index, qa in enumerate(qas):
             report["qa_read"] += 1
             category = qa.get("category")
             if category == 5:
@@ -320,23 +434,31 @@ def load_locomo(
                 report["evidence_ids_dangling"] += len(dangling)
                 report["qa_skipped_unresolved_evidence"] += 1
                 continue
+            # every kind for every question, for window_ceilings; of them only 'evidence' reads the gold
             rng = random.Random(f"locomo-{seed}-{sample_id}-{q_index}")
-            kept, how = choose_window(len(rounds_parts), [where[i][0] for i in ids], budget, rng)
+            windows = {
+                "retrieved": gold_free_window(
+                    "retrieved", num_rounds, budget, None if similarities is None else similarities[q_index]
+                ),
+                "recent": gold_free_window("recent", num_rounds, budget),
+                "evidence": choose_window(num_rounds, [where[i][0] for i in ids], budget, rng),
+                "all": gold_free_window("all", num_rounds, budget),
+            }
+            if ids:
+                inside = {
+                    kind: None if kept is None else sum(where[i][0] in kept for i in ids)
+                    for kind, (kept, _) in windows.items()
+                }
+                tallies.append((category, len(ids), inside))
+            kept, how = windows[window]
             if kept is None:
                 report["qa_skipped_evidence_exceeds_window"] += 1
                 continue
-            rounds, last_session = [], None
-            for r_index in kept:
-                texts = []
-                for parts in rounds_parts[r_index]:
-                    text, last_session = render_locomo_utterance(parts, last_session, dates, date_headers)
-                    texts.append(text)
-                rounds.append({"user": texts[0], "assistant": texts[1]})
+            rounds = render_rounds(conversation, kept, date_headers)
             position = {r_index: k + 1 for k, r_index in enumerate(kept)}
-            recall = sorted(
-                {f"{where[i][1]}{position[where[i][0]]}" for i in ids},
-                key=lambda label: (int(label[1:]), label[0] == "A"),
-            )
+            # dia_id -> the label of the utterance that holds it, for the evidence inside the window only
+            labels = {i: f"{where[i][1]}{position[where[i][0]]}" for i in ids if where[i][0] in position}
+            recall = sorted(set(labels.values()), key=lambda label: (int(label[1:]), label[0] == "A"))
             answer = str(answer)
             kind = LOCOMO_CATEGORIES.get(category, "unknown")
             # a templated Z so that the oracle teacher can serve LoCoMo; an LLM teacher writes the
@@ -361,9 +483,9 @@ def load_locomo(
                 "query_type": f"locomo-{kind}",
                 "category": category,
                 "evidence": ids,
-                # dia_id -> the label of the utterance that holds it, for LoCoMo's evidence recall,
-                # which counts dia_ids (several of one speaker's turns may merge into one utterance)
-                "evidence_labels": {i: f"{where[i][1]}{position[where[i][0]]}" for i in ids},
+                # for LoCoMo's evidence recall, which counts dia_ids (several of one speaker's turns
+                # may merge into one utterance); an id outside the window has no label
+                "evidence_labels": labels,
                 "derived_answer": True,
                 "analysis": f"about the earlier conversation: {str(qa['question']).strip().rstrip('?.! ')}",
                 "reasoning": reasoning,
@@ -382,21 +504,73 @@ def load_locomo(
                     "meta": {
                         "conversation_id": sample_id,
                         "split_group": sample_id,
-                        "user_speaker": user_speaker,
-                        "assistant_speaker": assistant_speaker,
+                        "user_speaker": conversation.user_speaker,
+                        "assistant_speaker": conversation.assistant_speaker,
                         "window": {
+                            "kind": window,
                             "how": how,
                             "max_rounds": max_rounds,
-                            "conversation_rounds": len(rounds_parts),
+                            "conversation_rounds": num_rounds,
                             "kept_rounds": runs_of(kept),
                             "evidence_rounds": sorted({where[i][0] + 1 for i in ids}),
+                            "evidence_in_window": [len(labels), len(ids)],
                         },
                     },
                 }
             )
             if limit and len(dialogues) >= limit:
-                return dialogues
+                break
+        if limit and len(dialogues) >= limit:
+            break
+    report["locomo_windows"] = window_ceilings(tallies, window, budget)
     return dialogues
+
+
+def window_ceilings(tallies, used, budget) -> dict:
+    """What each window kind leaves a method to find, over the questions with evidence (`tallies`:
+    (category, evidence ids, {kind: ids inside the kind's window, None where it has none})):
+    for all of them, the answerable categories 1-4 and each category, the share of evidence ids
+    inside (`ids_inside`), the mean share per question (`evidence_recall_ceiling`: the most that
+    LoCoMo's evidence recall, a mean over questions, can reach) and the share of questions with
+    all their evidence inside (`all_inside`). A question the evidence window cannot hold (more
+    evidence rounds than the budget) counts as none inside for that kind; `used` is the kind the
+    dialogues were built with."""
+    groups = ["all", "answerable", *LOCOMO_CATEGORIES.values()]
+    kinds = {}
+    for kind in LOCOMO_WINDOWS:
+        sums = {g: Counter() for g in groups}
+        for category, total, inside in tallies:
+            n = inside[kind] or 0
+            names = ["all"]
+            if category in (1, 2, 3, 4):
+                names.append("answerable")
+            if category in LOCOMO_CATEGORIES:
+                names.append(LOCOMO_CATEGORIES[category])
+            for g in names:
+                s = sums[g]
+                s["questions"] += 1
+                s["ids"] += total
+                s["inside"] += n
+                s["share"] += n / total
+                s["complete"] += n == total
+        kinds[kind] = {
+            g: {
+                "questions": s["questions"],
+                "evidence_ids": s["ids"],
+                "ids_inside": round(s["inside"] / s["ids"], 4),
+                "evidence_recall_ceiling": round(s["share"] / s["questions"], 4),
+                "all_inside": round(s["complete"] / s["questions"], 4),
+            }
+            for g, s in sums.items()
+            if s["questions"]
+        }
+    return {
+        "used": used,
+        "budget_rounds": budget,
+        "questions_with_evidence": len(tallies),
+        "evidence_window_cannot_hold": sum(inside["evidence"] is None for _, _, inside in tallies),
+        "kinds": kinds,
+    }
 
 
 def render_locomo_utterance(parts, last_session, dates, date_headers) -> tuple[str, int]:
@@ -882,7 +1056,7 @@ def load_corpus(source, path=None, **options) -> tuple[list[dict], dict]:
     """-> (dialogues in the form above, report of what was read, normalised and skipped).
     Options every loader takes: max_rounds, queries ('last' | 'all' | 'none'; mgshopdial also
     'qa'; LoCoMo has gold instead), limit (stop after that many dialogues). LoCoMo adds seed,
-    adversarial, date_headers; CoQA story_part_words; jsonl and redial on_error."""
+    adversarial, date_headers, window and embed; CoQA story_part_words; jsonl and redial on_error."""
     if source not in LOADERS:
         raise ValueError(f"unknown source {source!r}; choose one of {', '.join(sorted(LOADERS))}")
     if path is None and source != "chitchat":

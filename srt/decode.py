@@ -12,10 +12,9 @@ in plain PyTorch, as nanochat's engine is.
              the argmax;
     stop     a row ends at its first stop token (eos, <|im_end|>) or where the caller's test says
              so; it is then fed padding, and the loop ends when every row has ended;
-    drafts   an SRT chain copies turns of its history, so the tokens that followed a row's last
-             few tokens earlier in its context are good guesses of its next ones: a step also
-             checks up to DRAFT_TOKENS such drafts per row and keeps those the model would have
-             drawn (exact speculative sampling: the same distribution, fewer steps).
+    copies   recall by pointer (--recall copy, srt/recall.py): once a row has written `<HIS>A3:`,
+             the program appends the rest of that turn and `</HIS>`; the grouped step writes the
+             whole copy in one forward, and the row's next token is drawn after it.
 
 It returns what Hugging Face `generate` returns (prompt + completion ids, rows grouped by prompt),
 token for token the same under greedy decoding (tests/test_decode.py); sampled, it draws from the
@@ -36,7 +35,6 @@ replayed, so the GPU stops waiting on Python between small kernels.
 from __future__ import annotations
 
 import copy
-import itertools
 import weakref
 
 import torch
@@ -288,8 +286,8 @@ class GroupedStep:
         return self.forward(tokens, positions, columns, self.attention_bias(key_mask), visible)[:, -1]
 
     def forward(self, tokens, positions, columns, bias, visible: int):
-        """tokens, positions [rows, Q]: Q consecutive positions of every row (Q = 1 but where drafts
-        are checked); columns: where their keys and values go, [K * Q] the same for every group
+        """tokens, positions [rows, Q]: Q consecutive positions of every row (Q = 1 but where a copy
+        is written); columns: where their keys and values go, [K * Q] the same for every group
         (the one-token step) or [B, K * Q]; bias [B, 1, K * Q * G, visible]. -> logits [rows, Q, V].
         The queries of a kv head are ordered (row, position, head of the row)."""
         inner, cache, K = self.model.model, self.cache, self.K
@@ -321,11 +319,12 @@ class GroupedStep:
             hidden = hidden + self.linear(down, layer.mlp.act_fn(gate) * up)
         return self.linear(self.head, inner.norm(hidden))
 
-    def drafted_bias(self, prompt_mask, last_seen, steps: int):
-        """The mask of a step that checks drafts: prompt_mask [B, P] (True: a real prompt column);
-        last_seen [rows, Q], the last completion index query (row, position) may see, itself
-        included; steps: the completion indices the keys span. -> [B, 1, K * Q * G, P + steps * K].
-        Completion index n of row r sits at column P + n * K + r, as in the one-token step."""
+    def paced_bias(self, prompt_mask, last_seen, steps: int):
+        """The mask of a step where each row is at its own completion index and feeds Q positions
+        (decode_with_copies): prompt_mask [B, P] (True: a real prompt column); last_seen [rows, Q],
+        the last completion index query (row, position) may see, itself included; steps: the
+        completion indices the keys span. -> [B, 1, K * Q * G, P + steps * K]. Completion index n
+        of row r sits at column P + n * K + r, as in the one-token step."""
         K, G = self.K, self.heads // self.kv_heads
         rows, Q = last_seen.shape
         seen = torch.arange(steps, device=last_seen.device) <= last_seen[..., None]  # [rows, Q, steps]
@@ -380,113 +379,6 @@ def next_tokens(logits, temperature=1.0, top_p=1.0, greedy=False, suppress=None)
     return tokens, probs.gather(1, tokens[:, None]).squeeze(1).log()
 
 
-# --------------------------------------------------------------------------------------------
-# Drafts from the context: the recall copies turns of the history
-# --------------------------------------------------------------------------------------------
-# An SRT chain recalls earlier turns verbatim (<HIS>A3: ...</HIS>), so much of a completion repeats
-# text already in its prompt. After the last few tokens written, the tokens that followed the same
-# tokens earlier in the context are a free guess of what comes next (prompt lookup decoding): one
-# step reads the weights once for a row's next token and its Q - 1 guesses, and keeps the guesses
-# the model would have drawn. The guesses change no probability (speculative sampling, Leviathan et
-# al., 2023; Chen et al., 2023): see check_drafts.
-# Up to 3 drafts a step: a step's cost grows with its positions (the attention's queries), and a
-# row seldom keeps more than its first few drafts (bench/README.md).
-DRAFT_TOKENS = 3
-# Drafts are not free: on a 2-core CPU a step that checks 3 of them takes ~1.3x a one-token step
-# (the attention's queries times 4, the check), so they pay where a row keeps at least 0.3 of a
-# draft a step. A model that does not copy its context (SmolLM2 before SFT keeps ~0.15) decodes one
-# token a step after a first DRAFT_TRIAL row-steps, trying drafts again every DRAFT_RETRY steps.
-# Whether a step drafts depends on the tokens drawn before it only, so no token's law changes.
-DRAFTS_PAY, DRAFT_TRIAL, DRAFT_RETRY = 0.3, 16, 16
-
-
-def context_drafts(context, real, ends, draft_tokens: int, longest: int = 3):
-    """context [rows, L] token ids; real [rows, L] True where a token is real (not padding, already
-    written); ends [rows]: each row's context is context[:, :end]. -> (drafts [rows, draft_tokens],
-    lengths [rows]): for each row, the tokens that followed the most recent earlier occurrence of its
-    last n tokens (n = longest, else shorter, down to 1), at most draft_tokens of them and only
-    tokens before its end; length 0 where no earlier occurrence exists."""
-    rows, L = context.shape
-    drafts = context.new_zeros(rows, draft_tokens)
-    lengths = torch.zeros(rows, dtype=torch.long, device=context.device)
-    if draft_tokens == 0:
-        return drafts, lengths
-    found = torch.zeros(rows, dtype=torch.bool, device=context.device)
-    for n in range(longest, 0, -1):
-        windows = context.unfold(1, n, 1)  # [rows, L - n + 1, n]: window s holds context[s : s + n]
-        last = context.gather(1, (ends[:, None] - n + torch.arange(n, device=context.device)).clamp(min=0))
-        starts = torch.arange(L - n + 1, device=context.device)
-        match = (windows == last[:, None]).all(-1) & real.unfold(1, n, 1).all(-1)
-        match &= starts + n < ends[:, None]  # a token follows, before the end: not the tail itself
-        start = torch.where(match, starts, -1).max(-1).values  # the most recent occurrence
-        take = ~found & (start >= 0)
-        follow = (start + n).clamp(min=0)
-        lengths = torch.where(take, (ends - follow).clamp(max=draft_tokens), lengths)
-        index = (follow[:, None] + torch.arange(draft_tokens, device=context.device)).clamp(max=L - 1)
-        drafts = torch.where(take[:, None], context.gather(1, index), drafts)
-        found |= take
-    return drafts, lengths
-
-
-def check_drafts(
-    logits, drafts, lengths, temperature=1.0, top_p=1.0, greedy=False, suppress=None, forced=None
-):
-    """logits [rows, Q, V]: the model's next-token logits after the row's last token and after each
-    of its drafts, drafts [rows, Q - 1], lengths [rows] (drafts beyond a row's length are padding).
-    -> (accepted [rows], next [rows], logprobs [rows, Q]): the row keeps drafts[:accepted], then
-    writes `next`; logprobs[:, j] is log p_j of the token written at j (a kept draft's is the
-    probability its acceptance test used, `next`'s the p_j it is distributed as; 0 greedy).
-
-    Exact speculative sampling with a draft of probability 1: draft j is kept with probability
-    p_j(draft_j), p_j the distribution next_tokens draws from (GRPO's pi_sampler, §3.4, which
-    stage 2 weighs against pi_old of Eqs. (8)-(9)); at the first refusal the token comes
-    from p_j without the refused draft, renormalized; when all are kept, from p after the last. So
-    each token written is distributed as p_j(x) = p_j(draft) 1[x = draft] + (1 - p_j(draft)) p_j(x) /
-    (1 - p_j(draft)) 1[x != draft]: exactly p_j, as if drawn one step at a time. Greedy keeps
-    a draft where it is the argmax and writes the argmax after. forced [rows] (True: the row's
-    drafts are a turn the program copies, srt/recall.py): all of them are kept, and the token
-    after them is drawn from p as usual."""
-    rows, Q, V = logits.shape
-    if Q == 1:  # nothing drafted: a one-token step
-        kept_none = torch.zeros(rows, dtype=torch.long, device=logits.device)
-        token, logprob = next_tokens(logits[:, 0], temperature, top_p, greedy, suppress)
-        return kept_none, token, logprob[:, None]
-    logits = logits.to(torch.float32, copy=True)  # one [rows, Q, V] copy, changed in place below:
-    if suppress is not None:  # on a CPU each new tensor of this size costs its page faults
-        logits.index_fill_(-1, suppress, float("-inf"))
-    positions = torch.arange(Q - 1, device=logits.device)
-    drafted = positions < lengths[:, None]  # [rows, Q - 1]
-    if greedy:
-        best = logits.argmax(-1)  # [rows, Q]
-        kept = ((best[:, :-1] == drafts) | forced_rows(forced, rows, logits.device)[:, None]) & drafted
-        accepted = kept.long().cumprod(-1).sum(-1)
-        return (
-            accepted,
-            best.gather(1, accepted[:, None]).squeeze(1),
-            torch.zeros(rows, Q, device=logits.device),
-        )
-    scores = top_p_filter(logits.div_(temperature), top_p)  # log p_j up to each position's constant
-    log_draft = scores[:, :-1].gather(2, drafts[..., None]).squeeze(-1) - scores[:, :-1].logsumexp(-1)
-    uniform = torch.rand(rows, Q - 1, dtype=torch.float64, device=logits.device)
-    kept = (
-        (uniform < log_draft.double().exp()) | forced_rows(forced, rows, logits.device)[:, None]
-    ) & drafted
-    accepted = kept.long().cumprod(-1).sum(-1)
-    at_accepted = scores[torch.arange(rows, device=logits.device), accepted].softmax(-1)  # p_accepted
-    # Where the draft at `accepted` was refused, draw without it.
-    refused, refused_draft = accepted < lengths, drafts.gather(1, accepted.clamp(max=Q - 2)[:, None])
-    final = at_accepted.scatter(1, refused_draft, at_accepted.gather(1, refused_draft) * ~refused[:, None])
-    drawn = draw(final)
-    # Each token written is distributed as its p_j (above): its log-probability is log p_j(token).
-    logprobs = torch.cat([log_draft, log_draft.new_zeros(rows, 1)], 1)
-    logprobs.scatter_(1, accepted[:, None], at_accepted.gather(1, drawn[:, None]).log())
-    return accepted, drawn, logprobs
-
-
-def forced_rows(forced, rows: int, device):
-    return forced if forced is not None else torch.zeros(rows, dtype=torch.bool, device=device)
-
-
 def draw(probs):
     """One token per row of probs [rows, V] (not necessarily summing to 1) by inverse transform."""
     # Inverse transform: u uniform on (0, total], the token is the first i with cdf_i >= u, which
@@ -531,7 +423,6 @@ def decode(
     cuda_graph: bool = True,
     static_shapes: bool = False,
     grouped: bool = True,
-    draft_tokens: int | None = None,
     with_logprobs: bool = False,
     copy_rule=None,
 ):
@@ -548,15 +439,12 @@ def decode(
     those not yet written masked, so every step has one shape: what a CUDA graph replays
     (cuda_graph, on a GPU), also available eagerly, where the tests check it. grouped: decode with
     GroupedStep where the architecture allows (grouped_step_supported, and no FSDP); False runs the
-    model's own forward at every step, the general path the tests compare it with. draft_tokens:
-    with the grouped step, each step also checks up to this many tokens drafted from the row's own
-    context (context_drafts, check_drafts: the same distribution, fewer steps); 0, or where a step
-    must keep one shape (a CUDA graph, static_shapes) or the caller tests text (stopping), one token
-    a step. copy_rule(row, completion ids so far) -> ids (srt/recall.py CopyRule, --recall copy):
-    the tokens the program appends to the row now, a turn of its history; written in one forward
-    where drafts are checked, else one a step."""
+    model's own forward at every step, the general path the tests compare it with.
+    copy_rule(row, completion ids so far) -> ids (srt/recall.py CopyRule, --recall copy): the
+    tokens the program appends to the row now, a turn of its history; written in one forward with
+    the grouped step (decode_with_copies), else one a step, where a step must keep one shape (a CUDA
+    graph, static_shapes) or the caller tests text after every token (stopping)."""
     device, K = input_ids.device, num_generations
-    draft_tokens = DRAFT_TOKENS if draft_tokens is None else draft_tokens
     if max_new_tokens < 1:
         raise ValueError(f"decode: max_new_tokens must be at least 1, not {max_new_tokens}")
     check_attention(model)
@@ -567,11 +455,10 @@ def decode(
     length = width + max_new_tokens
     grouped = grouped and grouped_step_supported(model) and not (synced or is_fsdp(model))
     one_shape = static_shapes or (cuda_graph and device.type == "cuda")
-    # A copied turn is written as kept drafts are, in one step, where the grouped step can check drafts.
-    drafting = grouped and (draft_tokens > 0 or copy_rule is not None) and stopping is None and not one_shape
-    if grouped:  # a drafted step may write up to this many columns past the last token kept
-        margin = max(draft_tokens, copy_rule.longest if copy_rule else 0) if drafting else 0
-        cache = GroupKVCache(rows, width, length + margin, per_prompt)
+    # A copied turn is written in one forward where a step may take several positions a row.
+    copying = grouped and copy_rule is not None and stopping is None and not one_shape
+    if grouped:  # a step that writes a copy feeds up to copy_rule.longest positions past the row's end
+        cache = GroupKVCache(rows, width, length + (copy_rule.longest if copying else 0), per_prompt)
     else:
         cache = StaticKVCache(rows, length, repeats=per_prompt)
     stop_ids = torch.tensor(list(stop_ids), device=device)
@@ -616,10 +503,10 @@ def decode(
     cache.column = torch.tensor([width], device=device)
 
     grouped_step = GroupedStep(model, cache) if grouped else None
-    if drafting:
-        sequences, logprobs, copied = decode_with_drafts(
+    if copying:
+        sequences, logprobs, copied = decode_with_copies(
             grouped_step, input_ids.repeat_interleave(per_prompt, dim=0), real, logits, max_new_tokens,
-            stop_ids, pad_id, draft_tokens, temperature, top_p, greedy, suppress, copy_rule,
+            stop_ids, pad_id, temperature, top_p, greedy, suppress, copy_rule,
         )  # fmt: skip
         return (sequences, logprobs, copied) if with_logprobs else sequences
 
@@ -679,37 +566,34 @@ def decode(
     return (sequences, logprobs[:, : t + 1], copied[:, : t + 1]) if with_logprobs else sequences
 
 
-def decode_with_drafts(
-    step, prompts, prompt_real, logits, max_new_tokens, stop_ids, pad_id, draft_tokens,
-    temperature, top_p, greedy, suppress, copy_rule=None,
+def decode_with_copies(
+    step, prompts, prompt_real, logits, max_new_tokens, stop_ids, pad_id,
+    temperature, top_p, greedy, suppress, copy_rule,
 ):  # fmt: skip
-    """decode's loop where each step also checks drafts: prompts [rows, P] (each prompt's K rows),
-    prompt_real [B, P] (False: padding), logits [rows, V] of the prefill. -> (sequences [rows, P + C],
-    the completion tokens' log-probabilities [rows, C], True where copy_rule wrote the token [rows,
-    C]). Each row moves at its own pace: it writes the drafts it keeps and one token drawn after
-    them, so completion index n of row r is at cache column P + n * K + r, as in the one-token loop,
-    but n differs by row. A turn copy_rule hands a row is its next step's drafts, all kept (forced):
-    the whole copy is written in one forward, and the row draws its next token after it."""
+    """decode's loop where the program's copies are written in one forward: prompts [rows, P] (each
+    prompt's K rows), prompt_real [B, P] (False: padding), logits [rows, V] of the prefill. ->
+    (sequences [rows, P + C], the completion tokens' log-probabilities [rows, C], True where
+    copy_rule wrote the token [rows, C]). A step feeds every row's last token and, where copy_rule
+    has handed the row a turn, the turn's tokens after it; the row's next token is drawn from the
+    logits after the copy's last token. So each row moves at its own pace: completion index n of
+    row r is at cache column P + n * K + r, as in the one-token loop, but n differs by row."""
     rows, width = prompts.shape
     K, device = step.K, prompts.device
     own_row = torch.arange(rows, device=device) % K
     prompt_lengths = prompt_real.sum(-1, keepdim=True).repeat_interleave(K, dim=0)
     # The row's context, prompt then completion, and one spare column that writes past a row's end
-    # go to (it stays padding, never real).
+    # go to (never returned).
     context = torch.cat([prompts, prompts.new_full((rows, max_new_tokens + 1), pad_id)], 1)
-    real = torch.zeros(context.shape, dtype=torch.bool, device=device)
-    real[:, :width] = prompt_real.repeat_interleave(K, dim=0)
     logprobs = torch.zeros(context.shape, device=device)  # of each token written, where it is written
     copied = torch.zeros(context.shape, dtype=torch.bool, device=device)  # written by copy_rule
-    pending = [[] for _ in range(rows)]  # each row's copy, written at its next step
-    in_label = torch.zeros(rows, dtype=torch.bool, device=device)  # no drafts until the colon
     written = torch.zeros(rows, dtype=torch.long, device=device)
     finished = torch.zeros(rows, dtype=torch.bool, device=device)
     spare = context.shape[1] - 1
 
-    def append(new, new_logprobs, counts, new_copied=None):
-        """Write new[:, :counts] (and their log-probabilities) after each row's completion, up to and
-        including its first stop token and within max_new_tokens; a finished row writes nothing."""
+    def append(new, new_logprobs, counts, new_copied):
+        """Write new[:, :counts] (their log-probabilities, whether the program wrote them) after each
+        row's completion, up to and including its first stop token and within max_new_tokens; a
+        finished row writes nothing."""
         offsets = torch.arange(new.shape[1], device=device)
         keep = (offsets < counts[:, None]) & (written[:, None] + offsets < max_new_tokens)
         keep &= ~finished[:, None]
@@ -718,57 +602,45 @@ def decode_with_drafts(
         target = torch.where(keep, width + written[:, None] + offsets, spare)
         context.scatter_(1, target, new)
         logprobs.scatter_(1, target, torch.where(keep, new_logprobs, 0.0))
-        if new_copied is not None:
-            copied.scatter_(1, target, keep & new_copied)
-        real.scatter_(1, target, keep)
-        real[:, spare] = False
+        copied.scatter_(1, target, keep & new_copied)
         written.add_(keep.sum(1))
         finished.logical_or_((stop & keep).any(1) | (written >= max_new_tokens))
-        for row in range(rows) if copy_rule is not None else ():  # does the row's end open a tag?
-            if not finished[row] and not pending[row]:
-                ids, in_label[row] = copy_rule.read(row, context[row, width : width + written[row]].tolist())
-                pending[row] = list(ids)
 
     first, first_logprob = next_tokens(logits, temperature, top_p, greedy, suppress)
-    append(first[:, None], first_logprob[:, None], torch.ones_like(written))
-    drafting_rows, kept = 0, 0  # over this call: row-steps that checked drafts, drafts they kept
-    for step_number in itertools.count():
-        if bool(finished.all()):
-            break
-        ends = width + written
-        pays = drafting_rows < DRAFT_TRIAL or kept >= DRAFTS_PAY * drafting_rows
-        retry = step_number % DRAFT_RETRY == 0
-        drafts, lengths = context_drafts(context, real, ends, draft_tokens if pays or retry else 0)
-        lengths = torch.where(in_label, 0, lengths)  # the colon must end a step: the program copies
-        forced = torch.tensor([bool(p) for p in pending], device=device)
-        if forced.any():  # a row with a pending copy drafts the copy instead, to be kept whole
-            longest = max(len(p) for p in pending)
-            copy = torch.tensor([p + [pad_id] * (longest - len(p)) for p in pending], device=device)
-            drafts = torch.nn.functional.pad(drafts, (0, max(longest - drafts.shape[1], 0)), value=pad_id)
-            drafts[forced, :longest] = copy[forced]
-            lengths = torch.where(forced, torch.tensor([len(p) for p in pending], device=device), lengths)
-            pending = [[] for _ in range(rows)]
-        # A row writes at most max_new_tokens: its last token is always drawn, never a draft.
-        lengths = torch.where(finished, 0, torch.minimum(lengths, max_new_tokens - written - 1))
-        Q = 1 + int(lengths.max())
-        drafts = drafts[:, : Q - 1]
-        # The row's last token (not yet in the cache) and its drafts, at completion indices
+    not_copied = torch.zeros(rows, 1, dtype=torch.bool, device=device)
+    append(first[:, None], first_logprob[:, None], torch.ones_like(written), not_copied)
+    while not bool(finished.all()):
+        # Does the row's end open a tag? Then the program writes the rest of the turn (srt/recall.py).
+        so_far, done = written.tolist(), finished.tolist()
+        pending = [
+            [] if done[r] else list(copy_rule(r, context[r, width : width + so_far[r]].tolist()))
+            for r in range(rows)
+        ]
+        # A copy stops at max_new_tokens, as one token a step stops it; append then drops the draw.
+        counts = [min(len(p), max_new_tokens - n) for p, n in zip(pending, so_far)]
+        Q = 1 + max(counts)
+        copies = torch.tensor(
+            [p[:c] + [pad_id] * (Q - 1 - c) for p, c in zip(pending, counts)], dtype=torch.long, device=device
+        ).view(rows, Q - 1)
+        counts = torch.tensor(counts, device=device)
+        # The row's last token (not yet in the cache) and its copy, at completion indices
         # written - 1 .. written - 2 + Q; each sees the prompt and its own row up to itself.
-        tokens = torch.cat([context.gather(1, ends[:, None] - 1), drafts], 1)
+        tokens = torch.cat([context.gather(1, width + written[:, None] - 1), copies], 1)
         index = written[:, None] - 1 + torch.arange(Q, device=device)
         columns = (width + index * K + own_row[:, None]).view(-1, K * Q)
         steps = int(index.max()) + 1
-        bias = step.drafted_bias(prompt_real, index, steps)
+        bias = step.paced_bias(prompt_real, index, steps)
         step_logits = step.forward(tokens, prompt_lengths + index, columns, bias, width + steps * K)
-        accepted, drawn, new_logprobs = check_drafts(
-            step_logits, drafts, lengths, temperature, top_p, greedy, suppress, forced
+        # The row's own token: drawn from p(. | context, copy), the logits at the copy's last token.
+        token, logprob = next_tokens(
+            step_logits[torch.arange(rows, device=device), counts], temperature, top_p, greedy, suppress
         )
-        drafted = (lengths > 0) & ~forced  # the pays rule counts the context's drafts only
-        drafting_rows, kept = drafting_rows + int(drafted.sum()), kept + int(accepted[drafted].sum())
-        new = torch.cat([drafts, drafts.new_full((rows, 1), pad_id)], 1)
-        new_copied = forced[:, None] & (torch.arange(Q, device=device) < accepted[:, None])
-        new_logprobs = torch.where(new_copied, 0.0, new_logprobs)  # the program's tokens: not sampled
-        append(new.scatter(1, accepted[:, None], drawn[:, None]), new_logprobs, accepted + 1, new_copied)
+        new = torch.cat([copies, copies.new_full((rows, 1), pad_id)], 1).scatter(
+            1, counts[:, None], token[:, None]
+        )
+        new_logprobs = torch.zeros(rows, Q, device=device).scatter(1, counts[:, None], logprob[:, None])
+        # The program's tokens have log-probability 0 and copied True: GRPO's policy_mask leaves them out.
+        append(new, new_logprobs, counts + 1, torch.arange(Q, device=device) < counts[:, None])
     end = width + int(written.max())
     return context[:, :end], logprobs[:, width:end], copied[:, width:end]
 

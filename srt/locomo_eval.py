@@ -109,13 +109,18 @@ def category_of(record) -> int | None:
 
 def evidence_recall(recalled, record) -> float | None:
     """Share of the record's evidence that `recalled` (labels; None: the method recalls nothing
-    by design, as the full history) holds: per dia_id through meta.evidence_labels, else per
-    turn of H*. None without evidence or without a recalled set."""
+    by design, as the full history) holds: per dia_id of meta.evidence through
+    meta.evidence_labels (an id the history does not hold is missed), else per turn of H*. None
+    without evidence or without a recalled set."""
     if recalled is None:
         return None
     meta, chosen = record.get("meta") or {}, set(recalled)
-    labels = meta.get("evidence_labels") or {}
-    evidence = [labels[i] for i in meta.get("evidence") or [] if i in labels] or list(record["recall"])
+    ids = meta.get("evidence") or []
+    if ids and "evidence_labels" in meta:
+        # An id without a label lies outside what the method was shown (a window chosen without
+        # the evidence): it counts, as not recalled, so windows of every kind share one denominator.
+        return sum(meta["evidence_labels"].get(i) in chosen for i in ids) / len(ids)
+    evidence = list(record["recall"])
     if not evidence:
         return None
     return sum(label in chosen for label in evidence) / len(evidence)

@@ -288,6 +288,12 @@ def load_model_and_tokenizer(name: str, dtype: str = "auto", device=None, trust_
         model = AutoModelForCausalLM.from_pretrained(
             source, dtype=weight_dtype, use_safetensors=True, trust_remote_code=trust_remote_code
         )
+        # Weights read from safetensors can sit at unaligned addresses of the file's mapping, where
+        # the CPU's matmul kernels sum in another order than on the same weights in fresh memory: a
+        # resumed run would then drift from the uninterrupted one. Fresh copies, aligned.
+        with torch.no_grad():
+            for parameter in model.parameters():
+                parameter.data = parameter.data.clone()
     _fix_tokenizer(tokenizer, model)
     if device is not None:
         model.to(device)
@@ -401,7 +407,6 @@ def generate(
     prefill_once=True,
     stop_when=None,
     engine="ours",
-    draft_tokens=None,
     recall="free",
 ) -> dict:
     """Completions of prompt texts (already chat-templated) -> {prompt_ids, prompt_mask,
@@ -428,10 +433,6 @@ def generate(
     stop_when(text) -> bool ends a row early once its decoded completion satisfies it (evaluate's
     direct methods stop at their first complete line); the row is then padded like a row that
     emitted a stop token, and generated_tokens counts its tokens up to that point.
-
-    draft_tokens (engine "ours"): tokens drafted from each row's own context and checked in the
-    same step (decode.context_drafts, decode.check_drafts), None for decode.DRAFT_TOKENS, 0 for one
-    token a step. The samples' distribution is the same either way; their random numbers are not.
 
     recall "copy" (engine "ours"; srt/recall.py): once a row writes `<HIS>` and a label of its own
     prompt's history with its colon, the decoder appends the rest of that turn and `</HIS>`. The
@@ -488,7 +489,6 @@ def generate(
                 stopping=stop_rows if stop_when is not None else None,
                 prefill_once=prefill_once,
                 synced=synced,
-                draft_tokens=draft_tokens,
                 with_logprobs=True,
                 copy_rule=copy_rule,
             )

@@ -26,10 +26,6 @@ HISTORY_LINE = re.compile(r"^([QA]\d+): (.*)$")
 # start of the copy (a token may join the colon, or the space, with the text that follows).
 OPEN_TAG = re.compile(r"<HIS>\s*([QA]\d+):([^<]*)\Z")
 TAIL_TOKENS = 24  # how much of a row's end the trigger decodes: the tag, its label and a few tokens
-# A row inside an opening tag, before its colon: the decoder checks no drafts for it, so the colon
-# ends a step and the program takes over at once (a draft kept past the colon would carry the row
-# into text of its own, which the program cannot replace).
-IN_LABEL = re.compile(r"<HIS>\s*[QA]?\d*\Z")
 
 
 def prompt_history(prompt: str) -> dict[str, str]:
@@ -82,21 +78,16 @@ class CopyRule:
         )
 
     def __call__(self, row: int, completion: list[int]) -> list[int]:
-        return self.read(row, completion)[0]
-
-    def read(self, row: int, completion: list[int]) -> tuple[list[int], bool]:
-        """-> (the ids to append now, whether the row is writing a tag's label, its colon to come),
-        from one decode of the row's tail."""
         text = self.tokenizer.decode(completion[-TAIL_TOKENS:], skip_special_tokens=False)
         match = OPEN_TAG.search(text)
         if match is None:
-            return [], IN_LABEL.search(text) is not None
+            return []
         label, written = match.group(1), match.group(2)
         utterance = self.histories[row // self.K].get(label)
         if utterance is None or not tag_tail(label, utterance).startswith(written):
-            return [], False  # not a turn of this prompt, or the row already wrote something else
+            return []  # not a turn of this prompt, or the row already wrote something else
         self.expanded.setdefault(row, []).append(label)
-        return tail_ids(self.tokenizer, label, utterance, written), False
+        return tail_ids(self.tokenizer, label, utterance, written)
 
 
 def copied_spans(target: str, history: dict[str, str]) -> list[tuple[int, int]]:

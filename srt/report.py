@@ -61,8 +61,8 @@ COMPARED = ("accuracy", "f1", "key_f1", "recall", "jaccard", "label_jaccard")
 BREAKDOWNS = {"query_type": "query type", "h_size": "|H*|", "distance_bin": "recall distance (rounds)"}
 DISTANCE_ORDER = ("none", "1-4", "5-9", "10-19", "20+")
 CUTOFF_LIMIT = 0.05  # a token budget that cuts off more answers than this is too tight
-OPTIONS_SHOWN = {"recency": ("recency_k",), "rag": ("rag_k",), "cuemem": ("cuemem",), "srt": ("recall",),
-                 "srt-p": ("recall",)}  # fmt: skip
+OPTIONS_SHOWN = {"full": ("memory",), "recency": ("recency_k", "memory"), "rag": ("rag_k", "memory"),
+                 "cuemem": ("cuemem", "memory"), "srt": ("recall",), "srt-p": ("recall",)}  # fmt: skip
 # Table 2's variants need >= 96 queries, >= 24 per 8/16/24/32-round bucket, to be read.
 MIN_QUERIES, MIN_PER_BUCKET = 96, 24
 
@@ -122,6 +122,7 @@ def summarize_variant(variant, rows, latency_rows, fine_buckets) -> dict:
             k: v
             for k, v in variant.get("options", {}).items()
             if k in OPTIONS_SHOWN.get(variant["method"], ()) + ("limit", "max_new_tokens")
+            and (k, v) != ("memory", "window")  # the record's own window: what every method read before
         },
         "latency_s": describe(r["latency_s"] for r in latency_rows),
         "latency_input_tokens": describe(r["input_tokens"] for r in latency_rows),

@@ -114,7 +114,6 @@ def sample_groups(policy, tokenizer, records, prompts, cfg, reward_fn, autocast_
             temperature=cfg.temperature,
             top_p=cfg.top_p,
             autocast_dtype=autocast_dtype,
-            draft_tokens=getattr(cfg, "draft_tokens", None),
             recall=getattr(cfg, "recall", "free"),
         )
     t1 = time.perf_counter()

@@ -213,7 +213,9 @@ def test_locomo_answers_categories_dates_and_roles(tmp_path):
 
 def test_locomo_window_keeps_evidence_and_at_most_max_rounds(tmp_path):
     for max_rounds in (6, 8, 12, 32):
-        dialogues, report = corpora.load_corpus("locomo", locomo_fixture(tmp_path), max_rounds=max_rounds)
+        dialogues, report = corpora.load_corpus(
+            "locomo", locomo_fixture(tmp_path), max_rounds=max_rounds, window="evidence"
+        )
         assert report["dialogues"] == 9  # every resolvable question survives every window size
         for d in dialogues:
             gold, window = d["rounds"][-1]["gold"], d["meta"]["window"]
@@ -234,7 +236,10 @@ def test_locomo_window_keeps_evidence_and_at_most_max_rounds(tmp_path):
                 "segments",
             )
             assert all(any(a <= e <= b for a, b in window["kept_rounds"]) for e in window["evidence_rounds"])
-    small, _ = corpora.load_corpus("locomo", locomo_fixture(tmp_path), max_rounds=6)
+            assert (
+                window["kind"] == "evidence" and window["evidence_in_window"] == [len(gold["evidence"])] * 2
+            )
+    small, _ = corpora.load_corpus("locomo", locomo_fixture(tmp_path), max_rounds=6, window="evidence")
     far = next(d for d in small if d["rounds"][-1]["user"] == "Support group and dog?")
     assert far["meta"]["window"]["how"] == "segments" and len(far["meta"]["window"]["kept_rounds"]) == 2
     text = " ".join(r["user"] + " " + r["assistant"] for r in far["rounds"])
@@ -253,6 +258,143 @@ def test_locomo_window_placement_is_seeded():
         None,
         "evidence_exceeds_window",
     )
+
+
+GUITAR_QUESTION = "What guitar did Melanie buy for her band?"
+RETRIEVAL_DATES = {1: "2:00 pm on 3 March, 2023", 2: "6:30 pm on 12 April, 2023"}
+GUITAR = {  # the rounds retrieval must find: rounds 2, 8, 15 and 23 of 24
+    "D1:4": "I bought a red Fender guitar for my band last week.",
+    "D1:15": "Does your band like the new guitar you bought, Melanie?",
+    "D2:6": "The band loves my new electric guitar, it sounds great.",
+    "D2:21": "Which guitar shop did Melanie buy the band's guitar from?",
+}
+UNREACHABLE = "My grandmother's plum dumplings need poppy seeds and butter."  # D1:9, round 5
+
+
+def locomo_retrieval_fixture(tmp_path) -> Path:
+    """Fields as locomo_fixture. Two sessions of 24 turns (24 rounds; Caroline opens each round);
+    four rounds about Melanie's guitar and one evidence turn (D1:9) that shares no word or topic
+    with the question about it; the same question asked with its evidence altered."""
+    conversation = {"speaker_a": "Caroline", "speaker_b": "Melanie"}
+    for s in (1, 2):
+        conversation[f"session_{s}"] = [
+            {
+                "speaker": ("Caroline", "Melanie")[(k - 1) % 2],
+                "dia_id": f"D{s}:{k}",
+                "text": GUITAR.get(f"D{s}:{k}", UNREACHABLE if (s, k) == (1, 9) else f"chat line {s}-{k}"),
+            }
+            for k in range(1, 25)
+        ]
+        conversation[f"session_{s}_date_time"] = RETRIEVAL_DATES[s]
+    qa = [
+        {"question": GUITAR_QUESTION, "answer": "a red Fender", "evidence": ["D1:9", "D2:6"], "category": 1},
+        {"question": GUITAR_QUESTION, "answer": "another", "evidence": ["D1:1"], "category": 4},
+        {"question": GUITAR_QUESTION, "answer": "none", "evidence": [], "category": 3},
+        {
+            "question": "What did Caroline bake?",
+            "adversarial_answer": "bread",
+            "evidence": ["D1:9"],
+            "category": 5,
+        },
+    ]
+    path = tmp_path / "locomo10.json"
+    path.write_text(json.dumps([{"sample_id": "conv-g", "conversation": conversation, "qa": qa}]))
+    return path
+
+
+def test_locomo_retrieved_window_is_chosen_from_the_question_alone(tmp_path):
+    """all-MiniLM-L6-v2 (the default embedder) keeps the four guitar rounds of 24, in conversation
+    order, and not the evidence round that shares nothing with the question: H* holds the
+    evidence inside the window, the gold every evidence id."""
+    dialogues, report = corpora.load_corpus("locomo", locomo_retrieval_fixture(tmp_path), max_rounds=5)
+    check_form(dialogues)
+    assert report["dialogues"] == 4 and "qa_skipped_evidence_exceeds_window" not in report
+    first = dialogues[0]
+    window, gold = first["meta"]["window"], first["rounds"][-1]["gold"]
+    assert window["kind"] == "retrieved" and window["how"] == "retrieved"
+    assert window["kept_rounds"] == [[2, 2], [8, 8], [15, 15], [23, 23]]
+    history = first["rounds"][:-1]
+    assert [r["assistant"] for r in history][0] == f"Melanie: {GUITAR['D1:4']}"
+    assert history[1]["user"] == f"Caroline: {GUITAR['D1:15']}"
+    assert history[2]["user"].startswith(f"[{RETRIEVAL_DATES[2]}] Caroline: ")  # the session changes
+    assert history[0]["user"].startswith(f"[{RETRIEVAL_DATES[1]}] Caroline: ")
+    assert not any(UNREACHABLE in r["user"] + r["assistant"] for r in history)
+    assert gold["recall"] == ["A3"] and gold["evidence_labels"] == {"D2:6": "A3"}
+    assert gold["evidence"] == ["D1:9", "D2:6"] and window["evidence_in_window"] == [1, 2]
+    assert window["evidence_rounds"] == [5, 15]
+    # the evidence is not read: the same question with other evidence, or none, keeps the same rounds
+    for other in dialogues[1:3]:
+        assert other["meta"]["window"]["kept_rounds"] == window["kept_rounds"]
+        assert other["rounds"][:-1] == history
+    assert dialogues[1]["rounds"][-1]["gold"]["recall"] == []  # D1:1 lies outside
+    assert dialogues[1]["meta"]["window"]["evidence_in_window"] == [0, 1]
+    assert dialogues[1]["rounds"][-1]["gold"]["reasoning"].startswith("No single earlier turn states it")
+
+
+def test_locomo_recent_and_all_windows(tmp_path):
+    path = locomo_retrieval_fixture(tmp_path)
+    recent, report = corpora.load_corpus("locomo", path, max_rounds=5, window="recent")
+    assert report["dialogues"] == 4
+    for d in recent:
+        assert d["meta"]["window"]["kept_rounds"] == [[21, 24]] and d["meta"]["window"]["how"] == "recent"
+        assert d["rounds"][0]["user"].startswith(f"[{RETRIEVAL_DATES[2]}] Caroline: chat line 2-17")
+    gold = recent[0]["rounds"][-1]["gold"]  # D1:9 and D2:6 both lie before the last four rounds
+    assert gold["recall"] == [] and gold["evidence_labels"] == {} and gold["evidence"] == ["D1:9", "D2:6"]
+    assert gold["reasoning"].startswith("No single earlier turn states it")
+    adversarial = recent[3]["rounds"][-1]["gold"]  # category 5 declines in its own words
+    assert adversarial["recall"] == [] and "premise is not in the conversation" in adversarial["reasoning"]
+    everything, _ = corpora.load_corpus("locomo", path, max_rounds=5, window="all")
+    whole = corpora.locomo_conversations(path)[0]
+    for d in everything:
+        assert d["meta"]["window"]["how"] == "all" and d["meta"]["window"]["kept_rounds"] == [[1, 24]]
+        assert d["rounds"][:-1] == whole["rounds"]  # every round, whatever max_rounds
+    gold = everything[0]["rounds"][-1]["gold"]
+    assert gold["recall"] == ["Q5", "A15"] and everything[0]["meta"]["window"]["evidence_in_window"] == [2, 2]
+    with pytest.raises(ValueError, match="window must be"):
+        corpora.load_corpus("locomo", path, window="oracle")
+
+
+def test_gold_free_window_breaks_ties_towards_the_earlier_round():
+    similarity = [0.5, 0.9, 0.5, 0.5, 0.1]
+    assert corpora.gold_free_window("retrieved", 5, 3, similarity) == ([0, 1, 2], "retrieved")
+    assert corpora.gold_free_window("recent", 5, 3) == ([2, 3, 4], "recent")
+    assert corpora.gold_free_window("all", 5, 3) == ([0, 1, 2, 3, 4], "all")
+    assert corpora.gold_free_window("retrieved", 3, 3, [0.0] * 3) == ([0, 1, 2], "whole")
+
+
+def test_locomo_conversations_are_the_whole_window(tmp_path):
+    """conversations.jsonl's rows: every round as a window of every round renders it, and each
+    dia_id's label in it (D2:7 and D2:8, one speaker's consecutive turns, share one utterance)."""
+    path = locomo_fixture(tmp_path)
+    (conversation,) = corpora.locomo_conversations(path)
+    assert conversation["conversation_id"] == "conv-1" and len(conversation["rounds"]) == 30
+    texts = {
+        f"{side}{i}": r[key]
+        for i, r in enumerate(conversation["rounds"], 1)
+        for side, key in (("Q", "user"), ("A", "assistant"))
+    }
+    for dia_id, text in PLANTED.items():
+        assert text in texts[conversation["dia_labels"][dia_id]]
+    labels = conversation["dia_labels"]
+    assert labels["D2:7"] == labels["D2:8"] == "A13" and labels["D3:21"] == "Q30" and len(labels) == 61
+    assert conversation["rounds"][-1]["assistant"] == ""  # the unanswered last turn stays
+    everything, _ = corpora.load_corpus("locomo", path, max_rounds=6, window="all", embed=bag_of_words)
+    for d in everything:
+        assert d["rounds"][:-1] == conversation["rounds"]
+        gold = d["rounds"][-1]["gold"]
+        assert gold["evidence_labels"] == {i: labels[i] for i in gold["evidence"]}
+
+
+def bag_of_words(texts):
+    """A stand-in embedder where the test does not look at which rounds are retrieved."""
+    import numpy as np
+
+    vocabulary = {}
+    rows = [[vocabulary.setdefault(w, len(vocabulary)) for w in t.lower().split()] for t in texts]
+    out = np.zeros((len(texts), len(vocabulary) or 1), np.float32)
+    for i, row in enumerate(rows):
+        out[i, row] = 1.0
+    return out / np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-9)
 
 
 # ---- CoQA ------------------------------------------------------------------------------------

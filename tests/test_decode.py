@@ -215,10 +215,8 @@ def test_grouped_step_decodes_what_the_models_own_forward_decodes(tiny, K, stati
     assert decode.grouped_step_supported(model)
     greedy = decode_both_steps(model, tokenizer, num_generations=K, greedy=True, static_shapes=static)
     assert torch.equal(greedy[0], greedy[1])
-    # One token a step here (draft_tokens 0): drafts draw other uniform numbers, so the same seed
-    # would give other samples (their distribution: the tests of check_drafts below).
     sampled = decode_both_steps(
-        model, tokenizer, num_generations=K, temperature=0.7, top_p=0.9, static_shapes=static, draft_tokens=0
+        model, tokenizer, num_generations=K, temperature=0.7, top_p=0.9, static_shapes=static
     )
     assert torch.equal(sampled[0], sampled[1])
     if K > 1:  # K samples, not K copies
@@ -508,91 +506,23 @@ def test_first_tokens_of_a_group_follow_the_models_distribution():
 
 
 # ---------------------------------------------------------------------------------------------
-# Drafts from the context: fewer steps, the same distribution
+# Copies written in one forward (--recall copy): each row at its own pace, the same tokens
 # ---------------------------------------------------------------------------------------------
-def test_context_drafts_follow_the_most_recent_earlier_occurrence_of_the_longest_tail():
-    """Planted contexts (token 0 is also the padding): row 0's last 3 tokens occur nowhere before,
-    its last 2 (5, 6) at 2 and 6: the draft follows the later one and stops at the row's end (3
-    tokens, not 4). Row 1's last 3 (1, 2, 3) occur at 0 (draft 9 8 3 7), while its last token alone
-    last occurred at 5 (a unigram draft would be 7 1 2 3): the longest tail wins. Row 2 repeats
-    nothing. Row 3 ends in token 0, which its padding also holds: padding is never matched."""
-    context = torch.tensor([
-        [0, 0, 5, 6, 7, 8, 5, 6, 9, 5, 6],
-        [1, 2, 3, 9, 8, 3, 7, 1, 2, 3, 0],
-        [0, 0, 0, 0, 0, 0, 0, 1, 2, 3, 4],
-        [0, 0, 4, 0, 0, 0, 0, 0, 0, 0, 0],
-    ])  # fmt: skip
-    ends = torch.tensor([11, 10, 11, 4])
-    real = torch.arange(11) < ends[:, None]
-    real[0, :2] = real[2, :7] = real[3, :2] = False
-    drafts, lengths = decode.context_drafts(context, real, ends, draft_tokens=4)
-    assert lengths.tolist() == [3, 4, 0, 0]
-    assert drafts[0, :3].tolist() == [9, 5, 6] and drafts[1].tolist() == [9, 8, 3, 7]
-    assert decode.context_drafts(context, real, ends, draft_tokens=2)[1].tolist() == [2, 2, 0, 0]
+class OracleCopies:
+    """A stand-in for srt/recall.py's CopyRule: a row that has written n tokens, n in `at`, is handed
+    the next `sizes[row]` tokens of `reference` (completions [rows, C]) as the program's copy."""
+
+    def __init__(self, reference, sizes, at):
+        self.reference, self.sizes, self.at = reference, sizes, at
+        self.longest = max(sizes)
+
+    def __call__(self, row, completion):
+        n = len(completion)
+        return self.reference[row, n : n + self.sizes[row]].tolist() if n in self.at else []
 
 
-DRAFT_POSITIONS = torch.stack([P, P.flip(0), P.roll(2)])  # the distributions after 0, 1, 2 drafts
-
-
-def written_tokens(drafts, accepted, drawn, position):
-    """Rows whose first `position` written tokens are the drafts, and their token at `position`."""
-    rows = accepted >= position
-    draft = drafts[rows, min(position, drafts.shape[1] - 1)]
-    return torch.where(accepted[rows] > position, draft, drawn[rows])
-
-
-@pytest.mark.parametrize("temperature, top_p", [(1.0, 1.0), (T, TOP_P)])
-def test_checked_drafts_write_each_token_from_the_models_distribution(temperature, top_p):
-    """40,000 rows, drafts (1, 4) checked against hand-made distributions for the positions after
-    0, 1 and 2 drafts. Whatever is kept or refused, the first token written must follow p_0, the
-    second (where the first was draft 1) p_1, the third (where both drafts were kept) p_2. A draw
-    at a refusal that forgot to take the refused draft out would write draft 1 with probability
-    p + (1 - p) p (.44 for p = .25, untempered): 87 standard deviations off."""
-    rows = 40_000
-    logits = DRAFT_POSITIONS.log().expand(rows, -1, -1)
-    drafts = torch.tensor([1, 4]).expand(rows, -1)
-    torch.manual_seed(0)
-    accepted, drawn, logprobs = decode.check_drafts(
-        logits, drafts, torch.full((rows,), 2), temperature, top_p
-    )
-    assert 0 < (accepted == 0).sum() and 0 < (accepted == 2).sum()  # both branches taken
-    for position in range(3):
-        token = written_tokens(drafts, accepted, drawn, position)
-        counts = torch.bincount(token, minlength=len(P))
-        expected = nucleus_distribution(DRAFT_POSITIONS[position], temperature, top_p)
-        assert_follows(counts, expected, len(token))
-        # Kept draft or drawn token, its log-probability is log p_position of what was written.
-        assert torch.allclose(logprobs[accepted >= position, position], expected.log()[token], atol=1e-5)
-
-
-def test_checked_drafts_of_mixed_lengths_keep_no_draft_beyond_a_rows_length():
-    """Rows with 0, 1 and 2 drafts in one step, 20,000 of each, all offered the drafts (1, 4): a row
-    never keeps more drafts than it has, and its first written token follows p_0 whatever its length.
-    A check that forgot each row's length (kept = uniform < p) would let a row of length 0 keep
-    draft 1 at p_0(1) = .25 and write it with probability .25 + .75 * .25 = .44 (first-token error
-    .19, where 6 standard deviations are .02)."""
-    rows = 60_000
-    logits = DRAFT_POSITIONS.log().expand(rows, -1, -1)
-    drafts = torch.tensor([1, 4]).expand(rows, -1)
-    lengths = torch.arange(rows) % 3
-    torch.manual_seed(0)
-    accepted, drawn, _ = decode.check_drafts(logits, drafts, lengths)
-    assert (accepted <= lengths).all()
-    first = torch.where(accepted > 0, drafts[:, 0], drawn)
-    for length in range(3):
-        counts = torch.bincount(first[lengths == length], minlength=len(P))
-        assert_follows(counts, DRAFT_POSITIONS[0], rows // 3)
-
-
-def test_checked_drafts_greedy_keep_the_argmax_and_respect_each_rows_length():
-    logits = DRAFT_POSITIONS.log().expand(3, -1, -1)  # argmax: 0, then 5, then 2
-    drafts = torch.tensor([[0, 5], [0, 3], [0, 5]])
-    accepted, drawn, logprobs = decode.check_drafts(logits, drafts, torch.tensor([2, 2, 1]), greedy=True)
-    assert accepted.tolist() == [2, 1, 1] and drawn.tolist() == [2, 5, 5]  # row 2: its one draft only
-    assert (logprobs == 0).all()  # a greedy choice has probability 1
-
-
-def count_drafted_steps(monkeypatch):
+def count_forwards(monkeypatch):
+    """The positions a row feeds at each call of the grouped step's multi-position forward."""
     steps = []
     forward = decode.GroupedStep.forward
 
@@ -604,108 +534,65 @@ def count_drafted_steps(monkeypatch):
     return steps
 
 
-def test_greedy_with_drafts_writes_what_one_token_a_step_writes(tiny, monkeypatch):
-    """Greedy keeps a draft only where it is the argmax: the same tokens as one token a step, on
-    prompts of three lengths (left padding). The model's logits for a drafted position come from
-    one call over the row's tokens (other sums than one call per token, ~1e-6 apart in fp32). The
-    tiny model falls into a loop of 3 tokens on the third prompt, which its drafts then predict: its
-    20 tokens take fewer than the 19 steps after the prefill."""
-    model, tokenizer = tiny
-    drafted = decode_both_steps(model, tokenizer, num_generations=3, greedy=True, draft_tokens=3)
-    plain = decode_both_steps(model, tokenizer, num_generations=3, greedy=True, draft_tokens=0)
-    assert torch.equal(drafted[0], plain[0]) and torch.equal(drafted[0], drafted[1])
-    steps = count_drafted_steps(monkeypatch)
-    loop = decode_both_steps(model, tokenizer, prompts=PROMPTS[2:], num_generations=3, greedy=True)
-    assert torch.equal(loop[0], loop[1]) and loop[0].shape[1] - len(steps) - 1 > 20 - 19
-    assert max(steps) == 4 and len(steps) < 19
+def copy_and_one_a_step(model, enc, max_new_tokens, stops, rule, **kwargs):
+    """decode.decode with copy_rule through the copy loop (grouped) and one token a step (the model's
+    own forward): each -> (sequences, logprobs, copied)."""
+    inputs = (model, enc.input_ids, enc.attention_mask, max_new_tokens, stops, 0)
+    return [
+        decode.decode(*inputs, greedy=True, with_logprobs=True, copy_rule=rule, grouped=grouped, **kwargs)
+        for grouped in (True, False)
+    ]
 
 
-def test_a_kept_draft_that_is_a_stop_token_ends_the_row_there(monkeypatch):
-    """Oracle drafts (the next 3 tokens one-token-a-step greedy writes) are all kept; when the 4th
-    token written is planted as a stop token, the row must end on it, the drafts after it dropped."""
+def assert_same_outputs(a, b):
+    for name, x, y in zip(("sequences", "logprobs", "copied"), a, b):
+        assert torch.equal(x, y), name
+
+
+def test_a_copy_steps_logits_are_the_models_own_at_every_position(monkeypatch):
+    """Three prompts (left padded), K = 2, rows handed copies of 0 to 3 tokens (the next tokens greedy
+    writes) after 1, 5 and 9 tokens, so the rows move on at different paces: every position a step
+    computes must give the logits of the model's own forward over that row's unpadded tokens at that
+    position, and be fed that position's token. A wrong position, mask or cache column (a row reading
+    its sibling's tokens, a copied token not seeing itself) changes the logits by far more than the
+    1e-4 allowed here: fp32 throughout, the two differ only in the order of sums (~1e-6 on logits of
+    size ~1). Tokens, log-probs and the copied mask are those of the loop that writes the copy one
+    token a step."""
     model, tokenizer = load_model_and_tokenizer("tiny-random", dtype="float32")
     tokenizer.padding_side = "left"
     enc = tokenizer(PROMPTS, return_tensors="pt", padding=True, add_special_tokens=False)
-    width, pad = enc.input_ids.shape[1], tokenizer.pad_token_id
-    free = decode.decode(model, enc.input_ids, enc.attention_mask, 12, [], pad, greedy=True, draft_tokens=0)
-    stop = int(free[0, width + 3])
+    width, rows = enc.input_ids.shape[1], 6
+    free = decode.decode(model, enc.input_ids, enc.attention_mask, 12, [], 0, num_generations=2, greedy=True)
+    handed, calls, forward = {}, [], decode.GroupedStep.forward
 
-    def oracle(context, real, ends, draft_tokens, longest=3):
-        index = (ends[:, None] + torch.arange(draft_tokens)).clamp(max=free.shape[1] - 1)
-        return free.gather(1, index), torch.full_like(ends, draft_tokens)
-
-    monkeypatch.setattr(decode, "context_drafts", oracle)
-    steps = count_drafted_steps(monkeypatch)
-    drafted = decode.decode(model, enc.input_ids, enc.attention_mask, 12, [stop], pad, greedy=True)
-    assert len(steps) <= 4  # 12 tokens: the prefill's, then 4 a step
-    plain = decode.decode(
-        model, enc.input_ids, enc.attention_mask, 12, [stop], pad, greedy=True, draft_tokens=0
-    )
-    assert torch.equal(drafted, plain) and drafted[0, width + 3] == stop
-    assert (drafted[0, width + 4 :] == pad).all()
-
-
-def test_drafts_that_are_never_kept_stop_being_checked_after_their_trial(monkeypatch):
-    """Oracle drafts made wrong (each the greedy token + 1): every one is refused, so after the
-    trial (DRAFT_TRIAL row-steps: 8 steps of 2 rows) the loop checks drafts only every DRAFT_RETRY
-    steps, and writes greedy's tokens all the same. A loop that kept drafting would pay the
-    drafted step's cost for nothing at every one of the 39 steps."""
-    model, tokenizer = load_model_and_tokenizer("tiny-random", dtype="float32")
-    ids = tokenizer([PROMPTS[1]], return_tensors="pt").input_ids
-    inputs = (model, ids, torch.ones_like(ids), 40, [], tokenizer.pad_token_id)
-    free = decode.decode(*inputs, num_generations=2, greedy=True, draft_tokens=0)
-
-    def wrong(context, real, ends, draft_tokens, longest=3):
-        index = (ends[:, None] + torch.arange(draft_tokens)).clamp(max=free.shape[1] - 1)
-        return (free.gather(1, index) + 1) % len(tokenizer), torch.full_like(ends, draft_tokens)
-
-    monkeypatch.setattr(decode, "context_drafts", wrong)
-    steps = count_drafted_steps(monkeypatch)
-    assert torch.equal(decode.decode(*inputs, num_generations=2, greedy=True), free)
-    trial = decode.DRAFT_TRIAL // 2
-    retries = [n for n in range(trial, 39) if n % decode.DRAFT_RETRY == 0]
-    assert len(steps) == 39 and [n for n, q in enumerate(steps) if q > 1] == list(range(trial)) + retries
-
-
-def test_a_drafted_steps_logits_are_the_models_own_at_every_position(monkeypatch):
-    """Three prompts (left padded), K = 2, oracle drafts of 0 to 3 tokens by row, so the rows move
-    on at different paces: every position a drafted step computes must give the logits of the
-    model's own forward over that row's unpadded tokens at that position, and be fed that
-    position's token. A wrong position, mask or cache column (a row reading its sibling's tokens,
-    a draft not seeing itself) changes the logits by far more than the 1e-4 allowed here: fp32
-    throughout, the two differ only in the order of sums (~1e-6 on logits of size ~1)."""
-    model, tokenizer = load_model_and_tokenizer("tiny-random", dtype="float32")
-    tokenizer.padding_side = "left"
-    enc = tokenizer(PROMPTS, return_tensors="pt", padding=True, add_special_tokens=False)
-    pad = tokenizer.pad_token_id
-    kwargs = dict(num_generations=2, greedy=True)
-    free = decode.decode(model, enc.input_ids, enc.attention_mask, 12, [], pad, draft_tokens=0, **kwargs)
-    paces = torch.arange(free.shape[0]) % 4
-
-    def oracle(context, real, ends, draft_tokens, longest=3):
-        index = (ends[:, None] + torch.arange(draft_tokens)).clamp(max=free.shape[1] - 1)
-        return free.gather(1, index), paces.clamp(max=draft_tokens)
-
-    monkeypatch.setattr(decode, "context_drafts", oracle)
-    calls, forward = [], decode.GroupedStep.forward
+    class Handing(OracleCopies):  # records each row's copy length until the step that feeds it
+        def __call__(self, row, completion):
+            handed[row] = len(super().__call__(row, completion))
+            return super().__call__(row, completion)
 
     def recording(self, tokens, positions, *args):
         logits = forward(self, tokens, positions, *args)
-        calls.append((tokens.clone(), positions.clone(), logits.clone()))
+        calls.append((tokens.clone(), positions.clone(), logits.clone(), dict(handed)))
+        handed.clear()
         return logits
 
     monkeypatch.setattr(decode.GroupedStep, "forward", recording)
-    drafted = decode.decode(model, enc.input_ids, enc.attention_mask, 12, [], pad, draft_tokens=3, **kwargs)
-    assert torch.equal(drafted, free) and max(t.shape[1] for t, _, _ in calls) == 4
+    rule = Handing(free[:, width:], sizes=[r % 4 for r in range(rows)], at={1, 5, 9})
+    copying, one_a_step = copy_and_one_a_step(model, enc, 12, [], rule, num_generations=2)
+    assert_same_outputs(copying, one_a_step)
+    assert torch.equal(copying[0], free) and max(t.shape[1] for t, _, _, _ in calls) == 4
+    copied = copying[2]
+    assert copied[3, 1:4].all() and copied[3, 5:8].all() and not copied[0].any()  # sizes 3 and 0
+    assert (copying[1][copied] == 0).all()
     prompt_real = enc.attention_mask.repeat_interleave(2, 0).bool()
-    real = torch.cat([prompt_real, torch.ones(free.shape[0], 12, dtype=torch.bool)], 1)
+    real = torch.cat([prompt_real, torch.ones(rows, 12, dtype=torch.bool)], 1)
     checked = 0
-    for row in range(free.shape[0]):
+    for row in range(rows):
         tokens_of_row = free[row][real[row]]
         with torch.no_grad():
             own = model(input_ids=tokens_of_row[None]).logits[0]
-        for tokens, positions, logits in calls:
-            for j in range(min(int(paces[row]), tokens.shape[1] - 1) + 1):  # the last token, its drafts
+        for tokens, positions, logits, copies in calls:
+            for j in range(copies.get(row, 0) + 1):  # the row's last token, then its copy
                 position = int(positions[row, j])
                 if position < len(tokens_of_row) - 1:
                     assert tokens[row, j] == tokens_of_row[position]
@@ -714,15 +601,57 @@ def test_a_drafted_steps_logits_are_the_models_own_at_every_position(monkeypatch
     assert checked > 50
 
 
-def test_drafted_decoding_samples_each_token_from_the_models_distribution(monkeypatch):
-    """End to end: one prompt, K = 8,000 rows, 3 tokens each, every row handed the same draft x
-    after its first token (x the likeliest token after the likeliest first token t1). The second
-    token of the rows that began with t1 must follow p(. | prompt, t1) and the third of the rows
-    that kept x p(. | prompt, t1, x): the drafted step's logits, through its mask, positions and
-    cache columns, are the model's. Rows keep x or refuse it, so they move on at different paces."""
+def test_a_copy_is_written_in_one_forward_and_cut_at_max_new_tokens(monkeypatch):
+    """One row, 12 tokens, a copy of 3 handed after the first token, one of 5 after the 9th (the
+    next tokens greedy writes, of 16): the first copy and the token drawn after it take one
+    forward (12 tokens: the prefill's, then 6 steps); the second is cut at max_new_tokens, where
+    one token a step cuts it, and no token is drawn after it."""
+    model, tokenizer = load_model_and_tokenizer("tiny-random", dtype="float32")
+    enc = tokenizer([PROMPTS[1]], return_tensors="pt", add_special_tokens=False)
+    width = enc.input_ids.shape[1]
+    free = decode.decode(model, enc.input_ids, enc.attention_mask, 16, [], 0, greedy=True)
+    sizes = {1: 3, 9: 5}
+
+    class Rule:
+        longest = 5
+
+        def __call__(self, row, completion):
+            n = len(completion)
+            return free[row, width + n : width + n + sizes.get(n, 0)].tolist()
+
+    steps = count_forwards(monkeypatch)
+    copying, one_a_step = copy_and_one_a_step(model, enc, 12, [], Rule())
+    assert_same_outputs(copying, one_a_step)
+    assert torch.equal(copying[0], free[:, : width + 12]) and steps == [4, 1, 1, 1, 1, 4]
+    assert copying[2][0].tolist() == [False] + [True] * 3 + [False] * 5 + [True] * 3
+
+
+def test_a_copy_that_holds_a_stop_token_ends_the_row_there():
+    """Row 0 is handed the next 4 tokens greedy writes after its first; the 4th token written (the
+    copy's third) is planted as a stop token: the row must end on it, the rest of the copy dropped,
+    as one token a step ends it."""
+    model, tokenizer = load_model_and_tokenizer("tiny-random", dtype="float32")
+    tokenizer.padding_side = "left"
+    enc = tokenizer(PROMPTS, return_tensors="pt", padding=True, add_special_tokens=False)
+    width = enc.input_ids.shape[1]
+    free = decode.decode(model, enc.input_ids, enc.attention_mask, 12, [], 0, greedy=True)
+    stop = int(free[0, width + 3])
+    rule = OracleCopies(free[:, width:], sizes=[4, 0, 0], at={1})
+    copying, one_a_step = copy_and_one_a_step(model, enc, 12, [stop], rule)
+    assert_same_outputs(copying, one_a_step)
+    sequences, _, copied = copying
+    assert sequences[0, width + 3] == stop and (sequences[0, width + 4 :] == 0).all()
+    assert copied[0].tolist()[:5] == [False, True, True, True, False]
+
+
+def test_the_token_after_a_copy_follows_the_models_distribution():
+    """End to end: one prompt, K = 8,000 rows, 4 tokens each, every row handed the copy (x, y) after
+    its first token (x, y the likeliest tokens after the likeliest first token t1 and then x). The
+    4th token of the rows that began with t1 must follow p(. | prompt, t1, x, y): the logits at the
+    copy's last token, through the step's mask, positions and cache columns, are the model's."""
     model, tokenizer = load_model_and_tokenizer("tiny-random", dtype="float32")
     with torch.no_grad():
-        model.lm_head.weight.mul_(20)  # peaked: p(t1) .38, p(x | t1) .40, so ~1,200 rows keep x
+        model.lm_head.weight.mul_(20)  # peaked: p(t1) ~.38, so ~3,000 rows begin with t1
     temperature, top_p, draws = 0.8, 0.9, 8000
     ids = tokenizer(["Q1: What time does the spa open?"], return_tensors="pt").input_ids
 
@@ -733,28 +662,34 @@ def test_drafted_decoding_samples_each_token_from_the_models_distribution(monkey
         return nucleus_distribution(logits.softmax(-1), temperature, top_p)
 
     first = next_distribution().argmax().item()
-    draft = next_distribution(first).argmax().item()
-    monkeypatch.setattr(
-        decode, "context_drafts",
-        lambda context, real, ends, draft_tokens, longest=3: (
-            torch.full((len(ends), draft_tokens), draft), torch.full_like(ends, draft_tokens)),
-    )  # fmt: skip
+    x = next_distribution(first).argmax().item()
+    y = next_distribution(first, x).argmax().item()
+
+    class Rule:
+        longest = 2
+
+        def __call__(self, row, completion):
+            return [x, y] if len(completion) == 1 else []
+
     torch.manual_seed(2)
-    out = decode.decode(model, ids, torch.ones_like(ids), 3, [], tokenizer.pad_token_id,
-                        num_generations=draws, temperature=temperature, top_p=top_p)  # fmt: skip
+    out, logprobs, copied = decode.decode(
+        model, ids, torch.ones_like(ids), 4, [], tokenizer.pad_token_id, num_generations=draws,
+        temperature=temperature, top_p=top_p, with_logprobs=True, copy_rule=Rule(),
+    )  # fmt: skip
     completions = out[:, ids.shape[1] :]
-    assert completions.shape == (draws, 3)  # no row past max_new_tokens, however long its drafts
-    for prefix, position in (((first,), 1), ((first, draft), 2)):
-        rows = (completions[:, :position] == torch.tensor(prefix)).all(1)
-        expected = next_distribution(*prefix)
-        counts = torch.bincount(completions[rows, position], minlength=len(expected))
-        n = int(rows.sum())
-        assert n > 800, (prefix, n)
-        common = expected * n >= 100
-        pooled_counts = torch.cat([counts[common], counts[~common & (expected > 0)].sum()[None]])
-        pooled_expected = torch.cat([expected[common], expected[~common].sum()[None]])
-        assert (counts[expected == 0] == 0).all()
-        assert_follows(pooled_counts, pooled_expected, n)
+    assert completions.shape == (draws, 4) and (completions[:, 1:3] == torch.tensor([x, y])).all()
+    assert copied[:, 1:3].all() and (logprobs[:, 1:3] == 0).all() and not copied[:, [0, 3]].any()
+    rows = completions[:, 0] == first
+    expected = next_distribution(first, x, y)
+    counts = torch.bincount(completions[rows, 3], minlength=len(expected))
+    n = int(rows.sum())
+    assert n > 2000, n
+    common = expected * n >= 100
+    pooled_counts = torch.cat([counts[common], counts[~common & (expected > 0)].sum()[None]])
+    pooled_expected = torch.cat([expected[common], expected[~common].sum()[None]])
+    assert (counts[expected == 0] == 0).all()
+    assert_follows(pooled_counts, pooled_expected, n)
+    assert torch.allclose(logprobs[rows, 3], expected.log()[completions[rows, 3]], atol=1e-4)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -880,19 +815,20 @@ def test_rollout_speed_smoke_equal_work_precision_and_greedy_check(tmp_path):
         assert run["precision"] == {"ours": ["torch.float32"], "hf": ["torch.float32"]}
         assert run["speedup"] > 0
         assert run["cpu_ratio"] == run["cpu"]["hf"]["median"] / run["cpu"]["ours"]["median"] > 0
-        one = run[bench.ONE_TOKEN]  # ours without drafts, the same work in the same repeats
-        assert one["generated_tokens"] == run["ours"]["generated_tokens"]
-        assert run["drafts_paired"]["median"] == one["seconds"]["median"] / run["ours"]["seconds"]["median"]
+        assert bench.FREE not in run and "copies_paired" not in run
     graph = "replayed" if torch.cuda.is_available() else "n/a"
     assert [run["cuda_graph"] for run in result["runs"]] == [graph, graph]
     bench.main(common + ["--check", "--check-prompts", "3", "--batch-size", "2"])
     check = json.loads((tmp_path / "check.json").read_text())
     assert check["equal"] is True and check["prompts"] == 3 and check["tokens"] > 0
-    # --recall copy: ours in copy mode with and without its drafts; generate cannot copy, so no ratio
+    # --recall copy: ours by pointer and ours free, paired; generate cannot copy, so no ratio to it
     bench.main(common + ["--ks", "2", "--repeats", "1", "--precision", "fp32", "--recall", "copy"])
     (run,) = json.loads((tmp_path / "results.json").read_text())["runs"]
     assert run["recall"] == "copy" and run["speedup"] is None and "hf" not in run
-    assert run["drafts_paired"]["median"] > 0 and run["copied_tokens"]["ours"]["median"] == 0  # no tags
+    free = run[bench.FREE]  # the same work in the same repeat
+    assert free["generated_tokens"] == run["ours"]["generated_tokens"] == 2 * 4  # 1 prompt x K = 2
+    assert run["copies_paired"]["median"] == free["seconds"]["median"] / run["ours"]["seconds"]["median"]
+    assert run["copied_tokens"]["ours"]["median"] == 0  # a random model writes no tags
 
 
 def test_rollout_speed_reads_the_cuda_graph_fallback_from_decodes_own_warning(monkeypatch):

@@ -10,7 +10,7 @@ import pytest
 
 import evaluate
 from srt import locomo_eval, report
-from srt.data_io import bucket_of, write_jsonl
+from srt.data_io import DataError, bucket_of, write_jsonl
 from srt.locomo_eval import locomo_score, multi_answer_f1, normalize_answer, token_f1
 from srt.metrics import f1_score
 
@@ -153,6 +153,19 @@ def test_evidence_recall_counts_dia_ids_as_the_release_does():
     no_map = locomo_record(2, 4, "x", recall=("Q1", "A2"))
     no_map["meta"].pop("evidence_labels")
     assert locomo_eval.evidence_recall(["Q1"], no_map) == 0.5  # without the map: the turns of H*
+
+
+def test_evidence_outside_the_window_counts_as_missed():
+    """Regression: a window chosen without the evidence (stage 0 --locomo-window retrieved) labels
+    only the evidence it holds; the rest once fell out of the denominator, so a window holding 1 of
+    3 evidence turns scored 1.0 for recalling that one, and a window holding none fell back to an
+    empty H* and scored nothing."""
+    record = locomo_record(0, 1, "x", recall=("A2",), evidence=["D1:3", "D3:5", "D9:9"])
+    record["meta"]["evidence_labels"] = {"D3:5": "A2"}  # D1:3 and D9:9 are outside the window
+    assert locomo_eval.evidence_recall(["A2"], record) == pytest.approx(1 / 3)
+    outside = locomo_record(1, 1, "x", recall=(), evidence=["D1:3"])
+    outside["meta"]["evidence_labels"] = {}
+    assert locomo_eval.evidence_recall(["Q1"], outside) == 0.0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -325,3 +338,110 @@ def test_evaluate_reports_the_per_category_table_for_every_method(tmp_path):
     )
     assert summary["locomo_comparisons"]["rag"]["answerable"]["n"] == 4
     assert "## LoCoMo evidence recall per question category (%)" in text and "task_eval/evaluation.py" in text
+
+
+# ---------------------------------------------------------------------------------------------
+# The memory systems read the whole conversation; SRT its window
+# ---------------------------------------------------------------------------------------------
+def planted_conversation(rounds=40):
+    """A conversation whose answer lies in its first utterance, far before any short window."""
+    turns = [
+        {
+            "user": f"Melanie: the garden needed water again on day {k}, nothing else happened",
+            "assistant": f"Caroline: I cooked soup and read a book on day {k}",
+        }
+        for k in range(1, rounds + 1)
+    ]
+    turns[0]["user"] = "Caroline: I ran a charity race for mental health in Boston last Saturday"
+    labels = {f"D{k}:1": f"Q{k}" for k in range(1, rounds + 1)} | {
+        f"D{k}:2": f"A{k}" for k in range(1, rounds + 1)
+    }
+    return {"conversation_id": "conv-9", "rounds": turns, "dia_labels": labels}
+
+
+def window_record(conversation, last=3):
+    """A stage-0 record whose window is the conversation's last `last` rounds: no evidence inside."""
+    record = locomo_record(0, 4, "a charity race", recall=(), evidence=["D1:1"], labels={})
+    rounds = conversation["rounds"][-last:]
+    record["history"] = [
+        {"label": f"{side}{k}", "speaker": speaker, "text": turn[key]}
+        for k, turn in enumerate(rounds, 1)
+        for side, speaker, key in (("Q", "user", "user"), ("A", "assistant", "assistant"))
+    ]
+    record["query"], record["query_turn"] = "What race did Caroline run for charity?", last + 1
+    record["meta"].update(conversation_id="conv-9", num_turns=last + 1)
+    return record
+
+
+def test_the_conversation_view_holds_every_round_and_moves_h_star_to_its_labels():
+    conversation = planted_conversation()
+    record = window_record(conversation)
+    view = evaluate.conversation_record(record, conversation)
+    assert len(view["history"]) == 80 and view["query_turn"] == 41 and view["history"][0]["label"] == "Q1"
+    assert view["recall"] == ["Q1"] and view["meta"]["evidence_labels"] == {"D1:1": "Q1"}
+    assert (view["id"], view["query"], view["answer"]) == (record["id"], record["query"], record["answer"])
+    assert locomo_eval.evidence_recall(["Q1"], view) == 1.0
+    assert locomo_eval.evidence_recall(["Q1"], record) == 0.0  # the window holds none of it
+    newest = evaluate.conversation_record(record, conversation, keep_rounds=5)
+    assert [t["label"] for t in newest["history"]][:2] == ["Q36", "A36"] and newest["recall"] == []
+    assert newest["meta"]["evidence_labels"] == {}  # D1:1 is outside the newest five rounds
+
+
+@pytest.mark.parametrize("capacity", [0, 1, 7, 39, 40, 100])
+def test_newest_that_fits_keeps_the_most_rounds_the_budget_allows(capacity):
+    conversation = planted_conversation()
+    record = window_record(conversation)
+    view = evaluate.newest_that_fits(record, conversation, lambda v: len(v["history"]) <= 2 * capacity)
+    kept = min(capacity, 40)
+    assert len(view["history"]) == 2 * kept
+    if kept:
+        assert view["history"][-1]["label"] == "A40" and view["history"][0]["label"] == f"Q{41 - kept}"
+
+
+def test_rag_and_cuemem_retrieve_an_answer_outside_srts_window_from_the_whole_conversation(tmp_path):
+    conversation = planted_conversation()
+    data = tmp_path / "dev.jsonl"
+    write_jsonl(data, [window_record(conversation)])
+    write_jsonl(tmp_path / "conversations.jsonl", [conversation])
+    out = tmp_path / "eval"
+    evaluate.main(
+        ["--data", str(data), "--out", str(out), "--compare", "srt=srt:tiny-random", "rag=rag:tiny-random"]
+        + ["cuemem=cuemem:tiny-random", "full=full:tiny-random", "rag-window=rag:tiny-random"]
+        + [
+            "--variant-options",
+            'rag-window={"memory": "window"}',
+            "--rag-k",
+            "2",
+            "--max-prompt-tokens",
+            "400",
+        ]
+        + ["--max-new-tokens", "4", "--max-new-tokens-direct", "4", "--latency-per-bucket", "0"]
+        + ["--attention-examples", "0", "--bootstrap", "1000", "--quiet"]
+    )
+    rows = {
+        name: json.loads((out / f"{name}.jsonl").read_text().splitlines()[0])
+        for name in ("srt", "rag", "cuemem", "full", "rag-window")
+    }
+    assert "Q1" in rows["rag"]["recalled"] and rows["rag"]["evidence_recall"] == 1.0
+    assert "Q1" in rows["cuemem"]["recalled"] and rows["cuemem"]["evidence_recall"] == 1.0
+    assert rows["rag-window"]["evidence_recall"] == 0.0  # the window holds none of the evidence
+    assert rows["srt"]["gold_recall"] == [] and rows["rag"]["gold_recall"] == ["Q1"]
+    # full reads the newest rounds that fit the budget, so the planted first round is not among them
+    assert 0 < rows["full"]["input_tokens"] <= 400
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["variants"]["rag"]["options"]["memory"] == "conversation"
+    assert "memory" not in summary["variants"]["rag-window"]["options"]
+    with pytest.raises(SystemExit, match="no such file"):
+        evaluate.main(
+            ["--data", str(data), "--out", str(out), "--conversations", str(tmp_path / "none.jsonl")]
+        )
+
+
+def test_a_bad_conversations_line_is_named_by_file_line_and_field(tmp_path):
+    path = tmp_path / "conversations.jsonl"
+    path.write_text(
+        '{"conversation_id": "a", "rounds": [], "dia_labels": {}}\n'
+        '{"conversation_id": "b", "rounds": [{"user": 1}]}\n'
+    )
+    with pytest.raises(DataError, match=r"conversations.jsonl:2: field 'rounds'"):
+        evaluate.read_conversations(path)

@@ -131,17 +131,15 @@ def test_the_appended_tokens_are_the_sft_targets_tokens(tiny):
 # The decoder: one forward for the copy, or one token a step; the next token is the model's
 # ---------------------------------------------------------------------------------------------
 def test_generate_in_copy_mode_writes_the_turn_and_marks_it_not_the_policys(tiny, monkeypatch):
+    """The copy written in one forward (the grouped step) gives the tokens, log-probs and copied mask
+    of the loops that write it one token a step: the model's own forward, and the grouped step
+    kept at one shape (static_shapes, what a CUDA graph replays)."""
     model, tokenizer = tiny
     record = hand_record(0, 4, ("A1",), pruned_extra=())
     prompt = render_prompt(tokenizer, record)
     trigger = tokenizer("<think>\n<HIS>A1:", add_special_tokens=False).input_ids
-    outs = {}
-    for name, options in (("one forward", {"draft_tokens": 0}), ("with drafts", {"draft_tokens": 3})):
-        scripted(monkeypatch, trigger)
-        outs[name] = modeling.generate(
-            model, tokenizer, [prompt], max_new_tokens=40, greedy=True, recall="copy", **options
-        )
-    out = outs["one forward"]
+    scripted(monkeypatch, trigger)
+    out = modeling.generate(model, tokenizer, [prompt], max_new_tokens=40, greedy=True, recall="copy")
     tag = his_tag(record["history"][1])
     assert out["texts"][0].startswith("<think>\n" + tag) and out["expanded"] == [["A1"]]
     copied = (out["completion_mask"] - out["policy_mask"])[0].bool()
@@ -151,14 +149,16 @@ def test_generate_in_copy_mode_writes_the_turn_and_marks_it_not_the_policys(tiny
     assert (out["sampler_logprobs"][0][copied] == 0).all() and out["decoded_tokens"][0] == 40 - n
     # Greedy after the copy: the same tokens as a loop that writes the copy one token a step.
     ids = tokenizer([prompt], return_tensors="pt", add_special_tokens=False)
-    scripted(monkeypatch, trigger)
-    rule = CopyRule(tokenizer, [prompt_history(prompt)], 1)
-    one_a_step, _, copied_one = decode.decode(
-        model, ids.input_ids, ids.attention_mask, 40, [], tokenizer.pad_token_id, greedy=True,
-        grouped=False, with_logprobs=True, copy_rule=rule,
-    )  # fmt: skip
-    assert torch.equal(one_a_step[:, ids.input_ids.shape[1] :], out["completion_ids"])
-    assert torch.equal(copied_one, copied[None])
+    stops = modeling.stop_token_ids(model, tokenizer)
+    for one_a_step in ({"grouped": False}, {"static_shapes": True}):
+        scripted(monkeypatch, trigger)
+        rule = CopyRule(tokenizer, [prompt_history(prompt)], 1)
+        sequences, logprobs, copied_one = decode.decode(
+            model, ids.input_ids, ids.attention_mask, 40, stops, tokenizer.pad_token_id, greedy=True,
+            with_logprobs=True, copy_rule=rule, **one_a_step,
+        )  # fmt: skip
+        assert torch.equal(sequences[:, ids.input_ids.shape[1] :], out["completion_ids"]), one_a_step
+        assert torch.equal(logprobs, out["sampler_logprobs"]) and torch.equal(copied_one, copied[None])
 
 
 def test_a_label_missing_from_the_prompt_is_not_expanded(tiny, monkeypatch):
@@ -180,8 +180,7 @@ def test_a_grpo_step_in_copy_mode_trains_on_the_policys_tokens_only(monkeypatch)
     records = [hand_record(i, 4, ("A1",), pruned_extra=()) for i in range(2)]
     prompts = [render_prompt(tokenizer, r) for r in records]
     cfg = g.parse_args(["--model", "tiny-random", "--dtype", "float32", "-K", "2", "--max-new-tokens", "30",
-                        "--sample-ratio", "1", "--recall", "copy", "--loss-norm", "token",
-                        "--draft-tokens", "0"])  # fmt: skip
+                        "--sample-ratio", "1", "--recall", "copy", "--loss-norm", "token"])  # fmt: skip
     scripted(monkeypatch, tokenizer("<think>\n<HIS>A1:", add_special_tokens=False).input_ids)
     torch.manual_seed(0)
 
@@ -202,38 +201,27 @@ def test_a_grpo_step_in_copy_mode_trains_on_the_policys_tokens_only(monkeypatch)
     assert result["copied_length"] == pytest.approx(copied.sum(1).float().mean().item())
 
 
-def test_no_draft_carries_a_row_past_the_colon_of_a_tag(tiny, monkeypatch):
-    """Regression: a draft kept past `<HIS>A1:` (the prompt's own "A1: ..." line is a perfect draft)
-    carried the row into text of its own in the same step, where the program could no longer copy.
-    While a row writes a tag's label, it checks no drafts: the colon ends a step. A stand-in for
-    check_drafts writes the scripted token each step (no draft kept) and records what it was offered."""
+def test_the_colon_of_a_tag_ends_a_step_and_the_program_copies_in_the_next(tiny, monkeypatch):
+    """A step that copies nothing writes one token a row, so the step that writes the colon of
+    `<HIS>A1:` ends there, and the next step feeds the whole turn: one forward of 1 + n positions
+    (the colon, then the n tokens the program appends), every other step one position."""
     model, tokenizer = tiny
-    prompt = render_prompt(tokenizer, hand_record(0, 4, ("A1",), pruned_extra=()))
-    script = tokenizer("<think>\n<HIS>A1:", add_special_tokens=False).input_ids
-    offered, state = [], {"step": 0}
-    monkeypatch.setattr(
-        decode,
-        "context_drafts",
-        lambda context, real, ends, n, **k: (context.new_full((len(ends), 2), 5), ends * 0 + 2),
-    )
+    record = hand_record(0, 4, ("A1",), pruned_extra=())
+    prompt = render_prompt(tokenizer, record)
+    trigger = tokenizer("<think>\n<HIS>A1:", add_special_tokens=False).input_ids
+    n = len(tail_ids(tokenizer, "A1", record["history"][1]["text"]))
+    steps, forward = [], decode.GroupedStep.forward
 
-    def check(logits, drafts, lengths, *args, **kwargs):
-        offered.append(int(lengths[0]))
-        token = script[state["step"]] if state["step"] < len(script) else int(logits[0, 0].argmax())
-        state["step"] += 1
-        return lengths * 0, torch.tensor([token]), torch.zeros(1, logits.shape[1])
+    def counting(self, tokens, *args):
+        steps.append(tokens.shape[1])
+        return forward(self, tokens, *args)
 
-    monkeypatch.setattr(decode, "check_drafts", check)
-    scripted(monkeypatch, script[:1])  # the prefill's token
-    state["step"] = 1
+    monkeypatch.setattr(decode.GroupedStep, "forward", counting)
+    scripted(monkeypatch, trigger)
     out = modeling.generate(
-        model, tokenizer, [prompt], max_new_tokens=len(script) + 4, greedy=True, recall="copy"
+        model, tokenizer, [prompt], max_new_tokens=len(trigger) + n + 3, greedy=True, recall="copy"
     )
-    assert out["expanded"] == [["A1"]]
-    label_steps = [
-        i
-        for i in range(1, len(script))
-        if tokenizer.decode(script[:i]).endswith(("<HIS>", "<HIS>A", "<HIS>A1"))
-    ]
-    assert label_steps and all(offered[i - 1] == 0 for i in label_steps), (offered, label_steps)
-    assert offered[0] == 2  # elsewhere drafts are offered as usual
+    assert out["expanded"] == [["A1"]] and out["copied_tokens"] == [n]
+    # the prefill draws the trigger's first token, a step each of the others, the colon's the last
+    assert steps[: len(trigger)] == [1] * (len(trigger) - 1) + [1 + n]
+    assert steps[len(trigger) :] and set(steps[len(trigger) :]) == {1}

@@ -54,17 +54,14 @@ def forward_logprobs(model, rollout, temperature=1.0):
 # ---------------------------------------------------------------------------------------------
 # The record
 # ---------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("draft_tokens", [0, 3])
-def test_sample_batch_returns_the_record_with_the_samplers_own_logprobs(draft_tokens):
+def test_sample_batch_returns_the_record_with_the_samplers_own_logprobs():
     """The record holds what the update needs and nothing by string key. On an fp32 CPU the sampler
     is the model itself, so its log-probs equal a forward of the model: the decode loop (packed
-    products, one token or a checked draft a step) and the Hugging Face forward sum in other orders,
-    which moves fp32 log-probs by ~1e-6 here; 1e-4 is far below the bf16 gap (~4e-2) the record
-    exists to see. Temperature 0.7: the log-probs are those of softmax(logits / T), not of T = 1."""
+    products, one token a step) and the Hugging Face forward sum in other orders, which moves fp32
+    log-probs by ~1e-6 here; 1e-4 is far below the bf16 gap (~4e-2) the record exists to see.
+    Temperature 0.7: the log-probs are those of softmax(logits / T), not of T = 1."""
     model, tokenizer = sharp_tiny()
-    cfg = config(
-        "-K", "3", "--max-new-tokens", "8", "--temperature", "0.7", "--draft-tokens", str(draft_tokens)
-    )
+    cfg = config("-K", "3", "--max-new-tokens", "8", "--temperature", "0.7")
     rollout = rollout_of(model, tokenizer, cfg)
     assert isinstance(rollout, Rollout) and rollout.num_generations == 3
     assert rollout.completion_ids.shape == rollout.policy_mask.shape == rollout.sampler_logprobs.shape
@@ -123,7 +120,7 @@ def test_join_pads_every_row_tensor_and_keeps_groups_whole():
 # ---------------------------------------------------------------------------------------------
 def test_a_masked_token_changes_neither_the_loss_nor_its_gradient_but_later_tokens_attend_to_it():
     model, tokenizer = load_model_and_tokenizer("tiny-random", dtype="float32")
-    cfg = config("-K", "2", "--max-new-tokens", "6", "--draft-tokens", "0")
+    cfg = config("-K", "2", "--max-new-tokens", "6")
     rollout = rollout_of(model, tokenizer, cfg)
     row, planted = 0, 2
     assert rollout.completion_mask[row, : planted + 2].all()

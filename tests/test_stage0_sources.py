@@ -101,7 +101,7 @@ def build(out, source, path, *flags):
     return records, json.loads((out / "stats.json").read_text())
 
 
-OUTPUTS = (*(f"{split}.jsonl" for split in SPLITS), "stats.json", "config.json")
+OUTPUTS = (*(f"{split}.jsonl" for split in SPLITS), "stats.json", "config.json", "conversations.jsonl")
 
 
 def failed_build(out, source, path, *flags) -> dict:
@@ -354,6 +354,150 @@ def test_locomo_oracle_h_star_is_the_evidence_and_eq2_only_scores(tmp_path):
             and r["meta"]["window"]["how"]
         )
     assert stats["grounding_checked"] == sum(bool(r["recall"]) for r in records)
+
+
+VIOLIN = "violin lesson tuesday evening"  # in D1:3 (Q2), D1:10 (A5), D1:17 (Q9)
+TOMATO = "tomatoes garden harvest basket"  # in D1:6 (A3), D1:12 (A6), D1:19 (Q10)
+
+
+def locomo_ceiling_fixture(path):
+    """One session of 20 turns (10 rounds, Ann's turn first in each) whose filler turns share no word
+    with the questions, and three rounds for each of two topics. With --max-rounds 4 (windows of 3
+    rounds) and stage 0's bag-of-words embedder, the rounds retrieved for a question are its
+    topic's rounds 2, 5, 9 or 3, 6, 10; the recent ones 8-10. The evidence ids inside each window:
+
+        question (category)                     evidence            retrieved  recent  evidence
+        violin (1 multi-hop)                    D1:3 D1:17 D1:1     2 of 3     1 of 3  3 of 3
+        tomato (4 single-hop)                   D1:19 D1:12         2 of 2     1 of 2  2 of 2
+        violin, adversarial (5)                 D1:10               1 of 1     0 of 1  1 of 1
+        no evidence (3 open-domain)             -                   not counted
+    """
+    planted = {3: VIOLIN, 10: VIOLIN, 17: VIOLIN, 6: TOMATO, 12: TOMATO, 19: TOMATO}
+    conversation = {
+        "speaker_a": "Ann",
+        "speaker_b": "Bob",
+        "session_1_date_time": "3:00 pm on 2 June, 2023",
+        "session_1": [
+            {
+                "speaker": ("Ann", "Bob")[(k - 1) % 2],
+                "dia_id": f"D1:{k}",
+                "text": planted.get(k, f"filler w{k}"),
+            }
+            for k in range(1, 21)
+        ],
+    }
+    qa = [
+        {
+            "question": "Which violin lesson tuesday?",
+            "answer": "x",
+            "evidence": ["D1:3", "D1:17", "D1:1"],
+            "category": 1,
+        },
+        {"question": "Tomatoes garden harvest?", "answer": "y", "evidence": ["D1:19; D1:12"], "category": 4},
+        {
+            "question": "Violin lesson tuesday evening?",
+            "adversarial_answer": "z",
+            "evidence": ["D1:10"],
+            "category": 5,
+        },
+        {"question": "What year?", "answer": 2023, "evidence": [], "category": 3},
+    ]
+    path.write_text(json.dumps([{"sample_id": "conv-c", "conversation": conversation, "qa": qa}]))
+    return path
+
+
+def test_locomo_window_ceilings_in_stats(tmp_path):
+    path = locomo_ceiling_fixture(tmp_path / "locomo10.json")
+    records, stats = build(tmp_path / "o", "locomo", path, "--max-rounds", "4")
+    windows = stats["locomo_windows"]
+    assert windows["used"] == "retrieved" and windows["budget_rounds"] == 3
+    assert windows["questions_with_evidence"] == 3 and windows["evidence_window_cannot_hold"] == 0
+    assert "locomo_windows" not in stats["source_report"]
+
+    def row(kind, group):
+        r = windows["kinds"][kind][group]
+        return (
+            r["questions"],
+            r["evidence_ids"],
+            r["ids_inside"],
+            r["evidence_recall_ceiling"],
+            r["all_inside"],
+        )
+
+    assert row("retrieved", "all") == (3, 6, round(5 / 6, 4), round((2 / 3 + 1 + 1) / 3, 4), round(2 / 3, 4))
+    assert row("retrieved", "answerable") == (2, 5, 0.8, round((2 / 3 + 1) / 2, 4), 0.5)
+    assert row("retrieved", "multi-hop") == (1, 3, 0.6667, 0.6667, 0.0)
+    assert row("recent", "all") == (3, 6, 0.3333, round((1 / 3 + 1 / 2 + 0) / 3, 4), 0.0)
+    assert row("recent", "answerable") == (2, 5, 0.4, round((1 / 3 + 1 / 2) / 2, 4), 0.0)
+    assert row("recent", "single-hop") == (1, 2, 0.5, 0.5, 0.0)
+    assert row("recent", "adversarial") == (1, 1, 0.0, 0.0, 0.0)
+    assert row("evidence", "all") == row("all", "all") == (3, 6, 1.0, 1.0, 1.0)
+    assert "temporal" not in windows["kinds"]["recent"]  # no question of that category
+    by_question = {r["query"]: r for r in records}
+    violin = by_question["Which violin lesson tuesday?"]  # rounds 2, 5, 9 as Q1..A3
+    assert violin["meta"]["window"]["kept_rounds"] == [[2, 2], [5, 5], [9, 9]]
+    assert violin["recall"] == ["Q1", "Q3"] and violin["meta"]["evidence_labels"] == {
+        "D1:3": "Q1",
+        "D1:17": "Q3",
+    }
+    assert violin["meta"]["window"]["evidence_in_window"] == [2, 3] and len(violin["meta"]["evidence"]) == 3
+    # the same ceilings whichever window the records use
+    _, recent = build(tmp_path / "r", "locomo", path, "--max-rounds", "4", "--locomo-window", "recent")
+    assert recent["locomo_windows"]["used"] == "recent"
+    assert recent["locomo_windows"]["kinds"] == windows["kinds"]
+
+
+def test_train_drops_answerable_questions_whose_window_holds_none_of_their_evidence(tmp_path):
+    """A chain that could cite no shown turn would teach SFT to state unseen gold; only train drops
+    them (categories 1-4 with evidence, none inside). Dev and test keep every question."""
+
+    def record(category, inside, total):
+        evidence = [f"D1:{k}" for k in range(total)]
+        meta = {"category": category, "evidence": evidence, "window": {"evidence_in_window": [inside, total]}}
+        return {"id": f"{category}-{inside}-{total}", "meta": meta}
+
+    records = [record(1, 0, 2), record(4, 1, 2), record(5, 0, 1), record(3, 0, 0), record(2, 0, 1)]
+    kept, dropped = s0.drop_unsupported(records)
+    assert [r["id"] for r in kept] == ["4-1-2", "5-0-1", "3-0-0"] and dropped == 2
+    path = locomo_ceiling_fixture(tmp_path / "locomo10.json")
+    for split in ("train", "dev"):
+        out = tmp_path / split
+        records, stats = build(
+            out, "locomo", path, "--max-rounds", "2", "--locomo-window", "recent", "--split", split
+        )
+        unsupported = [
+            r
+            for r in records
+            if r["meta"]["category"] != 5
+            and r["meta"]["evidence"]
+            and r["meta"]["window"]["evidence_in_window"][0] == 0
+        ]
+        assert (len(unsupported) == 0) == (split == "train")
+        assert stats["dropped"].get("train_evidence_outside_window", 0) == (
+            1 if split == "train" else 0
+        )  # violin: 0 of 3
+
+
+def test_locomo_conversations_file_and_the_window_in_the_build_identity(tmp_path, capsys):
+    path = locomo_ceiling_fixture(tmp_path / "locomo10.json")
+    out = tmp_path / "o"
+    records, _ = build(out, "locomo", path, "--max-rounds", "4")
+    rows = read_jsonl(out / "conversations.jsonl", validate=False)
+    assert rows == s0.locomo_conversations(path) and rows[0]["conversation_id"] == "conv-c"
+    assert len(rows[0]["rounds"]) == 10 and rows[0]["dia_labels"]["D1:17"] == "Q9"
+    assert rows[0]["rounds"][0]["user"] == "[3:00 pm on 2 June, 2023] Ann: filler w1"
+    assert {r["meta"]["conversation_id"] for r in records} == {"conv-c"}
+    assert json.loads((out / "config.json").read_text())["locomo_window"] == "retrieved"
+    build(out, "locomo", path, "--max-rounds", "4", "--resume")
+    assert "nothing to do" in capsys.readouterr().out
+    # another window is another build; 'all' keeps every round, past --max-rounds
+    records, stats = build(out, "locomo", path, "--max-rounds", "4", "--locomo-window", "all", "--resume")
+    assert "nothing to do" not in capsys.readouterr().out and stats["dropped"].get("length", 0) == 0
+    assert len(records) == 4 and all(
+        len(r["history"]) == 20 and r["meta"]["window"]["how"] == "all" for r in records
+    )
+    labels = rows[0]["dia_labels"]  # a window of every round labels every turn as the file does
+    assert all(r["meta"]["evidence_labels"] == {i: labels[i] for i in r["meta"]["evidence"]} for r in records)
 
 
 def locomo_release(path, conversations=10, sessions=30, turns=20, questions=1986, broken=6, seed=0):
