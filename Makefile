@@ -64,32 +64,50 @@ grpo-replicate: setup
 # SRT on real dialogue (docs/experiments/locomo.md): a LoCoMo file split by conversation into train and
 # dev, stage 1 at equal steps on the synthetic corpus only, on LoCoMo-train only and on their mix (and
 # the mix without CoT), all evaluated on the same dev questions beside full history, RAG and CueMem.
-# LOCOMO is the only input: a file in the release's schema. W (rounds kept) and L (tokens) size the
-# window: W=12 L=1536 on a 2-core CPU, W=16 L=2048 on a GPU. Each stage resumes: a second call (or a
-# later day, if runs/ is still there) redoes only what is missing.
+# LOCOMO is the only input: a file in the release's schema. Each question's window holds the W - 1
+# rounds closest to it (WINDOW=retrieved: chosen without its evidence, as a user's would be; recent,
+# all, or the oracle `evidence`); the memory systems read the whole conversation (conversations.jsonl),
+# full its newest part within FULL_TOKENS. W (rounds) and L (tokens): W=12 L=1536 on a 2-core CPU,
+# W=16 L=2048 on a GPU. Each stage resumes: a second call redoes only what is missing.
 LOCOMO         ?=
 W              ?= 12
 L              ?= 1536
+WINDOW         ?= retrieved
+FULL_TOKENS    ?= 2048
+BASE           ?= smollm2-135m
 LOCOMO_RUN     ?= runs/locomo
 LOCOMO_SFT     ?= --preset cpu-long --max-steps 96 --lr 2e-4 --phase1-fraction 0.6 --seed 1
 LOCOMO_MIX     := $(DATA)/train.jsonl:0.5 $(LOCOMO_RUN)/data/train.jsonl:0.5
-LOCOMO_SFT_CMD  = $(PYTHON) stage1_sft.py $(LOCOMO_SFT) --model smollm2-135m --max-length $(L) --resume
-.PHONY: locomo
+LOCOMO_SFT_CMD  = $(PYTHON) stage1_sft.py $(LOCOMO_SFT) --model $(BASE) --max-length $(L) --resume
+LOCOMO_EVAL    ?= --batch-size 8 --latency-per-bucket 2
+LOCOMO_VARIANTS = --max-prompt-tokens $(FULL_TOKENS) \
+	    --compare mix=srt:$(LOCOMO_RUN)/sft-mix/final syn=srt:$(LOCOMO_RUN)/sft-syn/final \
+	              locomo=srt:$(LOCOMO_RUN)/sft-locomo/final nocot=srt:$(LOCOMO_RUN)/sft-mix-nocot/final \
+	              full=full:$(BASE) rag=rag:$(BASE) cuemem=cuemem:$(BASE) \
+	    --table2 "SRT=mix,w/o CoT=nocot,Full history=full,RAG=rag,CueMem=cuemem"
+.PHONY: locomo locomo-heldout
 locomo: setup
 	@test -n "$(LOCOMO)" || { echo "error: name the conversations: make locomo LOCOMO=path/to/locomo10.json" >&2; exit 2; }
-	$(PYTHON) stage0_build.py --source locomo --path $(LOCOMO) --max-rounds $(W) --dev-fraction 0.3 \
-	    --test-fraction 0 --out $(LOCOMO_RUN)/data --resume
+	$(PYTHON) stage0_build.py --source locomo --path $(LOCOMO) --max-rounds $(W) --locomo-window $(WINDOW) \
+	    --dev-fraction 0.3 --test-fraction 0 --out $(LOCOMO_RUN)/data --resume
 	$(PYTHON) stage0_build.py --preset cpu-demo --out $(DATA) --resume
 	$(LOCOMO_SFT_CMD) --data $(DATA)/train.jsonl --out $(LOCOMO_RUN)/sft-syn
 	$(LOCOMO_SFT_CMD) --data $(LOCOMO_MIX) --out $(LOCOMO_RUN)/sft-mix
 	$(LOCOMO_SFT_CMD) --data $(LOCOMO_MIX) --target answer --out $(LOCOMO_RUN)/sft-mix-nocot
 	$(LOCOMO_SFT_CMD) --data $(LOCOMO_RUN)/data/train.jsonl --out $(LOCOMO_RUN)/sft-locomo
-	$(PYTHON) evaluate.py --data $(LOCOMO_RUN)/data/dev.jsonl --out $(LOCOMO_RUN)/eval --resume \
-	    --limit 128 --batch-size 8 --latency-per-bucket 2 \
-	    --compare mix=srt:$(LOCOMO_RUN)/sft-mix/final syn=srt:$(LOCOMO_RUN)/sft-syn/final \
-	              locomo=srt:$(LOCOMO_RUN)/sft-locomo/final nocot=srt:$(LOCOMO_RUN)/sft-mix-nocot/final \
-	              full=full:smollm2-135m rag=rag:smollm2-135m cuemem=cuemem:smollm2-135m \
-	    --table2 "SRT=mix,w/o CoT=nocot,Full history=full,RAG=rag,CueMem=cuemem"
+	$(PYTHON) evaluate.py --data $(LOCOMO_RUN)/data/dev.jsonl --out $(LOCOMO_RUN)/eval --resume --limit 128 \
+	    $(LOCOMO_EVAL) $(LOCOMO_VARIANTS)
+
+# Conversations the models never saw (HELDOUT: a file in LoCoMo's schema), after `make locomo`: the
+# whole file becomes one test split, with the same window, and every variant of `make locomo` answers
+# every question of it.
+HELDOUT        ?=
+locomo-heldout:
+	@test -n "$(HELDOUT)" || { echo "error: name the conversations: make locomo-heldout HELDOUT=path/to/file.json" >&2; exit 2; }
+	$(PYTHON) stage0_build.py --source locomo --path $(HELDOUT) --max-rounds $(W) --locomo-window $(WINDOW) \
+	    --split test --out $(LOCOMO_RUN)/heldout-data --resume
+	$(PYTHON) evaluate.py --data $(LOCOMO_RUN)/heldout-data/test.jsonl --out $(LOCOMO_RUN)/heldout-eval --resume \
+	    $(LOCOMO_EVAL) $(LOCOMO_VARIANTS)
 
 clean:
 	rm -rf runs

@@ -65,7 +65,7 @@ def window_records(path, max_rounds, seed) -> tuple[list[dict], dict]:
     import stage0_build
     from srt.corpora import load_corpus
 
-    dialogues, report = load_corpus("locomo", path, max_rounds=max_rounds, seed=seed)
+    dialogues, report = load_corpus("locomo", path, max_rounds=max_rounds, seed=seed, window="evidence")
     records = []
     for d in dialogues:
         t, query = len(d["rounds"]), d["rounds"][-1]

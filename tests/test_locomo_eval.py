@@ -445,3 +445,46 @@ def test_a_bad_conversations_line_is_named_by_file_line_and_field(tmp_path):
     )
     with pytest.raises(DataError, match=r"conversations.jsonl:2: field 'rounds'"):
         evaluate.read_conversations(path)
+
+
+def test_make_locomo_heldout_scores_every_variant_on_a_new_file(tmp_path):
+    """`make locomo-heldout HELDOUT=file` on conversations no model saw: the whole file becomes one
+    test split and every variant of `make locomo` answers every question (tiny random stand-ins for
+    the checkpoints and the base model, so the test runs the real targets without real weights)."""
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from test_stage0_sources import locomo_ceiling_fixture
+
+    from srt.modeling import load_model_and_tokenizer
+
+    heldout = locomo_ceiling_fixture(tmp_path / "new.json")
+    run = tmp_path / "locomo"
+    model, tokenizer = load_model_and_tokenizer("tiny-random", dtype="float32")
+    for name in ("sft-mix", "sft-syn", "sft-locomo", "sft-mix-nocot"):
+        model.save_pretrained(run / name / "final", safe_serialization=True)
+        tokenizer.save_pretrained(run / name / "final")
+    flags = "--max-new-tokens 4 --max-new-tokens-direct 4 --latency-per-bucket 0 --attention-examples 0"
+    subprocess.run(
+        [
+            shutil.which("make"),
+            "locomo-heldout",
+            f"HELDOUT={heldout}",
+            f"LOCOMO_RUN={run}",
+            "BASE=tiny-random",
+        ]
+        + [f"PYTHON={sys.executable}", f"LOCOMO_EVAL={flags} --bootstrap 1000 --quiet", "W=12"],
+        cwd=Path(evaluate.__file__).parent,
+        check=True,
+        capture_output=True,
+    )
+    questions = [json.loads(line) for line in (run / "heldout-data" / "test.jsonl").read_text().splitlines()]
+    assert len(questions) == 4  # every question of the file, in the test split
+    summary = json.loads((run / "heldout-eval" / "summary.json").read_text())
+    assert set(summary["variants"]) == {"mix", "syn", "locomo", "nocot", "full", "rag", "cuemem"}
+    for name in summary["variants"]:
+        rows = (run / "heldout-eval" / f"{name}.jsonl").read_text().splitlines()
+        assert sorted(json.loads(r)["id"] for r in rows) == sorted(q["id"] for q in questions)
+    assert summary["variants"]["rag"]["options"]["memory"] == "conversation"
