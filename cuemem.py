@@ -42,7 +42,7 @@ from pathlib import Path
 import numpy as np
 
 from srt import modeling
-from srt.config import parse_config, write_config
+from srt.config import at_least, claim_out, env_var_name, in_range, parse_config, write_config
 from srt.data_io import DataError, bucket_of, read_jsonl, write_json, write_jsonl
 from srt.metrics import f1_score, final_answer, recall_metrics
 from srt.modeling import embed, load_embedder, load_model_and_tokenizer, render_chat
@@ -584,6 +584,8 @@ class CueMemory:
                         n = next(iter(pair - {anchor}))
                         score[n] = max(score.get(n, -1.0), s * w)
         chosen = sorted(score, key=lambda label: (-round(score[label], 6), self.turns[label].position))
+        if not chosen:  # top_k 0 anchors nothing
+            return []
         if score[chosen[0]] > 0:
             cut = round(min_relative_score * score[chosen[0]], 6)
             chosen = [label for label in chosen if round(score[label], 6) >= cut]
@@ -774,9 +776,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="answer model: smollm2-135m, tiny-random, a folder or an HF id",
     )
     p.add_argument("--out", default="runs/demo/cuemem", help="output folder")
-    p.add_argument("--limit", type=int, default=None, help="only the first N records")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--limit", type=at_least(1), default=None, help="only the first N records")
+    p.add_argument("--seed", type=at_least(0), default=0, help="random seed")
     p.add_argument("--resume", action="store_true", help="skip records already in predictions.jsonl")
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace the run --out holds (without it or --resume: refused)",
+    )
     p.add_argument(
         "--retrieval-only", action="store_true", help="evidence metrics only; no answer model is loaded"
     )
@@ -786,32 +793,46 @@ def build_parser() -> argparse.ArgumentParser:
         help="also answer from the full history to measure the latency fraction",
     )
     g = p.add_argument_group("cue extraction (§4.1)")
-    g.add_argument("--extractor", choices=["rule", "llm"], default="rule")
+    g.add_argument(
+        "--extractor", choices=["rule", "llm"], default="rule", help="rules, or a model prompted for triples"
+    )
     g.add_argument(
         "--extractor-model", default=None, help="local model for --extractor llm (default: --model)"
     )
     g.add_argument("--api-base", default=None, help="OpenAI-compatible endpoint for --extractor llm")
     g.add_argument("--api-model", default=None, help="model name at --api-base")
-    g.add_argument("--api-key-env", default="OPENAI_API_KEY", help="environment variable holding the API key")
+    g.add_argument(
+        "--api-key-env",
+        type=env_var_name,
+        default="OPENAI_API_KEY",
+        help="the name of the environment variable holding the API key (never the key itself)",
+    )
     g = p.add_argument_group("turn graph and reconstruction (§4.2-4.3)")
-    g.add_argument("--top-k", type=int, default=TOP_K, help="cues retrieved per query")
-    g.add_argument("--window", type=int, default=WINDOW, help="temporal window in utterances")
-    g.add_argument("--links-per-cue", type=int, default=LINKS_PER_CUE, help="semantic links kept per cue")
+    g.add_argument("--top-k", type=at_least(1), default=TOP_K, help="cues retrieved per query")
+    g.add_argument(
+        "--window", type=at_least(0), default=WINDOW, help="temporal window in utterances (0: no neighbours)"
+    )
+    g.add_argument(
+        "--links-per-cue", type=at_least(0), default=LINKS_PER_CUE, help="semantic links kept per cue"
+    )
     g.add_argument(
         "--link-threshold",
-        type=float,
+        type=in_range(-1.0, 1.0),  # a cosine
         default=LINK_THRESHOLD,
         help="minimum cue similarity of a semantic link",
     )
     g.add_argument(
-        "--max-evidence", type=int, default=MAX_EVIDENCE, help="evidence cap in utterances (0: none)"
+        "--max-evidence", type=at_least(0), default=MAX_EVIDENCE, help="evidence cap in utterances (0: none)"
     )
     g.add_argument(
-        "--temporal-decay", type=float, default=TEMPORAL_DECAY, help="score a temporal neighbour inherits"
+        "--temporal-decay",
+        type=in_range(0.0, 1.0),  # above 1 a neighbour would outrank the anchor it was reached from
+        default=TEMPORAL_DECAY,
+        help="the fraction of its anchor's score a temporal neighbour inherits",
     )
     g.add_argument(
         "--min-relative-score",
-        type=float,
+        type=in_range(0.0, 1.0),
         default=MIN_RELATIVE_SCORE,
         help="evidence must score at least this fraction of the best (0: off)",
     )
@@ -822,13 +843,17 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument(
         "--no-priority", action="store_true", help="ablation: no 'prefer recent evidence' instruction (§5.3)"
     )
-    g.add_argument("--capacity", type=int, default=None, help="forgetting: keep only the newest N utterances")
     g.add_argument(
-        "--max-age", type=int, default=None, help="forgetting: drop utterances more than N rounds old"
+        "--capacity", type=at_least(1), default=None, help="forgetting: keep only the newest N utterances"
     )
-    g.add_argument("--max-new-tokens", type=int, default=64)
-    g.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
-    g.add_argument("--device", default=None)
+    g.add_argument(
+        "--max-age", type=at_least(0), default=None, help="forgetting: drop utterances more than N rounds old"
+    )
+    g.add_argument("--max-new-tokens", type=at_least(1), default=64, help="tokens per answer")
+    g.add_argument(
+        "--dtype", default="auto", choices=["auto", "float32", "bfloat16"], help="weight precision"
+    )
+    g.add_argument("--device", default=None, help="default: cuda when available, else cpu")
     return p
 
 
@@ -853,15 +878,22 @@ def main(argv=None) -> None:
         records = read_jsonl(args.data)
     except (DataError, OSError) as e:
         sys.exit(f"error: {e}")
+    if not records:  # a summary of n = 0 would read like a result
+        sys.exit(f"error: {args.data} holds no records; nothing to evaluate")
     records = records[: args.limit] if args.limit is not None else records
-    out = Path(args.out)
-    write_config(out, args)
+    out = claim_out(args.out, "cuemem.py", args.resume, args.overwrite)
     pred_path = out / "predictions.jsonl"
     try:
         rows = read_jsonl(pred_path, validate=False) if args.resume and pred_path.exists() else []
     except DataError as e:
         sys.exit(f"error: cannot resume: {e}")
     done = {r["id"] for r in rows}
+    models = [] if args.retrieval_only else [args.model]
+    if args.extractor == "llm" and not args.api_base:
+        models.append(args.extractor_model or args.model)
+    for name in dict.fromkeys(models):
+        modeling.check_model_name(name)  # before config.json: a failed run leaves none
+    write_config(out, args, "cuemem.py")
 
     autocast_dtype = modeling.resolve_dtype(args.dtype, args.device)[1]
     load = lambda name: load_model_and_tokenizer(name, dtype=args.dtype, device=args.device)  # noqa: E731

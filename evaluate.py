@@ -64,7 +64,7 @@ import reward
 from srt import locomo_eval, modeling, report
 from srt.attention import attention_analysis
 from srt.completion import is_valid_format
-from srt.config import at_least, parse_config, write_config
+from srt.config import at_least, claim_out, env_var_name, parse_config, write_config
 from srt.data_io import BUCKETS, DataError, atomic_write_text, bucket_of, read_jsonl, read_lines
 from srt.metrics import (
     SELF_RECALL_METHODS,
@@ -82,7 +82,14 @@ from srt.metrics import (
     states_several_candidates,
     tag_labels,
 )
-from srt.modeling import embed, load_embedder, load_model_and_tokenizer, render_chat, resolve_dtype
+from srt.modeling import (
+    check_model_name,
+    embed,
+    load_embedder,
+    load_model_and_tokenizer,
+    render_chat,
+    resolve_dtype,
+)
 from srt.prompt import SRT_SYSTEM_PROMPT, build_messages, format_history, format_target
 from srt.recall import RECALL_MODES
 from srt.teacher import ChatClient
@@ -864,6 +871,10 @@ def parse_variant_options(specs, names) -> dict:
             sys.exit(f"error: --variant-options {spec!r}: recall is one of {', '.join(RECALL_MODES)}")
         if value.get("memory", "window") not in MEMORIES:
             sys.exit(f"error: --variant-options {spec!r}: memory is one of {', '.join(MEMORIES)}")
+        for key in ("limit", "recency_k", "rag_k", "max_new_tokens"):  # as their flags: at least 1
+            number = value.get(key, 1)
+            if not (number is None and key == "limit") and (type(number) is not int or number < 1):
+                sys.exit(f"error: --variant-options {spec!r}: {key} must be an integer >= 1, got {number!r}")
         out[name] = value
     return out
 
@@ -923,10 +934,10 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="Presets: " + "; ".join(f"{k}: {v}" for k, v in PRESETS.items()),
     )
-    p.add_argument("--method", choices=METHODS, default="srt")
+    p.add_argument("--method", choices=METHODS, default="srt", help="the method of a single run")
     p.add_argument("--model", default="smollm2-135m", help="HF id, local folder, smollm2-135m or tiny-random")
-    p.add_argument("--data", default="runs/data/test.jsonl")
-    p.add_argument("--out", default="runs/demo/eval")
+    p.add_argument("--data", default="runs/data/test.jsonl", help="stage-0 records (JSONL) to answer")
+    p.add_argument("--out", default="runs/demo/eval", help="output folder")
     p.add_argument(
         "--compare",
         nargs="+",
@@ -957,7 +968,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--limit",
-        type=int,
+        type=at_least(1),
         default=None,
         help="evaluate N examples, taken evenly across the 8/16/24/32 buckets (seeded)",
     )
@@ -967,21 +978,21 @@ def build_parser() -> argparse.ArgumentParser:
         help="length buckets (rounds) of the per-bucket tables, the plots and the latency sample",
     )
     p.add_argument(
-        "--batch-size", type=int, default=8, help="prompts per generate call; the throughput column"
+        "--batch-size", type=at_least(1), default=8, help="prompts per generate call; the throughput column"
     )
     p.add_argument(
         "--latency-per-bucket",
-        type=int,
+        type=at_least(0),
         default=1,
         help="requests per length bucket timed alone at batch size 1 after a warm-up (0: none)",
     )
     # Reference chains (format_target) of the synthetic data run to ~210 SmolLM2 tokens and the
     # reference answers to ~40; the caps leave room so that < 5% of answers are cut off (the
     # report prints each variant's cut-off rate and flags any at 5% or more).
-    p.add_argument("--max-new-tokens", type=int, default=256, help="for srt / srt-p (default: 256)")
+    p.add_argument("--max-new-tokens", type=at_least(1), default=256, help="for srt / srt-p (default: 256)")
     p.add_argument(
         "--max-new-tokens-direct",
-        type=int,
+        type=at_least(1),
         default=128,
         help="for full / recency / rag / cuemem (default: 128)",
     )
@@ -992,8 +1003,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="srt / srt-p: copy: the model names a turn (<HIS>A3:) and the decoder writes it out "
         "(srt/recall.py); free: the model copies every token (the paper); per variant: --variant-options",
     )
-    p.add_argument("--recency-k", type=int, default=4, help="rounds kept by `recency`")
-    p.add_argument("--rag-k", type=int, default=4, help="utterances retrieved by `rag`")
+    p.add_argument("--recency-k", type=at_least(1), default=4, help="rounds kept by `recency`")
+    p.add_argument("--rag-k", type=at_least(1), default=4, help="utterances retrieved by `rag`")
     p.add_argument(
         "--conversations",
         default="auto",
@@ -1026,32 +1037,49 @@ def build_parser() -> argparse.ArgumentParser:
         help="local model of the llm extractor (default: the variant's answer model)",
     )
     p.add_argument("--cuemem-api-base", default=None, help="OpenAI-compatible endpoint of the llm extractor")
-    p.add_argument("--cuemem-api-model", default=None)
+    p.add_argument("--cuemem-api-model", default=None, help="model name at --cuemem-api-base")
     p.add_argument(
         "--answer-reward",
         choices=reward.ANSWER_REWARDS,
         default="cosine",
         help="the answer component of the reward columns (reward.py; Eq. (7) is cosine)",
     )
-    p.add_argument("--bootstrap", type=int, default=2000, help="paired bootstrap resamples (>= 1000)")
+    p.add_argument(
+        "--bootstrap",
+        type=at_least(1000),  # fewer leave the 2.5% and 97.5% quantiles of a 95% interval on too few
+        default=2000,
+        help="paired bootstrap resamples (>= 1000)",
+    )
     p.add_argument(
         "--attention-examples",
-        type=int,
+        type=at_least(0),
         default=2,
         help="examples in the §4.6 attention analysis (0 turns it off)",
     )
     p.add_argument(
         "--api-base", default=None, help="OpenAI-compatible endpoint, e.g. https://api.openai.com/v1"
     )
-    p.add_argument("--api-model", default=None)
-    p.add_argument("--api-key-env", default="OPENAI_API_KEY", help="environment variable holding the key")
-    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
+    p.add_argument("--api-model", default=None, help="model name at --api-base")
+    p.add_argument(
+        "--api-key-env",
+        type=env_var_name,
+        default="OPENAI_API_KEY",
+        help="the name of the environment variable holding the key (never the key itself)",
+    )
+    p.add_argument(
+        "--dtype", default="auto", choices=["auto", "float32", "bfloat16"], help="weight precision"
+    )
     p.add_argument("--device", default=None, help="default: cuda when available, else cpu")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=at_least(0), default=0, help="seed of the --limit selection and sampling")
     p.add_argument(
         "--resume",
         action="store_true",
         help="reuse rows of <out>/<name>.jsonl written by the same checkpoint and settings",
+    )
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace the evaluation --out holds (without it or --resume: refused)",
     )
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     return p
@@ -1064,8 +1092,6 @@ def resolve_config(argv=None) -> argparse.Namespace:
         args.buckets = tuple(sorted({int(b) for b in args.buckets.split(",")}))
     except ValueError:
         sys.exit(f"error: --buckets {args.buckets!r} is not a comma-separated list of integers")
-    if args.batch_size < 1:
-        sys.exit("error: --batch-size must be at least 1")
     if args.conversations == "auto":
         beside = Path(args.data).parent / "conversations.jsonl"
         args.conversations = str(beside) if beside.is_file() else None
@@ -1073,8 +1099,6 @@ def resolve_config(argv=None) -> argparse.Namespace:
         args.conversations = None
     elif not Path(args.conversations).is_file():
         sys.exit(f"error: --conversations {args.conversations}: no such file")
-    if args.bootstrap < 1000:
-        sys.exit("error: --bootstrap needs at least 1000 resamples for a 95% interval")
     if args.api_base and not args.compare and not args.api_model:
         sys.exit("error: --api-base needs --api-model")
     if args.cuemem_api_base and not args.cuemem_api_model:
@@ -1106,17 +1130,22 @@ def main(argv=None) -> None:
         conversations = read_conversations(args.conversations) if args.conversations else {}
     except (DataError, OSError) as e:
         sys.exit(f"error: {e}")
-    random.seed(args.seed)
-    torch.manual_seed(args.seed)
-    records = select_examples(all_records, args.limit, args.seed)
-    out_dir = Path(args.out)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    config = {k: (list(v) if isinstance(v, tuple) else v) for k, v in vars(args).items()}
-    write_config(out_dir, config)
-
+    if not all_records:  # a report on n = 0 would read like a result
+        sys.exit(f"error: {args.data} holds no records; nothing to evaluate")
     names = [v["name"] for v in variants]
     table2 = table2_mapping(args.table2, names)
     srt_name = srt_variant_name(variants, table2)
+    out_dir = claim_out(args.out, "evaluate.py", args.resume, args.overwrite)
+    # a missing model fails now, before config.json is written, not after the variants before it
+    models = [v["model"] for v in variants if not v["model"].startswith("api:")]
+    for model_name in dict.fromkeys(models + [args.cuemem_extractor_model or "smollm2-135m"]):
+        check_model_name(model_name)
+    random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    records = select_examples(all_records, args.limit, args.seed)
+    config = {k: (list(v) if isinstance(v, tuple) else v) for k, v in vars(args).items()}
+    write_config(out_dir, config, "evaluate.py")
+
     records_by_id = {r["id"]: r for r in all_records}
     rows_by_name, latency_by_name, attention = {}, {}, []
     # Load each distinct model once, run every variant that uses it, free it before the next.

@@ -63,6 +63,7 @@ import os
 import re
 import sys
 from collections import Counter
+from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
@@ -80,8 +81,8 @@ from srt.completion import (
     split_tag,
     tokens,
 )
-from srt.config import parse_config, write_config
-from srt.data_io import DataError, read_jsonl, read_lines, write_json, write_jsonl
+from srt.config import at_least, claim_out, parse_config, write_config
+from srt.data_io import DataError, decode_utf8, read_jsonl, read_lines, write_json, write_jsonl
 from srt.metrics import extra_values, jaccard, keys_present
 from srt.modeling import embed
 from srt.prompt import format_target
@@ -608,7 +609,7 @@ def read_completions(path: str, records: list[dict]) -> list[tuple[dict, str]]:
 PRESETS = {"cpu-demo": {"answer_reward": "cosine"}, "paper": {"answer_reward": "cosine"}}
 
 
-def parse_args(argv=None) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         description="SRT composite reward (paper §3.4, Eqs. 4-7): the reward-hacking "
         "gallery, one completion's score explained, or the mean scores of a file."
@@ -621,7 +622,9 @@ def parse_args(argv=None) -> argparse.Namespace:
         "as in docs/reward-gallery.md",
     )
     parser.add_argument("--data", default=None, help="stage-0 JSONL (e.g. runs/data/test.jsonl)")
-    parser.add_argument("--index", type=int, default=0, help="which record of --data to score (0-based)")
+    parser.add_argument(
+        "--index", type=at_least(0), default=0, help="which record of --data to score (0-based)"
+    )
     parser.add_argument("--id", default=None, help="pick the record by id instead of --index")
     parser.add_argument(
         "--completion",
@@ -648,12 +651,32 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument(
         "--out", default=None, help="with --completions: folder for scores.jsonl, summary.json, config.json"
     )
+    parser.add_argument(
+        "--overwrite", action="store_true", help="replace the scores --out holds (without it: refused)"
+    )
+    return parser
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = build_parser()
     args = parse_config(parser, PRESETS, argv)
     if not args.gallery and not args.data:
         parser.error("--data is required (or --gallery)")
     if args.markdown and not args.gallery:
         parser.error("--markdown goes with --gallery")
+    if args.out and not args.completions:
+        parser.error("--out goes with --completions (one completion is explained on the screen)")
     return args
+
+
+def looks_like_a_path(text: str) -> bool:
+    """--completion is a file or the completion's text. One line that ends like a file name, or
+    is made of a path's characters with a slash among them, is a mistyped path (a completion has
+    its <think> block and its answer on lines of their own), not a completion to score."""
+    return "\n" not in text and (
+        text.endswith((".txt", ".json", ".jsonl", ".md"))
+        or ("/" in text and re.fullmatch(r"[\w.~/-]+", text))
+    )
 
 
 def main(argv=None):
@@ -661,6 +684,8 @@ def main(argv=None):
     if args.gallery:
         print(gallery_page() if args.markdown else gallery_table())
         return None
+    if args.out:
+        claim_out(args.out, "reward.py", overwrite=args.overwrite, resumable=False)
     try:
         records = read_jsonl(args.data)
         pairs = read_completions(args.completions, records) if args.completions else None
@@ -700,7 +725,7 @@ def main(argv=None):
                 [{"id": r["id"], **s} for (r, _), s in zip(pairs, results)],
             )
             write_json(os.path.join(args.out, "summary.json"), summary)
-            write_config(args.out, args)
+            write_config(args.out, args, "reward.py")
         return summary
 
     matching = (
@@ -713,8 +738,15 @@ def main(argv=None):
     record = matching[0]
     completion = format_target(record) if args.completion is None else args.completion
     if args.completion is not None and os.path.isfile(args.completion):
-        with open(args.completion, encoding="utf-8") as f:
-            completion = f.read()
+        try:
+            completion = decode_utf8(Path(args.completion).read_bytes(), args.completion)
+        except (DataError, OSError) as e:
+            sys.exit(f"error: --completion {e}")
+    elif args.completion is not None and looks_like_a_path(args.completion):
+        sys.exit(
+            f"error: --completion {args.completion}: no such file (--completion takes a file, or the "
+            "completion's text itself)"
+        )
     print(explain(completion, record, args.answer_reward, args.answer_gate))
     return None
 

@@ -23,16 +23,28 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import random
 import re
+import shutil
 import sys
+import tempfile
 import time
 from collections import Counter
 from pathlib import Path
 
 import numpy as np
 
-from srt.config import in_range, parse_config, write_config
+from srt.config import (
+    at_least,
+    claim_out,
+    env_var_name,
+    in_range,
+    parse_config,
+    positive,
+    require,
+    write_config,
+)
 from srt.corpora import LOADERS, LOCOMO_WINDOWS, load_corpus, locomo_conversations
 from srt.data_io import BUCKETS, bucket_of, write_json, write_jsonl
 from srt.modeling import embed
@@ -599,10 +611,19 @@ def drop_unsupported(records) -> tuple[list[dict], int]:
 
 PRESETS = {"cpu-demo": {"num_dialogues": 600}, "paper": {"num_dialogues": 5000}}
 # flags that change how a run goes, not what it builds
-RUN_ONLY = ("resume", "quiet", "teacher_cache", "max_concurrency", "api_timeout", "api_retries", "device")
+RUN_ONLY = (
+    "resume",
+    "overwrite",
+    "quiet",
+    "teacher_cache",
+    "max_concurrency",
+    "api_timeout",
+    "api_retries",
+    "device",
+)
 
 
-def parse_args(argv=None) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         description="Stage 0 of SRT (§3.2): build the dependency-annotated dialogue corpus.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
@@ -619,7 +640,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         dest="path",
         help="the corpus file or folder (chitchat: default the installed chitchat-dataset)",
     )
-    p.add_argument("--limit", type=int, help="read at most this many dialogues from --path")
+    p.add_argument("--limit", type=at_least(1), help="read at most this many dialogues from --path")
     p.add_argument(
         "--queries",
         choices=["last", "all", "none", "qa"],
@@ -651,9 +672,9 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="LoCoMo train split: drop (default) or keep the questions of categories 1-4 whose window "
         "holds none of their evidence (their chain could cite no turn); dev and test keep every question",
     )
-    p.add_argument("--num-dialogues", type=int, default=2000, help="synthetic dialogues to generate")
-    p.add_argument("--out", default="runs/data")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--num-dialogues", type=at_least(0), default=2000, help="synthetic dialogues to generate")
+    p.add_argument("--out", default="runs/data", help="output folder")
+    p.add_argument("--seed", type=at_least(0), default=0, help="random seed (generator, split, teacher)")
     p.add_argument(
         "--teacher",
         default="oracle",
@@ -662,36 +683,56 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     p.add_argument("--teacher-cache", help="the LLM teacher's reply cache (default OUT/teacher_cache)")
     p.add_argument(
-        "--teacher-max-new-tokens", type=int, help="longest teacher reply (default: hf 384, api 1024)"
+        "--teacher-max-new-tokens",
+        type=at_least(1),
+        help="longest teacher reply (default: hf 384, api 1024)",
     )
-    p.add_argument("--api-base", default="https://api.openai.com/v1")
+    p.add_argument("--api-base", default="https://api.openai.com/v1", help="api teacher: the endpoint")
     p.add_argument(
-        "--api-key-env", default="OPENAI_API_KEY", help="environment variable that holds the API key"
+        "--api-key-env",
+        type=env_var_name,
+        default="OPENAI_API_KEY",
+        help="the name of the environment variable that holds the API key (never the key itself)",
     )
-    p.add_argument("--max-concurrency", type=int, default=4, help="API requests in flight")
-    p.add_argument("--api-timeout", type=float, default=120.0, help="seconds per API request")
+    p.add_argument("--max-concurrency", type=at_least(1), default=4, help="API requests in flight")
+    p.add_argument("--api-timeout", type=positive(float), default=120.0, help="seconds per API request")
     p.add_argument(
-        "--api-retries", type=int, default=4, help="retries of a 429, 5xx or timeout (back-off with jitter)"
+        "--api-retries",
+        type=at_least(0),
+        default=4,
+        help="retries of a 429, 5xx or timeout (back-off with jitter)",
     )
     p.add_argument("--device", help="hf teacher: default cuda when available, else cpu")
     p.add_argument(
         "--trust-remote-code", action="store_true", help="hf teacher: run the model repository's code"
     )
-    p.add_argument("--min-rounds", type=int, default=8)
-    p.add_argument("--max-rounds", type=int, default=32)
-    p.add_argument("--w-sem", type=float, default=0.6, help="Eq. (2) weight of semantic similarity")
-    p.add_argument("--w-dist", type=float, default=0.4, help="Eq. (2) weight of the distance decay")
-    p.add_argument("--decay", type=float, default=0.15, help="Eq. (2) decay per round")
-    p.add_argument("--threshold", type=float, default=0.6, help="Eq. (2) selection threshold (strict >)")
+    p.add_argument("--min-rounds", type=at_least(1), default=8, help="§3.2 length filter: fewest rounds")
+    p.add_argument(
+        "--max-rounds",
+        type=at_least(1),
+        default=32,
+        help="§3.2 length filter: most rounds (LoCoMo: the window's rounds)",
+    )
+    p.add_argument(
+        "--w-sem", type=in_range(0.0, 1.0), default=0.6, help="Eq. (2) weight of semantic similarity"
+    )
+    p.add_argument(
+        "--w-dist", type=in_range(0.0, 1.0), default=0.4, help="Eq. (2) weight of the distance decay"
+    )
+    # a negative decay would weigh a turn more the further back it lies: every turn passes
+    p.add_argument("--decay", type=at_least(0.0, float), default=0.15, help="Eq. (2) decay per round")
+    p.add_argument(
+        "--threshold", type=in_range(0.0, 1.0), default=0.6, help="Eq. (2) selection threshold (strict >)"
+    )
     p.add_argument(
         "--dedup-intent",
-        type=float,
+        type=in_range(0.0, 1.0),
         default=0.9,
         help="cosine of intent vectors that puts dialogues in one cluster",
     )
     p.add_argument(
         "--dedup-jaccard",
-        type=float,
+        type=in_range(0.0, 1.0),
         default=0.8,
         help="turn-fingerprint Jaccard that marks near-identical dialogues",
     )
@@ -701,7 +742,12 @@ def parse_args(argv=None) -> argparse.Namespace:
         default=0.1,
         help="share of dialogues (LoCoMo: of conversations) in dev, seeded by --seed",
     )
-    p.add_argument("--test-fraction", type=in_range(0.0, 1.0), default=0.1)
+    p.add_argument(
+        "--test-fraction",
+        type=in_range(0.0, 1.0),
+        default=0.1,
+        help="share of dialogues (LoCoMo: of conversations) in test; with --dev-fraction below 1",
+    )
     p.add_argument(
         "--split",
         choices=["train", "dev", "test"],
@@ -715,9 +761,19 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="a malformed source record stops the run (raise) or is skipped and counted (skip)",
     )
     p.add_argument(
-        "--resume", action="store_true", help="do nothing if --out already holds a build of the same config"
+        "--resume",
+        action="store_true",
+        help="do nothing if --out already holds a build of the same config; else build, replacing it",
     )
-    p.add_argument("--quiet", action="store_true")
+    p.add_argument(
+        "--overwrite", action="store_true", help="replace the build --out holds (without: refused)"
+    )
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    return p
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = build_parser()
     args = parse_config(p, PRESETS, argv)
     if args.source not in ("synthetic", "chitchat") and not args.path:
         p.error(f"--source {args.source} needs --path FILE_OR_DIR")
@@ -725,6 +781,15 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error("--queries qa is MG-ShopDial's (its utterances carry a goal)")
     if args.teacher != "oracle" and not re.fullmatch(r"(hf|api):.+", args.teacher):
         p.error(f"--teacher {args.teacher!r}: use oracle, hf:MODEL or api:MODEL")
+    require(
+        args.min_rounds <= args.max_rounds,
+        f"--min-rounds {args.min_rounds} is above --max-rounds {args.max_rounds}: no dialogue would pass",
+    )
+    require(
+        args.split is not None or args.dev_fraction + args.test_fraction < 1,
+        f"--dev-fraction {args.dev_fraction} and --test-fraction {args.test_fraction} leave no dialogue "
+        "for train: their sum must be below 1 (or --split names the one split to write)",
+    )
     return args
 
 
@@ -771,17 +836,52 @@ def build_teacher(args):
     )
 
 
+# The files of one build, replaced together (commit_build): a train split beside the dev and test
+# splits of another build could share a dialogue with them.
+OUTPUT_FILES = ("train.jsonl", "dev.jsonl", "test.jsonl", "conversations.jsonl", "stats.json", "config.json")
+
+
+def commit_build(out: Path, write) -> None:
+    """write(tmp) puts every output of this build in a fresh folder inside `out`; then they replace
+    the earlier build's, by renames. config.json, the mark of a finished build, goes first and comes
+    back last: a build cut off before the renames leaves the earlier build whole, and one cut off
+    among them (a few renames) leaves no config.json, so --resume rebuilds instead of taking the
+    mix for a finished build. An output the new build lacks (an earlier LoCoMo build's
+    conversations.jsonl) goes too."""
+    for stale in out.glob(".build.*"):  # the temporary folder of a build that was killed
+        shutil.rmtree(stale, ignore_errors=True)
+    tmp = Path(tempfile.mkdtemp(dir=out, prefix=".build."))
+    try:
+        write(tmp)
+        (out / "config.json").unlink(missing_ok=True)
+        for name in OUTPUT_FILES[:-1]:
+            if (tmp / name).exists():
+                os.replace(tmp / name, out / name)
+            else:
+                (out / name).unlink(missing_ok=True)
+        os.replace(tmp / "config.json", out / "config.json")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def built_with(out: Path, config: dict, outputs) -> bool:
+    """Does `out` hold a finished build of `config`?"""
+    if not (out / "config.json").exists() or not all((out / name).exists() for name in outputs):
+        return False
+    saved = json.loads((out / "config.json").read_text(encoding="utf-8"))
+    return {k: v for k, v in saved.items() if k != "script"} == config
+
+
 def main(argv=None) -> None:
     args = parse_args(argv)
-    out = Path(args.out)
+    out = claim_out(args.out, "stage0_build.py", args.resume, args.overwrite)
     config = {k: v for k, v in vars(args).items() if k not in RUN_ONLY}
-    outputs = [out / f"{s}.jsonl" for s in ("train", "dev", "test")] + [out / "stats.json"]
+    outputs = ["train.jsonl", "dev.jsonl", "test.jsonl", "stats.json"]
     if args.source == "locomo":
-        outputs.append(out / "conversations.jsonl")
-    if args.resume and (out / "config.json").exists() and all(p.exists() for p in outputs):
-        if json.loads((out / "config.json").read_text()) == config:
-            print(f"{out}: already built with this config (--resume), nothing to do")
-            return
+        outputs.append("conversations.jsonl")
+    if args.resume and built_with(out, config, outputs):
+        print(f"{out}: already built with this config (--resume), nothing to do")
+        return
     start = time.time()
     try:
         dialogues, report = read_source(args)
@@ -828,7 +928,12 @@ def main(argv=None) -> None:
         splits = {name: records if name == args.split else [] for name in ("train", "dev", "test")}
     else:
         splits = split_by_dialogue(records, args.seed, args.dev_fraction, args.test_fraction)
-    if args.source == "locomo" and args.locomo_train_unsupported == "drop":
+    # (the oracle window holds all of every question's evidence: nothing to drop there)
+    if (
+        args.source == "locomo"
+        and args.locomo_window != "evidence"
+        and args.locomo_train_unsupported == "drop"
+    ):
         splits["train"], unsupported = drop_unsupported(splits["train"])
         drops["train_evidence_outside_window"] = unsupported
     stats = corpus_stats(num_input, kept_dialogues, splits, drops)
@@ -840,12 +945,16 @@ def main(argv=None) -> None:
         teacher={"name": args.teacher, **getattr(teacher, "stats", {})},
         seconds=round(time.time() - start, 1),
     )
-    for name, part in splits.items():
-        write_jsonl(out / f"{name}.jsonl", part)
-    if args.source == "locomo":
-        write_jsonl(out / "conversations.jsonl", conversations)
-    write_json(out / "stats.json", stats)
-    write_config(out, config)
+
+    def write(folder):
+        for name, part in splits.items():
+            write_jsonl(folder / f"{name}.jsonl", part)
+        if args.source == "locomo":
+            write_jsonl(folder / "conversations.jsonl", conversations)
+        write_json(folder / "stats.json", stats)
+        write_config(folder, config, "stage0_build.py")  # last: the mark of a finished build
+
+    commit_build(out, write)
     print(
         f"stage0: {stats['dialogues_kept']}/{num_input} dialogues, {stats['queries']} queries "
         f"{stats['queries_per_split']} in {stats['seconds']} s -> {out}"

@@ -34,8 +34,8 @@ from tqdm.auto import tqdm
 from srt import memory_plan
 from srt.checkpoint import JsonlLog, has_trainer_state, rng_state, set_rng_state
 from srt.completion import is_valid_format
-from srt.config import at_least, in_range, parse_config, positive, require, write_config
-from srt.data_io import DataError, data_spec, read_jsonl, read_mixture, write_json
+from srt.config import at_least, claim_out, in_range, parse_config, positive, require, write_config
+from srt.data_io import DataError, data_paths, data_spec, files_sha256, read_jsonl, read_mixture, write_json
 from srt.distributed import (
     accumulate,
     add_scale_flags,
@@ -388,6 +388,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="stop early (saved, resumable) when the next step would overrun this wall time",
     )
     p.add_argument("--resume", action="store_true", help="continue from <out>/checkpoint")
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="start afresh in an --out that holds an earlier run (without it or --resume: refused)",
+    )
     p.add_argument("--eval-data", default="runs/data/dev.jsonl", help="held-out JSONL for the final check")
     p.add_argument(
         "--eval-limit",
@@ -411,9 +416,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     return cfg
 
 
-# Settings that fix the data order and the meaning of a step: a resumed run must match them.
-# Not --fsdp: the same update, computed in shards (a checkpoint's layout is checked apart).
+# Settings that fix the data order and the meaning of a step: a resumed run must match them, the
+# training data included (data_identity). Not --fsdp: the same update, computed in shards (a
+# checkpoint's layout is checked apart).
 RESUME_MUST_MATCH = (
+    "data",
+    "data_sha256",
     "seed",
     "phase",
     "phase1_fraction",
@@ -432,17 +440,29 @@ RESUME_MUST_MATCH = (
 )
 
 
+def data_identity(specs) -> tuple[list[str], str]:
+    """What a resumed run must train on: the --data specs as given (files and weights) and one
+    sha256 of the files' bytes, so other data under the same name is refused too."""
+    specs = [specs] if isinstance(specs, str) else list(specs)
+    return specs, files_sha256(data_paths(specs))
+
+
 # --------------------------------------------------------------------------------------------
 # The training loop: phase 1 then phase 2, one optimizer and one step counter across both.
 # --------------------------------------------------------------------------------------------
 def train(cfg):
     """Run stage 1 as configured by `cfg` (see parse_args). Returns the trained model."""
+    # every rank checks --out before any rank can write to it (they meet in setup_distributed)
+    claim_out(cfg.out, "stage1_sft.py", cfg.resume, cfg.overwrite)
     rank, world_size, _, device = setup_distributed(cfg.dist_timeout_minutes, always=cfg.fsdp)
     cfg.world_size = world_size
     main_process = rank == 0
     budget = TimeBudget(cfg.time_budget_minutes)
     seed_everything(cfg.seed)
     records = read_mixture(cfg.data, cfg.seed)  # one file: its records as they are
+    cfg.data, cfg.data_sha256 = data_identity(cfg.data)
+    if cfg.eval_limit > 0 and not Path(cfg.eval_data).is_file():  # read at the end: checked now
+        raise DataError(f"--eval-data {cfg.eval_data}: no such file")
     out, checkpoint = Path(cfg.out), Path(cfg.out) / "checkpoint"
     resuming = cfg.resume and has_trainer_state(checkpoint)
     if cfg.resume and not resuming and main_process:
@@ -503,6 +523,7 @@ def train(cfg):
                 "autocast_dtype": str(autocast_dtype),
                 "device": str(device),
             },
+            "stage1_sft.py",
         )
     metrics = JsonlLog(out / "metrics.jsonl", keep_until_step=start_step if resuming else None)
     if main_process:

@@ -46,12 +46,13 @@ from tqdm.auto import tqdm
 
 from reward import ANSWER_GATES, ANSWER_REWARDS, compute_rewards
 from srt import memory_plan
-from srt.checkpoint import JsonlLog, has_trainer_state, rng_state, set_rng_state
-from srt.config import Bounded, at_least, parse_config, positive, require, write_config
+from srt.checkpoint import JsonlLog, check_resume_config, has_trainer_state, rng_state, set_rng_state
+from srt.config import Bounded, at_least, claim_out, parse_config, positive, require, write_config
 from srt.data_io import (
     DataError,
     data_paths,
     data_spec,
+    files_sha256,
     finite_or_none,
     read_jsonl,
     read_mixture,
@@ -148,6 +149,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--resume",
         action="store_true",
         help="continue from <out>/checkpoint; a finished run is left as it is",
+    )
+    add(
+        "--overwrite",
+        action="store_true",
+        help="start afresh in an --out that holds an earlier run (without it or --resume: refused)",
     )
     add("--max-steps", type=at_least(1), default=100, help="GRPO steps; each is one sample batch")
     add("--num-generations", "-K", type=at_least(1), default=8, help="K completions per prompt (§4.1: 8)")
@@ -315,6 +321,16 @@ def parse_args(argv=None) -> argparse.Namespace:
         "the ratio and KL of Eq. (9) use; a nucleus would bias both (use 1.0)",
     )
     require(cfg.is_cap == 0 or cfg.is_cap >= 1, f"--is-cap {cfg.is_cap}: 0 (off) or a cap of at least 1")
+    # Eq. (8) centres each group's rewards on their mean: a group of one has advantage 0, and a
+    # learning rate of 0 moves nothing. Either run would train its steps and change no weight.
+    require(
+        cfg.num_generations >= 2,
+        f"-K {cfg.num_generations}: a group of one completion has advantage 0 (Eq. (8)), so no step "
+        "would train; use -K 2 or more (§4.1: 8)",
+    )
+    require(
+        cfg.lr > 0, f"--lr {cfg.lr}: a learning rate of 0 moves no weight; give one above 0 (paper: 3e-7)"
+    )
     if cfg.preset in ("cpu-demo", "cpu-long") and cfg.eval_data is None:  # the demo shows its before / after
         dev = Path(data_paths(cfg.data)[0]).parent / "dev.jsonl"
         cfg.eval_data = str(dev) if dev.exists() else None
@@ -677,9 +693,12 @@ def evaluate_policy(
 # The training run
 # --------------------------------------------------------------------------------------------
 SAVE_MARGIN_S = 30  # writing checkpoint/ and final/ at the end of a time-budgeted run
-# Settings that fix the data order and the meaning of a step: a resumed run must match them.
-# Not --micro-batch-size nor --fsdp: the same update in parts or shards (layout: check_checkpoint_layout).
+# Settings that fix the data order and the meaning of a step: a resumed run must match them, the
+# training data included (its files as given and one sha256 of their bytes). Not --micro-batch-size
+# nor --fsdp: the same update in parts or shards (layout: check_checkpoint_layout).
 RESUME_MUST_MATCH = (
+    "data",
+    "data_sha256",
     "seed",
     "prompts_per_step",
     "max_prompt_length",
@@ -718,6 +737,8 @@ def draw_prompts(stream: PromptStream, n: int) -> tuple[list[dict], list[str]]:
 def train(cfg, reward_fn=None) -> dict:
     """Run stage 2 as configured by `cfg` (see parse_args); -> the summary written to summary.json.
     `reward_fn(completions, records) -> [{"total": .., <components>}]` defaults to reward.py's."""
+    # every rank checks --out before any rank can write to it (they meet in setup_distributed)
+    claim_out(cfg.out, "stage2_grpo.py", cfg.resume, cfg.overwrite)
     rank, world_size, _, device = setup_distributed(cfg.dist_timeout_minutes, always=cfg.fsdp)
     cfg.world_size, main_process = world_size, rank == 0
     reward_fn = reward_fn or functools.partial(
@@ -729,12 +750,17 @@ def train(cfg, reward_fn=None) -> dict:
     # what a prompt shows
     keep = (lambda r: bool(r["recall"])) if cfg.train_turns == "dependent" else None
     records = read_mixture(cfg.data, cfg.seed, keep, note=f" (--train-turns {cfg.train_turns})")
+    cfg.data = [cfg.data] if isinstance(cfg.data, str) else list(cfg.data)
+    cfg.data_sha256 = files_sha256(data_paths(cfg.data))
     eval_records = (
         pick_eval_records(read_jsonl(cfg.eval_data), cfg.eval_limit)
         if cfg.eval_data and cfg.eval_limit > 0
         else None
     )
+    resume_config = {k: getattr(cfg, k) for k in RESUME_MUST_MATCH}
     if cfg.resume and (out / "summary.json").exists() and (out / "final").exists():
+        if has_trainer_state(checkpoint_dir):  # a finished run is one of the same settings and data
+            check_resume_config(checkpoint_dir, resume_config)
         done = json.loads((out / "summary.json").read_text())
         if done["steps"] >= cfg.max_steps and (not eval_records or (out / "eval_after.json").exists()):
             if main_process:
@@ -777,7 +803,6 @@ def train(cfg, reward_fn=None) -> dict:
     follow_optimizer(policy, optimizer)
     stream = PromptStream(records, tokenizer, cfg.max_prompt_length, cfg.seed, rank, world_size)
     seed_everything(cfg.seed + rank)  # each rank samples its own completions
-    resume_config = {k: getattr(cfg, k) for k in RESUME_MUST_MATCH}
     start_step = 0
     if resuming:
         state = load_checkpoint(checkpoint_dir, policy, optimizer, resume_config, cfg.fsdp)
@@ -789,7 +814,9 @@ def train(cfg, reward_fn=None) -> dict:
     samples = JsonlLog(out / "samples.jsonl", keep_until_step=keep_until_step)
     probes = JsonlLog(out / "probe.jsonl", keep_until_step=keep_until_step)
     if main_process:
-        write_config(out, dict(vars(cfg), device=str(device)))
+        if not resuming:  # the summary of an earlier run would make a --resume of this one "finished"
+            (out / "summary.json").unlink(missing_ok=True)
+        write_config(out, dict(vars(cfg), device=str(device)), "stage2_grpo.py")
 
     def run_eval(step, name=None):  # each rank its slice of the records, the weights gathered once (FSDP)
         with full_weights(policy):

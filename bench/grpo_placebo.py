@@ -25,6 +25,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import stage2_grpo  # noqa: E402
+from srt.config import claim_out  # noqa: E402
 from srt.data_io import write_json  # noqa: E402
 
 
@@ -70,7 +71,9 @@ def main(argv=None) -> None:
         )
 
     stage2_grpo.grpo_step = placebo_step
-    Path(cfg.out).mkdir(parents=True, exist_ok=True)
+    claim_out(
+        cfg.out, "stage2_grpo.py", cfg.resume, cfg.overwrite
+    )  # before placebo.json: an earlier run stays
     write_json(
         Path(cfg.out) / "placebo.json", {"placebo": "rewards shuffled within each group", "seed": cfg.seed}
     )

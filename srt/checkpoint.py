@@ -100,16 +100,39 @@ def has_trainer_state(path) -> bool:
     return (Path(path) / "trainer_state.pt").exists() and (Path(path) / "trainer_state.json").exists()
 
 
-def load_trainer_state(path, resume_config: dict) -> dict:
-    """The trainer state of a checkpoint, after checking that every setting in `resume_config`
-    (those that fix the data order and the meaning of a step) equals the checkpoint's."""
+# Settings checkpoints record only since a later version: one written before lacks them and is
+# resumed without that check (a note says so), so a run begun earlier still finishes.
+RECORDED_LATER = ("data", "data_sha256")
+
+
+def check_resume_config(path, resume_config: dict) -> None:
+    """Exit with one line unless every setting in `resume_config` (those that fix the data order
+    and the meaning of a step, the training data included) equals the one the checkpoint in
+    `path` was written with."""
     path = Path(path)
     saved = json.loads((path / "trainer_state.json").read_text())["config"]
-    changed = [k for k, v in resume_config.items() if saved.get(k) != v]
+    unrecorded = [k for k in RECORDED_LATER if k in resume_config and k not in saved]
+    if unrecorded:
+        print(
+            f"note: the checkpoint in {path} does not record {', '.join(unrecorded)}; not checked", flush=True
+        )
+    changed = [k for k, v in resume_config.items() if saved.get(k) != v and k not in unrecorded]
+
+    def shown(k, value):  # a sha256 in full would crowd the line
+        return f"{value[:12]}..." if k == "data_sha256" and isinstance(value, str) else repr(value)
+
     if changed:
-        details = ", ".join(f"{k} ({saved.get(k)!r} there, {resume_config[k]!r} now)" for k in changed)
-        sys.exit(f"error: --resume with different settings than the checkpoint in {path}: {details}")
-    return torch.load(path / "trainer_state.pt", map_location="cpu", weights_only=True)
+        details = ", ".join(
+            f"{k} ({shown(k, saved.get(k))} there, {shown(k, resume_config[k])} now)" for k in changed
+        )
+        what = "other training data" if {"data", "data_sha256"} & set(changed) else "different settings"
+        sys.exit(f"error: --resume with {what} than the checkpoint in {path}: {details}")
+
+
+def load_trainer_state(path, resume_config: dict) -> dict:
+    """The trainer state of a checkpoint, after check_resume_config."""
+    check_resume_config(path, resume_config)
+    return torch.load(Path(path) / "trainer_state.pt", map_location="cpu", weights_only=True)
 
 
 class JsonlLog:

@@ -7,13 +7,21 @@ A numeric flag takes its range as its argparse `type`: `type=at_least(1)`, `type
 `type=in_range(0.0, 1.0)`. argparse then rejects a bad value with one line that names the flag
 (`error: argument --lr: must be > 0, got -1.0`), and `parse_config` applies the same check to the
 values a preset sets, which argparse never converts.
+
+Every script claims its --out before any work (`claim_out`): a folder it can write, holding no run
+of another script, and an earlier run of its own only under --resume (continue it) or --overwrite
+(replace it). config.json names the script that wrote it.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
+import os
+import re
 import sys
+import tempfile
 from pathlib import Path
 
 from srt.data_io import write_json
@@ -29,7 +37,7 @@ class Bounded:
 
     def describe(self) -> str:
         if self.low is not None and self.high is not None:
-            return f"in [{self.low}, {self.high}]"
+            return f"in {'(' if self.strict else '['}{self.low}, {self.high}]"
         if self.low is not None:
             return f"> {self.low}" if self.strict else f">= {self.low}"
         return f"<= {self.high}"
@@ -91,8 +99,85 @@ def require(condition: bool, message: str) -> None:
         sys.exit(f"error: {message}")
 
 
-def write_config(out, config) -> Path:
-    """<out>/config.json: the resolved configuration of this run (argparse.Namespace or dict)."""
+def env_var_name(text: str) -> str:
+    """argparse type of --api-key-env: the NAME of the variable that holds the key. A value that
+    looks like the key itself (sk-..., or long and not UPPER_SNAKE) is refused without being shown,
+    so it is never echoed nor written to config.json."""
+    looks_like_a_name = re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", text) and (
+        len(text) < 32 or re.fullmatch(r"[A-Z0-9_]+", text)
+    )
+    if not looks_like_a_name or text.startswith(("sk_", "hf_")):  # OpenAI's, Hugging Face's
+        raise argparse.ArgumentTypeError(
+            "takes the name of an environment variable that holds the key (e.g. OPENAI_API_KEY), not "
+            "the key itself; the value given looks like a key and is neither shown nor saved"
+        )
+    return text
+
+
+# A key that only one script's config.json holds: it names the writer of a config.json written
+# before config.json recorded its "script".
+SCRIPT_SIGNATURES = {
+    "stage0_build.py": "dedup_jaccard",
+    "stage1_sft.py": "phase1_fraction",
+    "stage2_grpo.py": "num_generations",
+    "evaluate.py": "variants",
+    "cuemem.py": "links_per_cue",
+    "reward.py": "completions",
+}
+
+
+def run_in(out) -> str | None:
+    """Who wrote the run in folder `out`: a script's name, "a model (save_pretrained)", "a config.json
+    of another program", or None when there is no config.json."""
     path = Path(out) / "config.json"
-    write_json(path, dict(vars(config)) if isinstance(config, argparse.Namespace) else dict(config))
+    if not path.is_file():
+        return None
+    try:
+        config = json.loads(path.read_bytes())
+    except (OSError, ValueError):
+        return "a config.json of another program"
+    if not isinstance(config, dict):
+        return "a config.json of another program"
+    if isinstance(config.get("script"), str):
+        return config["script"]
+    if "model_type" in config or "architectures" in config:
+        return "a model (save_pretrained)"
+    return next(
+        (s for s, key in SCRIPT_SIGNATURES.items() if key in config), "a config.json of another program"
+    )
+
+
+def claim_out(
+    out, script: str, resume: bool = False, overwrite: bool = False, resumable: bool = True
+) -> Path:
+    """Check --out before any work is done, and exit with one line if it will not do: a file, a
+    folder that cannot be created or written, a folder holding another script's run (or a model),
+    or one holding an earlier run of `script` when neither --resume (continue it; a `resumable`
+    script's) nor --overwrite (replace it) is given. Creates the folder; writes nothing in it."""
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        sys.exit(f"error: --out {out} is a file, not a folder")
+    writer = run_in(out)
+    if writer is not None and writer != script:
+        held = f"a run of {writer} (its config.json)" if writer.endswith(".py") else writer
+        sys.exit(f"error: --out {out} holds {held}; give {script} a folder of its own")
+    if writer == script and not (resume or overwrite):
+        again = "--resume continues it, --overwrite replaces it" if resumable else "--overwrite replaces it"
+        sys.exit(f"error: --out {out} already holds a run of {script} (its config.json); {again}")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(dir=out, prefix=".write-check.")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        sys.exit(f"error: --out {out} is not a folder this run can write ({e.strerror})")
+    return out
+
+
+def write_config(out, config, script: str | None = None) -> Path:
+    """<out>/config.json: the resolved configuration of this run (argparse.Namespace or dict), and
+    the script that wrote it (what claim_out reads)."""
+    path = Path(out) / "config.json"
+    config = dict(vars(config)) if isinstance(config, argparse.Namespace) else dict(config)
+    write_json(path, {**({"script": script} if script else {}), **config})
     return path

@@ -44,7 +44,7 @@ from collections import Counter
 from pathlib import Path
 from typing import NamedTuple
 
-from srt.data_io import DataError, read_lines
+from srt.data_io import MAX_UTTERANCE_CHARS, DataError, decode_utf8, not_utf8, read_lines, too_long
 
 ROLES = ("user", "assistant")
 
@@ -133,8 +133,7 @@ def resolve_file(path, names) -> Path:
 
 def read_json(path):
     try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
+        return json.loads(decode_utf8(Path(path).read_bytes(), path))
     except json.JSONDecodeError as e:
         raise DataError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
 
@@ -768,8 +767,12 @@ def load_dailydialog(path, max_rounds=32, report=None, queries="last", limit=Non
         else []
     )
     dialogues = []
-    with open(text_file, encoding="utf-8") as f:
-        for line_no, line in enumerate(f):
+    with open(text_file, "rb") as f:
+        for line_no, raw in enumerate(f):
+            try:
+                line = raw.decode("utf-8").replace("\r\n", "\n")  # as text mode read it
+            except UnicodeDecodeError as e:
+                raise not_utf8(text_file, line_no + 1, raw, e) from None
             utterances = [detokenize(u) for u in line.split("__eou__")]
             turns = [{"role": ROLES[k % 2], "text": u} for k, u in enumerate(u for u in utterances if u)]
             if not turns:
@@ -978,6 +981,8 @@ def parse_jsonl_dialogue(obj, where="<dialogue>", line=0) -> dict:
                     f"{where}:{line}: field 'messages[{k}]' needs role user|assistant|system "
                     "and string content"
                 )
+            if len(m["content"]) > MAX_UTTERANCE_CHARS:  # every later stage would refuse its records
+                raise DataError(f"{where}:{line}: field 'messages[{k}].content' {too_long(m['content'])}")
         return obj
     if not isinstance(obj.get("rounds"), list):
         raise DataError(f"{where}:{line}: field 'rounds' (or 'messages') is missing or not a list")
@@ -985,6 +990,8 @@ def parse_jsonl_dialogue(obj, where="<dialogue>", line=0) -> dict:
         for field in ROLES:
             if not isinstance(r, dict) or not isinstance(r.get(field), str):
                 raise DataError(f"{where}:{line}: field 'rounds[{k}].{field}' is missing or not a string")
+            if len(r[field]) > MAX_UTTERANCE_CHARS:  # every later stage would refuse its records
+                raise DataError(f"{where}:{line}: field 'rounds[{k}].{field}' {too_long(r[field])}")
         gold = r.get("gold")
         if gold is not None and not (
             isinstance(gold, dict)

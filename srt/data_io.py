@@ -6,6 +6,7 @@ temporary file, then a rename), so that a killed run never leaves half a file be
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import os
@@ -29,6 +30,11 @@ RECORD_FIELDS = {
     "meta": dict,
 }
 BUCKETS = (8, 16, 24, 32)  # Table 3 length buckets (rounds)
+# The longest utterance (history turn, query or answer) a record may hold, in characters. About
+# 5,000 tokens: more than the longest --max-length of any preset (4096), so such an utterance could
+# never be shown whole in a prompt, and one of megabytes would only make stage 1 tokenize and fit
+# it for minutes before dropping it. The corpora's longest (a CoQA story) is about 8,000.
+MAX_UTTERANCE_CHARS = 20_000
 
 
 def bucket_of(num_rounds: int, buckets=BUCKETS) -> int:
@@ -57,6 +63,11 @@ def validate_record(record, path="<record>", line=0) -> dict:
         ):
             raise DataError(f"{path}:{line}: field 'history[{k}]' needs string label, speaker and text")
         labels.add(turn["label"])
+        if len(turn["text"]) > MAX_UTTERANCE_CHARS:
+            raise DataError(f"{path}:{line}: field 'history[{k}].text' {too_long(turn['text'])}")
+    for field in ("query", "answer"):
+        if len(record[field]) > MAX_UTTERANCE_CHARS:
+            raise DataError(f"{path}:{line}: field '{field}' {too_long(record[field])}")
     for field in ("recall", "pruned"):
         missing = [x for x in record[field] if x not in labels]
         if missing:
@@ -64,16 +75,55 @@ def validate_record(record, path="<record>", line=0) -> dict:
     return record
 
 
+def too_long(text: str) -> str:
+    return f"holds {len(text):,} characters, more than the {MAX_UTTERANCE_CHARS:,} an utterance may have"
+
+
+def not_utf8(path, line_no: int, line: bytes, error: UnicodeDecodeError) -> DataError:
+    """The error of a line that is not UTF-8 (a Latin-1 or Windows-1252 export, say); `error.start`
+    is the offset of the bad byte in `line`."""
+    byte = line[error.start : error.start + 1].hex()
+    return DataError(
+        f"{path}:{line_no}: not valid UTF-8 (byte 0x{byte} at column {error.start + 1}); "
+        "save the file as UTF-8"
+    )
+
+
+def decode_utf8(data: bytes, path) -> str:
+    """A whole file's bytes as text; bad bytes raise DataError naming the file and the line."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        pass
+    for line_no, line in enumerate(data.split(b"\n"), 1):
+        try:
+            line.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise not_utf8(path, line_no, line, e) from None
+    raise DataError(f"{path}: not valid UTF-8; save the file as UTF-8")  # a character split by a newline
+
+
 def read_lines(path, parse, on_error="raise", errors=None) -> list:
-    """Parse a JSONL file line by line with `parse(obj, path, line)`. A bad line raises DataError
-    naming file, line and field; with on_error='skip' it is skipped and its message appended to
-    `errors`."""
+    """Parse a JSONL file line by line with `parse(obj, path, line)`. A bad line (not UTF-8, not
+    JSON, or refused by `parse`) raises DataError naming file, line and field; with
+    on_error='skip' it is skipped and its message appended to `errors`. The file is read as bytes
+    and each line decoded alone, so one undecodable line is one bad line, not a failed file."""
     items = []
-    with open(path, encoding="utf-8") as f:
-        for line_no, line in enumerate(f, 1):
-            if not line.strip():
-                continue
+    try:
+        f = open(path, "rb")
+    except OSError as e:
+        raise DataError(
+            f"{path}: {'no such file' if isinstance(e, FileNotFoundError) else e.strerror}"
+        ) from None
+    with f:
+        for line_no, raw in enumerate(f, 1):
             try:
+                try:
+                    line = raw.decode("utf-8")
+                except UnicodeDecodeError as e:
+                    raise not_utf8(path, line_no, raw, e) from None
+                if not line.strip():
+                    continue
                 try:
                     obj = json.loads(line)
                 except json.JSONDecodeError as e:
@@ -161,6 +211,18 @@ def read_mixture(specs, seed: int = 0, keep=None, note: str = "") -> list[dict]:
     if not sources:
         raise DataError("--data names no file")
     return mix_sources(sources, seed)
+
+
+def files_sha256(paths) -> str:
+    """One sha256 over the bytes of `paths`, in order, read in blocks (a training file can be large):
+    what a resumed run checks to know it reads the same data."""
+    digest = hashlib.sha256()
+    for path in paths:
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+        digest.update(b"\0")  # file boundaries count: a|bc is not ab|c
+    return digest.hexdigest()
 
 
 def atomic_write_text(path, text: str) -> None:

@@ -263,6 +263,104 @@ def _fix_tokenizer(tokenizer, model) -> None:
     model.config.pad_token_id = tokenizer.pad_token_id
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
+HUB_PROBE_TIMEOUT_S = 3  # a machine without network otherwise retries the hub for about a minute
+
+
+def check_model_folder(path: Path) -> None:
+    """A model folder must hold what from_pretrained reads, or the error would be a loader's
+    (no model.safetensors, or a sentencepiece complaint for a missing tokenizer): one line that
+    says what is missing and where such a folder comes from."""
+    if not path.is_dir():
+        sys.exit(f"error: model {path} is a file; give the folder save_pretrained wrote")
+    missing = [
+        what
+        for what, present in (
+            ("config.json", (path / "config.json").is_file()),
+            (
+                "weights (*.safetensors: weights are read from safetensors only)",
+                any(path.glob("*.safetensors")),
+            ),
+            (
+                f"tokenizer ({' or '.join(TOKENIZER_FILES)})",
+                any((path / f).is_file() for f in TOKENIZER_FILES),
+            ),
+        )
+        if not present
+    ]
+    if missing:
+        sys.exit(
+            f"error: model folder {path} has no {', no '.join(missing)}; give a folder written by "
+            "save_pretrained, e.g. the final/ of a training stage (runs/demo/sft/final)"
+        )
+
+
+def hub_reachable(timeout: float = HUB_PROBE_TIMEOUT_S) -> bool:
+    """Does the Hugging Face endpoint answer at all (any HTTP status counts)? Proxies in the
+    environment are used, as the hub client would."""
+    import urllib.error
+    import urllib.request
+
+    from huggingface_hub import constants
+
+    try:
+        urllib.request.urlopen(urllib.request.Request(constants.ENDPOINT, method="HEAD"), timeout=timeout)
+    except urllib.error.HTTPError:
+        return True
+    except (OSError, ValueError):
+        return False
+    return True
+
+
+def hub_options(repo: str) -> dict:
+    """from_pretrained's options for a Hugging Face id, decided before any download starts. Offline
+    (HF_HUB_OFFLINE) or with the hub out of reach, the local cache is the only source: a model in
+    it loads from there, one that is not is a one-line error at once instead of a minute of
+    retries and a connection traceback."""
+    from huggingface_hub import constants, try_to_load_from_cache
+
+    offline = constants.HF_HUB_OFFLINE or os.environ.get("HF_HUB_OFFLINE", "").upper() in (
+        "1",
+        "ON",
+        "YES",
+        "TRUE",
+    )
+    if not offline and hub_reachable():
+        return {}
+    if isinstance(try_to_load_from_cache(repo, "config.json"), str):
+        if not offline:
+            print(
+                f"note: {constants.ENDPOINT} is out of reach; {repo} loads from the local cache",
+                file=sys.stderr,
+            )
+        return {"local_files_only": True}
+    why = (
+        "HF_HUB_OFFLINE is set"
+        if offline
+        else f"{constants.ENDPOINT} cannot be reached (waited {HUB_PROBE_TIMEOUT_S} s at most)"
+    )
+    sys.exit(
+        f"error: --model {repo}: {why}, and the model is not in the local cache ({constants.HF_HUB_CACHE}); "
+        f"download it where there is network (`hf download {repo}`) or pass a local folder"
+    )
+
+
+def check_model_name(name: str) -> dict:
+    """Is what --model names there to load? Checked before anything is loaded or written, and a
+    one-line error if not. -> from_pretrained's options for it (hub_options for a hub id)."""
+    if name in ("tiny-random", "smollm2-135m"):  # built here, or converted from an installed package
+        return {}
+    if Path(name).exists():
+        check_model_folder(Path(name))
+        return {}
+    if name.count("/") != 1:
+        sys.exit(
+            f"error: --model {name!r} is neither a folder, a Hugging Face id (owner/name), "
+            "'smollm2-135m' nor 'tiny-random'"
+        )
+    return hub_options(name)
+
+
 def load_model_and_tokenizer(name: str, dtype: str = "auto", device=None, trust_remote_code: bool = False):
     """-> (model, tokenizer) for a Hugging Face id, a local folder (e.g. runs/demo/sft/final),
     'smollm2-135m' (the embedded default) or 'tiny-random'. Weights are read from safetensors
@@ -279,15 +377,14 @@ def load_model_and_tokenizer(name: str, dtype: str = "auto", device=None, trust_
             source = cache_dir() / "smollm2-135m"
             if not (source / "config.json").exists():
                 _convert_smollm2(source)
-        elif not Path(name).exists() and name.count("/") != 1:
-            sys.exit(
-                f"error: --model {name!r} is neither a folder, a Hugging Face id (owner/name), "
-                "'smollm2-135m' nor 'tiny-random'"
+        options = {"trust_remote_code": trust_remote_code, **check_model_name(str(source))}
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(source, **options)
+            model = AutoModelForCausalLM.from_pretrained(
+                source, dtype=weight_dtype, use_safetensors=True, **options
             )
-        tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
-        model = AutoModelForCausalLM.from_pretrained(
-            source, dtype=weight_dtype, use_safetensors=True, trust_remote_code=trust_remote_code
-        )
+        except OSError as e:  # a hub id that does not exist or is gated, a file cut short
+            sys.exit(f"error: --model {name}: {str(e).strip().splitlines()[0]}")
         # Weights read from safetensors can sit at unaligned addresses of the file's mapping, where
         # the CPU's matmul kernels sum in another order than on the same weights in fresh memory: a
         # resumed run would then drift from the uninterrupted one. Fresh copies, aligned.

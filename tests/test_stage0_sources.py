@@ -312,7 +312,7 @@ def test_a_build_that_keeps_no_record_leaves_the_previous_build(tmp_path):
     dropped = failed_build(tmp_path / "fresh", "jsonl", jsonl_fixture(tmp_path), "--on-error", "skip")
     assert dropped["malformed"] == 1
     with pytest.raises(SystemExit, match="no records survived"):
-        build(out, "jsonl", jsonl_fixture(tmp_path), "--on-error", "skip")
+        build(out, "jsonl", jsonl_fixture(tmp_path), "--on-error", "skip", "--overwrite")
     assert {name: (out / name).read_bytes() for name in OUTPUTS} == before
 
 
@@ -606,7 +606,18 @@ def test_a_file_goes_whole_to_one_split_or_by_conversation_into_train_and_dev(tm
 
 def test_locomo_release_scale_converts_every_resolvable_question(tmp_path):
     path = locomo_release(tmp_path / "locomo10.json")
-    records, stats = build(tmp_path / "o", "locomo", path, "--min-rounds", "8", "--threshold", "0.6")
+    # the oracle window: every resolvable question keeps all of its evidence, so H* is all of it
+    records, stats = build(
+        tmp_path / "o",
+        "locomo",
+        path,
+        "--min-rounds",
+        "8",
+        "--threshold",
+        "0.6",
+        "--locomo-window",
+        "evidence",
+    )
     report = stats["source_report"]
     assert report["qa_read"] == 1986 and report["qa_skipped_unresolved_evidence"] == 6
     assert report["evidence_ids_normalised"] > 100
