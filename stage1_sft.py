@@ -7,6 +7,24 @@ Both phases minimise Eq. (3), the negative log-likelihood of the reasoning token
 answer tokens a_1..a_L given the prompt; prompt tokens carry no loss. AdamW with a constant learning
 rate after a linear warm-up (§4.1). One optimizer and one step counter run across both phases.
 
+Paper vs this implementation (flags in "beyond the paper" and "the paper's §3.3 and §4.1 settings"):
+
+  1. The phases' split: the paper gives none. --max-steps is split by --phase1-fraction (0.5; the
+     cpu-demo preset 0.4), or each phase runs --epochs epochs; --phase 1 or 2 runs one alone.
+  2. The token budget (--max-length): a prompt too long loses its oldest utterances, whole and
+     whatever they are, as at inference (srt/prompt.fit_history); a record whose H* would be cut is
+     replaced by the next record that fits (PhaseData.example), so that an old turn's survival
+     never tells the model it is gold. The prompt is fitted to what the full SRT target leaves.
+  3. Eq. (3) is a sum; each step divides it by the target tokens of its whole global batch, so any
+     split into micro-batches or ranks gives the same gradient. Batches are grouped by prompt
+     length (PhaseData.epoch_batches) to pad little.
+  4. --target: full (SRT's (Z_t, A*_t)), answer (Table 2's "w/o CoT", also --no-cot), recall-only
+     (the <HIS> tags without prose; not in the paper). Batches depend on the prompts alone, so every
+     target trains on exactly SRT's records in SRT's order.
+  5. --recall copy (not in the paper; srt/recall.py): the turn's text inside each <HIS> tag and its
+     </HIS>, which the decoder writes in copy mode, carry no loss; the tag's opening, its label and
+     colon, the prose and the answer do.
+
     python stage1_sft.py --preset cpu-demo                        # SmolLM2-135M on a laptop CPU
     python stage1_sft.py --preset cpu-demo --data syn/train.jsonl:0.5 locomo/train.jsonl:0.5   # a mix
     torchrun --nproc_per_node=8 stage1_sft.py --model Qwen/Qwen2.5-7B-Instruct --preset paper --fsdp
@@ -53,6 +71,7 @@ from srt.distributed import (
 )
 from srt.modeling import (
     autocast,
+    enable_activation_checkpointing,
     end_of_turn_id,
     generate,
     load_model_and_tokenizer,
@@ -307,8 +326,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
     )
-    p.add_argument("--model", default="smollm2-135m", help="HF id, local folder, smollm2-135m or tiny-random")
-    p.add_argument(
+    run = p.add_argument_group("the run: model, data, output")
+    run.add_argument(
+        "--model", default="smollm2-135m", help="HF id, local folder, smollm2-135m or tiny-random"
+    )
+    run.add_argument(
         "--data",
         nargs="+",
         type=data_spec,
@@ -317,94 +339,120 @@ def build_parser() -> argparse.ArgumentParser:
         help="training JSONL from stage0; several files with a weight each train on a mix "
         "(srt/data_io.py mix_sources), e.g. syn/train.jsonl:0.5 locomo/train.jsonl:0.5",
     )
-    p.add_argument("--out", default="runs/demo/sft", help="output folder")
-    p.add_argument("--seed", type=at_least(0), default=0, help="random seed")
-    p.add_argument(
+    run.add_argument("--out", default="runs/demo/sft", help="output folder")
+    run.add_argument("--seed", type=at_least(0), default=0, help="random seed")
+    run.add_argument("--resume", action="store_true", help="continue from <out>/checkpoint")
+    run.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="start afresh in an --out that holds an earlier run (without it or --resume: refused)",
+    )
+    run.add_argument(
+        "--max-steps", type=at_least(1), default=None, help="optimizer steps in all (default: from --epochs)"
+    )
+    run.add_argument(
+        "--time-budget-minutes",
+        type=at_least(0.0, float),
+        default=None,
+        help="stop early (saved, resumable) when the next step would overrun this wall time",
+    )
+    run.add_argument("--trust-remote-code", action="store_true", help="allow model code from the hub")
+
+    paper = p.add_argument_group(
+        "the paper's §3.3 and §4.1 settings",
+        "§4.1 gives the learning rate, AdamW and the linear warm-up; the phase split, the batch and the "
+        "length are ours",
+    )
+    paper.add_argument(
         "--phase",
         choices=["1", "2", "both"],
         default="both",
         help="1: pruned histories C~_t, 2: full histories C_t, both: 1 then 2",
     )
-    p.add_argument(
+    paper.add_argument(
         "--phase1-fraction", type=in_range(0.0, 1.0), default=0.5, help="share of --max-steps for phase 1"
     )
-    p.add_argument("--epochs", type=at_least(1), default=1, help="epochs per phase when --max-steps is unset")
-    p.add_argument(
-        "--max-steps", type=at_least(1), default=None, help="optimizer steps in all (default: from --epochs)"
+    paper.add_argument(
+        "--epochs", type=at_least(1), default=1, help="epochs per phase when --max-steps is unset"
     )
-    p.add_argument("--batch-size", type=at_least(1), default=4, help="examples per micro-batch per process")
-    p.add_argument("--grad-accum", type=at_least(1), default=1, help="micro-batches per optimizer step")
-    p.add_argument("--lr", type=at_least(0.0, float), default=5e-5, help="peak learning rate (paper: 5e-6)")
-    p.add_argument("--warmup-steps", type=at_least(0), default=10, help="linear warm-up steps")
-    p.add_argument("--weight-decay", type=at_least(0.0, float), default=0.0, help="AdamW weight decay")
-    p.add_argument("--max-grad-norm", type=positive(float), default=1.0, help="gradient clipping norm")
-    p.add_argument(
+    paper.add_argument(
+        "--lr", type=at_least(0.0, float), default=5e-5, help="peak learning rate (paper: 5e-6)"
+    )
+    paper.add_argument("--warmup-steps", type=at_least(0), default=10, help="linear warm-up steps")
+    paper.add_argument("--weight-decay", type=at_least(0.0, float), default=0.0, help="AdamW weight decay")
+    paper.add_argument("--max-grad-norm", type=positive(float), default=1.0, help="gradient clipping norm")
+    paper.add_argument(
         "--max-length",
         type=at_least(1),
         default=1024,
         help="tokens per example; longer histories lose their oldest turns (a record whose H* "
         "would be cut is replaced by the next one)",
     )
-    p.add_argument(
-        "--dtype",
-        choices=["auto", "float32", "bfloat16"],
-        default="auto",
-        help="auto: fp32 weights with bf16 autocast on a GPU or an AMX CPU, plain fp32 elsewhere",
+
+    beyond = p.add_argument_group(
+        "beyond the paper", "the paper's choice by default; the module docstring lists them"
     )
-    p.add_argument(
-        "--gradient-checkpointing",
-        action=argparse.BooleanOptionalAction,
-        default=False,
-        help="trade compute for memory",
-    )
-    p.add_argument(
+    beyond.add_argument(
         "--target",
         choices=sorted(TARGETS),
         default="full",
         help="what the model learns to write: full (SRT), answer (Table 2 'w/o CoT'), recall-only "
         "(the <HIS> tags without prose); every target trains on the same batches",
     )
-    p.add_argument("--no-cot", action="store_true", help="the same as --target answer (Table 2 'w/o CoT')")
-    p.add_argument(
+    beyond.add_argument(
+        "--no-cot", action="store_true", help="the same as --target answer (Table 2 'w/o CoT')"
+    )
+    beyond.add_argument(
         "--recall",
         choices=RECALL_MODES,
         default="free",
         help="copy: the turn's text inside each <HIS> tag (and its </HIS>), which the decoder writes in "
         "copy mode (srt/recall.py), carries no loss; free: every target token does (the paper)",
     )
-    p.add_argument("--save-every", type=at_least(1), default=50, help="write <out>/checkpoint every N steps")
-    p.add_argument(
+
+    scale = p.add_argument_group("scale: devices, precision, memory, FSDP")
+    scale.add_argument(
+        "--dtype",
+        choices=["auto", "float32", "bfloat16"],
+        default="auto",
+        help="auto: fp32 weights with bf16 autocast on a GPU or an AMX CPU, plain fp32 elsewhere",
+    )
+    scale.add_argument(
+        "--batch-size", type=at_least(1), default=4, help="examples per micro-batch per process"
+    )
+    scale.add_argument("--grad-accum", type=at_least(1), default=1, help="micro-batches per optimizer step")
+    scale.add_argument(
+        "--gradient-checkpointing",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="trade compute for memory",
+    )
+    add_scale_flags(scale)
+
+    logs = p.add_argument_group("logging and outputs")
+    logs.add_argument(
+        "--save-every", type=at_least(1), default=50, help="write <out>/checkpoint every N steps"
+    )
+    logs.add_argument(
         "--snapshot-every",
         type=at_least(0),
         default=0,
         help="also keep the model of every N-th step as <out>/snapshots/step-N (save_pretrained), for a "
         "learning curve; 0: none",
     )
-    p.add_argument("--log-every", type=at_least(1), default=1, help="append to metrics.jsonl every N steps")
-    p.add_argument(
-        "--time-budget-minutes",
-        type=at_least(0.0, float),
-        default=None,
-        help="stop early (saved, resumable) when the next step would overrun this wall time",
+    logs.add_argument(
+        "--log-every", type=at_least(1), default=1, help="append to metrics.jsonl every N steps"
     )
-    p.add_argument("--resume", action="store_true", help="continue from <out>/checkpoint")
-    p.add_argument(
-        "--overwrite",
-        action="store_true",
-        help="start afresh in an --out that holds an earlier run (without it or --resume: refused)",
-    )
-    p.add_argument("--eval-data", default="runs/data/dev.jsonl", help="held-out JSONL for the final check")
-    p.add_argument(
+    logs.add_argument("--eval-data", default="runs/data/dev.jsonl", help="held-out JSONL for the final check")
+    logs.add_argument(
         "--eval-limit",
         type=at_least(0),
         default=0,
         help="generate on N held-out records at the end and report format validity",
     )
-    p.add_argument(
+    logs.add_argument(
         "--eval-max-new-tokens", type=at_least(1), default=256, help="tokens per held-out completion"
     )
-    p.add_argument("--trust-remote-code", action="store_true", help="allow model code from the hub")
-    add_scale_flags(p)
     return p
 
 
@@ -482,7 +530,7 @@ def train(cfg):
     if main_process:
         print(memory_plan.stage_plan("sft", cfg, world_size, model.config), flush=True)
     if cfg.gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        enable_activation_checkpointing(model)
     model.train()
     model, train_model, autocast_dtype = wrap_model(model, device, world_size, cfg.fsdp, autocast_dtype)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
@@ -529,7 +577,7 @@ def train(cfg):
     if main_process:
         metrics.flush()  # a resumed run drops the lines written after its checkpoint right away
 
-    def save(step):  # FSDP: every rank writes its shards (sharding.py); else rank 0 the whole state
+    def save(step):  # FSDP: every rank writes its shards (srt/distributed.py); else rank 0 the whole state
         state = {"step": step, "rng": gather_objects(rng_state(), world_size)}
         save_checkpoint(checkpoint, model, optimizer, tokenizer, state, resume_config, cfg.fsdp)
 

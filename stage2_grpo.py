@@ -14,6 +14,34 @@ One GRPO step, in the order of the paper, as three calls passing one record (grp
                          averaged over each completion's tokens and over the group, minus beta * KL
                 AdamW step (constant learning rate after a linear warm-up, §4.1)
 
+Paper vs this implementation (1-3 always hold; 4-11 are flags of the "beyond the paper" group, off
+or the paper's choice by default unless said):
+
+  1. Eq. (8) std is the population std (divide by K): a group of one gets advantage 0, not NaN, and a
+     group whose K rewards are all equal gets exactly 0.
+  2. pi_old shortcut: pi_old is the policy before the step. The first backprop minibatch is scored
+     before any update, so its own log-probs, detached, are its pi_old (at mu = 1 its ratio is 1);
+     the later minibatches get one no-grad pi_old pass before the first update.
+  3. KL: the k3 estimator to pi_ref = the SFT model, beta 0.04 (§4.1 names the term, not its
+     estimator nor its weight).
+  4. Truncated importance sampling (--is-cap 2, on): rollouts come from a bf16 copy of the policy
+     where the hardware has bf16 units, so each token's surrogate is weighted by
+     min(pi_old / pi_sampler, 2); about 1 on an fp32 CPU, where the sampler is the policy.
+  5. Loss normalisation: --loss-norm seq (default) is Eq. (9) as written, each completion's tokens
+     averaged, then the completions; --loss-norm token averages over every token (DAPO).
+  6. Dynamic sampling (--dynamic-sampling total | recall, --max-draws; cpu-demo: recall): groups
+     whose K total rewards, or recall parts, are all equal are replaced by fresh prompts (DAPO).
+  7. Segment credit (--credit segment): the think tokens take the advantage of format + recall, the
+     answer tokens that of format + answer, instead of one advantage per completion.
+  8. Answer gate (--answer-gate recall, reward.py): an answer whose recall shares no turn with H*
+     earns -1, as a missing answer does.
+  9. Recall by pointer (--recall copy, srt/recall.py): the policy writes <HIS>A3: and the decoder
+     copies turn A3; the copied tokens are outside the ratio, the KL and the normalisation.
+ 10. Placebo (--placebo): each group's K rewards shuffled among its samples before Eq. (8), seeded
+     by --seed: a control run that keeps every statistic of a real one but the reward's signal.
+ 11. --train-turns dependent trains on the turns whose H* is not empty; --top-p below 1 is refused
+     (Eq. (9)'s ratio and KL are over the full softmax(logits / T)).
+
 Run on one CPU or GPU, or on N of them with torchrun (each rank samples and scores its own prompts,
 DDP all-reduces the gradients, rank 0 alone logs and saves):
 
@@ -35,6 +63,7 @@ import functools
 import json
 import math
 import os
+import random
 import sys
 import time
 from pathlib import Path
@@ -79,6 +108,7 @@ from srt.distributed import (
 from srt.modeling import (
     autocast,
     completion_logprobs,
+    enable_activation_checkpointing,
     load_model_and_tokenizer,
     parameter_digest,
     peak_gpu_gb,
@@ -96,247 +126,6 @@ from srt.prompt import fit_prompt
 from srt.recall import RECALL_MODES
 from srt.rollouts import PromptStream, Rollout, sample_batch, think_lengths
 from srt.training import TimeBudget, seed_everything, warmup_lr
-
-# --------------------------------------------------------------------------------------------
-# Configuration: argparse defaults that work, presets, explicit flags win.
-# --------------------------------------------------------------------------------------------
-# Why each value: docs/experiments/presets.md ("Stage 2").
-# fmt: off
-PRESETS = {
-    # §4.1 where the paper gives a value (lr 3e-7, K = 8, ratio 4, AdamW, KL to the SFT policy);
-    # the rest is ours, sized for 8 x A100-80GB with --fsdp (memory_plan.py: about 50 GB per GPU).
-    "paper": dict(lr=3e-7, num_generations=8, sample_ratio=4, beta=0.04, clip_eps=0.2, mu=1,
-                  prompts_per_step=8, max_new_tokens=1024, max_prompt_length=4096, warmup_steps=10,
-                  max_steps=1000, save_every=50, sample_every=10, gradient_checkpointing=True,
-                  micro_batch_size=2),
-    # SmolLM2-135M after SFT on a 2-core CPU: 12 steps of one group of K = 4, two AdamW updates each;
-    # 1536 prompt tokens hold every synthetic prompt and 256 new tokens the longest SFT chain; dynamic
-    # sampling on the recall part (after SFT most groups recall one set), at most 2 draws; T = 1.0.
-    "cpu-demo": dict(num_generations=4, prompts_per_step=1, sample_ratio=2, mu=1, lr=3e-6, warmup_steps=1,
-                     beta=0.04, max_new_tokens=256, max_prompt_length=1536, max_steps=12, sample_every=1,
-                     save_every=4, eval_limit=16, eval_batch_size=8, probe_every=6, dynamic_sampling="recall",
-                     max_draws=2),
-}
-# GRPO on the turns that need recall (§3): 30 steps of two groups at lr 1e-5
-# (docs/experiments/grpo-recall.md).
-PRESETS["cpu-long"] = dict(PRESETS["cpu-demo"], train_turns="dependent", prompts_per_step=2, lr=1e-5,
-                           max_steps=30, probe_every=10, save_every=5)
-# fmt: on
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
-    )
-    add = p.add_argument
-    add(
-        "--model",
-        default="runs/demo/sft/final",
-        help="the SFT policy to start from; also the frozen KL reference",
-    )
-    add(
-        "--data",
-        nargs="+",
-        type=data_spec,
-        default="runs/data/train.jsonl",
-        metavar="PATH[:WEIGHT]",
-        help="training records, JSONL; several files with a weight each train on a mix "
-        "(srt/data_io.py mix_sources), e.g. syn/train.jsonl:0.5 locomo/train.jsonl:0.5",
-    )
-    add("--out", default="runs/demo/grpo", help="output folder")
-    add("--seed", type=at_least(0), default=0, help="random seed")
-    add(
-        "--resume",
-        action="store_true",
-        help="continue from <out>/checkpoint; a finished run is left as it is",
-    )
-    add(
-        "--overwrite",
-        action="store_true",
-        help="start afresh in an --out that holds an earlier run (without it or --resume: refused)",
-    )
-    add("--max-steps", type=at_least(1), default=100, help="GRPO steps; each is one sample batch")
-    add("--num-generations", "-K", type=at_least(1), default=8, help="K completions per prompt (§4.1: 8)")
-    add("--prompts-per-step", type=at_least(1), default=1, help="prompts per rank per step")
-    add("--temperature", type=positive(float), default=1.0, help="sampling temperature")
-    add(
-        "--share-prompts",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="run each group's prompt once in the log-prob passes (its KV cache copied to its K rows)",
-    )
-    add(
-        "--top-p",
-        type=Bounded(float, low=0.0, high=1.0, strict=True),
-        default=1.0,
-        help="nucleus sampling; stage 2 takes only 1.0 (Eq. (9)'s ratio and KL are over the full softmax)",
-    )
-    add(
-        "--recall",
-        choices=RECALL_MODES,
-        default="free",
-        help="copy: the policy names a turn (<HIS>A3:) and the decoder writes it out, tokens outside "
-        "the loss (srt/recall.py; not in the paper); free: the policy copies every token (the paper)",
-    )
-    add("--max-new-tokens", type=at_least(1), default=256, help="completion length cap")
-    add(
-        "--max-prompt-length",
-        type=at_least(0),
-        default=1024,
-        help="prompt tokens; a longer prompt loses its oldest utterances, whatever they are (0 = no cap)",
-    )
-    add(
-        "--lr",
-        type=at_least(0.0, float),
-        default=1e-6,
-        help="AdamW learning rate after warm-up (paper: 3e-7)",
-    )
-    add("--warmup-steps", type=at_least(0), default=2, help="linear warm-up, in GRPO steps")
-    add("--weight-decay", type=at_least(0.0, float), default=0.0, help="AdamW weight decay")
-    add("--max-grad-norm", type=positive(float), default=1.0, help="gradient clipping")
-    add(
-        "--beta",
-        type=at_least(0.0, float),
-        default=0.04,
-        help="KL weight of Eq. (9), not printed in the paper; 0 skips pi_ref",
-    )
-    add("--clip-eps", type=positive(float), default=0.2, help="epsilon of the clipped ratio in Eq. (9)")
-    add(
-        "--is-cap",
-        type=at_least(0.0, float),
-        default=2.0,
-        help="truncated importance sampling: each token's surrogate times min(pi_old / pi_sampler, C), "
-        "for rollouts drawn on a bf16 copy of the policy (not in the paper); 0: off",
-    )
-    add("--mu", type=at_least(1), default=1, help="passes over each sample batch")
-    add(
-        "--loss-norm",
-        choices=["seq", "token"],
-        default="seq",
-        help="seq: Eq. (9) as written; token: mean over all tokens (DAPO)",
-    )
-    add("--sample-ratio", type=at_least(1), default=4, help="sample batch / backprop minibatch (§4.1: 4)")
-    add(
-        "--micro-batch-size",
-        type=at_least(0),
-        default=0,
-        help="rows per forward and backward inside a backprop "
-        "minibatch, gradients accumulated (the update is unchanged); 0 = the whole minibatch at once",
-    )
-    add(
-        "--dtype",
-        choices=["auto", "float32", "bfloat16"],
-        default="auto",
-        help="auto: fp32 weights with bf16 autocast on a GPU or an AMX CPU, plain fp32 elsewhere",
-    )
-    add(
-        "--gradient-checkpointing",
-        action=argparse.BooleanOptionalAction,
-        default=False,
-        help="trade compute for memory",
-    )
-    add(
-        "--answer-reward",
-        choices=ANSWER_REWARDS,
-        default="cosine",
-        help="Eq. (7): cosine (the paper), keys, both",
-    )
-    add(
-        "--answer-gate",
-        choices=ANSWER_GATES,
-        default="off",
-        help="recall: -1 for an answer whose recall missed H* (reward.py)",
-    )
-    add(
-        "--dynamic-sampling",
-        choices=["off", "total", "recall"],
-        default="off",
-        help="DAPO: replace groups whose "
-        "K total rewards (advantage 0, no gradient), or recall parts (no recall signal), are all equal",
-    )
-    add(
-        "--max-draws",
-        type=at_least(1),
-        default=4,
-        help="sample batches one step may draw under --dynamic-sampling",
-    )
-    add(
-        "--train-turns",
-        choices=["all", "dependent"],
-        default="all",
-        help="dependent: only turns whose H* is not empty",
-    )
-    add(
-        "--credit",
-        choices=["sequence", "segment"],
-        default="sequence",
-        help="sequence: Eq. (8)'s one advantage per completion; segment: the think tokens take the "
-        "advantage of format + recall, the answer's of format + answer",
-    )
-    add("--sample-every", type=at_least(0), default=5, help="write sampled completions every N steps")
-    add("--save-every", type=at_least(0), default=10, help="write <out>/checkpoint every N steps")
-    add(
-        "--time-budget-minutes",
-        type=at_least(0.0, float),
-        default=None,
-        help="stop early (saved, resumable) when the next step and the final evaluation would overrun this",
-    )
-    add(
-        "--eval-data",
-        default=None,
-        help="held-out records for the greedy probe (cpu-demo: dev.jsonl beside --data)",
-    )
-    add(
-        "--eval-limit",
-        type=at_least(0),
-        default=40,
-        help="probe this many records, stratified by bucket; 0 = none",
-    )
-    add(
-        "--probe-every",
-        type=at_least(0),
-        default=0,
-        help="probe also every N steps (0: before and after only)",
-    )
-    add("--eval-batch-size", type=at_least(1), default=8, help="greedy evaluation batch")
-    add("--eval-max-new-tokens", type=at_least(1), default=None, help="(default: --max-new-tokens)")
-    add(
-        "--explain",
-        action="store_true",
-        help="run one step on one group and print every quantity of "
-        "Eqs. (4)-(9), as computed by hand (docs/grpo-step.md); nothing is saved",
-    )
-    add_scale_flags(p)
-    return p
-
-
-def parse_args(argv=None) -> argparse.Namespace:
-    cfg = parse_config(build_parser(), PRESETS, argv)
-    # The ratio and the KL of Eq. (9) read log-probs of softmax(logits / T) over the whole vocabulary
-    # (but suppressed tokens): a nucleus sampler draws from another distribution, which they would
-    # not see. Refused rather than half-corrected.
-    require(
-        cfg.top_p == 1.0,
-        f"--top-p {cfg.top_p}: stage 2 samples from the full softmax(logits / T), whose log-probs "
-        "the ratio and KL of Eq. (9) use; a nucleus would bias both (use 1.0)",
-    )
-    require(cfg.is_cap == 0 or cfg.is_cap >= 1, f"--is-cap {cfg.is_cap}: 0 (off) or a cap of at least 1")
-    # Eq. (8) centres each group's rewards on their mean: a group of one has advantage 0, and a
-    # learning rate of 0 moves nothing. Either run would train its steps and change no weight.
-    require(
-        cfg.num_generations >= 2,
-        f"-K {cfg.num_generations}: a group of one completion has advantage 0 (Eq. (8)), so no step "
-        "would train; use -K 2 or more (§4.1: 8)",
-    )
-    require(
-        cfg.lr > 0, f"--lr {cfg.lr}: a learning rate of 0 moves no weight; give one above 0 (paper: 3e-7)"
-    )
-    if cfg.preset in ("cpu-demo", "cpu-long") and cfg.eval_data is None:  # the demo shows its before / after
-        dev = Path(data_paths(cfg.data)[0]).parent / "dev.jsonl"
-        cfg.eval_data = str(dev) if dev.exists() else None
-    cfg.eval_max_new_tokens = cfg.eval_max_new_tokens or cfg.max_new_tokens
-    return cfg
-
 
 # --------------------------------------------------------------------------------------------
 # Eq. (8): group-relative advantage.
@@ -357,6 +146,25 @@ def group_advantages(rewards: torch.Tensor, eps: float = ADVANTAGE_EPS) -> torch
     advantages = (rewards - mean) / (std + eps)
     all_equal = (rewards == rewards[:, :1]).all(dim=1, keepdim=True)
     return torch.where(all_equal, torch.zeros_like(advantages), advantages).float()
+
+
+def shuffled_within_groups(reward_fn, K: int, rng: random.Random):
+    """--placebo: reward_fn whose scores are permuted inside each aligned block of K rows (one group:
+    srt/rollouts.py lays a step's rows out prompt by prompt, K each). Each group keeps its own K
+    rewards, so its mean, spread and Eq. (8)'s advantages are a real group's; only which completion
+    earns which is cut."""
+
+    def placebo(completions, examples):
+        scores = list(reward_fn(completions, examples))
+        if len(scores) % K:
+            raise ValueError(f"placebo: {len(scores)} rows are not whole groups of K = {K}")
+        for g in range(0, len(scores), K):
+            block = scores[g : g + K]
+            rng.shuffle(block)
+            scores[g : g + K] = block
+        return scores
+
+    return placebo
 
 
 # --------------------------------------------------------------------------------------------
@@ -690,6 +498,280 @@ def evaluate_policy(
 
 
 # --------------------------------------------------------------------------------------------
+# Configuration: argparse defaults that work, presets, explicit flags win.
+# --------------------------------------------------------------------------------------------
+# Why each value: docs/experiments/presets.md ("Stage 2").
+# fmt: off
+PRESETS = {
+    # §4.1 where the paper gives a value (lr 3e-7, K = 8, ratio 4, AdamW, KL to the SFT policy);
+    # the rest is ours, sized for 8 x A100-80GB with --fsdp (memory_plan.py: about 50 GB per GPU).
+    "paper": dict(lr=3e-7, num_generations=8, sample_ratio=4, beta=0.04, clip_eps=0.2, mu=1,
+                  prompts_per_step=8, max_new_tokens=1024, max_prompt_length=4096, warmup_steps=10,
+                  max_steps=1000, save_every=50, sample_every=10, gradient_checkpointing=True,
+                  micro_batch_size=2),
+    # SmolLM2-135M after SFT on a 2-core CPU: 12 steps of one group of K = 4, two AdamW updates each;
+    # 1536 prompt tokens hold every synthetic prompt and 256 new tokens the longest SFT chain; dynamic
+    # sampling on the recall part (after SFT most groups recall one set), at most 2 draws; T = 1.0.
+    "cpu-demo": dict(num_generations=4, prompts_per_step=1, sample_ratio=2, mu=1, lr=3e-6, warmup_steps=1,
+                     beta=0.04, max_new_tokens=256, max_prompt_length=1536, max_steps=12, sample_every=1,
+                     save_every=4, eval_limit=16, eval_batch_size=8, probe_every=6, dynamic_sampling="recall",
+                     max_draws=2),
+}
+# GRPO on the turns that need recall (§3): 30 steps of two groups at lr 1e-5
+# (docs/experiments/grpo-recall.md).
+PRESETS["cpu-long"] = dict(PRESETS["cpu-demo"], train_turns="dependent", prompts_per_step=2, lr=1e-5,
+                           max_steps=30, probe_every=10, save_every=5)
+# fmt: on
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
+    run = p.add_argument_group("the run: model, data, output")
+    run.add_argument(
+        "--model",
+        default="runs/demo/sft/final",
+        help="the SFT policy to start from; also the frozen KL reference",
+    )
+    run.add_argument(
+        "--data",
+        nargs="+",
+        type=data_spec,
+        default="runs/data/train.jsonl",
+        metavar="PATH[:WEIGHT]",
+        help="training records, JSONL; several files with a weight each train on a mix "
+        "(srt/data_io.py mix_sources), e.g. syn/train.jsonl:0.5 locomo/train.jsonl:0.5",
+    )
+    run.add_argument("--out", default="runs/demo/grpo", help="output folder")
+    run.add_argument("--seed", type=at_least(0), default=0, help="random seed")
+    run.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue from <out>/checkpoint; a finished run is left as it is",
+    )
+    run.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="start afresh in an --out that holds an earlier run (without it or --resume: refused)",
+    )
+    run.add_argument(
+        "--max-steps", type=at_least(1), default=100, help="GRPO steps; each is one sample batch"
+    )
+    run.add_argument(
+        "--time-budget-minutes",
+        type=at_least(0.0, float),
+        default=None,
+        help="stop early (saved, resumable) when the next step and the final evaluation would overrun this",
+    )
+    run.add_argument(
+        "--explain",
+        action="store_true",
+        help="run one step on one group and print every quantity of "
+        "Eqs. (4)-(9), as computed by hand (docs/grpo-step.md); nothing is saved",
+    )
+
+    paper = p.add_argument_group(
+        "the paper's §4.1 settings and Eq. (9)'s constants",
+        "§4.1 gives the learning rate, K, the sample/backprop ratio, AdamW with a linear warm-up and the "
+        "KL term; the values it leaves out (beta, epsilon, lengths) are ours",
+    )
+    add = paper.add_argument
+    add("--num-generations", "-K", type=at_least(1), default=8, help="K completions per prompt (§4.1: 8)")
+    add("--prompts-per-step", type=at_least(1), default=1, help="prompts per rank per step")
+    add("--sample-ratio", type=at_least(1), default=4, help="sample batch / backprop minibatch (§4.1: 4)")
+    add("--mu", type=at_least(1), default=1, help="passes over each sample batch")
+    add(
+        "--lr",
+        type=at_least(0.0, float),
+        default=1e-6,
+        help="AdamW learning rate after warm-up (paper: 3e-7)",
+    )
+    add("--warmup-steps", type=at_least(0), default=2, help="linear warm-up, in GRPO steps")
+    add("--weight-decay", type=at_least(0.0, float), default=0.0, help="AdamW weight decay")
+    add("--max-grad-norm", type=positive(float), default=1.0, help="gradient clipping")
+    add(
+        "--beta",
+        type=at_least(0.0, float),
+        default=0.04,
+        help="KL weight of Eq. (9), not printed in the paper; 0 skips pi_ref",
+    )
+    add("--clip-eps", type=positive(float), default=0.2, help="epsilon of the clipped ratio in Eq. (9)")
+    add("--temperature", type=positive(float), default=1.0, help="sampling temperature")
+    add(
+        "--top-p",
+        type=Bounded(float, low=0.0, high=1.0, strict=True),
+        default=1.0,
+        help="nucleus sampling; stage 2 takes only 1.0 (Eq. (9)'s ratio and KL are over the full softmax)",
+    )
+    add("--max-new-tokens", type=at_least(1), default=256, help="completion length cap")
+    add(
+        "--max-prompt-length",
+        type=at_least(0),
+        default=1024,
+        help="prompt tokens; a longer prompt loses its oldest utterances, whatever they are (0 = no cap)",
+    )
+
+    beyond = p.add_argument_group(
+        "beyond the paper",
+        "listed in the module docstring; each off or the paper's choice by default, but --is-cap, which "
+        "acts only where rollouts come from a bf16 copy of the policy",
+    )
+    add = beyond.add_argument
+    add(
+        "--answer-reward",
+        choices=ANSWER_REWARDS,
+        default="cosine",
+        help="Eq. (7): cosine (the paper), keys, both",
+    )
+    add(
+        "--answer-gate",
+        choices=ANSWER_GATES,
+        default="off",
+        help="recall: -1 for an answer whose recall missed H* (reward.py)",
+    )
+    add(
+        "--dynamic-sampling",
+        choices=["off", "total", "recall"],
+        default="off",
+        help="DAPO: replace groups whose "
+        "K total rewards (advantage 0, no gradient), or recall parts (no recall signal), are all equal",
+    )
+    add(
+        "--max-draws",
+        type=at_least(1),
+        default=4,
+        help="sample batches one step may draw under --dynamic-sampling",
+    )
+    add(
+        "--train-turns",
+        choices=["all", "dependent"],
+        default="all",
+        help="dependent: only turns whose H* is not empty",
+    )
+    add(
+        "--credit",
+        choices=["sequence", "segment"],
+        default="sequence",
+        help="sequence: Eq. (8)'s one advantage per completion; segment: the think tokens take the "
+        "advantage of format + recall, the answer's of format + answer",
+    )
+    add(
+        "--loss-norm",
+        choices=["seq", "token"],
+        default="seq",
+        help="seq: Eq. (9) as written; token: mean over all tokens (DAPO)",
+    )
+    add(
+        "--is-cap",
+        type=at_least(0.0, float),
+        default=2.0,
+        help="truncated importance sampling: each token's surrogate times min(pi_old / pi_sampler, C), "
+        "for rollouts drawn on a bf16 copy of the policy (not in the paper); 0: off",
+    )
+    add(
+        "--recall",
+        choices=RECALL_MODES,
+        default="free",
+        help="copy: the policy names a turn (<HIS>A3:) and the decoder writes it out, tokens outside "
+        "the loss (srt/recall.py; not in the paper); free: the policy copies every token (the paper)",
+    )
+    add(
+        "--placebo",
+        action="store_true",
+        help="a control: each group's K rewards shuffled among its samples before Eq. (8) (seeded by "
+        "--seed), so that a real run is credited only with what it does beyond updates of the same size "
+        "and spread that carry no signal; the probes score with the true reward",
+    )
+
+    scale = p.add_argument_group("scale: devices, precision, memory, FSDP")
+    add = scale.add_argument
+    add(
+        "--dtype",
+        choices=["auto", "float32", "bfloat16"],
+        default="auto",
+        help="auto: fp32 weights with bf16 autocast on a GPU or an AMX CPU, plain fp32 elsewhere",
+    )
+    add(
+        "--micro-batch-size",
+        type=at_least(0),
+        default=0,
+        help="rows per forward and backward inside a backprop "
+        "minibatch, gradients accumulated (the update is unchanged); 0 = the whole minibatch at once",
+    )
+    add(
+        "--gradient-checkpointing",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="trade compute for memory",
+    )
+    add(
+        "--share-prompts",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="run each group's prompt once in the log-prob passes (its KV cache copied to its K rows)",
+    )
+    add_scale_flags(scale)
+
+    logs = p.add_argument_group("logging and outputs")
+    add = logs.add_argument
+    add("--sample-every", type=at_least(0), default=5, help="write sampled completions every N steps")
+    add("--save-every", type=at_least(0), default=10, help="write <out>/checkpoint every N steps")
+    add(
+        "--eval-data",
+        default=None,
+        help="held-out records for the greedy probe (cpu-demo: dev.jsonl beside --data)",
+    )
+    add(
+        "--eval-limit",
+        type=at_least(0),
+        default=40,
+        help="probe this many records, stratified by bucket; 0 = none",
+    )
+    add(
+        "--probe-every",
+        type=at_least(0),
+        default=0,
+        help="probe also every N steps (0: before and after only)",
+    )
+    add("--eval-batch-size", type=at_least(1), default=8, help="greedy evaluation batch")
+    add("--eval-max-new-tokens", type=at_least(1), default=None, help="(default: --max-new-tokens)")
+    return p
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    cfg = parse_config(build_parser(), PRESETS, argv)
+    # The ratio and the KL of Eq. (9) read log-probs of softmax(logits / T) over the whole vocabulary
+    # (but suppressed tokens): a nucleus sampler draws from another distribution, which they would
+    # not see. Refused rather than half-corrected.
+    require(
+        cfg.top_p == 1.0,
+        f"--top-p {cfg.top_p}: stage 2 samples from the full softmax(logits / T), whose log-probs "
+        "the ratio and KL of Eq. (9) use; a nucleus would bias both (use 1.0)",
+    )
+    require(cfg.is_cap == 0 or cfg.is_cap >= 1, f"--is-cap {cfg.is_cap}: 0 (off) or a cap of at least 1")
+    require(
+        not (cfg.explain and cfg.placebo),
+        "--explain prints one step with the true rewards; --placebo is for a training run",
+    )
+    # Eq. (8) centres each group's rewards on their mean: a group of one has advantage 0, and a
+    # learning rate of 0 moves nothing. Either run would train its steps and change no weight.
+    require(
+        cfg.num_generations >= 2,
+        f"-K {cfg.num_generations}: a group of one completion has advantage 0 (Eq. (8)), so no step "
+        "would train; use -K 2 or more (§4.1: 8)",
+    )
+    require(
+        cfg.lr > 0, f"--lr {cfg.lr}: a learning rate of 0 moves no weight; give one above 0 (paper: 3e-7)"
+    )
+    if cfg.preset in ("cpu-demo", "cpu-long") and cfg.eval_data is None:  # the demo shows its before / after
+        dev = Path(data_paths(cfg.data)[0]).parent / "dev.jsonl"
+        cfg.eval_data = str(dev) if dev.exists() else None
+    cfg.eval_max_new_tokens = cfg.eval_max_new_tokens or cfg.max_new_tokens
+    return cfg
+
+
+# --------------------------------------------------------------------------------------------
 # The training run
 # --------------------------------------------------------------------------------------------
 SAVE_MARGIN_S = 30  # writing checkpoint/ and final/ at the end of a time-budgeted run
@@ -725,6 +807,7 @@ RESUME_MUST_MATCH = (
     "train_turns",
     "answer_gate",
     "credit",
+    "placebo",
 )
 
 
@@ -734,15 +817,24 @@ def draw_prompts(stream: PromptStream, n: int) -> tuple[list[dict], list[str]]:
     return [record for record, _ in pairs], [prompt for _, prompt in pairs]
 
 
-def train(cfg, reward_fn=None) -> dict:
+def train(cfg, reward_fn=None, step_fn=None) -> dict:
     """Run stage 2 as configured by `cfg` (see parse_args); -> the summary written to summary.json.
-    `reward_fn(completions, records) -> [{"total": .., <components>}]` defaults to reward.py's."""
+    `reward_fn(completions, records) -> [{"total": .., <components>}]` defaults to reward.py's;
+    `step_fn`, what runs one step, to grpo_step (bench/grpo_workers.py passes a timed one)."""
+    step_fn = step_fn or grpo_step
     # every rank checks --out before any rank can write to it (they meet in setup_distributed)
     claim_out(cfg.out, "stage2_grpo.py", cfg.resume, cfg.overwrite)
     rank, world_size, _, device = setup_distributed(cfg.dist_timeout_minutes, always=cfg.fsdp)
     cfg.world_size, main_process = world_size, rank == 0
     reward_fn = reward_fn or functools.partial(
         compute_rewards, answer_reward=cfg.answer_reward, answer_gate=cfg.answer_gate
+    )
+    # --placebo: the training steps read shuffled rewards, the probes the true ones. The permutations
+    # have their own generator, seeded by --seed, which a --resume starts afresh.
+    step_reward_fn = (
+        shuffled_within_groups(reward_fn, cfg.num_generations, random.Random(cfg.seed))
+        if cfg.placebo
+        else reward_fn
     )
     budget = TimeBudget(cfg.time_budget_minutes, reserve_s=SAVE_MARGIN_S)
     out, checkpoint_dir = Path(cfg.out), Path(cfg.out) / "checkpoint"
@@ -793,7 +885,7 @@ def train(cfg, reward_fn=None) -> dict:
         )
         ref_model.eval().requires_grad_(False)
     if cfg.gradient_checkpointing:
-        policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        enable_activation_checkpointing(policy)
     if cfg.fsdp and ref_model is not None:  # pi_ref never trains: sharded, without a wrapper
         ref_model = shard_model(ref_model, device)
     policy, train_model, autocast_dtype = wrap_model(policy, device, world_size, cfg.fsdp, autocast_dtype)
@@ -847,7 +939,7 @@ def train(cfg, reward_fn=None) -> dict:
     elif eval_records and (out / "eval_before.json").exists():
         budget.reserve_s += json.loads((out / "eval_before.json").read_text()).get("seconds") or 0.0
 
-    def save(step):  # FSDP: every rank writes its shards (sharding.py); else rank 0 the whole state
+    def save(step):  # FSDP: every rank writes its shards (srt/distributed.py); else rank 0 the whole state
         state = {"step": step, "stream": stream.state_dict(), "rng": gather_objects(rng_state(), world_size)}
         save_checkpoint(checkpoint_dir, policy, optimizer, tokenizer, state, resume_config, cfg.fsdp)
 
@@ -860,7 +952,7 @@ def train(cfg, reward_fn=None) -> dict:
             group["lr"] = lr
         t = time.perf_counter()
         records_of_step, prompts_of_step = draw_prompts(stream, cfg.prompts_per_step)
-        result = grpo_step(
+        result = step_fn(
             policy,
             ref_model,
             tokenizer,
@@ -868,7 +960,7 @@ def train(cfg, reward_fn=None) -> dict:
             records_of_step,
             prompts_of_step,
             cfg,
-            reward_fn=reward_fn,
+            reward_fn=step_reward_fn,
             train_model=train_model,
             autocast_dtype=autocast_dtype,
             draw_more=functools.partial(draw_prompts, stream, cfg.prompts_per_step),

@@ -27,14 +27,7 @@ REPEATS=${REPEATS:-3}
 CHECK_PROMPTS=${CHECK_PROMPTS:-32}
 
 if [ -n "${EXPORT_SHAPE:-}" ]; then
-    $PY - "$MODEL" "$EXPORT_SHAPE" <<'PY'
-import sys
-from srt.modeling import load_model_and_tokenizer
-model, tokenizer = load_model_and_tokenizer(sys.argv[1], dtype="float32")
-for part in (model.config, model.generation_config, tokenizer):
-    part.save_pretrained(sys.argv[2])
-print(f"{sys.argv[1]}'s config and tokenizer, no weights: {sys.argv[2]}")
-PY
+    $PY bench/gpu_setup.py export-shape "$MODEL" "$EXPORT_SHAPE"
     exit 0
 fi
 if [ -n "${CPU_SMOKE:-}" ]; then
@@ -46,29 +39,10 @@ fi
 mkdir -p "$WORK"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || true
 $PY -c 'import torch, transformers; print("torch", torch.__version__, "cuda", torch.version.cuda, "transformers", transformers.__version__)'
-$PY - <<'PY'  # an older transformers takes the cache under another name: decode stops at once
-import sys
-import transformers
-pinned = next(line.split("==")[1].strip() for line in open("requirements.txt") if line.startswith("transformers=="))
-numbers = lambda version: tuple(int(part) for part in version.split(".")[:3] if part.isdigit())
-if numbers(transformers.__version__) < numbers(pinned):
-    sys.exit(f"error: transformers {transformers.__version__} is older than requirements.txt's {pinned}: "
-             "install that wheel first (docs/gpu.md)")
-PY
+$PY bench/gpu_setup.py check-transformers  # an older one takes the cache under another name
 
 if [ -n "${SHAPE:-}" ]; then
-    $PY - "$SHAPE" "$WORK/model" <<'PY'
-import sys
-import torch
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
-shape, out = sys.argv[1:]
-torch.manual_seed(0)
-model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(shape))
-model.generation_config = GenerationConfig.from_pretrained(shape)
-model.save_pretrained(out)
-AutoTokenizer.from_pretrained(shape).save_pretrained(out)
-print(f"random weights of {shape}'s shape: {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters")
-PY
+    $PY bench/gpu_setup.py random-weights "$SHAPE" "$WORK/model"
     MODEL="$WORK/model"
 fi
 [ -f "$DATA/train.jsonl" ] || $PY stage0_build.py --preset cpu-demo --out "$DATA" --quiet

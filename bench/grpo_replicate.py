@@ -8,7 +8,7 @@ own start on the same dev queries. The chain, each stage a subprocess of the exi
     stage 0   stage0_build.py --preset cpu-demo, a fixed data seed; one data folder all replicates share
     SFT       stage1_sft.py --preset cpu-long with the recipe below, --seed SEED      -> <out>/sft
     GRPO      stage2_grpo.py --preset cpu-long with the recipe below, --seed SEED     -> <out>/grpo
-    placebo   bench/grpo_placebo.py, the same flags, rewards shuffled within each group (--placebo)
+    placebo   stage2_grpo.py --placebo, the same flags, rewards shuffled within each group
     eval      evaluate.py: the start, the GRPO model (and the placebo) on the same dev queries, batched
 
     python bench/grpo_replicate.py --seed 1                 # make grpo-replicate SEED=1
@@ -189,7 +189,9 @@ def stage_commands(cfg: dict, eval_limit: int | None) -> dict[str, list[str]]:
         "grpo": [py, str(ROOT / "stage2_grpo.py"), *grpo, "--out", str(out / "grpo")],
     }  # fmt: skip
     if cfg["placebo"]:
-        commands["placebo"] = [py, str(BENCH / "grpo_placebo.py"), *grpo, "--out", str(out / "placebo")]
+        commands["placebo"] = [
+            py, str(ROOT / "stage2_grpo.py"), *grpo, "--placebo", "--out", str(out / "placebo"),
+        ]  # fmt: skip
     if eval_limit is not None:  # known once stage 0 has written dev.jsonl
         compare = [f"{name}=srt:{out / RUN_OF[name] / 'final'}" for name in models(cfg)]
         commands["eval"] = [

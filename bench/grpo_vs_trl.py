@@ -50,9 +50,11 @@ Every figure is given as the median over all measured steps of all repeats, with
 is median / median.
 
 Where the times come from. Ours: step_s, generate_s, score_s, train_s of stage 2's own
-metrics.jsonl; the worker wraps three functions from outside to split train_s and count tokens
-(stage2_grpo.grpo_step: step windows, prompts, memory marks; stage2_grpo.completion_logprobs:
-old / reference / loss forward; transformers' GenerationMixin.generate: decode time and lengths).
+metrics.jsonl; the worker times from outside to split train_s and count tokens: each step
+(stage2_grpo.train's step_fn, a timed grpo_step: step windows, prompts, memory marks), the log-prob
+passes (srt/modeling.completion_logprobs, wrapped before stage 2 imports it: old / reference / loss
+forward) and the decoding (transformers' GenerationMixin.generate and srt/decode.decode: decode time
+and lengths).
 TRL: a TrainerCallback around each update, and a GRPOTrainer subclass timing _generate and
 _get_per_token_logps_and_entropies (private API: the worker checks that they exist).
 

@@ -249,8 +249,7 @@ def split_steps(steps: list[dict], instruments: Instruments, rewards: list[dict]
 def run_ours(spec: dict, run: dict) -> int:
     import torch
 
-    import stage2_grpo
-    from srt.modeling import load_embedder, stop_token_ids
+    from srt import modeling
 
     cuda = torch.cuda.is_available()
     instruments = Instruments(torch.cuda.synchronize if cuda else None)
@@ -310,19 +309,19 @@ def run_ours(spec: dict, run: dict) -> int:
     ]
 
     loaded = []
-    load = stage2_grpo.load_model_and_tokenizer
+    load = modeling.load_model_and_tokenizer
 
     def load_and_watch(*args, **kwargs):
         model, tokenizer = load(*args, **kwargs)
         # Equal work: no stop token can be sampled, so every completion runs to --max-new-tokens.
-        instruments.stop_ids = stop_token_ids(model, tokenizer)
+        instruments.stop_ids = modeling.stop_token_ids(model, tokenizer)
         model.generation_config.suppress_tokens = list(instruments.stop_ids)
         instruments.hook_precision(model, f"model{len(loaded)}")
         loaded.append(model)
         return model, tokenizer
 
     roles = {}
-    logprobs = stage2_grpo.completion_logprobs
+    logprobs = modeling.completion_logprobs
 
     def timed_logprobs(model, *args, **kwargs):
         if torch.is_grad_enabled():
@@ -330,6 +329,21 @@ def run_ours(spec: dict, run: dict) -> int:
         else:
             kind = "ref_logprobs" if model is roles.get("ref") else "old_logprobs"
         return instruments.timed_call(kind, logprobs, model, *args, **kwargs)
+
+    # The loads and the log-prob passes are timed in srt/modeling.py, before stage 2 imports the two
+    # names from it (this process has not imported stage 2 yet; checked after).
+    if "stage2_grpo" in sys.modules:
+        sys.exit("error: the ours worker must import stage2_grpo itself, after its instruments")
+    modeling.load_model_and_tokenizer = load_and_watch
+    modeling.completion_logprobs = timed_logprobs
+    import stage2_grpo
+
+    if (stage2_grpo.load_model_and_tokenizer, stage2_grpo.completion_logprobs) != (
+        load_and_watch,
+        timed_logprobs,
+    ):
+        sys.exit("error: stage 2 no longer imports load_model_and_tokenizer and completion_logprobs from "
+                 "srt.modeling; update the ours worker")  # fmt: skip
 
     windows = []
     grpo_step = stage2_grpo.grpo_step
@@ -352,13 +366,9 @@ def run_ours(spec: dict, run: dict) -> int:
         )
         return result
 
-    # train() looks these names up in its module at call time
-    stage2_grpo.load_model_and_tokenizer = load_and_watch
-    stage2_grpo.completion_logprobs = timed_logprobs
-    stage2_grpo.grpo_step = marked_grpo_step
-    load_embedder()  # both sides carry the embedder, whether or not a sample reaches `Final answer:`
+    modeling.load_embedder()  # both sides carry the embedder, whether or not a sample reaches `Final answer:`
     start = time.perf_counter()
-    stage2_grpo.train(stage2_grpo.parse_args(argv))
+    stage2_grpo.train(stage2_grpo.parse_args(argv), step_fn=marked_grpo_step)
     total = time.perf_counter() - start
 
     metrics = read_jsonl(run_dir / "metrics.jsonl", validate=False)

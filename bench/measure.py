@@ -1,6 +1,6 @@
-"""What the three benchmarks share: the machine they ran on, the median and spread of repeated
-timings, Markdown tables, and the results folder (runs/bench/). Imported by grpo_vs_trl.py,
-sft_throughput.py and eval_latency.py, which put bench/ and the repository root on sys.path."""
+"""What the bench/ scripts share: the machine they ran on, the median and spread of repeated
+timings, Markdown tables, and the results folder (runs/bench/). Each script that imports it puts
+bench/ and the repository root on sys.path first."""
 
 from __future__ import annotations
 
@@ -70,20 +70,24 @@ def machine() -> dict:
         "avx512f": "avx512f" in flags,
         "avx512_bf16": "avx512_bf16" in flags,
         "amx_bf16": "amx_bf16" in flags,
-        "bf16_matmul_units": cpu_has_bf16_matmul(),
+        "bf16_matmul_units": cpu_has_bf16_matmul(),  # the CPU's
         "gpu": None,
+        "gpu_bf16": None,
     }
     if torch.cuda.is_available():
         info["gpu"] = torch.cuda.get_device_name(0)
-        info["bf16_matmul_units"] = True
+        info["gpu_bf16"] = torch.cuda.is_bf16_supported()
     return info
 
 
 def machine_line(info: dict) -> str:
-    where = info["gpu"] or f"{info['cpu']} ({info['vector_isa']}), {info['logical_cpus']} logical CPUs"
+    """The machine in one line: the GPU where there is one, then the CPU, which runs the Python of
+    every step and, without a GPU, the model."""
     bf16 = "has bf16 matmul units" if info["bf16_matmul_units"] else "no bf16 matmul units (fp32 only)"
+    cpu = f"{info['cpu']} ({info['vector_isa']}), {info['logical_cpus']} logical CPUs, {bf16}"
+    gpu = f"{info['gpu']} ({'bf16' if info.get('gpu_bf16') else 'no bf16'}); " if info.get("gpu") else ""
     return (
-        f"{where}; {bf16}; torch {info['torch']}, {info['torch_threads']} threads, "
+        f"{gpu}{cpu}; torch {info['torch']}, {info['torch_threads']} threads, "
         f"transformers {info['transformers']}"
     )
 

@@ -14,9 +14,9 @@ share lives here, one job a module:
     training      seeding, the learning-rate schedule of §4.1, the wall-clock budget
     config        argparse with presets, flag checks, the resolved config written beside outputs
     data_io       the JSONL record format, the weighted mix of several files, atomic writes
-    synthetic     the embedded synthetic corpus (planted dependencies)
-    corpora       readers for LoCoMo, CoQA, MultiWOZ, DailyDialog, ReDial, MG-ShopDial, chit-chat, JSONL
-    teacher       the LLM teachers of §3.2 and the chat-API client
+    data/         where stage 0's dialogues come from: the synthetic corpus (synthetic.py, its four
+                  domains and their common parts), the readers of LoCoMo, CoQA, MultiWOZ, DailyDialog,
+                  ReDial, MG-ShopDial, chit-chat and JSONL (corpora.py), the LLM teachers (teacher.py)
     metrics       F1, accuracy, recall Jaccard, the error taxonomy, paired bootstrap, McNemar
     locomo_eval   LoCoMo's own per-category answer scoring and evidence recall
     report        Table 2 / Table 3 / Fig. 4 reports and plots

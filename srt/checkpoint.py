@@ -5,7 +5,7 @@ A checkpoint folder holds the weights and the tokenizer in save_pretrained form 
 plus `trainer_state.json` (step, the settings a resumed run must share) and `trainer_state.pt`
 (optimizer, random states, data position), which is read back with weights_only=True: nothing
 in it is unpickled as code. A checkpoint of an FSDP run keeps the same two trainer files, but its
-weights and optimizer state are sharded (sharding.py: `sharded/`, torch.distributed.checkpoint).
+weights and optimizer state are sharded (srt/distributed.py: `sharded/`, torch.distributed.checkpoint).
 """
 
 from __future__ import annotations
@@ -102,7 +102,7 @@ def has_trainer_state(path) -> bool:
 
 # Settings checkpoints record only since a later version: one written before lacks them and is
 # resumed without that check (a note says so), so a run begun earlier still finishes.
-RECORDED_LATER = ("data", "data_sha256")
+RECORDED_LATER = ("data", "data_sha256", "placebo")
 
 
 def check_resume_config(path, resume_config: dict) -> None:

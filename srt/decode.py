@@ -28,8 +28,9 @@ prompt is read once per group instead of K times, and on a CPU the weights are p
 matmul. Other architectures run the model's own forward at every step (StaticKVCache). Where the
 hardware has bf16 units (a GPU, an AMX CPU) the rollouts run on a bf16 copy of the policy
 (`sampling_model`), which reads half the bytes and casts nothing at run time, where bf16 autocast
-casts every weight at every step. On a GPU the decode step is captured once as a CUDA graph and
-replayed, so the GPU stops waiting on Python between small kernels.
+casts every weight at every step; under FSDP they run on the weights gathered for the batch
+(distributed.full_weights), as a module without FSDP's hooks. On a GPU the decode step is captured
+once as a CUDA graph and replayed, so the GPU stops waiting on Python between small kernels.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ import weakref
 
 import torch
 
-from srt.distributed import all_ranks_any, is_fsdp
+from srt.distributed import all_ranks_any, is_fsdp, is_gathered, plain_module
 
 
 # --------------------------------------------------------------------------------------------
@@ -687,12 +688,17 @@ def sampling_model(model, dtype):
     RoPE's inv_freq, stay fp32), made once and refreshed from the model's weights before a call if
     they have changed since (their versions) or an optimizer step `follow_optimizer` watches has
     run (a fused optimizer changes no version). The master weights and the loss stay as they are.
-    Otherwise (fp32, already narrow, FSDP, which gathers bf16 itself): the model."""
-    if dtype is None or any(hasattr(p, "to_local") for p in model.parameters()):
-        return model
-    if all(p.dtype == dtype for p in model.parameters() if p.is_floating_point()):
-        return model
+    FSDP inside full_weights: the gathered weights, already in FSDP's compute dtype, as a plain
+    module (distributed.plain_module), no copy. Otherwise (fp32, already narrow, FSDP with sharded
+    weights, whose every forward gathers): the model."""
     entry = _COPIES.setdefault(model, {"model": None, "stale": True, "versions": None})
+    if is_fsdp(model):
+        if not is_gathered(model):
+            return model
+        entry["model"] = plain_module(model)
+        return entry["model"]
+    if dtype is None or all(p.dtype == dtype for p in model.parameters() if p.is_floating_point()):
+        return model
     if entry["model"] is None:  # deepcopy with each parameter's bf16 copy given: no fp32 duplicate
         given = {
             id(p): torch.nn.Parameter(p.detach().to(dtype, copy=True), requires_grad=False)
@@ -716,6 +722,10 @@ def follow_optimizer(model, optimizer) -> None:
 
     def mark_stale(*_):
         entry["stale"] = True
-        _PACKED.pop(model, None)  # fp32: the packed weights are the model's own
+        # Packed weights of the old weights are of no further use: free them before the next rollout
+        # (the model's own in fp32, the sampling copy's, or those of FSDP's gathered weights).
+        for sampler in (model, entry["model"]):
+            if sampler is not None:
+                _PACKED.pop(sampler, None)
 
     optimizer.register_step_post_hook(mark_stale)

@@ -9,7 +9,8 @@ do not fit one GPU (the paper's 7B backbone on 8 x A100-80GB, §4.1). PyTorch's 
   Each rank keeps 1/N of the fp32 master weights, of the gradients and, since AdamW is built on
   the sharded parameters, of AdamW's two moments. On a GPU a MixedPrecisionPolicy all-gathers bf16
   copies for compute and reduce-scatters gradients in fp32.
-- `full_weights`: every unit gathered once for a whole `generate` call (rollouts, evaluation).
+- `full_weights`: every unit gathered once for a whole `generate` call (rollouts, evaluation);
+  `plain_module` is the model over those gathered tensors without FSDP, what the decode loop runs.
 - `accumulate`: the gradient-accumulation context (DDP's no_sync; nothing under FSDP).
 - checkpoints: `save_sharded` / `load_sharded` write and read every rank's shards with
   torch.distributed.checkpoint (DCP) beside the usual trainer_state files; `save_full` gathers the
@@ -20,8 +21,10 @@ do not fit one GPU (the paper's 7B backbone on 8 x A100-80GB, §4.1). PyTorch's 
 from __future__ import annotations
 
 import argparse
+import copy
 import os
 import shutil
+import weakref
 from contextlib import contextmanager, nullcontext
 from datetime import timedelta
 from pathlib import Path
@@ -50,6 +53,14 @@ def setup_distributed(timeout_minutes: float | None = None, always: bool = False
     world_size = int(os.environ.get("WORLD_SIZE", 1))
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     if torch.cuda.is_available():
+        # One GPU per rank: NCCL refuses two ranks on one GPU, and CUDA's own error would come later
+        # and say less.
+        if local_rank >= torch.cuda.device_count():
+            raise SystemExit(
+                f"error: LOCAL_RANK {local_rank} needs {local_rank + 1} GPUs; {torch.cuda.device_count()} "
+                "visible: start at most that many processes per node (torchrun --nproc_per_node), or "
+                'hide the GPUs (CUDA_VISIBLE_DEVICES="") to run on CPUs'
+            )
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
     else:
@@ -184,16 +195,19 @@ def full_weights(model):
     freed. Without this, FSDP would all-gather each layer at every decode step: 28 all-gathers of
     ~0.5 GB per new token of a 7B model. Cost: a full copy of the weights in the compute dtype on
     every rank while inside (2 bytes per parameter in bf16: 15.2 GB for Qwen2.5-7B), next to the
-    rollouts' KV cache; memory_plan.py counts it. Since no forward pass communicates, ranks may also
-    decode for different numbers of steps. A plain module passes through."""
+    rollouts' KV cache; memory_plan.py counts it. `generate` decodes on `plain_module(model)`, the
+    same tensors without FSDP's hooks. Since no forward pass communicates, ranks may also decode for
+    different numbers of steps. A plain module passes through."""
     from torch.distributed.fsdp import FSDPModule
 
     units = [m for m in model.modules() if isinstance(m, FSDPModule)]
     if not units:
         yield model
         return
-    for unit in units:
-        unit.unshard()
+    # Every all-gather issued before the first wait: their latencies overlap. The memory is the same
+    # as one unit at a time: a unit's gathered buffer becomes its parameters at its wait.
+    for handle in [unit.unshard(async_op=True) for unit in units]:
+        handle.wait()
     model.set_reshard_after_forward(False)
     try:
         yield model
@@ -202,6 +216,44 @@ def full_weights(model):
             unit.reshard()
         model.set_reshard_after_forward(True)
         model.set_reshard_after_forward(False, recurse=False)  # FSDP's own choice for the root
+
+
+def is_gathered(model) -> bool:
+    """Does every parameter of this FSDP model hold its full tensor now (inside full_weights)?
+    Sharded parameters are DTensors."""
+    return not any(hasattr(p, "to_local") for p in model.parameters())
+
+
+_PLAIN_MODULES = weakref.WeakKeyDictionary()  # an FSDP model -> its plain module
+
+
+def plain_module(model):
+    """The gathered FSDP model as a module of its own class without FSDP: built once on the meta
+    device (no memory), then every parameter and buffer is the FSDP model's own tensor object, so
+    nothing is copied (tied weights stay one tensor). Call it inside full_weights, where those
+    tensors are the full weights in FSDP's compute dtype. Its forward runs none of FSDP's hooks, which
+    synchronise streams, swap parameters and keep autograd state, so the decode loop can run it in
+    inference mode, with the grouped step and under a CUDA graph, as it runs a model without FSDP.
+    After the gather it still holds FSDP's unsharded tensors, whose storage FSDP has freed; the next
+    call points it at the tensors of the next gather."""
+    from torch.distributed.fsdp import FSDPModule
+
+    if not is_gathered(model):
+        raise RuntimeError("plain_module: the FSDP model is sharded; call it inside full_weights")
+    plain = _PLAIN_MODULES.get(model)
+    if plain is None:
+        plain_class = next(c for c in type(model).__mro__ if not issubclass(c, FSDPModule))
+        with torch.device("meta"):
+            plain = plain_class(copy.deepcopy(model.config))
+        plain.generation_config = model.generation_config
+        _PLAIN_MODULES[model] = plain.eval()
+    modules = dict(plain.named_modules())
+    for name, module in model.named_modules():
+        modules[name]._parameters.update(module._parameters)
+        modules[name]._buffers.update(module._buffers)
+    if any(t.is_meta for t in (*plain.parameters(), *plain.buffers())):
+        raise RuntimeError(f"plain_module: {type(plain).__name__} has tensors the FSDP model lacks")
+    return plain
 
 
 def accumulate(model, sync: bool):

@@ -23,7 +23,7 @@ the label of the utterance that holds it (stage 0 keeps that map in meta.evidenc
 release gives a question without evidence a recall of 1; here it has none, so that a question
 nothing could be recalled for does not raise every method alike.
 
-Records carry their category in meta.category (srt/corpora.py's LoCoMo loader; our JSONL may carry
+Records carry their category in meta.category (srt/data/corpora.py's LoCoMo loader; our JSONL may carry
 it too). A library module: evaluate.py scores rows with it, report.py tabulates them.
 """
 
@@ -36,7 +36,7 @@ from collections import Counter
 import numpy as np
 from nltk.stem import PorterStemmer
 
-from srt.corpora import LOCOMO_CATEGORIES
+from srt.data.corpora import LOCOMO_CATEGORIES
 from srt.metrics import paired_bootstrap
 
 _STEMMER = PorterStemmer()

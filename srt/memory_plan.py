@@ -12,18 +12,29 @@ Per rank, in GB (10^9 bytes), on a GPU (bf16 compute: autocast, or FSDP's MixedP
                    units of one step: the root (embeddings, norm, lm_head) and two layers (the one
                    computing and the one prefetched)
     pi_ref         GRPO with beta > 0: bf16 and sharded under FSDP, else in the weights' dtype
-    rollout        GRPO: the KV cache, K x prompts x (prompt + new tokens) x layers x 2 x kv_heads x
-                   head_dim x 2 bytes, and under FSDP the full bf16 weights gathered once per
-                   rollout batch (sharding.full_weights)
+    sampling copy  GRPO without FSDP, bf16 compute over wider weights: the bf16 copy of the policy
+                   the rollouts run on (decode.sampling_model, 2 P), kept between rollouts
+    rollout        GRPO: the KV cache (layers x 2 x kv_heads x head_dim x 2 bytes a position: with
+                   the grouped decode step each prompt's positions once for its K rows, else
+                   (prompt + new tokens) for every row); the prefill's activations (no autograd: a
+                   layer at a time, 4 h + 3 I numbers a prompt token) and its padding mask; the
+                   sampler's fp32 and fp64 copies of each row's logits (decode.next_tokens); and
+                   under FSDP the full bf16 weights gathered once per rollout batch
+                   (distributed.full_weights)
     activations    per micro-batch of rows x tokens, bf16. A decoder layer keeps about
                    8 h + 2 kv_dim + 4 I numbers per token (norm inputs and outputs, q, k, v, the
                    attention output, the residual, gate, up, act(gate), act(gate) * up; SDPA keeps
                    no tokens x tokens matrix); with gradient checkpointing only the layer input
-                   (h per token) stays, and one layer is recomputed at a time
-    logits         the logits of the positions that carry a loss (bf16) and their gradient, plus one
-                   fp32 chunk of 256 positions (modeling.token_logprobs)
+                   (h per token) stays, and one layer is recomputed at a time. Under autocast the
+                   residual stream is in the weights' dtype (fp32): the layer inputs and the four
+                   numbers a token the RMSNorms keep
+    logits         the logits of the positions that carry a loss (bf16), the gradients of the
+                   chunks already back-propagated and four fp32 copies of the chunk of 256
+                   positions in back-propagation; or, where they are joined, three bf16 copies of
+                   them all (modeling.token_logprobs)
 
-peak = weights + moments + buckets + pi_ref + max(rollout, gradients + copies + activations + logits):
+peak = weights + moments + buckets + pi_ref + sampling copy
+       + max(rollout, gradients + copies + activations + logits):
 the rollout runs with no gradients (they are freed with set_to_none after every update). A plan
 fits when the peak stays under 90% of the GPU's memory (the rest: CUDA context, fragmentation).
 """
@@ -51,6 +62,7 @@ class Shape:
     tied: bool
     attention_bias: bool = False  # Qwen2 has biases on q, k and v
     head_dim: int | None = None
+    grouped_decode: bool = False  # decode.GroupedStep runs it: a prompt's KV cache once for its K rows
 
     @property
     def dim(self) -> int:
@@ -80,8 +92,11 @@ QWEN25_7B = Shape(
     vocab=152064,
     tied=False,
     attention_bias=True,
+    grouped_decode=True,
 )
-SMOLLM2_135M = Shape(hidden=576, layers=30, heads=9, kv_heads=3, intermediate=1536, vocab=49152, tied=True)
+SMOLLM2_135M = Shape(
+    hidden=576, layers=30, heads=9, kv_heads=3, intermediate=1536, vocab=49152, tied=True, grouped_decode=True
+)
 KNOWN_SHAPES = {
     "Qwen/Qwen2.5-7B-Instruct": QWEN25_7B,
     "Qwen/Qwen2.5-7B": QWEN25_7B,
@@ -101,6 +116,11 @@ def shape_from_config(config: dict) -> Shape:
         tied=bool(config.get("tie_word_embeddings", False)),
         attention_bias=bool(config.get("attention_bias", config.get("model_type") == "qwen2")),
         head_dim=config.get("head_dim"),
+        # decode.grouped_step_supported, from the config alone (a model with norms on q and k has
+        # its own model_type)
+        grouped_decode=config.get("model_type") in ("llama", "qwen2")
+        and not config.get("mlp_bias", False)
+        and "sliding_attention" not in (config.get("layer_types") or []),
     )
 
 
@@ -134,6 +154,8 @@ class Run:
     loss_positions: int  # positions per row whose logits enter the loss
     rollouts: int = 0  # GRPO: completions sampled per rank per step (K x prompts)
     with_reference: bool = False  # GRPO with beta > 0
+    group_size: int = 1  # GRPO: K, the completions of one prompt
+    new_tokens: int = 0  # GRPO: new tokens a completion (the rest of `tokens` is its prompt)
 
 
 def plan(shape: Shape, run: Run) -> dict:
@@ -141,6 +163,10 @@ def plan(shape: Shape, run: Run) -> dict:
     P, N = shape.parameters(), run.world_size
     w = 2 if run.dtype == "bfloat16" else 4  # bytes per weight, gradient, AdamW moment
     c = 4 if run.dtype == "float32" else 2  # bytes per number in compute
+    autocast = not run.fsdp and c < w
+    # Autocast leaves the embedding lookup alone, so the residual stream stays in the weights'
+    # dtype; FSDP gathers the embeddings in the compute dtype, and the stream follows.
+    r = w if autocast else c
     shards = N if run.fsdp else 1
     items = {
         "weights": w * P / shards,
@@ -156,18 +182,44 @@ def plan(shape: Shape, run: Run) -> dict:
         items["reference"] = (c if run.fsdp else w) * P / shards
     kv_dim = shape.kv_heads * shape.dim
     if run.stage == "grpo":
-        items["kv_cache"] = run.rollouts * run.tokens * shape.layers * 2 * kv_dim * c
+        # The rollouts' bf16 copy of the policy lives from the first rollout on, refreshed in place.
+        items["sampling_copy"] = c * P if autocast else 0
+        prompts, prompt_tokens = run.rollouts // run.group_size, run.tokens - run.new_tokens
+        if shape.grouped_decode:  # GroupKVCache: the prompt's columns, then each row's completion
+            positions = prompts * (prompt_tokens + run.new_tokens * run.group_size)
+        else:  # StaticKVCache: prompt + completion for every row
+            positions = run.rollouts * run.tokens
+        items["kv_cache"] = positions * shape.layers * 2 * kv_dim * c
+        # Measured without autograd (a dispatch-mode count of live tensors): the embeddings, which
+        # the forward keeps, the residual stream, the next one being formed and a norm's output
+        # (4 h), the MLP's gate, its activation and up (3 I) a prompt token; and the padding mask
+        # as a boolean and as the additive bias SDPA makes of it.
+        items["prefill"] = (
+            prompts
+            * prompt_tokens
+            * (c * (4 * shape.hidden + 3 * shape.intermediate) + (1 + c) * prompt_tokens)
+        )
         items["rollout_weights"] = c * P if run.fsdp else 0
-        items["sampling_logits"] = run.rollouts * shape.vocab * 4
+        # A step's logits (compute dtype), their fp32 copy and probabilities, and the fp64 copy and
+        # cumulative sum that draw() searches.
+        items["sampling_logits"] = run.rollouts * shape.vocab * (c + 4 + 4 + 8 + 8)
     per_token_layer = 8 * shape.hidden + 2 * kv_dim + 4 * shape.intermediate
+    # The two RMSNorms' inputs and normalised outputs (4 h of the 8 h) are in the residual's dtype.
+    layer_bytes = c * per_token_layer + (r - c) * 4 * shape.hidden
     rows_tokens = run.micro_rows * run.tokens
     if run.gradient_checkpointing:
-        items["activations"] = c * rows_tokens * (shape.layers * shape.hidden + per_token_layer)
+        items["activations"] = rows_tokens * (shape.layers * shape.hidden * r + layer_bytes)
     else:
-        items["activations"] = c * rows_tokens * shape.layers * per_token_layer
-    items["logits"] = run.micro_rows * shape.vocab * (2 * c * run.loss_positions + 2 * 4 * LOGIT_CHUNK)
-    persistent = items["weights"] + items["adamw"] + items["ddp_buckets"] + items.get("reference", 0)
-    rollout = items.get("kv_cache", 0) + items.get("rollout_weights", 0) + items.get("sampling_logits", 0)
+        items["activations"] = rows_tokens * shape.layers * layer_bytes
+    items["logits"] = logit_bytes(run.micro_rows, run.loss_positions, shape.vocab, c)
+    persistent = (
+        items["weights"]
+        + items["adamw"]
+        + items["ddp_buckets"]
+        + items.get("reference", 0)
+        + items.get("sampling_copy", 0)
+    )
+    rollout = sum(items.get(k, 0) for k in ("kv_cache", "prefill", "rollout_weights", "sampling_logits"))
     training = items["gradients"] + items["compute_copies"] + items["activations"] + items["logits"]
     return dict(
         items,
@@ -177,6 +229,21 @@ def plan(shape: Shape, run: Run) -> dict:
         peak=persistent + max(rollout, training),
         parameters=P,
     )
+
+
+def logit_bytes(rows: int, positions: int, vocab: int, c: int) -> int:
+    """The loss's logits at their largest (modeling.token_logprobs, measured with a dispatch-mode
+    count of live tensors): `positions` logits a row in the compute dtype, the last predicting
+    nothing, the others split into chunks of LOGIT_CHUNK. Back-propagating a chunk holds four fp32
+    copies of it (logits / T, kept for the backward; the gather's gradient; logsumexp's z - lse and
+    its exp) beside the bf16 gradients of the chunks done before it; the entropy of the first pass
+    holds as many in the forward. Once every chunk is done, their gradients are joined into one
+    tensor, then padded to all the positions: three copies of the logits at once."""
+    logits = c * rows * positions * vocab
+    scored = max(positions - 1, 1)
+    chunks = -(-scored // LOGIT_CHUNK)
+    chunk_fp32 = 4 * rows * min(scored, LOGIT_CHUNK) * vocab
+    return logits + max(logits * (chunks - 1) / chunks + 4 * chunk_fp32, 2 * logits)
 
 
 def fits(peak_bytes: float, gpu_gb: float) -> bool:
@@ -217,12 +284,27 @@ def format_plan(name: str, shape: Shape, run: Run, gpu_gb: float) -> str:
             f"  reference model pi_ref ({c if run.fsdp else w}{part}, no gradients)".ljust(84)
             + f"{p['reference'] / GB:8.2f}"
         )
+    if p.get("sampling_copy"):
+        lines.append(
+            f"  sampling copy of the policy ({c}, for the rollouts)".ljust(84)
+            + f"{p['sampling_copy'] / GB:8.2f}"
+        )
     if run.stage == "grpo":
+        prompts, prompt_tokens = run.rollouts // run.group_size, run.tokens - run.new_tokens
+        layout = (
+            f"{prompts} x ({prompt_tokens} + {run.group_size} x {run.new_tokens})"
+            if shape.grouped_decode
+            else f"{run.rollouts} x {run.tokens}"
+        )
         lines += [
-            f"  rollout: KV cache ({run.rollouts} x {run.tokens} tokens x {shape.layers} layers x 2 x "
+            f"  rollout: KV cache ({layout} tokens x {shape.layers} layers x 2 x "
             f"{shape.kv_heads} x {shape.dim} x {c})".ljust(84)
             + f"{p['kv_cache'] / GB:8.2f}",
-            f"  rollout: sampling logits ({run.rollouts} x {shape.vocab} fp32)".ljust(84)
+            f"  rollout: prefill activations ({prompts} x {prompt_tokens} tokens, one layer at a time)".ljust(
+                84
+            )
+            + f"{p['prefill'] / GB:8.2f}",
+            f"  rollout: sampling logits ({run.rollouts} x {shape.vocab}, fp32 and fp64 copies)".ljust(84)
             + f"{p['sampling_logits'] / GB:8.2f}",
         ]
         if p["rollout_weights"]:
@@ -249,6 +331,7 @@ def format_plan(name: str, shape: Shape, run: Run, gpu_gb: float) -> str:
         "  peak = weights + moments"
         + (" + buckets" if p["ddp_buckets"] else "")
         + (" + pi_ref" if "reference" in p else "")
+        + (" + copy" if p.get("sampling_copy") else "")
         + (" + max(rollout, training)" if run.stage == "grpo" else " + training")
     )
     lines.append(peak_line.ljust(84) + f"{p['peak'] / GB:8.2f}")
@@ -315,6 +398,8 @@ def stage_run(stage: str, args, world_size: int) -> Run:
         args.max_new_tokens + 1,
         rollouts=rows,
         with_reference=args.beta > 0,
+        group_size=args.num_generations,
+        new_tokens=args.max_new_tokens,
     )
 
 

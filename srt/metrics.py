@@ -3,7 +3,7 @@
 
 - SQuAD-style token F1 of an answer against the reference (Table 1), a key-F1 against the answer
   keys, and key accuracy (Table 2), all with numbers normalised ("$180.00" = "$180" = "180");
-- the answer matcher of accuracy, which reward.py's keys answer reward uses too (issue 28):
+- the answer matcher of accuracy, which reward.py's keys answer reward uses too:
   answer_is_right(answer, keys, reference) holds when the answer states every key (keys_present:
   word boundaries, numbers normalised, a yes/no key for one polarity and no hedge) and no other
   value (stated_values: a money amount, number, date or time, code or capitalised name) that

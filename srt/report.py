@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from srt import locomo_eval
-from srt.corpora import LOCOMO_CATEGORIES
+from srt.data.corpora import LOCOMO_CATEGORIES
 from srt.data_io import BUCKETS, atomic_write_text, bucket_of, write_json
 from srt.metrics import ERROR_TYPES, mcnemar_exact, paired_bootstrap
 

@@ -102,9 +102,11 @@ class Rollout:
 def sample_groups(policy, tokenizer, records, prompts, cfg, reward_fn, autocast_dtype) -> Rollout:
     """K completions per prompt from the policy in one batched generate (srt/decode.py's loop: each
     prompt prefilled once for its K rows; on a bf16 copy of the policy where the hardware has bf16
-    units), scored with the verifiable reward R = format + recall + answer (Eqs. (4)-(7))."""
+    units, under FSDP on the gathered bf16 weights), scored with the verifiable reward
+    R = format + recall + answer (Eqs. (4)-(7))."""
     t0 = time.perf_counter()
-    with full_weights(policy):  # FSDP: gathered once for the whole batch, freed after (srt/distributed.py)
+    # FSDP: gathered once for the whole batch, decoded as a plain module, freed after (srt/distributed.py)
+    with full_weights(policy):
         out = generate(
             policy,
             tokenizer,

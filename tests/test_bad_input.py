@@ -23,8 +23,8 @@ import stage0_build as s0
 import stage1_sft
 import stage2_grpo
 from srt.config import Bounded
+from srt.data.synthetic import generate_synthetic
 from srt.data_io import MAX_UTTERANCE_CHARS, write_jsonl
-from srt.synthetic import generate_synthetic
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPTS = {

@@ -1,11 +1,15 @@
 """bench/ without TRL: the reward wrapper TRL would call, the checks that refuse a GRPO ratio
 (precision read from the computation, torch versions, equal work), the median and spread by hand,
-the Markdown rows, the one-line argument errors, and tiny-random smokes of the SFT throughput and
-evaluation latency benchmarks. The GRPO comparison itself (grpo_workers.py's two training
-subprocesses, TRL in its own venv) is run by hand: see bench/README.md."""
+the Markdown rows, the one-line argument errors, tiny-random smokes of the evaluation latency and
+sampler mismatch benchmarks, and grpo_seeds.py's verdicts. The GRPO comparison itself
+(grpo_workers.py's two training subprocesses, TRL in its own venv) is run by hand: see
+bench/README.md."""
 
 import importlib.util
 import json
+import os
+import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -30,7 +34,6 @@ def load(name):
 bench = load("grpo_vs_trl")
 workers = load("grpo_workers")
 measure = load("measure")
-sft_bench = load("sft_throughput")
 eval_bench = load("eval_latency")
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -364,6 +367,19 @@ def test_machine_record_names_the_cpu_its_vector_isa_and_its_bf16_units():
     assert info["cpu"] in line and f"({info['vector_isa']})" in line
 
 
+def test_machine_record_names_the_gpu_beside_the_cpu_not_in_its_place(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=0: "NVIDIA H200")
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+    info = measure.machine()
+    assert info["gpu"] == "NVIDIA H200" and info["gpu_bf16"] is True
+    from srt.modeling import cpu_has_bf16_matmul
+
+    assert info["cpu"] == measure.cpu_model() and info["bf16_matmul_units"] == cpu_has_bf16_matmul()
+    line = measure.machine_line(info)
+    assert line.startswith("NVIDIA H200 (bf16); ") and f"{info['cpu']} ({info['vector_isa']})" in line
+
+
 def test_a_workers_peak_memory_is_its_own_not_its_parents():
     """ru_maxrss survives fork and exec on Linux: a small child of a big parent would report the
     parent's peak. The peak the workers report must be the child's own."""
@@ -419,19 +435,16 @@ def test_bf16_without_bf16_units_stops_with_one_line(monkeypatch):
 
 
 @pytest.mark.parametrize(
-    "module, argv, message",
+    "argv, message",
     [
-        ("sft", ["--phases", "3"], "--phases '3'"),
-        ("sft", ["--steps", "1", "--warmup", "1"], "more than --warmup"),
-        ("sft", ["--data", "no/such.jsonl"], "--synthetic N"),
-        ("eval", ["--methods", "full,oracle"], "--methods 'full,oracle'"),
-        ("eval", ["--per-bucket", "0"], "--per-bucket must be at least 1"),
-        ("eval", ["--data", "no/such.jsonl"], "--synthetic N"),
+        (["--methods", "full,oracle"], "--methods 'full,oracle'"),
+        (["--per-bucket", "0"], "--per-bucket must be at least 1"),
+        (["--data", "no/such.jsonl"], "--synthetic N"),
     ],
 )
-def test_sft_and_eval_bad_arguments_stop_with_one_line(module, argv, message):
+def test_eval_bad_arguments_stop_with_one_line(argv, message):
     with pytest.raises(SystemExit) as stop:
-        (sft_bench if module == "sft" else eval_bench).main(argv)
+        eval_bench.main(argv)
     assert message in str(stop.value) and "\n" not in str(stop.value)
 
 
@@ -462,55 +475,6 @@ def records_file(tmp_path, rounds=(6, 6, 14, 14, 22, 30)):
     path = tmp_path / "records.jsonl"
     write_jsonl(path, [hand_record(i, rounds=r) for i, r in enumerate(rounds)])
     return str(path)
-
-
-def test_sft_throughput_smoke(tmp_path, capsys):
-    out = tmp_path / "sft"
-    sft_bench.main(
-        [
-            "--model",
-            "tiny-random",
-            "--data",
-            records_file(tmp_path),
-            "--out",
-            str(out),
-            "--steps",
-            "2",
-            "--batch-size",
-            "2",
-            "--max-length",
-            "512",
-            "--precisions",
-            "fp32",
-            "--padding-batches",
-            "2",
-        ]
-    )
-    result = json.loads((out / "results.json").read_text())
-    for phase in ("1", "2"):
-        for order in ("grouped", "ungrouped"):
-            steps = result["results"]["fp32"]["phases"][phase][order]["steps"]
-            assert len(steps) == 2 and all(s["real_tokens"] <= s["padded_tokens"] for s in steps)
-            assert result["summary"]["fp32"][phase][order]["tokens_per_s"]["n"] == 1
-    assert "| fp32 | 2 | ungrouped | 1 |" in (out / "results.md").read_text()
-    assert result["machine"]["cpu"]
-
-
-def test_ungrouped_order_is_phase_data_shuffle_without_the_sort(tiny):
-    from stage1_sft import PhaseData
-
-    _, tokenizer = tiny
-    records = [hand_record(i, rounds=r) for i, r in enumerate((4, 12, 6, 20, 8, 3, 16))]
-    data = PhaseData(tokenizer, records, 2, 512, "full", 0, 2)
-    grouped = [sorted(data.batch_indices(k)) for k in range(data.batches_per_epoch)]
-    ungrouped = [sorted(b) for b in sft_bench.ungrouped_batches(data)]
-    assert sorted(i for b in grouped for i in b) == sorted(
-        i for b in ungrouped for i in b
-    )  # the same examples
-    assert len(ungrouped) == data.batches_per_epoch and all(len(b) == 2 for b in ungrouped)
-    assert sft_bench.padding([{"input_ids": [1, 2, 3]}, {"input_ids": [1]}])[
-        "padding_share"
-    ] == pytest.approx(1 / 3)
 
 
 def test_eval_latency_smoke(tmp_path):
@@ -552,197 +516,51 @@ def test_eval_latency_smoke(tmp_path):
     assert "| recency | 32 | 1 |" in (out / "results.md").read_text()
 
 
-def test_rollout_prefill_smoke_both_sides_do_the_same_work(tmp_path):
-    out = tmp_path / "prefill"
-    load("rollout_prefill").main(
-        [
-            "--model",
-            "tiny-random",
-            "--data",
-            records_file(tmp_path),
-            "--out",
-            str(out),
-            "--prompts",
-            "2",
-            "-K",
-            "3",
-            "--max-new-tokens",
-            "4",
-            "--repeats",
-            "1",
-        ]
-    )
-    result = json.loads((out / "results.json").read_text())
-    once, k_prefills = result["sides"]["prefill once"], result["sides"]["K prefills"]
-    assert once["rows"] == k_prefills["rows"] == 6
-    assert once["prompt_tokens_per_row"] == k_prefills["prompt_tokens_per_row"] > 0
-    assert (
-        once["generated_tokens"] == k_prefills["generated_tokens"] == 6 * 4
-    )  # a random model never stops early
-    assert result["same_samples"] is True  # fp32: one seed samples the same tokens either way
-    assert result["time_ratio_once_over_k"] > 0
+def test_gpu_check_runs_from_data_and_a_shape_given_to_it(tmp_path):
+    """bench/gpu_check.sh as a GPU machine without a registry runs it (here on a CPU): the stage-0
+    data and a model's shape brought over, the shape given random weights, GRPO started from its own
+    SFT's final/, every line printed as it comes with the seconds since its part began and no
+    progress bar, the plan's peak in the summary."""
+    data, work, shape = tmp_path / "data", tmp_path / "work", tmp_path / "shape"
+    data.mkdir()
+    write_jsonl(data / "train.jsonl", [hand_record(i, rounds=4 + i % 3) for i in range(8)])
+    env = dict(os.environ, PYTHON=sys.executable, CPU_SMOKE="1", NGPU="1", DATA=str(data), WORK=str(work))
+    script = ["bash", str(REPO / "bench" / "gpu_check.sh")]
+    export = dict(env, MODEL="tiny-random", EXPORT_SHAPE=str(shape))
+    subprocess.run(script, env=export, check=True, timeout=300)
+    assert (shape / "config.json").exists() and not list(shape.glob("*.safetensors"))
+    smoke = dict(env, SHAPE=str(shape), PARTS="train", MODES="fsdp", STEPS="2", K="2", NEW_TOKENS="4")
+    run = subprocess.run(script, env=smoke, capture_output=True, text=True, timeout=600)
+    out = run.stdout
+    assert run.returncode == 0, out[-3000:] + run.stderr[-3000:]
+    assert "== sft_fsdp: done" in out and "== grpo_fsdp: done" in out, out[-3000:]
+    assert re.search(r"^ +\d+s  done: 2 steps", out, re.M) and "it/s" not in out
+    grpo_config = json.loads((work / "grpo_fsdp" / "config.json").read_text())
+    assert grpo_config["model"] == str(work / "sft_fsdp" / "final")  # its own SFT's output
+    summary = out.split("== summary", 1)[1]
+    assert re.search(r"^grpo_fsdp +1 +[\d.]+ +\d+ +n/a +[\d.]+$", summary, re.M), summary
+    assert "sft_plain    no metrics" in summary and (work / "logs" / "grpo_fsdp.log").exists()
 
 
-def test_temperature_sweep_entropy_rises_with_temperature(tmp_path):
-    """The entropy of softmax(logits / T) grows with T for any fixed logits: a sweep that computed it
-    at T = 1 for every row, or divided by the wrong T, would show equal or falling entropies."""
-    out = tmp_path / "sweep"
-    load("temperature_sweep").main(
-        [
-            "--model",
-            "tiny-random",
-            "--data",
-            records_file(tmp_path),
-            "--out",
-            str(out),
-            "--prompts",
-            "2",
-            "-K",
-            "2",
-            "--max-new-tokens",
-            "4",
-            "--temperatures",
-            "0.5,2.0",
-            "--max-prompt-length",
-            "0",
-        ]
-    )
-    rows = json.loads((out / "results.json").read_text())["rows"]
-    assert [r["temperature"] for r in rows] == [0.5, 2.0]
-    assert rows[0]["entropy_per_token"] < rows[1]["entropy_per_token"]
-    for r in rows:
-        assert 0 <= r["informative_recall"] <= 1 and 0 <= r["informative_total"] <= 1
-        assert r["groups"] == 2 and r["mean_length"] == 4 and r["capped"] == 1.0
-        assert (
-            list(r["exploration"]) == ["1", "2"] and r["groups_needing_recall"] == 2
-        )  # every hand record needs recall
-        assert r["exploration"]["1"][0] == 0.0  # one sample is never a group with a signal
-
-
-def test_exploration_at_k_counts_the_first_k_samples_of_recall_needing_groups_only():
-    """Hand values, K = 4, three groups: the middle one needs no recall and is left out. Group 0's
-    recall parts first differ at sample 2 (index 1) and its exact hit is sample 4; group 2 is constant
-    with no hit. A version that looked at all K samples for every k, counted the middle group, or
-    took Jaccard > 0 for a hit would give other shares."""
-    exploration_at_k = load("temperature_sweep").exploration_at_k
-
-    def score(recall, jaccard):
-        return {"recall": recall, "jaccard": jaccard}
-
-    scores = [
-        score(-1.25, 0.0),
-        score(-0.4, 0.5),
-        score(-0.4, 0.5),
-        score(1.25, 1.0),  # needs recall: informative at k=2, hit at k=4
-        score(1.0, 1.0),
-        score(0.0, 1.0),
-        score(1.0, 1.0),
-        score(1.0, 1.0),  # H* empty: not counted
-        score(-1.25, 0.0),
-        score(-1.25, 0.0),
-        score(-1.25, 0.0),
-        score(-1.25, 0.0),
-    ]  # constant, no hit
-    got = exploration_at_k(scores, [True, False, True], 4)
-    assert list(got) == [1, 2, 4]
-    assert got[1] == (0.0, 0.0)
-    assert got[2] == (0.5, 0.0)
-    assert got[4] == (0.5, 0.5)
-    assert list(exploration_at_k(scores[:6], [True, False], 3)) == [1, 2, 3]
-    assert exploration_at_k(scores[4:8], [False], 4) == {}
-
-
-def test_placebo_permutes_rewards_inside_each_group_and_never_across():
-    """The placebo's control is only as good as its shuffle: each group keeps exactly its own K reward
-    records (so its mean, spread and dynamic-sampling fate are unchanged) while the link to the
-    completions is cut. A shuffle across the whole batch, or one that forgot to write back, fails."""
-    import random
-
-    placebo = load("grpo_placebo")
-    K, groups = 4, 10
-
-    def reward_by_position(completions, examples):
-        return [{"total": float(i), "text": c} for i, c in enumerate(completions)]
-
-    shuffled = placebo.shuffled_within_groups(reward_by_position, K, random.Random(0))
-    texts = [f"c{i}" for i in range(K * groups)]
-    out = shuffled(texts, [None] * len(texts))
-    for g in range(0, len(texts), K):
-        assert sorted(r["total"] for r in out[g : g + K]) == [float(i) for i in range(g, g + K)]
-    moved = sum(r["text"] != t for r, t in zip(out, texts))
-    assert moved >= groups  # seed 0 is fixed; a shuffle that is never written back moves nothing
-    with pytest.raises(ValueError, match="whole groups"):
-        shuffled(texts[:6], [None] * 6)
-
-
-def test_placebo_run_trains_writes_its_marker_and_restores_stage2(tmp_path, monkeypatch):
-    """The shuffle must reach the training step: a patch of a name stage 2 never calls would train on
-    the true rewards and still save a model."""
-    placebo = load("grpo_placebo")
-    import stage2_grpo
-
-    real_step = stage2_grpo.grpo_step
-    shuffled_calls = []
-
-    shuffle = placebo.shuffled_within_groups
-
-    def recording(reward_fn, K, rng):
-        shuffled = shuffle(reward_fn, K, rng)
-
-        def scored(completions, examples):
-            shuffled_calls.append(len(completions))
-            return shuffled(completions, examples)
-
-        return scored
-
-    monkeypatch.setattr(placebo, "shuffled_within_groups", recording)
-    out = tmp_path / "placebo"
-    placebo.main(
-        [
-            "--model",
-            "tiny-random",
-            "--dtype",
-            "float32",
-            "--data",
-            records_file(tmp_path),
-            "--out",
-            str(out),
-            "-K",
-            "2",
-            "--max-new-tokens",
-            "3",
-            "--beta",
-            "0",
-            "--max-steps",
-            "1",
-            "--save-every",
-            "0",
-            "--eval-limit",
-            "0",
-            "--max-prompt-length",
-            "0",
-        ]
-    )
-    assert json.loads((out / "placebo.json").read_text())["seed"] == 0
-    assert (out / "final" / "model.safetensors").exists()
-    assert [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()] == [1]
-    assert shuffled_calls and all(n % 2 == 0 for n in shuffled_calls)  # whole groups of K = 2
-    assert stage2_grpo.grpo_step is real_step
-
-
-def test_placebo_help_names_the_placebo_not_stage2(capsys):
-    import stage2_grpo
-
-    placebo = load("grpo_placebo")
-    with pytest.raises(SystemExit):
-        placebo.main(["--help"])
-    out = " ".join(capsys.readouterr().out.split())  # argparse wraps to the terminal's width
-    assert (
-        out.startswith("usage: grpo_placebo.py")
-        and "shuffled among its K samples" in out
-        and "--num-generations" in out
-    )
-    assert stage2_grpo.build_parser is placebo.REAL_PARSER
+def test_gpu_summary_checks_each_figure_against_its_target(tmp_path):
+    gpu_summary = load("gpu_summary")
+    for name, peak, generate_s in (("grpo_plain", 4.6, 3.0), ("grpo_fsdp", 3.75, 3.6)):
+        (tmp_path / name).mkdir()
+        write_jsonl(
+            tmp_path / name / "metrics.jsonl",
+            [{"step_s": 4.0, "tokens_per_s": 100.0, "peak_gpu_gb": peak, "generate_s": generate_s}] * 3,
+        )
+    (tmp_path / "logs").mkdir()
+    plan = "   10s    peak = weights + moments + pi_ref + max(rollout, training)        {:.2f}\n"
+    (tmp_path / "logs" / "grpo_plain.log").write_text(plan.format(4.3))  # 6.5% under: out of range
+    (tmp_path / "logs" / "grpo_fsdp.log").write_text(plan.format(3.9))  # 4% over: in range
+    (tmp_path / "logs" / "tests.log").write_text("  300s  2 failed, 400 passed in 290.1s\n")
+    lines = gpu_summary.run_lines(tmp_path, "1")
+    assert "-6.5% (OUT OF RANGE" in next(line for line in lines if line.startswith("grpo_plain"))
+    assert "+4.0% (ok" in next(line for line in lines if line.startswith("grpo_fsdp"))
+    assert "1.20x (ok: at most 1.3x" in gpu_summary.rollout_line(tmp_path)
+    assert gpu_summary.tests_line(tmp_path) == "tests: 2 failed, 400 passed in 290.1s"
+    assert gpu_summary.decode_line(tmp_path) == "decode loop: no rollout results"
 
 
 def _comparison(jaccard, f1, against="sft"):
@@ -857,59 +675,8 @@ def test_grpo_seeds_counts_right_answers_whose_recall_missed_h_star_paired_by_qu
 
 
 # ---------------------------------------------------------------------------------------------
-# table2_attribution.py: a control's gap over SRT under each matcher and query subset
+# sampler_mismatch.py: the rollout sampler against pi_old
 # ---------------------------------------------------------------------------------------------
-def test_attribution_separates_the_matcher_and_the_queries_on_planted_answers(tmp_path, capsys):
-    """Four queries with keys: three need recall, one needs none. SRT answers the first two right and
-    stays wrong elsewhere; the control lists two prices on the recall queries (right only under a
-    matcher that ignores what else an answer states) and answers the 'none' query right. So, by
-    hand: today's matcher, all: SRT 2/4, control 1/4 -> -25 points; need recall: 2/3 vs 0/3 ->
-    -66.7; need none: 0/1 vs 1/1 -> +100. Old matcher, need recall: 2/3 vs 3/3 -> +33.3."""
-    attribution = load("table2_attribution")
-    records = [hand_record(i, recall=("Q1",)) for i in range(3)] + [hand_record(3, recall=())]
-    write_jsonl(tmp_path / "test.jsonl", records)
-    srt = ["$20", "$21", "$99", "$99"]
-    control = ["$20 or $70", "$21 or $71", "$22 or $72", "$23"]
-    (tmp_path / "eval").mkdir()
-    for name, answers in (("grpo", srt), ("nocot", control)):
-        write_jsonl(
-            tmp_path / "eval" / f"{name}.jsonl",
-            [{"id": r["id"], "final_answer": a} for r, a in zip(records, answers)],
-        )
-    old_metrics = tmp_path / "old_metrics.py"  # the old rule: every key stated, whatever else
-    old_metrics.write_text(
-        "from srt.metrics import keys_present, answer_keys\n"
-        "def accuracy(answer, record):\n"
-        "    return float(all(keys_present(answer, answer_keys(record))))\n"
-    )
-    out = tmp_path / "out"
-    assert (
-        attribution.main(
-            [
-                "--eval",
-                str(tmp_path / "eval"),
-                "--data",
-                str(tmp_path / "test.jsonl"),
-                "--old-metrics",
-                str(old_metrics),
-                "--out",
-                str(out),
-            ]
-        )
-        == 0
-    )
-    rows = {
-        (r["matcher"], r["queries"]): r for r in json.loads((out / "attribution.json").read_text())["rows"]
-    }
-    today, old = "today's matcher", "old matcher (keys, anything else)"
-    assert rows[today, "all"]["diff"] == pytest.approx(-25.0)
-    assert rows[today, "need recall"]["diff"] == pytest.approx(-200 / 3)
-    assert rows[today, "need none"]["diff"] == pytest.approx(100.0)
-    assert rows[old, "need recall"]["diff"] == pytest.approx(100 / 3)
-    assert rows[old, "need recall"]["n"] == 3
-    assert "| today's matcher | need recall | nocot | 3 | 66.7 | 0.0 | -66.7" in capsys.readouterr().out
-
-
 def test_sampler_mismatch_sees_the_bf16_gap_and_agrees_with_what_stage2_logs(tmp_path):
     """fp32: the sampler is the policy, the gap is rounding (~1e-6, summation order); bf16: the copy's
     gap is orders above it (a logit of ~10 moves by up to ~0.03 in bf16). What update logs is the

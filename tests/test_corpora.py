@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from srt import corpora
+from srt.data import corpora
 from srt.data_io import DataError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -705,7 +705,7 @@ def test_load_corpus_errors_and_imports(tmp_path):
         "jsonl",
     }
     code = (
-        "import sys; import srt.corpora, srt.teacher; "
+        "import sys; import srt.data.corpora, srt.data.teacher; "
         "print(sorted(m for m in sys.modules if m.startswith('stage')))"
     )
     out = subprocess.run(

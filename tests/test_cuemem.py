@@ -16,9 +16,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import cuemem  # noqa: E402
 from cuemem import CueMemory, Triple  # noqa: E402
+from srt.data.synthetic import generate_synthetic  # noqa: E402
 from srt.data_io import bucket_of  # noqa: E402
 from srt.metrics import recall_metrics  # noqa: E402
-from srt.synthetic import generate_synthetic  # noqa: E402
 from stage0_build import utterances  # noqa: E402
 
 

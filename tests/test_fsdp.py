@@ -26,6 +26,7 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -114,6 +115,35 @@ per_step = modeling.generate(model, tok, ["Hello"], 12, greedy=True)["texts"]
 layer_by_layer = count[0]
 dist.all_gather_single = real
 
+# Sampled rollouts under the gather: which module the decode loop runs, in which mode, on which step.
+# The ranks decode different numbers of steps, which a collective inside the loop would not survive.
+from torch.distributed.fsdp import FSDPModule
+from srt import decode
+def hooks(module):
+    return sum(len(m._forward_pre_hooks) + len(m._forward_hooks) for m in module.modules())
+decoded_on, grouped_steps = [], [0]
+real_decode, real_grouped = decode.decode, decode.GroupedStep.__init__
+def spy_decode(module, *a, **k):
+    decoded_on.append({"fsdp_units": sum(isinstance(m, FSDPModule) for m in module.modules()),
+                       "hooks": hooks(module), "inference_mode": torch.is_inference_mode_enabled()})
+    return real_decode(module, *a, **k)
+def spy_grouped(self, *a, **k):
+    grouped_steps[0] += 1
+    real_grouped(self, *a, **k)
+decode.decode, decode.GroupedStep.__init__ = spy_decode, spy_grouped
+with distributed.full_weights(model):
+    plain = decode.sampling_model(model, None)
+    names = dict(model.named_parameters())
+    aliased = all(p is names[n] for n, p in plain.named_parameters())
+    torch.manual_seed(11 + rank)
+    out = modeling.generate(model, tok, SAMPLED_PROMPTS[rank], SAMPLED_TOKENS[rank], num_generations=4)
+decode.decode, decode.GroupedStep.__init__ = real_decode, real_grouped
+freed = all(p.untyped_storage().size() == 0 for p in plain.parameters())
+ids, logprobs = out["completion_ids"].tolist(), out["sampler_logprobs"].tolist()
+sampled = g.gather_objects({"ids": ids, "logprobs": logprobs,
+                            "decoded_on": decoded_on, "grouped_steps": grouped_steps[0], "aliased": aliased,
+                            "fsdp_hooks": hooks(model), "freed_after": freed}, 2)
+
 # bf16 compute over fp32 masters (the GPU set-up), here on gloo: weights and gradients stay fp32.
 model, tok = modeling.load_model_and_tokenizer("tiny-random", dtype="float32")
 model = distributed.shard_model(model, torch.device("cpu"), torch.bfloat16)
@@ -139,7 +169,7 @@ grpo("--out", str(tmp / "s2_b"), "--max-steps", "2", "--resume")
 if rank == 0:
     (tmp / "driver.json").write_text(json.dumps({"grpo_stats": stats, "greedy": texts,
         "decoding_gathers": decoding, "unit_gathers": gathered, "layer_by_layer_gathers": layer_by_layer,
-        "per_step_text": per_step, "mixed": mixed}))
+        "per_step_text": per_step, "mixed": mixed, "sampled": sampled}))
 # Both ranks past their last collective before either destroys the group: a rank that tears gloo
 # down while the other still drains its last eval's collectives can abort at exit (seen once under
 # a loaded CPU as "terminate called without an active exception", SIGABRT on rank 1).
@@ -152,6 +182,8 @@ ROLLOUTS = r"""
 import torch
 from srt import modeling
 PROMPTS = ["Hello", "Q1: What time is it?"]
+SAMPLED_PROMPTS = [["Hello", "Q1: What time is it?"], ["A2: at noon", "Q3: and tomorrow?", "Hi"]]
+SAMPLED_TOKENS = [6, 10]  # new tokens a row, per rank
 
 def fixed_generate(model, tokenizer, prompts, num_generations=1, **_):
     stop = modeling.stop_token_ids(model, tokenizer)[0]
@@ -501,6 +533,26 @@ def test_rollouts_gather_the_weights_once_not_at_every_decode_step(fsdp_run, tin
     assert result["greedy"] == plain and result["per_step_text"] == plain[:1]
 
 
+def test_fsdp_rollouts_decode_on_a_plain_module_and_sample_what_the_plain_model_samples(fsdp_run, tiny):
+    """Inside full_weights the decode loop runs on the gathered tensors themselves (no copy), as a
+    module without FSDP's hooks, in inference mode and with the grouped step, as without FSDP; with
+    the same seed it draws the same tokens with the same log-probabilities as the plain model. Rank 1
+    decodes more steps than rank 0: nothing in the loop waits for the other rank. Outside the
+    gather the plain module holds no memory (FSDP freed the storage it points at)."""
+    namespace = {}
+    exec(ROLLOUTS, namespace)
+    model, tok = tiny
+    for rank, got in enumerate(fsdp_run[1]["sampled"]):
+        assert got["decoded_on"] == [{"fsdp_units": 0, "hooks": 0, "inference_mode": True}]
+        assert got["grouped_steps"] == 1 and got["fsdp_hooks"] > 0
+        assert got["aliased"] and got["freed_after"]
+        torch.manual_seed(11 + rank)
+        prompts, tokens = namespace["SAMPLED_PROMPTS"][rank], namespace["SAMPLED_TOKENS"][rank]
+        want = modeling.generate(model, tok, prompts, tokens, num_generations=4)
+        assert got["ids"] == want["completion_ids"].tolist()
+        torch.testing.assert_close(torch.tensor(got["logprobs"]), want["sampler_logprobs"], rtol=0, atol=1e-6)
+
+
 def test_fsdp_grpo_run_resumes_and_exports_ordinary_weights(fsdp_run):
     tmp, _, _ = fsdp_run
     a, b = (
@@ -617,11 +669,15 @@ def test_chunked_logprobs_equal_the_plain_ones_with_their_gradient():
 
 
 def test_planner_against_a_hand_computation(tmp_path):
-    shape = memory_plan.Shape(hidden=8, layers=2, heads=2, kv_heads=1, intermediate=16, vocab=32, tied=False)
+    shape = memory_plan.Shape(
+        hidden=8, layers=2, heads=2, kv_heads=1, intermediate=16, vocab=32, tied=False, grouped_decode=True
+    )
     # A layer: q 8x8, k and v 8x4 (1 KV head of dim 4), o 8x8, MLP 3 x 8x16, 2 norms of 8.
     layer = 64 + 32 + 32 + 64 + 3 * 128 + 16
     assert shape.layer_parameters() == layer == 592
     assert shape.root_parameters() == 2 * 32 * 8 + 8 == 520 and shape.parameters() == 2 * 592 + 520 == 1704
+    # GRPO under FSDP on 2 GPUs: 2 prompts x K = 3 rows of 7 prompt + 3 new tokens, micro-batches of
+    # 2 rows, the loss on 4 logits a row (3 new tokens scored, the last predicting nothing).
     run = memory_plan.Run(
         "grpo",
         world_size=2,
@@ -633,23 +689,41 @@ def test_planner_against_a_hand_computation(tmp_path):
         loss_positions=4,
         rollouts=6,
         with_reference=True,
+        group_size=3,
+        new_tokens=3,
     )
     p = memory_plan.plan(shape, run)
     P = 1704
     assert p["weights"] == p["gradients"] == 4 * P / 2 and p["adamw"] == 8 * P / 2 and p["ddp_buckets"] == 0
-    assert p["reference"] == 2 * P / 2 and p["rollout_weights"] == 2 * P
+    assert p["reference"] == 2 * P / 2 and p["rollout_weights"] == 2 * P and p["sampling_copy"] == 0
     assert p["compute_copies"] == 2 * (520 + 2 * 592)
-    assert p["kv_cache"] == 6 * 10 * 2 * 2 * 1 * 4 * 2  # rollouts x tokens x layers x K,V x kv_dim x bf16
+    # Grouped: each prompt's 7 positions once, then 3 new tokens for each of its 3 rows; x layers x
+    # K,V x kv_dim x bf16.
+    assert p["kv_cache"] == 2 * (7 + 3 * 3) * 2 * 2 * 4 * 2
+    # 2 prompts x 7 tokens: 4 h + 3 I bf16 numbers a token, and a 7 x 7 mask as bool and bf16 bias.
+    assert p["prefill"] == 2 * 7 * (2 * (4 * 8 + 3 * 16) + 3 * 7)
+    assert p["sampling_logits"] == 6 * 32 * (2 + 4 + 4 + 8 + 8)
     per_token_layer = 8 * 8 + 2 * 4 + 4 * 16  # 136 numbers a token a layer
-    assert p["activations"] == 2 * 2 * 10 * (2 * 8 + per_token_layer)
-    assert p["logits"] == 2 * 32 * (2 * 2 * 4 + 2 * 4 * 256)
+    # FSDP gathers bf16, so the residual stream (the checkpointed layer inputs) is bf16 too.
+    assert p["activations"] == 2 * 10 * (2 * 8 * 2 + 2 * per_token_layer)
+    # bf16 logits [2, 4, 32]; one chunk of 3 scored positions, in back-propagation as four fp32 copies.
+    assert p["logits"] == 2 * 2 * 4 * 32 + 4 * (4 * 2 * 3 * 32)
     assert p["peak"] == p["weights"] + p["adamw"] + p["reference"] + max(
-        p["kv_cache"] + p["rollout_weights"] + 6 * 32 * 4,
+        p["kv_cache"] + p["prefill"] + p["rollout_weights"] + p["sampling_logits"],
         p["gradients"] + p["compute_copies"] + p["activations"] + p["logits"],
     )
+    # Without FSDP under autocast: the rollouts' bf16 copy stays, the residual stream is fp32 (the
+    # checkpointed inputs, and 4 h of the 8 h a layer keeps).
+    plain = memory_plan.plan(shape, replace(run, world_size=1, fsdp=False))
+    assert plain["sampling_copy"] == 2 * P and plain["reference"] == 4 * P
+    assert plain["activations"] == 2 * 10 * (2 * 8 * 4 + 2 * per_token_layer + 2 * 4 * 8)
+    assert plain["peak"] == 4 * P + 8 * P + 4 * P + 2 * P + plain["training"]
+    ungrouped = memory_plan.plan(replace(shape, grouped_decode=False), run)
+    assert ungrouped["kv_cache"] == 6 * 10 * 2 * 2 * 4 * 2  # every row: prompt + completion
     ddp = memory_plan.plan(shape, memory_plan.Run("sft", 2, False, "auto", False, 2, 10, 10))
     assert ddp["weights"] == 4 * P and ddp["ddp_buckets"] == 4 * P and ddp["compute_copies"] == 2 * P
-    assert ddp["activations"] == 2 * 2 * 10 * 2 * per_token_layer and "kv_cache" not in ddp
+    assert ddp["activations"] == 2 * 10 * 2 * (2 * per_token_layer + 2 * 4 * 8) and "kv_cache" not in ddp
+    assert ddp["logits"] == 2 * 2 * 10 * 32 + 4 * (4 * 2 * 9 * 32) and "sampling_copy" not in ddp
     # Published shapes: Qwen2.5-7B has 7.62 B parameters, SmolLM2-135M 135 M (tied embeddings).
     assert memory_plan.QWEN25_7B.parameters() == 7_615_616_512
     assert memory_plan.SMOLLM2_135M.parameters() == 134_515_008
@@ -669,6 +743,51 @@ def test_planner_against_a_hand_computation(tmp_path):
         )
     )
     assert memory_plan.model_shape(str(tmp_path)) == memory_plan.QWEN25_7B
+
+
+@pytest.mark.parametrize("positions", [129, 1025])
+def test_the_planned_logits_are_what_token_logprobs_holds_at_its_largest(positions):
+    """memory_plan.logit_bytes against a count of the tensors alive (a dispatch mode sees each one
+    made, a finalizer each one freed) over the loss's forward and backward: bf16 logits of a
+    matmul, token_logprobs with the entropy, as the first pass of GRPO computes it. Within 3%: the
+    hidden states and the weight's gradient are small beside the vocabulary here."""
+    import weakref
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_flatten
+
+    class LiveBytes(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.live, self.peak, self.storages = 0, 0, set()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for t in tree_flatten(out)[0]:
+                if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in self.storages:
+                    storage = t.untyped_storage()
+                    key, size = storage.data_ptr(), storage.nbytes()
+                    self.storages.add(key)
+                    self.live += size
+                    self.peak = max(self.peak, self.live)
+                    weakref.finalize(storage, self.free, key, size)
+            return out
+
+        def free(self, key, size):
+            self.live -= size
+            self.storages.discard(key)
+
+    rows, vocab = 2, 1000
+    hidden = torch.randn(rows, positions, 16, requires_grad=True)
+    head = torch.randn(vocab, 16, requires_grad=True)
+    targets = torch.randint(0, vocab, (rows, positions - 1))
+    count = LiveBytes()
+    with count:
+        logits = hidden.bfloat16() @ head.bfloat16().T
+        logprobs, _ = token_logprobs(logits[:, :-1], targets, with_entropy=True)
+        logprobs.sum().backward()
+    planned = memory_plan.logit_bytes(rows, positions, vocab, 2)
+    assert planned == pytest.approx(count.peak, rel=0.03)
 
 
 def test_resume_check_covers_every_setting_of_the_objective():

@@ -12,6 +12,8 @@ the library in `srt/`, and imports that flow one way.
 import ast
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 SCRIPTS = {"stage0_build", "stage1_sft", "stage2_grpo", "reward", "evaluate", "cuemem"}
 # script -> the other scripts it may import
@@ -23,7 +25,11 @@ ALLOWED = {
     "reward": set(),
     "cuemem": set(),
 }
-PACKAGE = {f"srt.{p.stem}": p for p in (REPO / "srt").glob("*.py") if p.stem != "__init__"}
+PACKAGE = {
+    ".".join(p.relative_to(REPO).with_suffix("").parts): p
+    for p in sorted((REPO / "srt").rglob("*.py"))
+    if p.stem != "__init__"
+}
 
 
 def imported_modules(path: Path) -> set[str]:
@@ -34,8 +40,8 @@ def imported_modules(path: Path) -> set[str]:
             names |= {alias.name for alias in node.names}
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             names.add(node.module)
-            if node.module == "srt":  # from srt import modeling
-                names |= {f"srt.{alias.name}" for alias in node.names}
+            if node.module in ("srt", "srt.data"):  # from srt import modeling
+                names |= {f"{node.module}.{alias.name}" for alias in node.names}
     return names
 
 
@@ -82,7 +88,7 @@ def test_no_import_cycle():
 
 def test_exactly_one_place_calls_hugging_face_generate():
     callers = []
-    for path in [*REPO.glob("*.py"), *(REPO / "srt").glob("*.py")]:
+    for path in [*REPO.glob("*.py"), *(REPO / "srt").rglob("*.py")]:
         for node in ast.walk(ast.parse(path.read_text())):
             if (
                 isinstance(node, ast.Call)
@@ -94,10 +100,53 @@ def test_exactly_one_place_calls_hugging_face_generate():
     assert callers == ["srt/modeling.py"]
 
 
-def test_the_readme_maps_every_script_and_every_module_of_the_package():
+# Modules README's table does not name yet (it names where the synthetic corpus, the corpus readers
+# and the teachers lived before srt/data/): strict, so that each entry goes once README maps it.
+NOT_YET_IN_README: set[str] = set()  # modules README.md does not name yet (none)
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        pytest.param(
+            path,
+            marks=[pytest.mark.xfail(strict=True, reason="README names its former path")]
+            if path in NOT_YET_IN_README
+            else [],
+        )
+        for path in [f"{name}.py" for name in sorted(SCRIPTS)]
+        + [p.relative_to(REPO).as_posix() for p in PACKAGE.values()]
+    ],
+)
+def test_the_readme_maps_every_script_and_every_module_of_the_package(path):
     """README's "Reading the code beside the paper" is how a student finds a file: a module left out
-    of it (as srt/decode.py, the loop behind every rollout, once was) is one they never open."""
+    of it (as srt/decode.py, the loop behind every rollout, once was) is one they never open. A
+    module of a folder of the package counts as named when README names its path, or the folder
+    (`srt/data/`) and the module's file name."""
     readme = (REPO / "README.md").read_text()
-    listed = [f"`{name}.py`" for name in SCRIPTS]
-    listed += [f"`{path.relative_to(REPO)}`" for path in PACKAGE.values()]
-    assert [name for name in listed if name not in readme] == []
+    folder, name = path.rpartition("/")[0], path.rpartition("/")[2]
+    named_in_folder = folder.count("/") >= 1 and f"`{folder}/`" in readme and f"`{name}`" in readme
+    assert f"`{path}`" in readme or named_in_folder
+
+
+def test_bench_changes_no_attribute_of_a_script():
+    """A benchmark or a control runs a script as it is: through its flags and its functions'
+    parameters, never by replacing one of its names, which a rename inside the script would silently
+    leave unused."""
+    for path in sorted((REPO / "bench").glob("*.py")):
+        tree = ast.parse(path.read_text())
+        scripts = set()  # the names the file binds to a script module
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                scripts |= {alias.asname or alias.name for alias in node.names if alias.name in SCRIPTS}
+        for node in ast.walk(tree):
+            targets = node.targets if isinstance(node, ast.Assign) else []
+            targets += [node.target] if isinstance(node, ast.AugAssign | ast.AnnAssign) else []
+            for target in targets:
+                assert not (
+                    isinstance(target, ast.Attribute)
+                    and isinstance(target.value, ast.Name)
+                    and target.value.id in scripts
+                ), f"{path.name}:{node.lineno} assigns {ast.unparse(target)}"
+            if isinstance(node, ast.Call) and ast.unparse(node.func) == "setattr" and node.args:
+                assert ast.unparse(node.args[0]) not in scripts, f"{path.name}:{node.lineno} calls setattr"

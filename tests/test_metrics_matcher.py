@@ -1,4 +1,4 @@
-"""The answer matcher of accuracy and of the keys answer reward (srt.metrics.answer_is_right, issue 28):
+"""The answer matcher of accuracy and of the keys answer reward (srt.metrics.answer_is_right):
 an answer is right when it states every key and no other money amount, number, date or time, code
 or capitalised name that the reference answer and the keys do not hold.
 

@@ -239,7 +239,8 @@ def test_a_killed_stage_is_picked_up_and_the_placebo_added_later(chain):
     assert (out / "sft" / "final" / "model.safetensors").stat().st_mtime_ns == sft_final
     assert (out / "eval" / "start.jsonl").read_text() == start_rows  # reused, not answered again
     assert set(result["differences"]) == {"grpo-start", "placebo-start", "grpo-placebo"}
-    assert json.loads((out / "placebo" / "placebo.json").read_text())["seed"] == 1
+    placebo_config = json.loads((out / "placebo" / "config.json").read_text())
+    assert placebo_config["placebo"] and placebo_config["seed"] == 1
     assert len(result["per_query"]["placebo"]["jaccard"]) == len(result["per_query"]["ids"])
 
     before = _stages(out)

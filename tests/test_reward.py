@@ -525,7 +525,7 @@ def gallery():
     return reward.gallery_scores()
 
 
-def test_gallery_covers_the_attacks_of_issue_12(gallery):
+def test_gallery_covers_the_recall_format_and_answer_attacks(gallery):
     names = " ".join(s["name"] for s in gallery)
     for phrase in (
         "price changed ($95)",
@@ -602,8 +602,8 @@ def test_open_attacks_are_listed_and_still_lose_something(gallery):
         assert all(0.2 < s["margin"][c] < 1.0 for c in ANSWER_REWARDS), s["margin"]
 
 
-def test_issue_28_history_attacks_are_answer_attacks(gallery):
-    """The answers made of the history (issue 28) lose at least 1.0 under keys and both: the pasted
+def test_history_attacks_are_answer_attacks(gallery):
+    """The answers made of the history lose at least 1.0 under keys and both: the pasted
     history (an open attack before the matcher counted extra names), without its numbers, its
     numbers, its names, and both polarities."""
     rows = {s["name"].split(" '")[0]: s for s in gallery}

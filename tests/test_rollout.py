@@ -11,7 +11,7 @@ from records import hand_record
 
 import stage2_grpo as g
 from srt import decode, modeling
-from srt.modeling import load_model_and_tokenizer
+from srt.modeling import enable_activation_checkpointing, load_model_and_tokenizer
 from srt.rollouts import Rollout, sample_batch, think_lengths
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -280,7 +280,7 @@ def test_pi_old_equals_pi_theta_before_any_update_under_checkpointing_and_autoca
     that shared each prompt's KV cache while the loss's forward could not (checkpointing turns the
     cache off) differed by ~0.03 nats a token; one path gives a ratio of exactly 1."""
     policy, tokenizer = sharp_tiny()
-    policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    enable_activation_checkpointing(policy)
     cfg = config("-K", "4", "--max-new-tokens", "8", "--sample-ratio", "2", "--mu", "2", "--beta", "0",
                  "--gradient-checkpointing", "--share-prompts")  # fmt: skip
     records = [hand_record(i, 3, ("A1",), pruned_extra=()) for i in range(2)]

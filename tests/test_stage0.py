@@ -1,5 +1,5 @@
 """Stage 0 (§3.2): Eq. (2), the synthetic generator's planted ground truth, the verification
-filter, deduplication, splits, the lookup checks (issue 28) and bad input."""
+filter, deduplication, splits, the lookup checks and bad input."""
 
 import copy
 import json
@@ -12,8 +12,8 @@ import pytest
 
 import stage0_build as s0
 from srt import prompt
+from srt.data.synthetic import generate_synthetic
 from srt.data_io import DataError, bucket_of, read_jsonl, validate_record, write_jsonl
-from srt.synthetic import generate_synthetic
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -135,7 +135,7 @@ def test_stats_written(built):
     assert checks["yes_no"]["queries"] == sum(s0.yes_no_answer(r) is not None for r in records) > 0
 
 
-# ---- lookup checks (issue 28) ----------------------------------------------------------------
+# ---- lookup checks ---------------------------------------------------------------------------
 def generated_records(num_dialogues, seed):
     """Stage0-style records (the fields the lookup checks read) of every query of a generated
     corpus, without the embedder: Eq. (2) and the verification filter only drop a few."""
@@ -161,7 +161,7 @@ def generated_records(num_dialogues, seed):
 
 
 def test_lookup_checks_within_bounds_on_a_generated_corpus():
-    """The bounds of issue 28 on 300 dialogues: no test (or dev) query/answer pair in train, no test
+    """The lookup bounds on 300 dialogues: no test (or dev) query/answer pair in train, no test
     answer a train lookup gives, and every yes/no query type at chance per number bucket: the old
     generator had 39 of 242 test queries word for word in train and 5-day returns always "yes"."""
     splits = s0.split_by_dialogue(generated_records(300, seed=4), seed=4, dev_fraction=0.1, test_fraction=0.1)

@@ -28,7 +28,7 @@ from test_corpora import (
 from test_teacher import KEY, ChatServer
 
 import stage0_build as s0
-from srt import teacher as T
+from srt.data import teacher as T
 from srt.data_io import read_jsonl, validate_record
 
 SPLITS = ("train", "dev", "test")

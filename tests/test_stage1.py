@@ -378,11 +378,14 @@ save_file(weights, f"{sys.argv[1]}/rank{rank}.safetensors")
 """
 
 
-def test_torchrun_two_ranks_equal_single_process_on_same_global_batch(tmp_path):
+def test_torchrun_two_ranks_equal_single_process_on_same_global_batch(tmp_path, monkeypatch):
+    """DDP over gloo on CPUs, both sides: a one-GPU machine has no second GPU for rank 1, and a CPU
+    and a GPU step differ by more than the tolerance below."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # the one-process side
     data = write_records(tmp_path, [make_record(i, rounds=3 + i) for i in range(4)])
     script = tmp_path / "ddp_step.py"
     script.write_text(DDP_SCRIPT)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), "CUDA_VISIBLE_DEVICES": ""}
     common = [
         "--model",
         "tiny-random",
@@ -443,6 +446,27 @@ def test_torchrun_two_ranks_equal_single_process_on_same_global_batch(tmp_path):
     assert ddp["grad_norm"] == pytest.approx(
         alone["grad_norm"], rel=1e-4
     )  # same gradient scale, not just sign
+
+
+def test_activation_checkpointing_is_enabled_without_the_deprecated_call():
+    import warnings
+
+    model, _ = load_model_and_tokenizer("tiny-random", dtype="float32")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)  # gradient_checkpointing_enable warns: gone in v6
+        modeling.enable_activation_checkpointing(model)
+    assert model.is_activation_checkpointing
+
+
+def test_a_rank_without_its_own_gpu_stops_with_one_line(monkeypatch):
+    """torchrun --nproc_per_node=2 on a one-GPU machine: rank 1 must not ask for a missing cuda:1."""
+    from srt.distributed import setup_distributed
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    with pytest.raises(SystemExit, match="LOCAL_RANK 1 needs 2 GPUs; 1 visible"):
+        setup_distributed()
 
 
 def test_auto_dtype_autocasts_bf16_only_where_the_hardware_has_it(monkeypatch):

@@ -71,6 +71,67 @@ def test_group_advantages_group_of_one_and_nan():
     assert torch.isnan(g.group_advantages(torch.tensor([[1.0, float("nan"), 2.0]]))).all()
 
 
+def test_placebo_permutes_rewards_inside_each_group_and_never_across():
+    """The placebo's control is only as good as its shuffle: each group keeps exactly its own K reward
+    records (so its mean, spread and dynamic-sampling fate are unchanged) while the link to the
+    completions is cut. A shuffle across the whole batch, or one that forgot to write back, fails."""
+    import random
+
+    K, groups = 4, 10
+
+    def reward_by_position(completions, examples):
+        return [{"total": float(i), "text": c} for i, c in enumerate(completions)]
+
+    shuffled = g.shuffled_within_groups(reward_by_position, K, random.Random(0))
+    texts = [f"c{i}" for i in range(K * groups)]
+    out = shuffled(texts, [None] * len(texts))
+    for start in range(0, len(texts), K):
+        assert sorted(r["total"] for r in out[start : start + K]) == [
+            float(i) for i in range(start, start + K)
+        ]
+    moved = sum(r["text"] != t for r, t in zip(out, texts))
+    assert moved >= groups  # seed 0 is fixed; a shuffle that is never written back moves nothing
+    with pytest.raises(ValueError, match="whole groups"):
+        shuffled(texts[:6], [None] * 6)
+
+
+def test_placebo_trains_on_rewards_shuffled_within_each_group(tmp_path, monkeypatch):
+    """--placebo reaches the update: the rollout Eq. (8) reads holds each group's own rewards, some
+    of them on another completion of the group; without it every reward sits on its own completion.
+    It is recorded in config.json and is one of the settings a resume must match."""
+    data = tmp_path / "train.jsonl"
+    write_jsonl(data, [make_record(i) for i in range(3)])
+    common = ["--model", "tiny-random", "--dtype", "float32", "--data", str(data), "-K", "4",
+              "--prompts-per-step", "2", "--max-new-tokens", "4", "--beta", "0", "--max-steps", "2",
+              "--save-every", "0", "--eval-limit", "0", "--max-prompt-length", "0"]  # fmt: skip
+
+    def reward_of_text(completions, examples):
+        return [{"total": float(hash(text) % 1000), "format": 0.0, "text": text} for text in completions]
+
+    real_update = g.update
+    for placebo in (False, True):
+        rollouts = []
+
+        def recording(policy, ref_model, optimizer, rollout, *args, **kwargs):
+            rollouts.append(rollout)
+            return real_update(policy, ref_model, optimizer, rollout, *args, **kwargs)
+
+        monkeypatch.setattr(g, "update", recording)
+        out = tmp_path / f"placebo-{placebo}"
+        g.train(
+            g.parse_args(common + ["--out", str(out)] + ["--placebo"] * placebo), reward_fn=reward_of_text
+        )
+        assert len(rollouts) == 2 and json.loads((out / "config.json").read_text())["placebo"] is placebo
+        moved = 0
+        for rollout in rollouts:
+            for start in range(0, len(rollout.texts), 4):
+                texts, scores = rollout.texts[start : start + 4], rollout.scores[start : start + 4]
+                assert sorted(s["text"] for s in scores) == sorted(texts)  # the group's own rewards
+                moved += sum(s["text"] != t for s, t in zip(scores, texts))
+        assert (moved > 0) is placebo
+    assert "placebo" in g.RESUME_MUST_MATCH
+
+
 # ---------------------------------------------------------------------------------------------
 # Eq. (9)
 # ---------------------------------------------------------------------------------------------
@@ -750,7 +811,32 @@ def test_answer_gate_reaches_the_reward_of_the_sampled_groups(tmp_path):
     assert "answer_gate" in g.RESUME_MUST_MATCH
 
 
-def test_resume_equals_an_uninterrupted_run(tmp_path):
+@pytest.mark.parametrize(
+    "device",
+    [
+        "cpu",
+        pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU")),
+    ],
+)
+def test_resume_equals_an_uninterrupted_run(tmp_path, monkeypatch, request, device):
+    """A run stopped at step 2 and resumed reaches the weights of the straight run. On a CPU the two
+    sum in the same order (weights loaded into aligned memory: load_model_and_tokenizer), so they
+    agree to the last bits. On a GPU some backward kernels add with atomics (SDPA's
+    memory-efficient attention, split-K matmuls) in an order that varies from run to run, and
+    AdamW's first steps, lr * g / (|g| + eps), turn such rounding on near-zero gradients into
+    lr-sized moves: there the runs use deterministic algorithms, and must agree as closely."""
+    if device == "cpu":
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    else:
+        monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # cuBLAS's condition for determinism
+        before = (
+            torch.are_deterministic_algorithms_enabled(),
+            torch.is_deterministic_algorithms_warn_only_enabled(),
+        )
+        # warn_only: an op without a deterministic CUDA kernel warns instead of stopping the run; a
+        # difference it makes shows in the comparisons below.
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        request.addfinalizer(lambda: torch.use_deterministic_algorithms(before[0], warn_only=before[1]))
     data = tmp_path / "train.jsonl"
     write_jsonl(data, [make_record(i) for i in range(5)])
     common = [

@@ -1,6 +1,6 @@
-"""The synthetic task (issue 12): unique gold sets checked on every generated query, no position or
+"""The synthetic task: unique gold sets checked on every generated query, no position or
 template shortcut, yes/no queries that need the recalled facts, real and varied small talk; and
-(issue 28) no lookups: "none" queries that are self-contained but varied, yes/no answers that the
+no lookups: "none" queries that are self-contained but varied, yes/no answers that the
 number in the query does not predict, query/answer pairs that other dialogues do not repeat.
 No embedder: these run on the raw dialogues in a few seconds (stage 0's lookup checks on a
 generated corpus are in test_stage0.py)."""
@@ -12,22 +12,22 @@ from collections import Counter, defaultdict
 
 import pytest
 
-from srt.synthetic import (
+from srt.data.synthetic import generate_synthetic
+from srt.data.synthetic_common import (
     ENGLISH_WORDS,
-    FLIGHT_SLOTS,
     OFFENSIVE,
     SMALL_TALK_WORDS,
-    SPA_SLOTS,
     YES_NO_RULES,
     _clock,
     _other_time,
     _plain_english,
     distinctive_keys,
-    generate_synthetic,
     keys_outside_recall,
     mentions,
     small_talk_exchanges,
 )
+from srt.data.synthetic_spa import SPA_SLOTS
+from srt.data.synthetic_travel import FLIGHT_SLOTS
 
 
 def queries_of(dialogues):
@@ -64,7 +64,7 @@ def test_distinctive_keys_and_mentions():
 
 def test_every_generated_query_has_a_unique_gold_set(corpus):
     """The check runs on every query round the generator emits (nothing filtered first): no
-    utterance outside H* may hold a distinctive answer key; the issue allows 2%, and only as a
+    utterance outside H* may hold a distinctive answer key; at most 2% may, and only as a
     chance mention in small talk."""
     checked, leaks = 0, []
     for d, t, r, history in queries_of(corpus):

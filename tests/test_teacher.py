@@ -10,7 +10,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from srt import teacher as T
+from srt.data import teacher as T
 
 KEY = "sk-test-0123456789-secret"
 HISTORY = [
