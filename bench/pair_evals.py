@@ -1,0 +1,114 @@
+"""Pair two evaluate.py runs on the same questions: one variant's rows against another's, by id.
+
+evaluate.py pairs the variants of one run. Two runs that answer the same questions from different
+records (the same LoCoMo questions on a retrieved window and on the oracle evidence window, say)
+are paired here instead: the rows of each variant file are matched by question id, and every metric
+gets the mean of B minus A with its 2000-resample paired bootstrap 95% interval (srt/metrics.py
+`paired_bootstrap`), over all matched questions and over LoCoMo's answerable ones (categories 1-4)
+where the rows carry a category.
+
+    python bench/pair_evals.py runs/locomo/eval/mix.jsonl runs/locomo/eval-oracle/mix.jsonl \\
+        --names retrieved oracle --out runs/bench/pair_evals
+
+Writes <out>/results.json and <out>/results.md; prints the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent
+ROOT = BENCH.parent
+for _path in (str(ROOT), str(BENCH)):
+    if _path not in sys.path:
+        sys.path.insert(0, _path)
+
+from measure import machine, write_results  # noqa: E402
+
+from srt.data_io import DataError, read_jsonl  # noqa: E402
+from srt.metrics import paired_bootstrap  # noqa: E402
+
+METRICS = ["locomo_score", "f1", "evidence_recall", "jaccard", "accuracy", "input_tokens", "decoded_tokens"]
+ANSWERABLE = {1, 2, 3, 4}  # LoCoMo's categories with an answer in the conversation; 5 is adversarial
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
+    p.add_argument("a", help="rows of variant A (an evaluate.py output file <out>/<variant>.jsonl)")
+    p.add_argument("b", help="rows of variant B, the same questions")
+    p.add_argument("--names", nargs=2, default=["A", "B"], metavar=("A", "B"), help="what to call them")
+    p.add_argument("--metrics", nargs="+", default=METRICS, help="row fields to compare")
+    p.add_argument("--out", default="runs/bench/pair_evals")
+    return p
+
+
+def rows_by_id(path) -> dict:
+    rows = {}
+    for row in read_jsonl(path, validate=False):
+        if "id" not in row:
+            raise DataError(f"{path}: a row has no 'id' field")
+        rows[row["id"]] = row
+    return rows
+
+
+def compare(rows_a: dict, rows_b: dict, metrics) -> dict:
+    """-> {subset: {metric: {"a": mean, "b": mean, **paired_bootstrap}}} over the ids both hold."""
+    shared = sorted(set(rows_a) & set(rows_b))
+    subsets = {"all": shared}
+    if any(rows_a[i].get("locomo_category") is not None for i in shared):
+        subsets["answerable"] = [i for i in shared if rows_a[i].get("locomo_category") in ANSWERABLE]
+    result = {}
+    for subset, ids in subsets.items():
+        result[subset] = {}
+        for metric in metrics:
+            # a metric a row does not define (evidence recall of a question with no evidence) is left out
+            pairs = [(rows_a[i][metric], rows_b[i][metric]) for i in ids
+                     if rows_a[i].get(metric) is not None and rows_b[i].get(metric) is not None]  # fmt: skip
+            if not pairs:
+                continue
+            a, b = zip(*pairs)
+            result[subset][metric] = {"a": sum(a) / len(a), "b": sum(b) / len(b), **paired_bootstrap(a, b)}
+    return {"n_a": len(rows_a), "n_b": len(rows_b), "shared": len(shared), "subsets": result}
+
+
+def table(result: dict, names) -> str:
+    percent = {"locomo_score", "f1", "evidence_recall", "jaccard", "accuracy"}
+    lines = [
+        f"| subset | metric | {names[0]} | {names[1]} | {names[1]} - {names[0]} [95% CI] | n |",
+        "|---|---|---:|---:|---|---:|",
+    ]
+    for subset, metrics in result["subsets"].items():
+        for metric, m in metrics.items():
+            scale = 100 if metric in percent else 1
+            lines.append(
+                f"| {subset} | {metric} | {scale * m['a']:.1f} | {scale * m['b']:.1f} | "
+                f"{scale * m['diff']:+.1f} [{scale * m['low']:+.1f}, {scale * m['high']:+.1f}] | {m['n']} |"
+            )
+    return "\n".join(lines)
+
+
+def main(argv=None) -> dict:
+    args = build_parser().parse_args(argv)
+    try:
+        rows_a, rows_b = rows_by_id(args.a), rows_by_id(args.b)
+    except (DataError, FileNotFoundError) as e:
+        sys.exit(f"error: {e}")
+    result = compare(rows_a, rows_b, args.metrics)
+    if result["shared"] == 0:
+        sys.exit(f"error: {args.a} and {args.b} share no question id")
+    markdown = (
+        f"{args.names[1]} ({args.b}) against {args.names[0]} ({args.a}): {result['shared']} questions "
+        f"in both ({result['n_a']} and {result['n_b']} rows)\n\n" + table(result, args.names)
+    )
+    print(markdown)
+    payload = {"machine": machine(), "a": args.a, "b": args.b, "names": args.names, **result}
+    write_results(Path(args.out), "results", payload, markdown)
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,47 @@
+"""bench/pair_evals.py: two evaluate.py runs paired by question id, against hand-computed means."""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+import pair_evals  # noqa: E402
+
+
+def write_rows(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_pairs_by_id_not_by_order_and_splits_out_the_answerable(tmp_path):
+    # A and B hold the same three questions in different orders, and B one more that A lacks.
+    a = write_rows(tmp_path / "a.jsonl", [
+        {"id": "q1", "locomo_category": 1, "locomo_score": 0.0, "f1": 0.2},
+        {"id": "q2", "locomo_category": 5, "locomo_score": 1.0, "f1": 1.0},
+        {"id": "q3", "locomo_category": 4, "locomo_score": 0.5, "f1": None},
+    ])  # fmt: skip
+    b = write_rows(tmp_path / "b.jsonl", [
+        {"id": "q3", "locomo_category": 4, "locomo_score": 1.0, "f1": 0.9},
+        {"id": "q9", "locomo_category": 4, "locomo_score": 1.0, "f1": 1.0},
+        {"id": "q1", "locomo_category": 1, "locomo_score": 1.0, "f1": 0.6},
+        {"id": "q2", "locomo_category": 5, "locomo_score": 0.0, "f1": 0.0},
+    ])  # fmt: skip
+    result = pair_evals.main([str(a), str(b), "--out", str(tmp_path / "out")])
+    assert result["shared"] == 3
+    every, answerable = result["subsets"]["all"], result["subsets"]["answerable"]
+    # all: diffs +1, -1, +0.5 -> mean 1/6; answerable (q1, q3): +1, +0.5 -> 0.75, every resample in [0.5, 1]
+    assert every["locomo_score"]["diff"] == pytest.approx(1 / 6)
+    assert answerable["locomo_score"]["diff"] == pytest.approx(0.75)
+    assert 0.5 <= answerable["locomo_score"]["low"] <= answerable["locomo_score"]["high"] <= 1.0
+    # a metric missing on one side of a pair (q3's f1 in A) leaves that pair out, not counted as 0
+    assert every["f1"]["n"] == 2 and every["f1"]["diff"] == pytest.approx(((0.6 - 0.2) + (0.0 - 1.0)) / 2)
+    assert (tmp_path / "out" / "results.md").read_text().count("| answerable |") >= 2
+
+
+def test_files_that_share_no_question_are_refused(tmp_path):
+    a = write_rows(tmp_path / "a.jsonl", [{"id": "q1", "f1": 0.1}])
+    b = write_rows(tmp_path / "b.jsonl", [{"id": "q2", "f1": 0.1}])
+    with pytest.raises(SystemExit, match="share no question id"):
+        pair_evals.main([str(a), str(b), "--out", str(tmp_path / "out")])
