@@ -9,6 +9,7 @@ share lives here, one job a module:
     decode        the decode loop behind `generate`: one prefill per prompt, a static KV cache, sampling
     rollouts      GRPO's prompt stream and its K samples per prompt (dynamic sampling)
     probe         the greedy probes a training run logs (recall Jaccard, F1, format)
+    step_page     one GRPO step as an HTML page: K completions side by side, tokens shaded by ratio
     distributed   torchrun set-up, DDP / FSDP wrapping, sharded checkpoints
     checkpoint    atomic save_pretrained folders, trainer state, RNG state, append-only logs
     training      seeding, the learning-rate schedule of §4.1, the wall-clock budget

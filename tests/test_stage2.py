@@ -1080,7 +1080,8 @@ def test_explain_prints_advantages_that_follow_eq8_from_the_printed_rewards(tmp_
     write_jsonl(data, [make_record(i) for i in range(4)])
     printed = []
     cfg = g.parse_args(["--model", "tiny-random", "--data", str(data), "-K", "4", "--max-new-tokens", "12",
-                        "--sample-ratio", "2", "--lr", "1e-2", "--dtype", "float32"])  # fmt: skip
+                        "--sample-ratio", "2", "--lr", "1e-2", "--dtype", "float32",
+                        "--explain-html", str(tmp_path / "step.html")])  # fmt: skip
     result = g.explain(cfg, reward_fn=varied_reward, print_fn=printed.append)
     text = "\n".join(printed)
     lines = text.splitlines()
