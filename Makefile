@@ -51,6 +51,16 @@ demo: setup
 	        'cuemem-cap16={"limit": 48, "cuemem": {"capacity": 16}}' 'nohist={"history": "none"}' \
 	    --table2 "SRT=grpo,Recall by pointer=grpo-copy,w/o RL=sft,w/o CoT=nocot,Recall only=recall-only,No history=nohist,w/o SFT=base-srtp,Full history=full,RAG=rag,CueMem=cuemem"
 
+# One GRPO step worked by hand (docs/grpo-step.md) without a finished demo: 16 SFT steps of SRT, enough
+# for the format, so that a group's K rewards differ and Eqs. (8)-(9) move; then --explain, which
+# prints the step and draws it in runs/explain/grpo-step.html.
+.PHONY: explain
+explain: setup
+	$(PYTHON) stage0_build.py --preset cpu-demo --out $(DATA) --resume
+	$(PYTHON) stage1_sft.py --preset cpu-demo --model smollm2-135m --data $(DATA)/train.jsonl --max-steps 16 \
+	    --out runs/explain/sft --resume
+	$(PYTHON) stage2_grpo.py --explain --preset cpu-demo --model runs/explain/sft/final --data $(DATA)/train.jsonl
+
 # One GRPO replicate (docs/experiments/grpo-replicates.md): stage 0 (data seed 0, built once), an SFT
 # start of seed SEED, GRPO from it (PLACEBO=1: and a placebo run from the same start), all evaluated
 # on the same dev queries -> runs/replicate-SEED/result.json. A second call resumes where it stopped.
