@@ -30,7 +30,16 @@ from measure import machine, write_results  # noqa: E402
 from srt.data_io import DataError, read_jsonl  # noqa: E402
 from srt.metrics import paired_bootstrap  # noqa: E402
 
-METRICS = ["locomo_score", "f1", "evidence_recall", "jaccard", "accuracy", "input_tokens", "decoded_tokens"]
+METRICS = [
+    "locomo_score",
+    "f1",
+    "evidence_recall",
+    "jaccard",
+    "label_jaccard",
+    "accuracy",
+    "input_tokens",
+    "decoded_tokens",
+]
 ANSWERABLE = {1, 2, 3, 4}  # LoCoMo's categories with an answer in the conversation; 5 is adversarial
 
 
@@ -76,7 +85,7 @@ def compare(rows_a: dict, rows_b: dict, metrics) -> dict:
 
 
 def table(result: dict, names) -> str:
-    percent = {"locomo_score", "f1", "evidence_recall", "jaccard", "accuracy"}
+    percent = {"locomo_score", "f1", "evidence_recall", "jaccard", "label_jaccard", "accuracy"}
     lines = [
         f"| subset | metric | {names[0]} | {names[1]} | {names[1]} - {names[0]} [95% CI] | n |",
         "|---|---|---:|---:|---|---:|",
