@@ -1,11 +1,11 @@
-"""Pair two evaluate.py runs on the same questions: one variant's rows against another's, by id.
+"""Pair two evaluate.py runs on the same LoCoMo questions: one variant's rows against another's, by id.
 
 evaluate.py pairs the variants of one run. Two runs that answer the same questions from different
 records (the same LoCoMo questions on a retrieved window and on the oracle evidence window, say)
-are paired here instead: the rows of each variant file are matched by question id, and every metric
-gets the mean of B minus A with its 2000-resample paired bootstrap 95% interval (srt/metrics.py
-`paired_bootstrap`), over all matched questions and over LoCoMo's answerable ones (categories 1-4)
-where the rows carry a category.
+are paired here instead, by the comparison evaluate.py makes within a run (srt/locomo_eval.py
+`compare`): every metric gets each side's mean and B minus A with its 2000-resample paired
+bootstrap 95% interval, over all matched questions, the answerable ones (categories 1-4) and per
+category.
 
     python bench/pair_evals.py runs/locomo/eval/mix.jsonl runs/locomo/eval-oracle/mix.jsonl \\
         --names retrieved oracle --out runs/bench/pair_evals
@@ -27,8 +27,8 @@ for _path in (str(ROOT), str(BENCH)):
 
 from measure import machine, write_results  # noqa: E402
 
+from srt import locomo_eval  # noqa: E402
 from srt.data_io import DataError, read_jsonl  # noqa: E402
-from srt.metrics import paired_bootstrap  # noqa: E402
 
 METRICS = [
     "locomo_score",
@@ -40,7 +40,6 @@ METRICS = [
     "input_tokens",
     "decoded_tokens",
 ]
-ANSWERABLE = {1, 2, 3, 4}  # LoCoMo's categories with an answer in the conversation; 5 is adversarial
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -55,33 +54,25 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def rows_by_id(path) -> dict:
-    rows = {}
-    for row in read_jsonl(path, validate=False):
+def read_rows(path) -> list[dict]:
+    rows = read_jsonl(path, validate=False)
+    for line, row in enumerate(rows, 1):
         if "id" not in row:
-            raise DataError(f"{path}: a row has no 'id' field")
-        rows[row["id"]] = row
+            raise DataError(f"{path}:{line}: field 'id' is missing")
     return rows
 
 
-def compare(rows_a: dict, rows_b: dict, metrics) -> dict:
-    """-> {subset: {metric: {"a": mean, "b": mean, **paired_bootstrap}}} over the ids both hold."""
-    shared = sorted(set(rows_a) & set(rows_b))
-    subsets = {"all": shared}
-    if any(rows_a[i].get("locomo_category") is not None for i in shared):
-        subsets["answerable"] = [i for i in shared if rows_a[i].get("locomo_category") in ANSWERABLE]
-    result = {}
-    for subset, ids in subsets.items():
-        result[subset] = {}
-        for metric in metrics:
-            # a metric a row does not define (evidence recall of a question with no evidence) is left out
-            pairs = [(rows_a[i][metric], rows_b[i][metric]) for i in ids
-                     if rows_a[i].get(metric) is not None and rows_b[i].get(metric) is not None]  # fmt: skip
-            if not pairs:
-                continue
-            a, b = zip(*pairs)
-            result[subset][metric] = {"a": sum(a) / len(a), "b": sum(b) / len(b), **paired_bootstrap(a, b)}
-    return {"n_a": len(rows_a), "n_b": len(rows_b), "shared": len(shared), "subsets": result}
+def compare(rows_a: list, rows_b: list, metrics) -> dict:
+    """-> {"shared": questions in both, "subsets": {subset: {metric: {"a", "b", **paired_bootstrap}}}}."""
+    pairs = locomo_eval.compare({"A": rows_a, "B": rows_b}, "A", metrics=metrics).get("B", {})
+    subsets = {key: {m: c for m, c in cell.items() if m in metrics and c["n"]} for key, cell in pairs.items()
+               if key != "against" and cell["n"]}  # fmt: skip
+    return {
+        "n_a": len(rows_a),
+        "n_b": len(rows_b),
+        "shared": pairs.get("all", {}).get("n", 0),
+        "subsets": subsets,
+    }
 
 
 def table(result: dict, names) -> str:
@@ -103,12 +94,12 @@ def table(result: dict, names) -> str:
 def main(argv=None) -> dict:
     args = build_parser().parse_args(argv)
     try:
-        rows_a, rows_b = rows_by_id(args.a), rows_by_id(args.b)
+        rows_a, rows_b = read_rows(args.a), read_rows(args.b)
     except (DataError, FileNotFoundError) as e:
         sys.exit(f"error: {e}")
     result = compare(rows_a, rows_b, args.metrics)
     if result["shared"] == 0:
-        sys.exit(f"error: {args.a} and {args.b} share no question id")
+        sys.exit(f"error: {args.a} and {args.b} share no LoCoMo question id")
     markdown = (
         f"{args.names[1]} ({args.b}) against {args.names[0]} ({args.a}): {result['shared']} questions "
         f"in both ({result['n_a']} and {result['n_b']} rows)\n\n" + table(result, args.names)

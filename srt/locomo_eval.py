@@ -195,10 +195,11 @@ def summarize(rows) -> dict | None:
     return out
 
 
-def compare(rows_by_name, reference, resamples=2000, seed=0) -> dict:
+def compare(rows_by_name, reference, resamples=2000, seed=0, metrics=COMPARED) -> dict:
     """Every variant against `reference` on the LoCoMo questions both answered: the paired
-    bootstrap interval (variant - reference) of each metric of COMPARED, on the items where both
-    have it, over all questions ("all"), the answerable ones (categories 1-4) and per category."""
+    bootstrap interval (variant - reference) of each of `metrics`, on the items where both have
+    it, over all questions ("all"), the answerable ones (categories 1-4) and per category, with
+    each side's mean over those items ("a": the reference's, "b": the variant's)."""
     if reference is None or reference not in rows_by_name:
         return {}
     base = {r["id"]: r for r in rows_by_name[reference] if r.get("locomo_category") is not None}
@@ -210,13 +211,18 @@ def compare(rows_by_name, reference, resamples=2000, seed=0) -> dict:
         entry = {"against": reference}
         for key, members in _groups(pairs, category=lambda pair: pair[0]["locomo_category"]):
             cell = {"n": len(members)}
-            for metric in COMPARED:
+            for metric in metrics:
                 both = [
                     (a[metric], b[metric])
                     for a, b in members
                     if a.get(metric) is not None and b.get(metric) is not None
                 ]
-                cell[metric] = paired_bootstrap([x for x, _ in both], [y for _, y in both], resamples, seed)
+                a_values, b_values = [x for x, _ in both], [y for _, y in both]
+                cell[metric] = {
+                    **paired_bootstrap(a_values, b_values, resamples, seed),
+                    "a": float(np.mean(a_values)) if both else None,
+                    "b": float(np.mean(b_values)) if both else None,
+                }
             entry[key] = cell
         out[name] = entry
     return out

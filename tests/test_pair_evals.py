@@ -1,4 +1,5 @@
-"""bench/pair_evals.py: two evaluate.py runs paired by question id, against hand-computed means."""
+"""bench/pair_evals.py: two evaluate.py runs of the same LoCoMo questions paired by question id,
+against hand-computed means."""
 
 import json
 import sys
@@ -37,11 +38,20 @@ def test_pairs_by_id_not_by_order_and_splits_out_the_answerable(tmp_path):
     assert 0.5 <= answerable["locomo_score"]["low"] <= answerable["locomo_score"]["high"] <= 1.0
     # a metric missing on one side of a pair (q3's f1 in A) leaves that pair out, not counted as 0
     assert every["f1"]["n"] == 2 and every["f1"]["diff"] == pytest.approx(((0.6 - 0.2) + (0.0 - 1.0)) / 2)
+    # each side's mean over the paired items, and the categories apart (q1 alone in category 1)
+    assert answerable["locomo_score"]["a"] == pytest.approx(0.25) and answerable["locomo_score"]["b"] == 1.0
+    assert result["subsets"]["1"]["locomo_score"]["diff"] == pytest.approx(1.0)
     assert (tmp_path / "out" / "results.md").read_text().count("| answerable |") >= 2
 
 
+def test_a_row_without_an_id_is_named_with_its_file_and_line(tmp_path):
+    a = write_rows(tmp_path / "a.jsonl", [{"id": "q1", "locomo_category": 1}, {"locomo_category": 2}])
+    with pytest.raises(SystemExit, match=r"a\.jsonl:2: field 'id' is missing"):
+        pair_evals.main([str(a), str(a), "--out", str(tmp_path / "out")])
+
+
 def test_files_that_share_no_question_are_refused(tmp_path):
-    a = write_rows(tmp_path / "a.jsonl", [{"id": "q1", "f1": 0.1}])
-    b = write_rows(tmp_path / "b.jsonl", [{"id": "q2", "f1": 0.1}])
-    with pytest.raises(SystemExit, match="share no question id"):
+    a = write_rows(tmp_path / "a.jsonl", [{"id": "q1", "locomo_category": 1, "f1": 0.1}])
+    b = write_rows(tmp_path / "b.jsonl", [{"id": "q2", "locomo_category": 1, "f1": 0.1}])
+    with pytest.raises(SystemExit, match="share no LoCoMo question id"):
         pair_evals.main([str(a), str(b), "--out", str(tmp_path / "out")])
