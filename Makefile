@@ -5,7 +5,7 @@ PYTHON_SYSTEM ?= python3
 VENV   ?= .venv
 PYTHON := $(VENV)/bin/python
 DATA   ?= runs/data
-RUN    ?= runs/demo
+TABLE2 ?= runs/table2
 STAMP  := $(VENV)/.installed-$(shell cat requirements.txt constraints.txt | cksum | cut -d' ' -f1)
 
 .PHONY: setup demo test clean
@@ -27,26 +27,47 @@ test: setup
 	$(VENV)/bin/ruff format --check .
 	$(PYTHON) -m pytest -q tests
 
-# Each stage resumes (--resume): a second `make demo` redoes only what is missing. Table 2's controls
+# The lesson (docs/experiments/demo.md): SRT learns to recall on a 2-core CPU in about 30 minutes.
+# Stage 0 on short dialogues (8-11 rounds), SRT's SFT and its control (w/o CoT: the same records in
+# the same batches, the answer alone), GRPO from the SFT model, then SRT, the control and RAG answer
+# the same test queries, with paired intervals against SRT. Each stage resumes (--resume): a second
+# `make demo` redoes only what is missing.
+LESSON ?= runs/demo
+.PHONY: table2
+demo: setup
+	$(PYTHON) stage0_build.py --preset cpu-lesson --out $(LESSON)/data --resume
+	$(PYTHON) stage1_sft.py --preset cpu-lesson --model smollm2-135m --data $(LESSON)/data/train.jsonl \
+	    --out $(LESSON)/sft --resume
+	$(PYTHON) stage1_sft.py --preset cpu-lesson --model smollm2-135m --data $(LESSON)/data/train.jsonl \
+	    --out $(LESSON)/sft-nocot --target answer --resume
+	$(PYTHON) stage2_grpo.py --preset cpu-lesson --model $(LESSON)/sft/final --data $(LESSON)/data/train.jsonl \
+	    --out $(LESSON)/grpo --resume
+	$(PYTHON) evaluate.py --preset cpu-lesson --data $(LESSON)/data/test.jsonl --out $(LESSON)/eval --resume \
+	    --compare srt=srt:$(LESSON)/grpo/final nocot=srt:$(LESSON)/sft-nocot/final rag=rag:smollm2-135m \
+	    --table2 "SRT=srt,w/o CoT=nocot,RAG=rag"
+
+# The whole of Table 2 (README; docs/experiments/demo.md, "Table 2") on every Fig. 4 length bucket,
+# 8-32 rounds: about 70 minutes to 3.5 hours on 2 CPU cores. Each stage resumes (--resume): a second
+# `make table2` redoes only what is missing, so it can run across days. Table 2's controls
 # train on exactly SRT's batches: w/o CoT learns the answer alone, recall-only the <HIS> tags without
 # prose; "No history" is the w/o-CoT model asked with an empty history (the floor). The slow or weak
 # baselines answer fewer queries (a stratified subset of the same 96, so they still pair with SRT),
 # and cuemem-cap16 is CueMem keeping at most 16 memory units (its forgetting under a capacity limit).
 # grpo-copy is SRT's GRPO model decoded with --recall copy: it names a turn, the decoder writes it out.
-demo: setup
+table2: setup
 	$(PYTHON) stage0_build.py --preset cpu-demo --out $(DATA) --resume
-	$(PYTHON) stage1_sft.py --preset cpu-demo --model smollm2-135m --data $(DATA)/train.jsonl --out $(RUN)/sft --resume
-	$(PYTHON) stage1_sft.py --preset cpu-demo --model smollm2-135m --data $(DATA)/train.jsonl --out $(RUN)/sft-nocot \
+	$(PYTHON) stage1_sft.py --preset cpu-demo --model smollm2-135m --data $(DATA)/train.jsonl --out $(TABLE2)/sft --resume
+	$(PYTHON) stage1_sft.py --preset cpu-demo --model smollm2-135m --data $(DATA)/train.jsonl --out $(TABLE2)/sft-nocot \
 	    --target answer --resume
 	$(PYTHON) stage1_sft.py --preset cpu-demo --model smollm2-135m --data $(DATA)/train.jsonl \
-	    --out $(RUN)/sft-recall-only --target recall-only --resume
-	$(PYTHON) stage2_grpo.py --preset cpu-demo --model $(RUN)/sft/final --data $(DATA)/train.jsonl --out $(RUN)/grpo --resume
-	$(PYTHON) evaluate.py --preset cpu-demo --data $(DATA)/test.jsonl --out $(RUN)/eval --resume \
+	    --out $(TABLE2)/sft-recall-only --target recall-only --resume
+	$(PYTHON) stage2_grpo.py --preset cpu-demo --model $(TABLE2)/sft/final --data $(DATA)/train.jsonl --out $(TABLE2)/grpo --resume
+	$(PYTHON) evaluate.py --preset cpu-demo --data $(DATA)/test.jsonl --out $(TABLE2)/eval --resume \
 	    --compare full=full:smollm2-135m rag=rag:smollm2-135m cuemem=cuemem:smollm2-135m \
 	              cuemem-cap16=cuemem:smollm2-135m \
-	              base-srtp=srt-p:smollm2-135m nocot=srt:$(RUN)/sft-nocot/final sft=srt:$(RUN)/sft/final \
-	              recall-only=srt:$(RUN)/sft-recall-only/final nohist=srt:$(RUN)/sft-nocot/final \
-	              grpo=srt:$(RUN)/grpo/final grpo-copy=srt:$(RUN)/grpo/final \
+	              base-srtp=srt-p:smollm2-135m nocot=srt:$(TABLE2)/sft-nocot/final sft=srt:$(TABLE2)/sft/final \
+	              recall-only=srt:$(TABLE2)/sft-recall-only/final nohist=srt:$(TABLE2)/sft-nocot/final \
+	              grpo=srt:$(TABLE2)/grpo/final grpo-copy=srt:$(TABLE2)/grpo/final \
 	    --variant-options 'rag={"limit": 48}' 'cuemem={"limit": 48}' 'base-srtp={"limit": 16}' 'grpo-copy={"recall": "copy"}' \
 	        'cuemem-cap16={"limit": 48, "cuemem": {"capacity": 16}}' 'nohist={"history": "none"}' \
 	    --table2 "SRT=grpo,Recall by pointer=grpo-copy,w/o RL=sft,w/o CoT=nocot,Recall only=recall-only,No history=nohist,w/o SFT=base-srtp,Full history=full,RAG=rag,CueMem=cuemem"

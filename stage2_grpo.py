@@ -523,6 +523,9 @@ PRESETS = {
 # (docs/experiments/grpo-recall.md).
 PRESETS["cpu-long"] = dict(PRESETS["cpu-demo"], train_turns="dependent", prompts_per_step=2, lr=1e-5,
                            max_steps=30, probe_every=10, save_every=5)
+# `make demo`, the lesson: cpu-demo's GRPO on the short dialogues of stage 0's cpu-lesson (prompts
+# under 1024 tokens), 4 steps, probed before and after: the mechanics of Eqs. (4)-(9) on a real run.
+PRESETS["cpu-lesson"] = dict(PRESETS["cpu-demo"], max_prompt_length=1024, max_steps=4, probe_every=4)
 # fmt: on
 
 
@@ -779,7 +782,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     require(
         cfg.lr > 0, f"--lr {cfg.lr}: a learning rate of 0 moves no weight; give one above 0 (paper: 3e-7)"
     )
-    if cfg.preset in ("cpu-demo", "cpu-long") and cfg.eval_data is None:  # the demo shows its before / after
+    # the CPU presets show their before / after on the dev split beside the training data
+    if cfg.preset in ("cpu-demo", "cpu-long", "cpu-lesson") and cfg.eval_data is None:
         dev = Path(data_paths(cfg.data)[0]).parent / "dev.jsonl"
         cfg.eval_data = str(dev) if dev.exists() else None
     cfg.eval_max_new_tokens = cfg.eval_max_new_tokens or cfg.max_new_tokens

@@ -696,3 +696,46 @@ def test_sampler_mismatch_sees_the_bf16_gap_and_agrees_with_what_stage2_logs(tmp
         assert logged["sampler_log_ratio"] == pytest.approx(r["mean_log_ratio"], abs=1e-2)
         assert logged["sampler_kl"] >= 0
     assert "| bf16 |" in (out / "results.md").read_text()
+
+
+# ------------------------------------------------------------------------------------ sft_tokens.py
+def test_sft_tokens_counts_each_steps_rows_and_their_padding_by_hand():
+    """Rows of 2, 4 and 6 rounds: each phase-2 step's rows, micro-batched by 2, padded to the
+    longest of their pair; the padding share is counted against those lengths by hand, and a
+    pruned (phase 1) row is shorter than its full (phase 2) one."""
+    from stage1_sft import PhaseData, build_example, load_model_and_tokenizer, parse_args
+
+    sft_tokens = load("sft_tokens")
+    _, tokenizer = load_model_and_tokenizer("tiny-random", dtype="float32")
+    records = [hand_record(i, rounds) for i, rounds in enumerate([3, 5, 7, 3, 5, 7, 4, 6])]
+    cfg = parse_args(
+        [
+            "--data",
+            "x.jsonl",
+            "--max-steps",
+            "4",
+            "--phase1-fraction",
+            "0.5",
+            "--batch-size",
+            "2",
+            "--grad-accum",
+            "2",
+        ]
+    )
+    cfg.world_size = 1
+    counted = sft_tokens.count(cfg, records, tokenizer)
+    for phase in (1, 2):
+        data = PhaseData(tokenizer, records, phase, cfg.max_length, "full", cfg.seed, 4)
+        real = padded = 0
+        for step in range(2):
+            rows = [
+                len(build_example(tokenizer, records[i], phase, cfg.max_length)["input_ids"])
+                for i in data.batch_indices(step)
+            ]
+            for pair in (rows[:2], rows[2:]):
+                real, padded = real + sum(pair), padded + 2 * max(pair)
+        got = counted[f"phase {phase}"]
+        assert (got["steps"], got["records"]) == (2, 8)
+        assert got["tokens per step (mean)"] == round(real / 2, 1)
+        assert got["padding share"] == round(1 - real / padded, 4)
+    assert counted["phase 1"]["tokens per record (mean)"] < counted["phase 2"]["tokens per record (mean)"]

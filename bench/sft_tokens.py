@@ -1,0 +1,73 @@
+"""What an SFT run of stage 1 feeds the model, counted without training it: tokens per record in each
+phase, and the share of padding in its micro-batches, which is all that sequence packing could save.
+
+Stage 1's step time on a CPU is about proportional to the tokens of the step (forward and backward
+through prompt and target alike), so these counts price the levers of docs/experiments/presets.md:
+shorter dialogues, phase 1's share, and packing.
+
+    python bench/sft_tokens.py --preset cpu-lesson --data runs/demo/data/train.jsonl
+    python bench/sft_tokens.py --preset cpu-demo --data runs/data/train.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import stage1_sft  # noqa: E402
+from srt.data_io import read_mixture  # noqa: E402
+from srt.modeling import load_model_and_tokenizer  # noqa: E402
+
+
+def count(cfg, records, tokenizer) -> dict:
+    """Per phase of the preset's plan: steps, mean tokens per record, and the padded tokens of the
+    micro-batches (right-padded to their longest row, as stage1_sft.collate does)."""
+    global_batch = cfg.batch_size * cfg.grad_accum
+    out = {}
+    for phase, steps in stage1_sft.phase_plan(cfg, {1: len(records), 2: len(records)}):
+        data = stage1_sft.PhaseData(
+            tokenizer, records, phase, cfg.max_length, cfg.target, cfg.seed, global_batch, recall=cfg.recall
+        )
+        real = padded = 0
+        lengths = []
+        for step in range(steps):
+            rows = [len(data.example(i)["input_ids"]) for i in data.batch_indices(step)]
+            lengths += rows
+            for k in range(0, len(rows), cfg.batch_size):
+                micro = rows[k : k + cfg.batch_size]
+                real += sum(micro)
+                padded += max(micro) * len(micro)
+        out[f"phase {phase}"] = {
+            "steps": steps,
+            "records": len(lengths),
+            "tokens per record (mean)": round(statistics.mean(lengths), 1),
+            "tokens per record (max)": max(lengths),
+            "tokens per step (mean)": round(real / steps, 1),
+            "padding share": round(1 - real / padded, 4),
+        }
+    return out
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--preset", default="cpu-lesson", choices=sorted(stage1_sft.PRESETS))
+    p.add_argument("--data", required=True, help="stage 0's train.jsonl")
+    p.add_argument("--model", default="smollm2-135m", help="whose tokenizer counts")
+    p.add_argument("--target", default="full", choices=["full", "answer", "recall-only"])
+    args, rest = p.parse_known_args(argv)
+    cfg = stage1_sft.parse_args(
+        ["--preset", args.preset, "--data", args.data, "--target", args.target, "--model", args.model, *rest]
+    )
+    cfg.world_size = 1
+    _, tokenizer = load_model_and_tokenizer(args.model, dtype="float32")
+    result = count(cfg, read_mixture(cfg.data, cfg.seed), tokenizer)
+    print(json.dumps({"preset": args.preset, "data": args.data, "target": args.target, **result}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
