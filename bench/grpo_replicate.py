@@ -47,7 +47,7 @@ from srt.config import at_least, in_range, positive  # noqa: E402
 from srt.data_io import read_jsonl, write_json  # noqa: E402
 
 # The default recipe: the start GRPO once gained from, and the GRPO run that gained.
-#   stage 0, 600 dialogues: 41-46 s (docs/experiments/demo.md, grpo-replicates.md).
+#   stage 0, 600 dialogues: 41-46 s (docs/experiments/table2.md, grpo-replicates.md).
 #   SFT: 256 cpu-long steps, 102 on pruned histories and 154 on full ones (phase-1 share 0.4), the
 #     start of dev Jaccard 49.6% from which GRPO gained +7.4 [+2.8, +12.4] (grpo-recall.md). Replicate
 #     1 rebuilt it at 50.0% in 49.7 min on a 2-core Xeon with AMX (bf16 autocast: 4.5 s a pruned
