@@ -322,7 +322,7 @@ PRESETS["cpu-long"] = dict(PRESETS["cpu-demo"], max_steps=128)
 # `make demo`, the lesson: dialogues of 8-11 rounds (stage 0's cpu-lesson), so 1024 tokens hold every
 # prompt + target; recall is learned from the full-history records, so phase 1 (10 steps) only teaches
 # the format, and the learning rate is 4x cpu-demo's; 70 full-history steps (280 records) are about the
-# fewest past 40% dev recall Jaccard (docs/experiments/presets.md: the levers, measured).
+# fewest measured at 40% dev recall Jaccard (docs/experiments/presets.md: the levers, measured).
 PRESETS["cpu-lesson"] = dict(PRESETS["cpu-demo"], lr=2e-4, max_length=1024, max_steps=80,
                              phase1_fraction=0.125)
 # fmt: on
