@@ -1,9 +1,11 @@
 """What an SFT run of stage 1 feeds the model, counted without training it: tokens per record in each
-phase, and the share of padding in its micro-batches, which is all that sequence packing could save.
+phase, and the share of padding in its micro-batches, which is all that sequence packing could save;
+and what sharing a dialogue's history prefix across its records would save.
 
 Stage 1's step time on a CPU is about proportional to the tokens of the step (forward and backward
 through prompt and target alike), so these counts price the levers of docs/experiments/presets.md:
-shorter dialogues, phase 1's share, and packing.
+shorter dialogues, phase 1's share, packing, and prefix sharing (one forward over the prefix tree of
+a dialogue's records with a tree attention mask, which stage 1 does not do).
 
     python bench/sft_tokens.py --preset cpu-lesson --data runs/demo/data/train.jsonl
     python bench/sft_tokens.py --preset cpu-demo --data runs/data/train.jsonl
@@ -53,6 +55,42 @@ def count(cfg, records, tokenizer) -> dict:
     return out
 
 
+def prefix_tree_tokens(sequences) -> int:
+    """Tokens of the prefix tree (trie) of `sequences`: each distinct prefix counted once. A forward
+    over the tree with a tree attention mask computes every sequence's tokens from these alone."""
+    root, nodes = {}, 0
+    for ids in sequences:
+        node = root
+        for token in ids:
+            if token not in node:
+                node[token] = {}
+                nodes += 1
+            node = node[token]
+    return nodes
+
+
+def shared_prefix(cfg, records, tokenizer, phase: int = 2) -> dict:
+    """Every record of the corpus in `phase`, as stage 1 tokenizes it, against the prefix trees of
+    the records of each dialogue (meta.dialogue_id): the tokens prefix sharing would leave."""
+    data = stage1_sft.PhaseData(
+        tokenizer, records, phase, cfg.max_length, cfg.target, cfg.seed, 1, recall=cfg.recall
+    )
+    by_dialogue = {}
+    for index, record in enumerate(records):
+        example = data.example(index)
+        dialogue = (record.get("meta") or {}).get("dialogue_id", record["id"])
+        by_dialogue.setdefault(dialogue, []).append(example["input_ids"])
+    flat = sum(len(ids) for group in by_dialogue.values() for ids in group)
+    tree = sum(prefix_tree_tokens(group) for group in by_dialogue.values())
+    return {
+        "dialogues": len(by_dialogue),
+        "records per dialogue (mean)": round(len(records) / len(by_dialogue), 2),
+        "tokens, one record at a time": flat,
+        "tokens, one prefix tree per dialogue": tree,
+        "saved share": round(1 - tree / flat, 4),
+    }
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--preset", default="cpu-lesson", choices=sorted(stage1_sft.PRESETS))
@@ -65,7 +103,9 @@ def main(argv=None) -> None:
     )
     cfg.world_size = 1
     _, tokenizer = load_model_and_tokenizer(args.model, dtype="float32")
-    result = count(cfg, read_mixture(cfg.data, cfg.seed), tokenizer)
+    records = read_mixture(cfg.data, cfg.seed)
+    result = count(cfg, records, tokenizer)
+    result["phase 2, prefix shared within a dialogue"] = shared_prefix(cfg, records, tokenizer)
     print(json.dumps({"preset": args.preset, "data": args.data, "target": args.target, **result}, indent=1))
 
 

@@ -739,3 +739,31 @@ def test_sft_tokens_counts_each_steps_rows_and_their_padding_by_hand():
         assert got["tokens per step (mean)"] == round(real / 2, 1)
         assert got["padding share"] == round(1 - real / padded, 4)
     assert counted["phase 1"]["tokens per record (mean)"] < counted["phase 2"]["tokens per record (mean)"]
+
+
+def test_prefix_tree_counts_each_distinct_prefix_once():
+    sft_tokens = load("sft_tokens")
+    # [1, 2, 3] and [1, 2, 4] share [1, 2]; [1, 5] shares [1]; [6] shares nothing: nodes 1, 2, 3, 4, 5, 6
+    assert sft_tokens.prefix_tree_tokens([[1, 2, 3], [1, 2, 4], [1, 5], [6]]) == 6
+    assert sft_tokens.prefix_tree_tokens([[1, 2, 3], [1, 2, 3]]) == 3  # a repeated record costs nothing
+    assert sft_tokens.prefix_tree_tokens([]) == 0
+
+
+def test_shared_prefix_saves_the_common_history_of_one_dialogues_records_only():
+    """Turns 4 and 6 of one dialogue share the history of rounds 1-3; a record of another dialogue
+    with the same shape shares nothing with them: the tree holds len(a) + len(b) - lcp(a, b) + len(c)."""
+    from stage1_sft import build_example, load_model_and_tokenizer, parse_args
+
+    sft_tokens = load("sft_tokens")
+    _, tokenizer = load_model_and_tokenizer("tiny-random", dtype="float32")
+    a, b, c = hand_record(0, rounds=4), hand_record(0, rounds=6), hand_record(1, rounds=5)
+    for record, dialogue in ((a, "d0"), (b, "d0"), (c, "d1")):
+        record["meta"]["dialogue_id"] = dialogue
+    cfg = parse_args(["--data", "x.jsonl"])
+    got = sft_tokens.shared_prefix(cfg, [a, b, c], tokenizer)
+    ids = [build_example(tokenizer, r, 2, cfg.max_length)["input_ids"] for r in (a, b, c)]
+    lcp = next(k for k, (x, y) in enumerate(zip(ids[0], ids[1])) if x != y)
+    assert lcp > 0 and got["dialogues"] == 2
+    assert got["tokens, one record at a time"] == sum(map(len, ids))
+    assert got["tokens, one prefix tree per dialogue"] == len(ids[0]) + len(ids[1]) - lcp + len(ids[2])
+    assert 0 < got["saved share"] < 0.5
