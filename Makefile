@@ -46,7 +46,7 @@ demo: setup
 	    --compare srt=srt:$(LESSON)/grpo/final nocot=srt:$(LESSON)/sft-nocot/final rag=rag:smollm2-135m \
 	    --table2 "SRT=srt,w/o CoT=nocot,RAG=rag"
 
-# The whole of Table 2 (README; docs/experiments/demo.md, "Table 2") on every Fig. 4 length bucket,
+# The whole of Table 2 (README; docs/experiments/table2.md) on every Fig. 4 length bucket,
 # 8-32 rounds: about 70 minutes to 3.5 hours on 2 CPU cores. Each stage resumes (--resume): a second
 # `make table2` redoes only what is missing, so it can run across days. Table 2's controls
 # train on exactly SRT's batches: w/o CoT learns the answer alone, recall-only the <HIS> tags without

@@ -308,20 +308,20 @@ def phase_plan(cfg, records_per_phase: dict) -> list[tuple[int, int]]:
 # Why each value: docs/experiments/presets.md ("Stage 1").
 # fmt: off
 PRESETS = {
-    # A 2-core laptop: 64 steps (26 on pruned histories, 38 on full ones), the fewest that teach
-    # recall; 1536 tokens hold all but 5 of 2,341 synthetic prompts + targets; the global batch of 4 runs as 2
-    # micro-batches of 2, which keeps the demo's peak memory low at the same update.
+    # `make table2` on a 2-core laptop: 64 steps (26 on pruned histories, 38 on full ones), the fewest
+    # that teach recall; 1536 tokens hold all but 5 of 2,341 synthetic prompts + targets; the global batch
+    # of 4 runs as 2 micro-batches of 2, which keeps the peak memory low at the same update.
     "cpu-demo": dict(lr=5e-5, batch_size=2, grad_accum=2, max_length=1536, gradient_checkpointing=False,
                      max_steps=64, phase1_fraction=0.4, warmup_steps=3, save_every=8),
     # §4.1: lr 5e-6, AdamW, constant schedule with linear warm-up. Batch and length are ours.
     "paper": dict(lr=5e-6, batch_size=2, grad_accum=8, max_length=4096, gradient_checkpointing=True,
                   warmup_steps=30, epochs=2, save_every=200),
 }
-# The SFT start GRPO learns from (docs/experiments/grpo-recall.md): twice the demo's steps.
+# The SFT start GRPO learns from (docs/experiments/grpo-recall.md): twice cpu-demo's steps.
 PRESETS["cpu-long"] = dict(PRESETS["cpu-demo"], max_steps=128)
 # `make demo`, the lesson: dialogues of 8-11 rounds (stage 0's cpu-lesson), so 1024 tokens hold every
 # prompt + target; recall is learned from the full-history records, so phase 1 (10 steps) only teaches
-# the format, and the learning rate is 4x cpu-demo's; 70 full-history steps (280 records) are about the
+# the format, and the learning rate is 4x cpu-demo's; 70 full-history steps (280 records) are the
 # fewest measured at 40% dev recall Jaccard (docs/experiments/presets.md: the levers, measured).
 PRESETS["cpu-lesson"] = dict(PRESETS["cpu-demo"], lr=2e-4, max_length=1024, max_steps=80,
                              phase1_fraction=0.125)

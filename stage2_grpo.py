@@ -511,9 +511,10 @@ PRESETS = {
                   prompts_per_step=8, max_new_tokens=1024, max_prompt_length=4096, warmup_steps=10,
                   max_steps=1000, save_every=50, sample_every=10, gradient_checkpointing=True,
                   micro_batch_size=2),
-    # SmolLM2-135M after SFT on a 2-core CPU: 12 steps of one group of K = 4, two AdamW updates each;
-    # 1536 prompt tokens hold every synthetic prompt and 256 new tokens the longest SFT chain; dynamic
-    # sampling on the recall part (after SFT most groups recall one set), at most 2 draws; T = 1.0.
+    # `make table2`: SmolLM2-135M after SFT on a 2-core CPU: 12 steps of one group of K = 4, two AdamW
+    # updates each; 1536 prompt tokens hold every synthetic prompt and 256 new tokens the longest SFT
+    # chain; dynamic sampling on the recall part (after SFT most groups recall one set), at most 2
+    # draws; T = 1.0.
     "cpu-demo": dict(num_generations=4, prompts_per_step=1, sample_ratio=2, mu=1, lr=3e-6, warmup_steps=1,
                      beta=0.04, max_new_tokens=256, max_prompt_length=1536, max_steps=12, sample_every=1,
                      save_every=4, eval_limit=16, eval_batch_size=8, probe_every=6, dynamic_sampling="recall",

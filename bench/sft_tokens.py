@@ -72,19 +72,19 @@ def prefix_tree_tokens(sequences) -> int:
 def shared_prefix(cfg, records, tokenizer, phase: int = 2) -> dict:
     """Every record of the corpus in `phase`, as stage 1 tokenizes it, against the prefix trees of
     the records of each dialogue (meta.dialogue_id): the tokens prefix sharing would leave."""
-    data = stage1_sft.PhaseData(
-        tokenizer, records, phase, cfg.max_length, cfg.target, cfg.seed, 1, recall=cfg.recall
-    )
     by_dialogue = {}
-    for index, record in enumerate(records):
-        example = data.example(index)
+    for record in records:
+        # built one by one: PhaseData.example would stand the next record in for one that does not fit
+        example = stage1_sft.build_example(tokenizer, record, phase, cfg.max_length, cfg.target, cfg.recall)
+        if example is None:  # longer than --max-length: stage 1 never trains on it
+            continue
         dialogue = (record.get("meta") or {}).get("dialogue_id", record["id"])
         by_dialogue.setdefault(dialogue, []).append(example["input_ids"])
     flat = sum(len(ids) for group in by_dialogue.values() for ids in group)
     tree = sum(prefix_tree_tokens(group) for group in by_dialogue.values())
     return {
         "dialogues": len(by_dialogue),
-        "records per dialogue (mean)": round(len(records) / len(by_dialogue), 2),
+        "records per dialogue (mean)": round(sum(map(len, by_dialogue.values())) / len(by_dialogue), 2),
         "tokens, one record at a time": flat,
         "tokens, one prefix tree per dialogue": tree,
         "saved share": round(1 - tree / flat, 4),
