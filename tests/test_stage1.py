@@ -566,3 +566,114 @@ def test_summary_states_the_answer_tokens_share_of_each_target(tmp_path):
         stage1_sft.train(run_args(data, tmp_path / target, "--max-steps", "1", "--target", target))
         shares[target] = json.loads((tmp_path / target / "summary.json").read_text())["answer_token_share"]
     assert shares["answer"] == 1.0 and 0 < shares["full"] < shares["recall-only"] < 1
+
+
+# ---------------------------------------------------------------------------------------------- prefix sharing
+def dialogue_records(i: int, rounds=(3, 5, 6)) -> list[dict]:
+    """Records of one dialogue at several rounds: each later one's history extends the earlier's."""
+    records = [make_record(i, rounds=t, recall=("Q1",), pruned_extra=()) for t in rounds]
+    for record in records:
+        record["meta"]["dialogue_id"] = f"chat-{i}"
+    return records
+
+
+def test_prefix_tree_row_computes_a_shared_prompt_prefix_once(tiny):
+    """Planted: two records of one dialogue whose prompts agree on their first `shared` tokens. The
+    row is a whole, then b's tokens after the fork, hanging off the fork's last shared token at their
+    own depths; labels stay with their tokens. The same example twice shares its prompt and not its
+    target: the target's loss counts twice, as it would in two rows."""
+    tok = tiny[1]
+    a, b = (build_example(tok, r, 2, 2048) for r in dialogue_records(0, rounds=(3, 5)))
+    shared = next(k for k, (x, y) in enumerate(zip(a["input_ids"], b["input_ids"])) if x != y)
+    assert 20 < shared < a["prompt_length"]
+    row = stage1_sft.prefix_tree_row([a, b])
+    n, m = len(a["input_ids"]), len(b["input_ids"])
+    assert row["input_ids"] == a["input_ids"] + b["input_ids"][shared:]
+    assert row["parents"] == list(range(-1, n - 1)) + [shared - 1] + list(range(n, n + m - shared - 1))
+    assert row["depth"] == list(range(n)) + list(range(shared, m))
+    assert row["labels"] == a["labels"] + b["labels"][shared:]
+    assert row["answer_mask"] == a["answer_mask"] + b["answer_mask"][shared:]
+
+    twice = stage1_sft.prefix_tree_row([a, a])
+    p = a["prompt_length"]
+    assert twice["input_ids"] == a["input_ids"] + a["input_ids"][p:]
+    assert twice["parents"][n] == p - 1 and twice["labels"][n:] == a["labels"][p:]
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+def test_a_prefix_tree_gives_every_example_its_own_loss_and_gradient(attention):
+    """A tree row must leave every target token's log-prob as in the example's own row. A causal
+    mask over the packed row (a token seeing a sibling branch), position ids counted along the row,
+    or the eager attention given a bool mask (added to the scores as 0 and 1) would each change the
+    loss. Three dialogues, one of them with a record twice, and a record in recall copy mode (its
+    copied tokens carry no loss). fp32 on the tiny model: the same products summed in another order
+    (a masked key adds an exact 0), about 1e-7 relative; rel 1e-5 on the loss and 1e-4 on each
+    gradient leaves room for any CPU's kernels, and every wrong tree above is off by 1e-2 or more."""
+    model, tok = load_model_and_tokenizer("tiny-random")  # its own copy: the attention is switched
+    model.set_attn_implementation(attention)
+    records = dialogue_records(0) + dialogue_records(1, rounds=(4,)) + dialogue_records(2, rounds=(5, 5))
+    examples = [build_example(tok, r, 2, 2048) for r in records]
+    examples.append(build_example(tok, dialogue_records(1, rounds=(6,))[0], 2, 2048, recall="copy"))
+    assert examples[-1]["copied"] > 0
+
+    def loss_and_grads(batch):
+        model.zero_grad(set_to_none=True)
+        sums = sft_loss_sums(model, batch)
+        sums["nll"].backward()
+        return sums, {name: p.grad.clone() for name, p in model.named_parameters()}
+
+    plain = collate(examples, tok.pad_token_id)
+    tree = collate(examples, tok.pad_token_id, share_prefix=True, additive_mask=attention == "eager")
+    assert tree["input_ids"].size(0) == 3 and tree["attention_mask"].shape[1] == 1
+    assert tree["tokens"].item() < 0.7 * plain["tokens"].item()  # the histories are mostly shared
+    want, want_grads = loss_and_grads(plain)
+    got, got_grads = loss_and_grads(tree)
+    for key in ("tokens", "reasoning_tokens", "answer_tokens"):
+        assert got[key].item() == want[key].item()
+    for key in ("nll", "reasoning_nll", "answer_nll"):
+        assert got[key].item() == pytest.approx(want[key].item(), rel=1e-5)
+    for name, grad in want_grads.items():
+        scale = grad.abs().max().item()
+        assert (got_grads[name] - grad).abs().max().item() <= 1e-4 * scale + 1e-12, name
+
+
+def test_batches_by_dialogue_hold_each_dialogues_records_together_in_round_order(tiny):
+    """--share-prefix batches by dialogue: an epoch is every record once (then a wrap-around to fill
+    the last batch), each dialogue's records adjacent and in round order, the dialogues in a seeded
+    order; every --target forms the same batches."""
+    tok = tiny[1]
+    rounds = {0: (3, 5, 6), 1: (4,), 2: (2, 7), 3: (5,), 4: (3, 4, 6, 8), 5: (6, 7)}
+    records = [r for i, ts in rounds.items() for r in dialogue_records(i, ts)]
+    records = [records[k] for k in torch.randperm(len(records), generator=torch.Generator().manual_seed(0))]
+
+    def plan(target, seed):
+        data = stage1_sft.PhaseData(tok, records, 2, 2048, target, seed, global_batch=4, by_dialogue=True)
+        return [data.example(i)["id"] for step in range(data.batches_per_epoch) for i in data.batch_indices(step)]
+
+    ids = plan("full", seed=3)
+    assert len(records) == 13 and len(ids) == 16  # 4 batches of 4: the first 3 records again at the end
+    assert sorted(ids[:13]) == sorted(r["id"] for r in records) and ids[13:] == ids[:3]
+    chats = [int(i.split("-")[1]) for i in ids[:13]]
+    assert [c for k, c in enumerate(chats) if k == 0 or chats[k - 1] != c] == list(dict.fromkeys(chats))
+    for chat, turns in rounds.items():
+        assert [int(i[-2:]) for i in ids[:13] if int(i.split("-")[1]) == chat] == list(turns)
+    assert plan("answer", seed=3) == ids and plan("full", seed=4) != ids
+
+
+def test_share_prefix_trains_on_the_same_loss_as_plain_rows_of_the_same_batches(tmp_path, monkeypatch):
+    """Wiring: `--share-prefix` through train() (position ids and the tree mask reach the model) logs
+    the loss and gradient norm of plain rows of the same batches, at lr 0; only the tokens differ."""
+    records = [r for i in range(4) for r in dialogue_records(i, rounds=(3, 4, 6))]
+    data = write_records(tmp_path, records)
+    common = ("--phase", "2", "--max-steps", "3", "--lr", "0", "--share-prefix", "--batch-size", "3")
+    stage1_sft.train(run_args(data, tmp_path / "tree", *common))
+    plain_collate = stage1_sft.collate
+    monkeypatch.setattr(stage1_sft, "collate", lambda examples, pad_id, *_: plain_collate(examples, pad_id))
+    stage1_sft.train(run_args(data, tmp_path / "plain", *common))
+    tree, plain = read_metrics(tmp_path / "tree"), read_metrics(tmp_path / "plain")
+    assert len(tree) == len(plain) == 3
+    for a, b in zip(tree, plain):
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-5)
+        assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-4) and a["grad_norm"] > 0
+    config = json.loads((tmp_path / "tree" / "config.json").read_text())
+    assert config["share_prefix"] is True
