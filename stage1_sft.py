@@ -24,11 +24,6 @@ Paper vs this implementation (flags in "beyond the paper" and "the paper's §3.3
   5. --recall copy (not in the paper; srt/recall.py): the turn's text inside each <HIS> tag and its
      </HIS>, which the decoder writes in copy mode, carry no loss; the tag's opening, its label and
      colon, the prose and the answer do.
-  6. --share-prefix (not in the paper): a dialogue's records share their history, so a micro-batch
-     holds neighbouring records of one dialogue as one row, a prefix tree whose shared tokens are
-     computed once (collate, prefix_tree_row); a tree attention mask and position ids by depth
-     give every token the hidden state it has in its own row, so Eq. (3) and its gradient are
-     unchanged. Batches then group a dialogue's records, in round order, instead of similar lengths.
 
     python stage1_sft.py --preset cpu-demo                        # SmolLM2-135M on a laptop CPU
     python stage1_sft.py --preset cpu-demo --data syn/train.jsonl:0.5 locomo/train.jsonl:0.5   # a mix
@@ -165,10 +160,8 @@ def build_example(
     answer_mask = [0] * (len(prompt_ids) + answer_from) + [1] * (len(target_tokens) - answer_from)
     return {
         "id": record["id"],
-        "dialogue": (record.get("meta") or {}).get("dialogue_id", record["id"]),
         "phase": phase,
         "prompt": prompt,
-        "prompt_length": len(prompt_ids),
         "input_ids": prompt_ids + target_tokens,
         "labels": labels,
         "answer_mask": answer_mask,
@@ -193,11 +186,10 @@ class PhaseData:
         global_batch,
         group_batches=32,
         recall="free",
-        by_dialogue=False,
     ):
         self.tokenizer, self.records, self.phase, self.recall = tokenizer, records, phase, recall
         self.max_length, self.target, self.seed = max_length, target, seed
-        self.global_batch, self.group_batches, self.by_dialogue = global_batch, group_batches, by_dialogue
+        self.global_batch, self.group_batches = global_batch, group_batches
         self.cache, self.truncated, self.skipped, self.epochs = {}, set(), set(), {}
         # A cheap length proxy (characters) is enough to group examples of similar length. It is the
         # prompt's alone: every --target then forms the same batches, so Table 2's controls train on
@@ -225,19 +217,7 @@ class PhaseData:
 
     def epoch_batches(self, epoch: int) -> list[np.ndarray]:
         """Shuffle, wrap around to fill the last global batch, sort each group of `group_batches`
-        global batches by length (little padding), then shuffle the batches. by_dialogue: shuffle the
-        dialogues instead and keep each one's records together, in round order, so that a micro-batch
-        holds neighbours whose prompts share a prefix (collate's prefix trees)."""
-        if epoch not in self.epochs and self.by_dialogue:
-            rng = np.random.default_rng([self.seed, self.phase, epoch])
-            dialogues = {}
-            for index, record in enumerate(self.records):
-                key = (record.get("meta") or {}).get("dialogue_id", record["id"])
-                dialogues.setdefault(key, []).append((record["query_turn"], index))
-            groups = list(dialogues.values())
-            order = [index for k in rng.permutation(len(groups)) for _, index in sorted(groups[k])]
-            order = np.resize(np.array(order), self.batches_per_epoch * self.global_batch)
-            self.epochs = {epoch: np.split(order, self.batches_per_epoch)}
+        global batches by length (little padding), then shuffle the batches."""
         if epoch not in self.epochs:
             rng = np.random.default_rng([self.seed, self.phase, epoch])
             order = np.resize(rng.permutation(len(self.records)), self.batches_per_epoch * self.global_batch)
@@ -256,71 +236,20 @@ class PhaseData:
         return [int(i) for i in self.epoch_batches(epoch)[k]]
 
 
-def collate(examples, pad_id: int, share_prefix: bool = False, additive_mask: bool = False) -> dict:
-    """Right-pad a micro-batch; padding is masked out of attention and loss. parents[b, k] is the
-    position whose logits predict token k: k - 1 in a plain row. share_prefix: the examples of one
-    dialogue share one row, a prefix tree (prefix_tree_row), and attention_mask is the 4-D tree mask
-    (bool, or 0 / -inf when additive_mask, for the eager attention, which adds it to the scores)."""
-    if share_prefix:
-        groups = {}
-        for e in examples:
-            groups.setdefault(e["dialogue"], []).append(e)
-        rows = [prefix_tree_row(group) for group in groups.values()]
-    else:
-        rows = [dict(e, parents=list(range(-1, len(e["input_ids"]) - 1))) for e in examples]
-    width = max(len(row["input_ids"]) for row in rows)
+def collate(examples, pad_id: int) -> dict:
+    """Right-pad a micro-batch; padding is masked out of attention and loss."""
+    width = max(len(e["input_ids"]) for e in examples)
 
     def pad(key, value):
-        return torch.tensor([row[key] + [value] * (width - len(row[key])) for row in rows])
+        return torch.tensor([e[key] + [value] * (width - len(e[key])) for e in examples])
 
-    batch = {
-        "input_ids": pad("input_ids", pad_id),
+    input_ids = pad("input_ids", pad_id)
+    return {
+        "input_ids": input_ids,
         "labels": pad("labels", IGNORE_INDEX),
         "answer_mask": pad("answer_mask", 0),
-        "parents": pad("parents", 0),
-        "tokens": torch.tensor(sum(len(row["input_ids"]) for row in rows)),
+        "attention_mask": pad("input_ids", -1).ne(-1).long(),
     }
-    if not share_prefix:
-        batch["attention_mask"] = pad("input_ids", -1).ne(-1).long()
-        return batch
-    # Each token sees its ancestors and itself; a padding token sees itself alone (no empty softmax row).
-    visible = torch.eye(width, dtype=torch.bool).repeat(len(rows), 1, 1)
-    for b, row in enumerate(rows):
-        for k, parent in enumerate(row["parents"]):
-            if parent >= 0:
-                visible[b, k, : parent + 1] = visible[b, parent, : parent + 1]
-    batch["position_ids"] = pad("depth", 0)
-    mask = visible.unsqueeze(1)  # (rows, 1, query, key)
-    if additive_mask:
-        mask = torch.zeros(mask.shape).masked_fill(~mask, torch.finfo(torch.float32).min)
-    batch["attention_mask"] = mask
-    return batch
-
-
-def prefix_tree_row(examples) -> dict:
-    """Several examples of one dialogue as one row: their prompts merged into a prefix tree (a
-    token that two prompts share, with the same tokens before it, is computed once), each target
-    its own branch. A token's position id is its depth and it attends to its ancestors alone, so its
-    hidden state, and so Eq. (3), is what the example alone would give; only the tokens differ:
-    an 8-11 round dialogue's records share 30-50% of them (docs/experiments/presets.md)."""
-    row = {"input_ids": [], "labels": [], "answer_mask": [], "parents": [], "depth": []}
-    children = {}  # (parent node, token) -> node, for prompt tokens only
-    for e in examples:
-        node = -1
-        for k, token in enumerate(e["input_ids"]):
-            in_prompt = k < e["prompt_length"]
-            if in_prompt and (node, token) in children:
-                node = children[(node, token)]
-                continue
-            row["input_ids"].append(token)
-            row["labels"].append(e["labels"][k])
-            row["answer_mask"].append(e["answer_mask"][k])
-            row["parents"].append(node)
-            row["depth"].append(k)
-            if in_prompt:
-                children[(node, token)] = len(row["input_ids"]) - 1
-            node = len(row["input_ids"]) - 1
-    return row
 
 
 # --------------------------------------------------------------------------------------------
@@ -330,29 +259,27 @@ def sft_loss_sums(model, batch, autocast_dtype=None) -> dict:
     """Summed token NLL of the micro-batch, split into the reasoning part and the answer part,
     with the token counts. Callers divide by the token count of the whole global batch."""
     device = batch["input_ids"].device
-    target = batch["labels"].ne(IGNORE_INDEX)
-    rows, positions = target.nonzero(as_tuple=True)
-    # Token k is predicted by its parent's logits (k - 1 in a plain row). Eq. (3) has targets only
-    # on Z_t and A_t: the vocabulary projection (a fifth of SmolLM2's compute) runs on their parents.
-    sources = batch["parents"][rows, positions]
-    keep = torch.unique(sources)
+    # Eq. (3) has targets only on Z_t and A_t, the tail of each row: the vocabulary projection
+    # (a fifth of SmolLM2's compute) runs on that tail alone, from the earliest target onwards.
+    width = batch["labels"].size(1)
+    first_target = batch["labels"].ne(IGNORE_INDEX).float().argmax(dim=1).min().item()
+    keep = width - max(first_target, 1) + 1
     with autocast(device, autocast_dtype):
         logits = model(
-            input_ids=batch["input_ids"],
-            attention_mask=batch["attention_mask"],
-            position_ids=batch.get("position_ids"),
-            logits_to_keep=keep,
+            input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], logits_to_keep=keep
         ).logits
-    # log-probs in chunks, without an fp32 copy of every logit
-    token_logits = logits[rows, torch.searchsorted(keep, sources)]
-    nll = -token_logprobs(token_logits.unsqueeze(0), batch["labels"][rows, positions].unsqueeze(0))[0][0]
-    answer = batch["answer_mask"][rows, positions].bool()
+    # Token k predicts token k+1; log-probs in chunks, without an fp32 copy of every logit.
+    labels = batch["labels"][:, width - keep + 1 :]
+    answer = batch["answer_mask"][:, width - keep + 1 :].bool()
+    target = labels.ne(IGNORE_INDEX)
+    nll = -token_logprobs(logits[:, :-1], labels.clamp(min=0))[0] * target
+    reasoning = target & ~answer
     return {
         "nll": nll.sum(),
-        "reasoning_nll": nll[~answer].sum(),
+        "reasoning_nll": nll[reasoning].sum(),
         "answer_nll": nll[answer].sum(),
         "tokens": target.sum(),
-        "reasoning_tokens": (~answer).sum(),
+        "reasoning_tokens": reasoning.sum(),
         "answer_tokens": answer.sum(),
     }
 
@@ -489,13 +416,6 @@ def build_parser() -> argparse.ArgumentParser:
         "copy mode (srt/recall.py), carries no loss; free: every target token does (the paper)",
     )
 
-    beyond.add_argument(
-        "--share-prefix",
-        action="store_true",
-        help="batch each dialogue's records together and compute the history they share once, as a "
-        "prefix tree with a tree attention mask: the same Eq. (3), 30-50%% fewer tokens in phase 2",
-    )
-
     scale = p.add_argument_group("scale: devices, precision, memory, FSDP")
     scale.add_argument(
         "--dtype",
@@ -565,7 +485,6 @@ RESUME_MUST_MATCH = (
     "max_length",
     "target",
     "recall",
-    "share_prefix",
     "epochs",
     "lr",
     "warmup_steps",
@@ -616,14 +535,6 @@ def train(cfg):
     )
     if main_process:
         print(memory_plan.stage_plan("sft", cfg, world_size, model.config), flush=True)
-    # A prefix tree needs a 4-D attention mask: flash-attention kernels take none (they pack by
-    # position ids), the eager attention adds it to the scores, SDPA takes it as it is.
-    implementation = model.config._attn_implementation
-    require(
-        not cfg.share_prefix or implementation in ("sdpa", "eager"),
-        f"--share-prefix needs the sdpa or eager attention, not {implementation}",
-    )
-    additive_mask = implementation == "eager"
     if cfg.gradient_checkpointing:
         enable_activation_checkpointing(model)
     model.train()
@@ -642,15 +553,7 @@ def train(cfg):
     plan = phase_plan(cfg, {1: len(records), 2: len(records)})
     data = {
         p: PhaseData(
-            tokenizer,
-            records,
-            p,
-            cfg.max_length,
-            cfg.target,
-            cfg.seed,
-            global_batch,
-            recall=cfg.recall,
-            by_dialogue=cfg.share_prefix,
+            tokenizer, records, p, cfg.max_length, cfg.target, cfg.seed, global_batch, recall=cfg.recall
         )
         for p, _ in plan
     }
@@ -714,14 +617,13 @@ def train(cfg):
             dist.all_reduce(global_tokens)
         sums = {}
         for micro, examples in enumerate(mine):
-            micro_batch = collate(examples, tokenizer.pad_token_id, cfg.share_prefix, additive_mask)
-            batch = {k: v.to(device) for k, v in micro_batch.items()}
+            batch = {k: v.to(device) for k, v in collate(examples, tokenizer.pad_token_id).items()}
             with accumulate(train_model, sync=micro == cfg.grad_accum - 1 or world_size == 1):
                 part = sft_loss_sums(train_model, batch, autocast_dtype)
                 (part["nll"] * world_size / global_tokens).backward()
             for key, value in part.items():
                 sums[key] = sums.get(key, 0) + value.detach().float()
-            sums["all_tokens"] = sums.get("all_tokens", 0) + batch["tokens"].float()
+            sums["all_tokens"] = sums.get("all_tokens", 0) + batch["attention_mask"].sum().float()
         grad_norm = clip_grad_norm(model.parameters(), cfg.max_grad_norm)
         lr = warmup_lr(step, cfg.lr, cfg.warmup_steps)
         for group in optimizer.param_groups:
