@@ -81,7 +81,7 @@ from srt.modeling import (
 )
 from srt.prompt import fit_history, format_target
 from srt.recall import RECALL_MODES, copied_spans
-from srt.training import TimeBudget, seed_everything, warmup_lr
+from srt.training import TimeBudget, adamw, seed_everything, warmup_lr
 
 IGNORE_INDEX = -100  # label of a token that carries no loss (the prompt, the padding)
 
@@ -322,9 +322,10 @@ PRESETS["cpu-long"] = dict(PRESETS["cpu-demo"], max_steps=128)
 # `make demo`, the lesson: dialogues of 8-11 rounds (stage 0's cpu-lesson), so 1024 tokens hold every
 # prompt + target; recall is learned from the full-history records, so phase 1 (10 steps) only teaches
 # the format, and the learning rate is 4x cpu-demo's; 70 full-history steps (280 records) are the
-# fewest measured at 40% dev recall Jaccard (docs/experiments/presets.md: the levers, measured).
+# fewest measured at 40% dev recall Jaccard (docs/experiments/presets.md: the levers, measured). A
+# checkpoint (weights and AdamW's moments, 1.6 GB) takes about 4 s to write: every 20 steps, not 8.
 PRESETS["cpu-lesson"] = dict(PRESETS["cpu-demo"], lr=2e-4, max_length=1024, max_steps=80,
-                             phase1_fraction=0.125)
+                             phase1_fraction=0.125, save_every=20)
 # fmt: on
 
 
@@ -539,7 +540,7 @@ def train(cfg):
         enable_activation_checkpointing(model)
     model.train()
     model, train_model, autocast_dtype = wrap_model(model, device, world_size, cfg.fsdp, autocast_dtype)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    optimizer = adamw(model.parameters(), cfg.lr, cfg.weight_decay, cfg.fsdp)
     resume_config = {k: getattr(cfg, k) for k in RESUME_MUST_MATCH}
     start_step = 0
     if resuming:

@@ -127,7 +127,7 @@ from srt.prompt import fit_prompt
 from srt.recall import RECALL_MODES
 from srt.rollouts import PromptStream, Rollout, sample_batch, think_lengths
 from srt.step_page import write_step_page
-from srt.training import TimeBudget, seed_everything, warmup_lr
+from srt.training import TimeBudget, adamw, seed_everything, warmup_lr
 
 # --------------------------------------------------------------------------------------------
 # Eq. (8): group-relative advantage.
@@ -909,7 +909,7 @@ def train(cfg, reward_fn=None, step_fn=None) -> dict:
     if cfg.fsdp and ref_model is not None:  # pi_ref never trains: sharded, without a wrapper
         ref_model = shard_model(ref_model, device)
     policy, train_model, autocast_dtype = wrap_model(policy, device, world_size, cfg.fsdp, autocast_dtype)
-    optimizer = torch.optim.AdamW(policy.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    optimizer = adamw(policy.parameters(), cfg.lr, cfg.weight_decay, cfg.fsdp)
     # Rollouts sample from a bf16 copy of the policy where the hardware has bf16 units (srt/decode.py),
     # refreshed after each optimizer step; the loss and the fp32 master weights are untouched.
     follow_optimizer(policy, optimizer)
@@ -1120,7 +1120,7 @@ def explain(cfg, reward_fn=None, print_fn=print) -> dict:
     policy, tokenizer = load_model_and_tokenizer(cfg.model, dtype=cfg.dtype, device=device)
     ref_model, _ = load_model_and_tokenizer(cfg.model, dtype=cfg.dtype, device=device)
     ref_model.eval().requires_grad_(False)
-    optimizer = torch.optim.AdamW(policy.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    optimizer = adamw(policy.parameters(), cfg.lr, cfg.weight_decay)
     # Turns that need recall (§3), so that every term of Eq. (4) has something to say.
     records = read_mixture(cfg.data, cfg.seed)
     records = [r for r in records if r["recall"]] or records

@@ -1,5 +1,5 @@
-"""What the two training loops share and nothing else: seeding, the learning-rate schedule of
-§4.1 and the optional wall-clock budget."""
+"""What the two training loops share and nothing else: seeding, the optimizer and learning-rate
+schedule of §4.1, and the optional wall-clock budget."""
 
 from __future__ import annotations
 
@@ -14,6 +14,16 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
+
+
+def adamw(params, lr: float, weight_decay: float, fsdp: bool = False) -> torch.optim.AdamW:
+    """§4.1's AdamW, in torch's fused kernel (one pass over each tensor) where it has one: on a
+    2-core CPU torch's default is a Python loop of small ops over SmolLM2's 272 tensors, 0.55 s a
+    step against the fused kernel's 0.09 s, 6% of an SFT step (bench/sft_step.py). The same update
+    up to rounding. FSDP's sharded parameters keep the default."""
+    params = list(params)
+    fused = not fsdp and all(p.device.type in ("cpu", "cuda") and p.is_floating_point() for p in params)
+    return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, fused=fused or None)
 
 
 def warmup_lr(step: int, base_lr: float, warmup_steps: int) -> float:

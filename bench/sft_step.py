@@ -1,0 +1,121 @@
+"""Benchmark: one optimizer step of stage 1 on a preset's own batches, split into its parts, with
+torch's default AdamW (on a CPU a Python loop of small ops over every tensor) against the fused
+kernel srt/training.adamw uses, and optionally with another attention implementation.
+
+Each side runs the same global batches (stage1_sft.PhaseData, the preset's micro-batches) through
+stage1_sft's own collate and sft_loss_sums: forward and backward of every micro-batch, the
+gradient clip, then the optimizer step at learning rate 0, so that the weights never move and
+every side sees the same ones (AdamW does all its work at lr 0). Sides alternate step by step,
+so that a slow spell of a shared machine falls on all; one untimed warm-up step each (the first
+AdamW step allocates its moments). Reported: median seconds (min-max) of the whole step, of
+forward + backward, and of the optimizer step, and each side's step against the first side's.
+
+    python bench/sft_step.py --preset cpu-lesson --data runs/demo/data/train.jsonl
+    python bench/sft_step.py --preset cpu-lesson --data runs/demo/data/train.jsonl --attention sdpa eager
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from measure import describe, fmt_stat, machine, machine_line, markdown_table, write_results  # noqa: E402
+
+import stage1_sft  # noqa: E402
+from srt.data_io import read_mixture  # noqa: E402
+from srt.distributed import clip_grad_norm  # noqa: E402
+from srt.modeling import load_model_and_tokenizer, resolve_dtype  # noqa: E402
+
+OPTIMIZERS = ("loop", "fused")  # torch.optim.AdamW's default on a CPU, and fused=True
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
+    p.add_argument("--preset", default="cpu-lesson", choices=sorted(stage1_sft.PRESETS))
+    p.add_argument("--data", required=True, help="stage 0's train.jsonl")
+    p.add_argument("--model", default="smollm2-135m")
+    p.add_argument("--target", default="full", choices=sorted(stage1_sft.TARGETS))
+    p.add_argument("--phase", type=int, default=2, choices=[1, 2])
+    p.add_argument("--steps", type=int, default=10, help="timed steps a side")
+    p.add_argument("--optimizers", nargs="+", default=list(OPTIMIZERS), choices=OPTIMIZERS)
+    p.add_argument("--attention", nargs="+", default=["sdpa"], choices=["sdpa", "eager"])
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
+    p.add_argument("--out", default="runs/bench/sft_step")
+    return p
+
+
+def main(argv=None) -> None:
+    args = build_parser().parse_args(argv)
+    import torch
+
+    cfg = stage1_sft.parse_args(["--preset", args.preset, "--data", args.data, "--target", args.target])
+    model, tokenizer = load_model_and_tokenizer(args.model, dtype=args.dtype)
+    _, autocast_dtype = resolve_dtype(args.dtype, torch.device("cpu"))
+    model.train()
+    records = read_mixture(cfg.data, cfg.seed)
+    data = stage1_sft.PhaseData(
+        tokenizer, records, args.phase, cfg.max_length, cfg.target, cfg.seed, cfg.batch_size * cfg.grad_accum
+    )
+    sides = {}
+    for attention in args.attention:
+        for kind in args.optimizers:
+            optimizer = torch.optim.AdamW(model.parameters(), lr=0.0, fused=True if kind == "fused" else None)
+            sides[f"AdamW {kind}, {attention}"] = (attention, optimizer)
+    parts = {name: {"step": [], "forward + backward": [], "optimizer": []} for name in sides}
+    tokens = []
+    for k in range(args.steps + 1):
+        examples = [data.example(i) for i in data.batch_indices(k)]
+        micro = [examples[a : a + cfg.batch_size] for a in range(0, len(examples), cfg.batch_size)]
+        batches = [stage1_sft.collate(m, tokenizer.pad_token_id) for m in micro]
+        global_tokens = sum(int(b["labels"].ne(stage1_sft.IGNORE_INDEX).sum()) for b in batches)
+        tokens.append(sum(len(e["input_ids"]) for e in examples))
+        for name, (attention, optimizer) in sides.items():
+            model.set_attn_implementation(attention)
+            start = time.perf_counter()
+            for batch in batches:
+                sums = stage1_sft.sft_loss_sums(model, batch, autocast_dtype)
+                (sums["nll"] / global_tokens).backward()
+            clip_grad_norm(model.parameters(), cfg.max_grad_norm)
+            middle = time.perf_counter()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            end = time.perf_counter()
+            if k:  # step 0 warms up
+                parts[name]["step"].append(end - start)
+                parts[name]["forward + backward"].append(middle - start)
+                parts[name]["optimizer"].append(end - middle)
+    results = {name: {part: describe(v) for part, v in timing.items()} for name, timing in parts.items()}
+    base = next(iter(results.values()))["step"]["median"]
+    rows = [
+        [name, *(fmt_stat(r[part]) for part in ("step", "forward + backward", "optimizer")),
+         f"{r['step']['median'] / base:.2f}x"]
+        for name, r in results.items()
+    ]  # fmt: skip
+    info = machine()
+    markdown = "\n\n".join(
+        [
+            f"# Stage 1 step, {args.preset}, phase {args.phase}, --target {args.target}: "
+            f"{args.steps} steps a side of {cfg.batch_size * cfg.grad_accum} records "
+            f"({sum(tokens[1:]) / args.steps:.0f} tokens a step), micro-batches of {cfg.batch_size}\n\n"
+            f"{machine_line(info)}",
+            markdown_table(
+                ["side", "step (s), median (min-max)", "forward + backward (s)", "optimizer step (s)",
+                 "step vs first side"], rows),  # fmt: skip
+        ]
+    )
+    json_path, md_path = write_results(
+        Path(args.out), f"{args.preset}-phase{args.phase}-{args.target}",
+        {"args": vars(args), "machine": info, "results": results}, markdown,
+    )  # fmt: skip
+    print(markdown)
+    print(f"\nwrote {json_path} and {md_path}")
+
+
+if __name__ == "__main__":
+    main()
