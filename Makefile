@@ -27,7 +27,7 @@ test: setup
 	$(VENV)/bin/ruff format --check .
 	$(PYTHON) -m pytest -q tests
 
-# The lesson (docs/experiments/demo.md): SRT learns to recall on a 2-core CPU in 25-35 minutes.
+# The lesson (docs/experiments/demo.md): SRT learns to recall on a 2-core CPU in 24-31 minutes.
 # Stage 0 on short dialogues (8-11 rounds), SRT's SFT and its control (w/o CoT: the same records in
 # the same batches, the answer alone), GRPO from the SFT model, then SRT, the control and RAG answer
 # the same test queries, with paired intervals against SRT. Each stage resumes (--resume): a second

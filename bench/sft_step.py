@@ -105,8 +105,15 @@ def main(argv=None) -> None:
             f"({sum(tokens[1:]) / args.steps:.0f} tokens a step), micro-batches of {cfg.batch_size}\n\n"
             f"{machine_line(info)}",
             markdown_table(
-                ["side", "step (s), median (min-max)", "forward + backward (s)", "optimizer step (s)",
-                 "step vs first side"], rows),  # fmt: skip
+                [
+                    "side",
+                    "step (s), median (min-max)",
+                    "forward + backward (s)",
+                    "optimizer step (s)",
+                    "step vs first side",
+                ],
+                rows,
+            ),  # fmt: skip
         ]
     )
     json_path, md_path = write_results(

@@ -767,3 +767,36 @@ def test_shared_prefix_saves_the_common_history_of_one_dialogues_records_only():
     assert got["tokens, one record at a time"] == sum(map(len, ids))
     assert got["tokens, one prefix tree per dialogue"] == len(ids[0]) + len(ids[1]) - lcp + len(ids[2])
     assert 0 < got["saved share"] < 0.5
+
+
+# ------------------------------------------------------------------------------------ sft_step.py
+def test_sft_step_times_every_side_on_the_same_batches_without_moving_the_weights(tmp_path):
+    """Two optimizers x one attention on the tiny model, 2 timed steps: each side's step is its
+    forward + backward plus its optimizer step, sample by sample; at learning rate 0 AdamW does
+    its work and leaves the weights where they were, so every side saw the same model."""
+    from srt.data_io import write_jsonl
+
+    sft_step = load("sft_step")
+    data = tmp_path / "train.jsonl"
+    write_jsonl(data, [hand_record(i, rounds) for i, rounds in enumerate([3, 5, 7, 3, 5, 7, 4, 6])])
+    loaded = {}
+    real_load = sft_step.load_model_and_tokenizer
+
+    def keep(*args, **kwargs):
+        loaded["model"], tokenizer = real_load(*args, **kwargs)
+        loaded["before"] = {k: v.clone() for k, v in loaded["model"].state_dict().items()}
+        return loaded["model"], tokenizer
+
+    sft_step.load_model_and_tokenizer = keep
+    try:
+        out = str(tmp_path / "out")
+        sft_step.main(["--model", "tiny-random", "--data", str(data), "--steps", "2", "--out", out])
+    finally:
+        sft_step.load_model_and_tokenizer = real_load
+    for name, value in loaded["model"].state_dict().items():
+        assert torch.equal(value, loaded["before"][name]), name
+    results = json.loads((tmp_path / "out" / "cpu-lesson-phase2-full.json").read_text())["results"]
+    assert list(results) == ["AdamW loop, sdpa", "AdamW fused, sdpa"]
+    for side in results.values():
+        assert all(side[part]["n"] == 2 for part in ("step", "forward + backward", "optimizer"))
+        assert side["step"]["min"] >= side["forward + backward"]["min"] > 0
