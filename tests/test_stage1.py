@@ -570,7 +570,7 @@ def test_summary_states_the_answer_tokens_share_of_each_target(tmp_path):
 
 def test_adamw_is_the_fused_kernel_with_the_loops_update():
     """srt.training.adamw: §4.1's AdamW in torch's fused kernel on a CPU (0.09 s a step on
-    SmolLM2 against 0.55 s for the default loop, bench/sft_step.py), the same update as the loop to
+    SmolLM2 against 0.31 s for the default loop, bench/sft_step.py), the same update as the loop to
     rounding: three steps with weight decay from equal weights and gradients agree to 1e-6 relative
     (fp32; one fused expression against a few separate ops: a few ulps a step). Swapped lr and
     weight decay, or decay left out, would be off by 1e-3 or more. FSDP's sharded parameters
