@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from measure import describe, fmt_stat, machine, machine_line, markdown_table, write_results  # noqa: E402
 
 import stage1_sft  # noqa: E402
+from srt.config import at_least  # noqa: E402
 from srt.data_io import read_mixture  # noqa: E402
 from srt.distributed import clip_grad_norm  # noqa: E402
 from srt.modeling import load_model_and_tokenizer, resolve_dtype  # noqa: E402
@@ -42,7 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--target", default="full", choices=sorted(stage1_sft.TARGETS))
     p.add_argument("--phase", type=int, default=2, choices=[1, 2])
-    p.add_argument("--steps", type=int, default=10, help="timed steps a side")
+    p.add_argument("--steps", type=at_least(1), default=10, help="timed steps a side")
     p.add_argument("--optimizers", nargs="+", default=list(OPTIMIZERS), choices=OPTIMIZERS)
     p.add_argument("--attention", nargs="+", default=["sdpa"], choices=["sdpa", "eager"])
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
@@ -113,7 +114,7 @@ def main(argv=None) -> None:
                     "step vs first side",
                 ],
                 rows,
-            ),  # fmt: skip
+            ),
         ]
     )
     json_path, md_path = write_results(

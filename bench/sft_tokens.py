@@ -5,7 +5,8 @@ and what sharing a dialogue's history prefix across its records would save.
 Stage 1's step time on a CPU is about proportional to the tokens of the step (forward and backward
 through prompt and target alike), so these counts price the levers of docs/experiments/presets.md:
 shorter dialogues, phase 1's share, packing, and prefix sharing (one forward over the prefix tree of
-a dialogue's records with a tree attention mask, which stage 1 does not do).
+a dialogue's records with a tree attention mask; stage 1 had it once, and presets.md says why it
+does not any more).
 
     python bench/sft_tokens.py --preset cpu-lesson --data runs/demo/data/train.jsonl
     python bench/sft_tokens.py --preset cpu-demo --data runs/data/train.jsonl
