@@ -189,8 +189,9 @@ def grpo_loss(
     beta=0.04,
     loss_norm="seq",
     is_weights=None,
+    return_terms=False,
 ):
-    """-> (loss, stats). logprobs / old / ref: [B, C]; advantages: [B] or [B, C]; mask: [B, C], the
+    """-> (loss, stats), and with return_terms the per-token terms (below). logprobs / old / ref: [B, C]; advantages: [B] or [B, C]; mask: [B, C], the
     rollout's policy_mask (1 on the tokens the policy sampled: only they count, in every term and in
     the normalisation); is_weights: [B, C] truncated importance weights pi_old / pi_sampler
     (truncated_is_weights), or None for 1.
@@ -199,7 +200,11 @@ def grpo_loss(
     |o_i| tokens, then completions are averaged (1/G). A token of a short completion thus weighs more
     than a token of a long one: a long wrong answer is punished less per token, a short right one
     rewarded more, which biases length (long when wrong). loss_norm="token" (DAPO, Dr. GRPO) sums
-    over every token of the batch and divides by their number, so each token weighs the same."""
+    over every token of the batch and divides by their number, so each token weighs the same.
+
+    return_terms: also a dict of [B, C] tensors, what --explain prints token by token: ratio, clipped,
+    is_weight (1 where None), kl, objective (the token's term of Eq. (9), 0 where masked) and weight
+    (its share in the normalisation), so that loss = -sum(objective * weight) up to rounding."""
     mask = mask.to(logprobs.dtype)
     ratio = torch.exp(logprobs - old_logprobs)  # r_{i,t}(theta)
     A = advantages.unsqueeze(1) if advantages.dim() == 1 else advantages  # A~_i on every token, or one each
@@ -227,7 +232,22 @@ def grpo_loss(
             return (torch.where(mask > 0, x.float(), 0.0).sum() / tokens).item()
 
         stats = {"kl": token_mean(kl), "clip_fraction": token_mean(is_clipped), "ratio": token_mean(ratio)}
-    return loss, stats
+    if not return_terms:
+        return loss, stats
+    with torch.no_grad():
+        if loss_norm == "seq":
+            weight = mask / (mask.sum(1, keepdim=True).clamp(min=1) * len(mask))
+        else:
+            weight = mask / mask.sum().clamp(min=1)
+        terms = {
+            "ratio": ratio.detach(),
+            "clipped": is_clipped,
+            "is_weight": torch.ones_like(ratio) if is_weights is None else is_weights.detach(),
+            "kl": kl.detach(),
+            "objective": objective.detach(),
+            "weight": weight,
+        }
+    return loss, stats, terms
 
 
 def truncated_is_weights(old_logprobs, sampler_logprobs, cap: float):
