@@ -39,8 +39,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
-import sys
 import time
 from pathlib import Path
 
@@ -49,39 +47,31 @@ import torch
 import torch.distributed as dist
 from tqdm.auto import tqdm
 
-from srt import memory_plan
-from srt.checkpoint import JsonlLog, has_trainer_state, rng_state, set_rng_state
 from srt.completion import is_valid_format
-from srt.config import at_least, claim_out, in_range, parse_config, positive, require, write_config
-from srt.data_io import DataError, data_paths, data_spec, files_sha256, read_jsonl, read_mixture, write_json
-from srt.distributed import (
-    accumulate,
-    add_scale_flags,
-    all_ranks_any,
-    check_checkpoint_layout,
-    clip_grad_norm,
-    full_weights,
-    gather_objects,
-    load_checkpoint,
-    save_checkpoint,
-    save_final,
-    setup_distributed,
-    teardown_distributed,
-    wrap_model,
-)
+from srt.config import at_least, in_range, parse_config, positive
+from srt.data_io import DataError, read_jsonl, read_mixture, write_json
+from srt.distributed import accumulate, clip_grad_norm, full_weights
 from srt.modeling import (
-    autocast,
-    enable_activation_checkpointing,
     end_of_turn_id,
     generate,
-    load_model_and_tokenizer,
+    load_model_and_tokenizer,  # noqa: F401  (tests and bench/ build models through the script)
     peak_gpu_gb,
     resolve_dtype,
-    token_logprobs,
+    target_logprobs,
 )
 from srt.prompt import fit_history, format_target
 from srt.recall import RECALL_MODES, copied_spans
-from srt.training import TimeBudget, adamw, seed_everything, warmup_lr
+from srt.run import (
+    Run,
+    add_log_group,
+    add_run_flags,
+    add_scale_group,
+    finish_parser,
+    method_group,
+    training_parser,
+)
+from srt.run import main as run_main
+from srt.training import seed_everything, warmup_lr
 
 IGNORE_INDEX = -100  # label of a token that carries no loss (the prompt, the padding)
 
@@ -256,23 +246,15 @@ def collate(examples, pad_id: int) -> dict:
 # Eq. (3): L_SFT = - sum_i log pi(r_i | P, r_<i) - sum_j log pi(a_j | P, Z, a_<j)
 # --------------------------------------------------------------------------------------------
 def sft_loss_sums(model, batch, autocast_dtype=None) -> dict:
-    """Summed token NLL of the micro-batch, split into the reasoning part and the answer part,
-    with the token counts. Callers divide by the token count of the whole global batch."""
-    device = batch["input_ids"].device
-    # Eq. (3) has targets only on Z_t and A_t, the tail of each row: the vocabulary projection
-    # (a fifth of SmolLM2's compute) runs on that tail alone, from the earliest target onwards.
-    width = batch["labels"].size(1)
-    first_target = batch["labels"].ne(IGNORE_INDEX).float().argmax(dim=1).min().item()
-    keep = width - max(first_target, 1) + 1
-    with autocast(device, autocast_dtype):
-        logits = model(
-            input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], logits_to_keep=keep
-        ).logits
-    # Token k predicts token k+1; log-probs in chunks, without an fp32 copy of every logit.
-    labels = batch["labels"][:, width - keep + 1 :]
-    answer = batch["answer_mask"][:, width - keep + 1 :].bool()
-    target = labels.ne(IGNORE_INDEX)
-    nll = -token_logprobs(logits[:, :-1], labels.clamp(min=0))[0] * target
+    """Eq. (3) summed over the micro-batch's target tokens, split into the reasoning part r_1..r_M
+    and the answer part a_1..a_L, with the token counts. Callers divide by the target tokens of the
+    whole global batch."""
+    logprobs, start = target_logprobs(
+        model, batch["input_ids"], batch["attention_mask"], batch["labels"], autocast_dtype, IGNORE_INDEX
+    )  # log pi(y_k | P, y_<k) for the target tokens y = (Z_t, A*_t); the prompt P has no label
+    target = batch["labels"][:, start:].ne(IGNORE_INDEX)
+    answer = batch["answer_mask"][:, start:].bool()
+    nll = -logprobs * target
     reasoning = target & ~answer
     return {
         "nll": nll.sum(),
@@ -303,6 +285,146 @@ def phase_plan(cfg, records_per_phase: dict) -> list[tuple[int, int]]:
 
 
 # --------------------------------------------------------------------------------------------
+# The training loop: phase 1 then phase 2, one optimizer and one step counter across both.
+# --------------------------------------------------------------------------------------------
+def train(cfg, parser=None):
+    """Run stage 1 as configured by `cfg` (see parse_args). Returns the trained model."""
+    run = Run(cfg, "stage1_sft.py", parser or build_parser())  # srt/run.py: --out, ranks, budget
+    rank, world_size, device = run.rank, run.world_size, run.device
+    seed_everything(cfg.seed)
+    records = read_mixture(cfg.data, cfg.seed)  # one file: its records as they are
+    run.record_data()
+    if cfg.eval_limit > 0 and not Path(cfg.eval_data).is_file():  # read at the end: checked now
+        raise DataError(f"--eval-data {cfg.eval_data}: no such file")
+    model, tokenizer = run.load_model("sft")
+    global_batch = cfg.batch_size * cfg.grad_accum * world_size
+    plan = phase_plan(cfg, {1: len(records), 2: len(records)})
+    total_steps = sum(steps for _, steps in plan)
+    if run.finished(total_steps):
+        return model
+    model.train()
+    model, train_model, optimizer = run.prepare(model, tokenizer)
+    autocast_dtype = run.autocast_dtype
+    run.resume()
+    data = {
+        p: PhaseData(
+            tokenizer, records, p, cfg.max_length, cfg.target, cfg.seed, global_batch, recall=cfg.recall
+        )
+        for p, _ in plan
+    }
+    phase_of_step = [(p, s) for p, steps in plan for s in range(steps)]  # step k+1 -> (phase, phase step)
+    run.write_config(
+        plan=plan,
+        total_steps=total_steps,
+        global_batch=global_batch,
+        weight_dtype=str(resolve_dtype(cfg.dtype, device)[0]),
+        autocast_dtype=str(autocast_dtype),
+    )
+    metrics = run.log("metrics.jsonl")
+
+    step = run.start_step
+    bar = tqdm(total=total_steps, initial=step, disable=not run.main_process, desc="sft", dynamic_ncols=True)
+    while run.keep_going(step, total_steps):
+        tick = time.perf_counter()
+        step += 1
+        phase, phase_step = phase_of_step[step - 1]
+        # Micro-batch `micro` of rank r holds slots (micro * world_size + r) * batch_size onwards.
+        indices = data[phase].batch_indices(phase_step)
+        mine = [
+            [data[phase].example(i) for i in indices[first : first + cfg.batch_size]]
+            for first in range(rank * cfg.batch_size, len(indices), world_size * cfg.batch_size)
+        ]
+        # Eq. (3) sums over tokens; normalise by the target tokens of the whole global batch, so
+        # every rank and micro-batch split gives the same gradient (DDP averages over ranks).
+        global_tokens = torch.tensor(
+            float(sum(len(e["labels"]) - e["labels"].count(IGNORE_INDEX) for part in mine for e in part)),
+            device=device,
+        )
+        if world_size > 1:
+            dist.all_reduce(global_tokens)
+        sums = {}
+        for micro, examples in enumerate(mine):
+            batch = {k: v.to(device) for k, v in collate(examples, tokenizer.pad_token_id).items()}
+            with accumulate(train_model, sync=micro == cfg.grad_accum - 1 or world_size == 1):
+                part = sft_loss_sums(train_model, batch, autocast_dtype)
+                (part["nll"] * world_size / global_tokens).backward()
+            for key, value in part.items():
+                sums[key] = sums.get(key, 0) + value.detach().float()
+            sums["all_tokens"] = sums.get("all_tokens", 0) + batch["attention_mask"].sum().float()
+        grad_norm = clip_grad_norm(model.parameters(), cfg.max_grad_norm)
+        lr = warmup_lr(step, cfg.lr, cfg.warmup_steps)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+        keys = sorted(sums)
+        totals = torch.stack([sums[k] for k in keys])
+        if world_size > 1:
+            dist.all_reduce(totals)
+        totals = dict(zip(keys, totals.tolist()))
+        elapsed = time.perf_counter() - tick
+        run.budget.record_step(elapsed)
+        if run.main_process:
+            line = {
+                "step": step,
+                "phase": phase,
+                "loss": per_token(totals, "nll", "tokens"),
+                "loss_reasoning": per_token(totals, "reasoning_nll", "reasoning_tokens"),
+                "loss_answer": per_token(totals, "answer_nll", "answer_tokens"),
+                # an answer token's weight in Eq. (3) is 1 / (target tokens): it differs by target
+                "answer_token_share": totals["answer_tokens"] / max(totals["tokens"], 1.0),
+                "lr": lr,
+                "grad_norm": float(grad_norm),
+                "tokens_per_s": totals["all_tokens"] / elapsed,
+                "truncated": len(data[phase].truncated),
+                "elapsed_s": round(run.budget.elapsed_s(), 1),
+                "step_s": elapsed,
+                "peak_gpu_gb": peak_gpu_gb(device),
+            }
+            if step % cfg.log_every == 0 or step == total_steps:
+                metrics.append(line)
+            bar.set_postfix(phase=phase, loss=f"{line['loss']:.3f}")
+            bar.update(1)
+        if step % cfg.save_every == 0 and step < total_steps:
+            run.save(step)
+        if cfg.snapshot_every and step % cfg.snapshot_every == 0 and step < total_steps:
+            run.save_final(run.out / "snapshots" / f"step-{step}")
+    bar.close()
+
+    run.save(step)
+    run.save_final()
+    if run.main_process:
+        for p, phase_data in data.items():
+            if phase_data.truncated or phase_data.skipped:
+                print(
+                    f"warning: phase {p}: {len(phase_data.truncated)} of {len(phase_data.cache)} examples "
+                    f"lost old turns to fit --max-length {cfg.max_length}; "
+                    f"{len(phase_data.skipped)} could not fit without losing a turn of H* and were replaced",
+                    flush=True,
+                )
+    run.warn_if_stopped_early(step, total_steps)
+    if run.main_process:
+        print(f"saved {run.out / 'final'} (step {step})", flush=True)
+        shares = [row["answer_token_share"] for row in metrics.rows if "answer_token_share" in row]
+        summary = {
+            "steps": step,
+            "target": cfg.target,
+            "answer_token_share": float(np.mean(shares)) if shares else None,
+        }
+        run.write_summary(summary)  # Table 2's controls differ in what an answer token weighs
+        if shares:
+            share = summary["answer_token_share"]
+            print(f"answer tokens: {share:.1%} of the target tokens (--target {cfg.target})", flush=True)
+    run.barrier()
+    if cfg.eval_limit > 0:  # FSDP: every rank gathers the weights once, rank 0 generates alone
+        with full_weights(model):
+            if run.main_process:
+                evaluate_format(model, tokenizer, cfg, device, autocast_dtype)
+    return model
+
+
+# --------------------------------------------------------------------------------------------
 # Configuration: argparse defaults that work, presets, explicit flags win.
 # --------------------------------------------------------------------------------------------
 # Why each value: docs/experiments/presets.md ("Stage 1").
@@ -330,86 +452,70 @@ PRESETS["cpu-lesson"] = dict(PRESETS["cpu-demo"], lr=2e-4, max_length=1024, max_
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
-    )
-    run = p.add_argument_group("the run: model, data, output")
-    run.add_argument(
-        "--model", default="smollm2-135m", help="HF id, local folder, smollm2-135m or tiny-random"
-    )
-    run.add_argument(
-        "--data",
-        nargs="+",
-        type=data_spec,
-        default="runs/data/train.jsonl",
-        metavar="PATH[:WEIGHT]",
-        help="training JSONL from stage0; several files with a weight each train on a mix "
+    p = training_parser(__doc__.split("\n\n")[0])
+    run = add_run_flags(
+        p,
+        model_default="smollm2-135m",
+        model_help="HF id, local folder, smollm2-135m or tiny-random",
+        data_help="training JSONL from stage0; several files with a weight each train on a mix "
         "(srt/data_io.py mix_sources), e.g. syn/train.jsonl:0.5 locomo/train.jsonl:0.5",
-    )
-    run.add_argument("--out", default="runs/demo/sft", help="output folder")
-    run.add_argument("--seed", type=at_least(0), default=0, help="random seed")
-    run.add_argument("--resume", action="store_true", help="continue from <out>/checkpoint")
-    run.add_argument(
-        "--overwrite",
-        action="store_true",
-        help="start afresh in an --out that holds an earlier run (without it or --resume: refused)",
-    )
-    run.add_argument(
-        "--max-steps", type=at_least(1), default=None, help="optimizer steps in all (default: from --epochs)"
-    )
-    run.add_argument(
-        "--time-budget-minutes",
-        type=at_least(0.0, float),
-        default=None,
-        help="stop early (saved, resumable) when the next step would overrun this wall time",
+        out_default="runs/demo/sft",
+        resume_help="continue from <out>/checkpoint",
+        max_steps_default=None,
+        max_steps_help="optimizer steps in all (default: from --epochs)",
+        budget_help="stop early (saved, resumable) when the next step would overrun this wall time",
     )
     run.add_argument("--trust-remote-code", action="store_true", help="allow model code from the hub")
 
-    paper = p.add_argument_group(
+    paper = method_group(
+        p,
         "the paper's §3.3 and §4.1 settings",
         "§4.1 gives the learning rate, AdamW and the linear warm-up; the phase split, the batch and the "
         "length are ours",
     )
-    paper.add_argument(
+    add = paper.add_argument
+    add(
         "--phase",
         choices=["1", "2", "both"],
         default="both",
         help="1: pruned histories C~_t, 2: full histories C_t, both: 1 then 2",
     )
-    paper.add_argument(
-        "--phase1-fraction", type=in_range(0.0, 1.0), default=0.5, help="share of --max-steps for phase 1"
-    )
-    paper.add_argument(
-        "--epochs", type=at_least(1), default=1, help="epochs per phase when --max-steps is unset"
-    )
-    paper.add_argument(
-        "--lr", type=at_least(0.0, float), default=5e-5, help="peak learning rate (paper: 5e-6)"
-    )
-    paper.add_argument("--warmup-steps", type=at_least(0), default=10, help="linear warm-up steps")
-    paper.add_argument("--weight-decay", type=at_least(0.0, float), default=0.0, help="AdamW weight decay")
-    paper.add_argument("--max-grad-norm", type=positive(float), default=1.0, help="gradient clipping norm")
-    paper.add_argument(
+    add("--phase1-fraction", type=in_range(0.0, 1.0), default=0.5, help="share of --max-steps for phase 1")
+    add("--epochs", type=at_least(1), default=1, help="epochs per phase when --max-steps is unset")
+    add("--lr", type=at_least(0.0, float), default=5e-6, help="peak learning rate (§4.1: 5e-6)")
+    add("--warmup-steps", type=at_least(0), default=10, help="linear warm-up steps")
+    add("--weight-decay", type=at_least(0.0, float), default=0.0, help="AdamW weight decay")
+    add("--max-grad-norm", type=positive(float), default=1.0, help="gradient clipping norm")
+    add(
         "--max-length",
         type=at_least(1),
         default=1024,
         help="tokens per example; longer histories lose their oldest turns (a record whose H* "
         "would be cut is replaced by the next one)",
     )
+    add("--batch-size", type=at_least(1), default=4, help="examples per micro-batch per process")
+    add("--grad-accum", type=at_least(1), default=1, help="micro-batches per optimizer step")
 
-    beyond = p.add_argument_group(
-        "beyond the paper", "the paper's choice by default; the module docstring lists them"
+    beyond = method_group(
+        p, "beyond the paper", "the paper's choice by default; the module docstring lists them"
     )
-    beyond.add_argument(
+    add = beyond.add_argument
+    add(
         "--target",
         choices=sorted(TARGETS),
         default="full",
         help="what the model learns to write: full (SRT), answer (Table 2 'w/o CoT'), recall-only "
         "(the <HIS> tags without prose); every target trains on the same batches",
     )
-    beyond.add_argument(
-        "--no-cot", action="store_true", help="the same as --target answer (Table 2 'w/o CoT')"
+    add(
+        "--no-cot",
+        dest="target",
+        action="store_const",
+        const="answer",
+        default=argparse.SUPPRESS,
+        help="the same as --target answer (Table 2 'w/o CoT')",
     )
-    beyond.add_argument(
+    add(
         "--recall",
         choices=RECALL_MODES,
         default="free",
@@ -417,290 +523,30 @@ def build_parser() -> argparse.ArgumentParser:
         "copy mode (srt/recall.py), carries no loss; free: every target token does (the paper)",
     )
 
-    scale = p.add_argument_group("scale: devices, precision, memory, FSDP")
-    scale.add_argument(
-        "--dtype",
-        choices=["auto", "float32", "bfloat16"],
-        default="auto",
-        help="auto: fp32 weights with bf16 autocast on a GPU or an AMX CPU, plain fp32 elsewhere",
-    )
-    scale.add_argument(
-        "--batch-size", type=at_least(1), default=4, help="examples per micro-batch per process"
-    )
-    scale.add_argument("--grad-accum", type=at_least(1), default=1, help="micro-batches per optimizer step")
-    scale.add_argument(
-        "--gradient-checkpointing",
-        action=argparse.BooleanOptionalAction,
-        default=False,
-        help="trade compute for memory",
-    )
-    add_scale_flags(scale)
-
-    logs = p.add_argument_group("logging and outputs")
-    logs.add_argument(
-        "--save-every", type=at_least(1), default=50, help="write <out>/checkpoint every N steps"
-    )
-    logs.add_argument(
+    scale = add_scale_group(p)
+    logs = add_log_group(p, save_every_default=50, save_every_low=1)
+    add = logs.add_argument
+    add(
         "--snapshot-every",
         type=at_least(0),
         default=0,
         help="also keep the model of every N-th step as <out>/snapshots/step-N (save_pretrained), for a "
         "learning curve; 0: none",
     )
-    logs.add_argument(
-        "--log-every", type=at_least(1), default=1, help="append to metrics.jsonl every N steps"
-    )
-    logs.add_argument("--eval-data", default="runs/data/dev.jsonl", help="held-out JSONL for the final check")
-    logs.add_argument(
+    add("--log-every", type=at_least(1), default=1, help="append to metrics.jsonl every N steps")
+    add("--eval-data", default="runs/data/dev.jsonl", help="held-out JSONL for the final check")
+    add(
         "--eval-limit",
         type=at_least(0),
         default=0,
         help="generate on N held-out records at the end and report format validity",
     )
-    logs.add_argument(
-        "--eval-max-new-tokens", type=at_least(1), default=256, help="tokens per held-out completion"
-    )
-    return p
+    add("--eval-max-new-tokens", type=at_least(1), default=256, help="tokens per held-out completion")
+    return finish_parser(p, scale)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    cfg = parse_config(build_parser(), PRESETS, argv)
-    if cfg.no_cot:
-        require(cfg.target in ("full", "answer"), "--no-cot is --target answer; give one of them")
-        cfg.target = "answer"
-    return cfg
-
-
-# Settings that fix the data order and the meaning of a step: a resumed run must match them, the
-# training data included (data_identity). Not --fsdp: the same update, computed in shards (a
-# checkpoint's layout is checked apart).
-RESUME_MUST_MATCH = (
-    "data",
-    "data_sha256",
-    "seed",
-    "phase",
-    "phase1_fraction",
-    "batch_size",
-    "grad_accum",
-    "world_size",
-    "max_length",
-    "target",
-    "recall",
-    "epochs",
-    "lr",
-    "warmup_steps",
-    "weight_decay",
-    "max_grad_norm",
-    "model",
-)
-
-
-def data_identity(specs) -> tuple[list[str], str]:
-    """What a resumed run must train on: the --data specs as given (files and weights) and one
-    sha256 of the files' bytes, so other data under the same name is refused too."""
-    specs = [specs] if isinstance(specs, str) else list(specs)
-    return specs, files_sha256(data_paths(specs))
-
-
-# --------------------------------------------------------------------------------------------
-# The training loop: phase 1 then phase 2, one optimizer and one step counter across both.
-# --------------------------------------------------------------------------------------------
-def train(cfg):
-    """Run stage 1 as configured by `cfg` (see parse_args). Returns the trained model."""
-    # every rank checks --out before any rank can write to it (they meet in setup_distributed)
-    claim_out(cfg.out, "stage1_sft.py", cfg.resume, cfg.overwrite)
-    rank, world_size, _, device = setup_distributed(cfg.dist_timeout_minutes, always=cfg.fsdp)
-    cfg.world_size = world_size
-    main_process = rank == 0
-    budget = TimeBudget(cfg.time_budget_minutes)
-    seed_everything(cfg.seed)
-    records = read_mixture(cfg.data, cfg.seed)  # one file: its records as they are
-    cfg.data, cfg.data_sha256 = data_identity(cfg.data)
-    if cfg.eval_limit > 0 and not Path(cfg.eval_data).is_file():  # read at the end: checked now
-        raise DataError(f"--eval-data {cfg.eval_data}: no such file")
-    out, checkpoint = Path(cfg.out), Path(cfg.out) / "checkpoint"
-    resuming = cfg.resume and has_trainer_state(checkpoint)
-    if cfg.resume and not resuming and main_process:
-        print(f"note: no checkpoint in {checkpoint}; starting from scratch", flush=True)
-    if resuming:  # before loading weights from it
-        check_checkpoint_layout(checkpoint, cfg.fsdp)
-
-    # Under FSDP the weights load on the CPU and each rank moves only its shards to its GPU; the
-    # MixedPrecisionPolicy then computes in bf16 where autocast would have.
-    weight_dtype, autocast_dtype = resolve_dtype(cfg.dtype, device)
-    model, tokenizer = load_model_and_tokenizer(
-        str(checkpoint) if resuming and not cfg.fsdp else cfg.model,
-        cfg.dtype,
-        None if cfg.fsdp else device,
-        cfg.trust_remote_code,
-    )
-    if main_process:
-        print(memory_plan.stage_plan("sft", cfg, world_size, model.config), flush=True)
-    if cfg.gradient_checkpointing:
-        enable_activation_checkpointing(model)
-    model.train()
-    model, train_model, autocast_dtype = wrap_model(model, device, world_size, cfg.fsdp, autocast_dtype)
-    optimizer = adamw(model.parameters(), cfg.lr, cfg.weight_decay, cfg.fsdp)
-    resume_config = {k: getattr(cfg, k) for k in RESUME_MUST_MATCH}
-    start_step = 0
-    if resuming:
-        state = load_checkpoint(checkpoint, model, optimizer, resume_config, cfg.fsdp)
-        set_rng_state(state["rng"][rank])
-        start_step = state["step"]
-        if main_process:
-            print(f"resuming from {checkpoint} at step {start_step}", flush=True)
-
-    global_batch = cfg.batch_size * cfg.grad_accum * world_size
-    plan = phase_plan(cfg, {1: len(records), 2: len(records)})
-    data = {
-        p: PhaseData(
-            tokenizer, records, p, cfg.max_length, cfg.target, cfg.seed, global_batch, recall=cfg.recall
-        )
-        for p, _ in plan
-    }
-    total_steps = sum(steps for _, steps in plan)
-    if resuming and start_step >= total_steps and (out / "final" / "config.json").exists():
-        # Nothing to redo, and nothing rewritten: a re-saved final/ of a checkpoint above 2 GiB would
-        # look like a new model to evaluate.py's --resume (it keys those by modification time).
-        if main_process:
-            print(f"{out} already holds a finished run of {start_step} steps; nothing to do", flush=True)
-        return model
-    phase_of_step = [(p, s) for p, steps in plan for s in range(steps)]  # step k+1 -> (phase, phase step)
-    if main_process:
-        write_config(
-            out,
-            {
-                **vars(cfg),
-                "plan": plan,
-                "total_steps": total_steps,
-                "global_batch": global_batch,
-                "weight_dtype": str(weight_dtype),
-                "autocast_dtype": str(autocast_dtype),
-                "device": str(device),
-            },
-            "stage1_sft.py",
-        )
-    metrics = JsonlLog(out / "metrics.jsonl", keep_until_step=start_step if resuming else None)
-    if main_process:
-        metrics.flush()  # a resumed run drops the lines written after its checkpoint right away
-
-    def save(step):  # FSDP: every rank writes its shards (srt/distributed.py); else rank 0 the whole state
-        state = {"step": step, "rng": gather_objects(rng_state(), world_size)}
-        save_checkpoint(checkpoint, model, optimizer, tokenizer, state, resume_config, cfg.fsdp)
-
-    bar = tqdm(
-        total=total_steps, initial=start_step, disable=not main_process, desc="sft", dynamic_ncols=True
-    )
-    step = start_step
-    while step < total_steps and not all_ranks_any(budget.exhausted(), device):
-        tick = time.perf_counter()
-        step += 1
-        phase, phase_step = phase_of_step[step - 1]
-        # Micro-batch `micro` of rank r holds slots (micro * world_size + r) * batch_size onwards.
-        indices = data[phase].batch_indices(phase_step)
-        mine = [
-            [data[phase].example(i) for i in indices[first : first + cfg.batch_size]]
-            for first in range(rank * cfg.batch_size, len(indices), world_size * cfg.batch_size)
-        ]
-        # Eq. (3) sums over tokens; normalise by the target tokens of the whole global batch, so
-        # every rank and micro-batch split gives the same gradient (DDP averages over ranks).
-        global_tokens = torch.tensor(
-            float(
-                sum(
-                    len(e["labels"]) - e["labels"].count(IGNORE_INDEX)
-                    for micro_batch in mine
-                    for e in micro_batch
-                )
-            ),
-            device=device,
-        )
-        if world_size > 1:
-            dist.all_reduce(global_tokens)
-        sums = {}
-        for micro, examples in enumerate(mine):
-            batch = {k: v.to(device) for k, v in collate(examples, tokenizer.pad_token_id).items()}
-            with accumulate(train_model, sync=micro == cfg.grad_accum - 1 or world_size == 1):
-                part = sft_loss_sums(train_model, batch, autocast_dtype)
-                (part["nll"] * world_size / global_tokens).backward()
-            for key, value in part.items():
-                sums[key] = sums.get(key, 0) + value.detach().float()
-            sums["all_tokens"] = sums.get("all_tokens", 0) + batch["attention_mask"].sum().float()
-        grad_norm = clip_grad_norm(model.parameters(), cfg.max_grad_norm)
-        lr = warmup_lr(step, cfg.lr, cfg.warmup_steps)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-
-        keys = sorted(sums)
-        totals = torch.stack([sums[k] for k in keys])
-        if world_size > 1:
-            dist.all_reduce(totals)
-        totals = dict(zip(keys, totals.tolist()))
-        elapsed = time.perf_counter() - tick
-        budget.record_step(elapsed)
-        if main_process:
-            line = {
-                "step": step,
-                "phase": phase,
-                "loss": per_token(totals, "nll", "tokens"),
-                "loss_reasoning": per_token(totals, "reasoning_nll", "reasoning_tokens"),
-                "loss_answer": per_token(totals, "answer_nll", "answer_tokens"),
-                # an answer token's weight in Eq. (3) is 1 / (target tokens): it differs by target
-                "answer_token_share": totals["answer_tokens"] / max(totals["tokens"], 1.0),
-                "lr": lr,
-                "grad_norm": float(grad_norm),
-                "tokens_per_s": totals["all_tokens"] / elapsed,
-                "truncated": len(data[phase].truncated),
-                "elapsed_s": round(budget.elapsed_s(), 1),
-                "step_s": elapsed,
-                "peak_gpu_gb": peak_gpu_gb(device),
-            }
-            if step % cfg.log_every == 0 or step == total_steps:
-                metrics.append(line)
-            bar.set_postfix(phase=phase, loss=f"{line['loss']:.3f}")
-            bar.update(1)
-        if step % cfg.save_every == 0 and step < total_steps:
-            save(step)
-        if cfg.snapshot_every and step % cfg.snapshot_every == 0 and step < total_steps:
-            save_final(out / "snapshots" / f"step-{step}", model, tokenizer, cfg.fsdp)
-    bar.close()
-
-    save(step)
-    save_final(out / "final", model, tokenizer, cfg.fsdp)  # save_pretrained form, also under FSDP
-    if main_process:
-        for p, phase_data in data.items():
-            if phase_data.truncated or phase_data.skipped:
-                print(
-                    f"warning: phase {p}: {len(phase_data.truncated)} of {len(phase_data.cache)} examples "
-                    f"lost old turns to fit --max-length {cfg.max_length}; "
-                    f"{len(phase_data.skipped)} could not fit without losing a turn of H* and were replaced",
-                    flush=True,
-                )
-        if step < total_steps:
-            print(
-                f"WARNING: time budget of {cfg.time_budget_minutes} min reached: stopped at step {step} of "
-                f"{total_steps} ({total_steps - step} steps missing); --resume continues",
-                flush=True,
-            )
-        print(f"saved {out / 'final'} (step {step})", flush=True)
-        shares = [row["answer_token_share"] for row in metrics.rows if "answer_token_share" in row]
-        summary = {
-            "steps": step,
-            "target": cfg.target,
-            "answer_token_share": float(np.mean(shares)) if shares else None,
-        }
-        write_json(out / "summary.json", summary)  # Table 2's controls differ in what an answer token weighs
-        if shares:
-            share = summary["answer_token_share"]
-            print(f"answer tokens: {share:.1%} of the target tokens (--target {cfg.target})", flush=True)
-    if world_size > 1:
-        dist.barrier()
-    if cfg.eval_limit > 0:  # FSDP: every rank gathers the weights once, rank 0 generates alone
-        with full_weights(model):
-            if main_process:
-                evaluate_format(model, tokenizer, cfg, device, autocast_dtype)
-    return model
+    return parse_config(build_parser(), PRESETS, argv)
 
 
 # --------------------------------------------------------------------------------------------
@@ -733,16 +579,7 @@ def evaluate_format(model, tokenizer, cfg, device, autocast_dtype, batch_size=4)
 
 
 def main(argv=None) -> None:
-    cfg = parse_args(argv)
-    if cfg.dry_run:  # the plan alone, for a machine this need not be: nothing is loaded or downloaded
-        print(memory_plan.stage_plan("sft", cfg, cfg.world_size or int(os.environ.get("WORLD_SIZE", 1))))
-        return
-    try:
-        train(cfg)
-    except (DataError, FileNotFoundError) as e:
-        sys.exit(f"error: {e}")
-    finally:
-        teardown_distributed()
+    run_main(parse_args(argv), "sft", train)
 
 
 if __name__ == "__main__":

@@ -119,6 +119,21 @@ def token_logprobs(logits, targets, temperature=1.0, chunk_size=256, with_entrop
     return torch.cat(logprobs, dim=1), (torch.cat(entropy, dim=1) if with_entropy else None)
 
 
+def target_logprobs(model, input_ids, attention_mask, labels, autocast_dtype=None, ignore_index=-100):
+    """log pi(y_k | x, y_<k) of the labelled tokens of each row (labels [B, W], `ignore_index` on the
+    others) -> (logprobs [B, W - start], start): column j is the token at column start + j, anything
+    where unlabelled. Token k's logits predict token k + 1, so the vocabulary projection (a fifth of
+    SmolLM2's compute) runs only from the earliest label on (logits_to_keep), and the log-softmax in
+    chunks (token_logprobs), without an fp32 copy of every logit."""
+    width = labels.size(1)
+    first_target = labels.ne(ignore_index).float().argmax(dim=1).min().item()
+    keep = width - max(first_target, 1) + 1
+    with autocast(input_ids.device, autocast_dtype):
+        logits = model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=keep).logits
+    start = width - keep + 1
+    return token_logprobs(logits[:, :-1], labels[:, start:].clamp(min=0))[0], start
+
+
 # --------------------------------------------------------------------------------------------
 # Chat templates
 # --------------------------------------------------------------------------------------------

@@ -1,0 +1,313 @@
+"""The run harness of the two training scripts (stage1_sft.py, stage2_grpo.py): everything a training
+run needs that is not its paper section. A script builds its flags from the groups here and its own,
+then trains inside one Run:
+
+    run = Run(cfg, "stage1_sft.py", parser)       claim --out, set up distributed, the time budget
+    run.record_data()                              --data as given and one sha256 of its bytes
+    model, tokenizer = run.load_model("sft")       from the checkpoint when resuming; the memory plan
+    model, train_model, optimizer = run.prepare(model)   checkpointing, DDP / FSDP, AdamW (§4.1)
+    state = run.resume()                           weights, AdamW and RNG of the checkpoint, or None
+    metrics = run.log("metrics.jsonl")             a resumed run keeps the lines up to its checkpoint
+    while run.keep_going(step, total_steps): ...   the time budget, agreed by every rank
+    run.save(step)  run.finish(step, total_steps, summary)
+
+What a --resume must match is derived from the parser, not kept by hand: every flag of a group made
+with `method_group` (the paper's settings and the departures from it: they fix the data order and
+the meaning of a step), and the run's model, data and seed. The scale and logging flags are not in
+it: --micro-batch-size, --fsdp or --save-every compute the same update.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch.distributed as dist
+
+from srt import memory_plan
+from srt.checkpoint import JsonlLog, check_resume_config, has_trainer_state, rng_state, set_rng_state
+from srt.config import at_least, claim_out, write_config
+from srt.data_io import DataError, data_paths, data_spec, files_sha256, write_json
+from srt.distributed import add_scale_flags as add_distributed_flags
+from srt.distributed import (
+    all_ranks_any,
+    check_checkpoint_layout,
+    gather_objects,
+    load_checkpoint,
+    save_checkpoint,
+    save_final,
+    setup_distributed,
+    teardown_distributed,
+    wrap_model,
+)
+from srt.modeling import enable_activation_checkpointing, load_model_and_tokenizer, resolve_dtype
+from srt.training import TimeBudget, adamw
+
+# --------------------------------------------------------------------------------------------
+# Flags: the run's, the scale's and the logs' groups; a script adds its method's groups itself.
+# --------------------------------------------------------------------------------------------
+METHOD_GROUPS = "_srt_method_groups"  # the parser attribute that lists the groups a resume must match
+RUN_IDENTITY = ("model", "data", "seed")  # of the run group: what is trained, on what, from which seed
+DERIVED_IDENTITY = ("world_size", "data_sha256")  # set by the run itself, not by a flag
+
+
+def training_parser(description: str) -> argparse.ArgumentParser:
+    return argparse.ArgumentParser(
+        description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
+
+
+def add_run_flags(
+    parser,
+    *,
+    model_default: str,
+    model_help: str,
+    data_help: str,
+    out_default: str,
+    resume_help: str,
+    max_steps_default,
+    max_steps_help: str,
+    budget_help: str,
+):
+    """--model, --data, --out, --seed, --resume, --overwrite, --max-steps, --time-budget-minutes."""
+    run = parser.add_argument_group("the run: model, data, output")
+    run.add_argument("--model", default=model_default, help=model_help)
+    run.add_argument(
+        "--data",
+        nargs="+",
+        type=data_spec,
+        default="runs/data/train.jsonl",
+        metavar="PATH[:WEIGHT]",
+        help=data_help,
+    )
+    run.add_argument("--out", default=out_default, help="output folder")
+    run.add_argument("--seed", type=at_least(0), default=0, help="random seed")
+    run.add_argument("--resume", action="store_true", help=resume_help)
+    run.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="start afresh in an --out that holds an earlier run (without it or --resume: refused)",
+    )
+    run.add_argument("--max-steps", type=at_least(1), default=max_steps_default, help=max_steps_help)
+    run.add_argument("--time-budget-minutes", type=at_least(0.0, float), default=None, help=budget_help)
+    return run
+
+
+def method_group(parser, title: str, description: str):
+    """An argument group whose every flag defines the training: a --resume must match it."""
+    group = parser.add_argument_group(title, description)
+    getattr(parser, METHOD_GROUPS, None) or setattr(parser, METHOD_GROUPS, [])
+    getattr(parser, METHOD_GROUPS).append(group)
+    return group
+
+
+def add_scale_group(parser):
+    """--dtype, --gradient-checkpointing and the distributed flags (srt/distributed.py)."""
+    scale = parser.add_argument_group("scale: devices, precision, memory, FSDP")
+    scale.add_argument(
+        "--dtype",
+        choices=["auto", "float32", "bfloat16"],
+        default="auto",
+        help="auto: fp32 weights with bf16 autocast on a GPU or a CPU with AMX or AVX512-BF16 (measured "
+        "faster: bench/precision.py), plain fp32 elsewhere",
+    )
+    scale.add_argument(
+        "--gradient-checkpointing",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="trade compute for memory",
+    )
+    return scale
+
+
+def add_log_group(parser, *, save_every_default: int, save_every_low: int):
+    """--save-every; a script adds its own logs and probes to the group."""
+    logs = parser.add_argument_group("logging and outputs")
+    logs.add_argument(
+        "--save-every",
+        type=at_least(save_every_low),
+        default=save_every_default,
+        help="write <out>/checkpoint every N steps",
+    )
+    return logs
+
+
+def finish_parser(parser, scale) -> argparse.ArgumentParser:
+    add_distributed_flags(scale)
+    return parser
+
+
+def resume_keys(parser) -> tuple[str, ...]:
+    """The settings a --resume must match: the run's model, data and seed, every flag of a method
+    group, the world size and the data's sha256."""
+    method = [
+        action.dest
+        for group in getattr(parser, METHOD_GROUPS, [])
+        for action in group._group_actions
+        if action.dest != argparse.SUPPRESS
+    ]
+    return tuple(dict.fromkeys((*RUN_IDENTITY, *method, *DERIVED_IDENTITY)))
+
+
+# --------------------------------------------------------------------------------------------
+# One training run
+# --------------------------------------------------------------------------------------------
+class Run:
+    """The plumbing of one training run; the script's loop calls it between its equations."""
+
+    def __init__(self, cfg, script: str, parser, reserve_s: float = 60.0):
+        self.cfg, self.script, self.keys = cfg, script, resume_keys(parser)
+        # every rank checks --out before any rank can write to it (they meet in setup_distributed)
+        claim_out(cfg.out, script, cfg.resume, cfg.overwrite)
+        self.rank, self.world_size, _, self.device = setup_distributed(
+            cfg.dist_timeout_minutes, always=cfg.fsdp
+        )
+        cfg.world_size = self.world_size
+        self.main_process = self.rank == 0
+        self.budget = TimeBudget(cfg.time_budget_minutes, reserve_s=reserve_s)
+        self.out, self.checkpoint = Path(cfg.out), Path(cfg.out) / "checkpoint"
+        self.model = self.optimizer = self.tokenizer = None
+        self.autocast_dtype, self.start_step = None, 0
+
+    def record_data(self) -> None:
+        """What a resumed run must train on: the --data specs as given (files and weights) and one
+        sha256 of the files' bytes, so other data under the same name is refused too."""
+        cfg = self.cfg
+        cfg.data = [cfg.data] if isinstance(cfg.data, str) else list(cfg.data)
+        cfg.data_sha256 = files_sha256(data_paths(cfg.data))
+
+    @property
+    def resume_config(self) -> dict:
+        return {k: getattr(self.cfg, k) for k in self.keys}
+
+    @property
+    def resuming(self) -> bool:
+        return self.cfg.resume and has_trainer_state(self.checkpoint)
+
+    def finished(self, steps: int, also=()) -> dict | None:
+        """Under --resume, the summary of a run of these settings that already did `steps` steps
+        (and wrote `also`), else None. Nothing is rewritten: a re-saved final/ would look like a new
+        model to evaluate.py's --resume."""
+        summary = self.out / "summary.json"
+        if not (self.cfg.resume and summary.exists() and (self.out / "final" / "config.json").exists()):
+            return None
+        if has_trainer_state(self.checkpoint):  # a finished run is one of the same settings and data
+            check_resume_config(self.checkpoint, self.resume_config)
+        done = json.loads(summary.read_text())
+        if done["steps"] < steps or not all((self.out / name).exists() for name in also):
+            return None
+        if self.main_process:
+            print(f"{self.out} already holds a finished run of {done['steps']} steps; nothing to do")
+        return done
+
+    def load_model(self, stage: str, name: str | None = None, dtype: str | None = None):
+        """-> (model, tokenizer): the checkpoint's weights when resuming (FSDP loads them later, into
+        the shards), else --model. Under FSDP the weights load on the CPU and each rank moves only its
+        shards to its GPU. `name`: another model (stage 2's pi_ref), never from the checkpoint."""
+        cfg = self.cfg
+        if name is None:
+            if cfg.resume and not self.resuming and self.main_process:
+                print(f"note: no checkpoint in {self.checkpoint}; starting from scratch", flush=True)
+            if self.resuming:  # before loading weights from it
+                check_checkpoint_layout(self.checkpoint, cfg.fsdp)
+        _, self.autocast_dtype = resolve_dtype(cfg.dtype, self.device)
+        source = name or (str(self.checkpoint) if self.resuming and not cfg.fsdp else cfg.model)
+        model, tokenizer = load_model_and_tokenizer(
+            source,
+            dtype or cfg.dtype,
+            None if cfg.fsdp else self.device,
+            getattr(cfg, "trust_remote_code", False),
+        )
+        if name is None and self.main_process:
+            print(memory_plan.stage_plan(stage, cfg, self.world_size, model.config), flush=True)
+        return model, tokenizer
+
+    def prepare(self, model, tokenizer):
+        """Gradient checkpointing, then DDP (2+ processes) or FSDP, then §4.1's AdamW.
+        -> (model: the parameters, train_model: what the loss calls, optimizer)."""
+        cfg = self.cfg
+        if cfg.gradient_checkpointing:
+            enable_activation_checkpointing(model)
+        model, train_model, self.autocast_dtype = wrap_model(
+            model, self.device, self.world_size, cfg.fsdp, self.autocast_dtype
+        )
+        optimizer = adamw(model.parameters(), cfg.lr, cfg.weight_decay, cfg.fsdp)
+        self.model, self.optimizer, self.tokenizer = model, optimizer, tokenizer
+        return model, train_model, optimizer
+
+    def resume(self) -> dict | None:
+        """Load the checkpoint's optimizer state (and FSDP's shards) and this rank's RNG state.
+        -> the trainer state (its "step" and what the script saved with it), or None."""
+        if not self.resuming:
+            return None
+        cfg, model, optimizer = self.cfg, self.model, self.optimizer
+        state = load_checkpoint(self.checkpoint, model, optimizer, self.resume_config, cfg.fsdp)
+        set_rng_state(state["rng"][self.rank])
+        self.start_step = state["step"]
+        if self.main_process:
+            print(f"resuming from {self.checkpoint} at step {self.start_step}", flush=True)
+        return state
+
+    def log(self, name: str) -> JsonlLog:
+        """<out>/name, one JSON line per step; a resumed run drops the lines past its checkpoint."""
+        log = JsonlLog(self.out / name, keep_until_step=self.start_step if self.resuming else None)
+        if self.main_process:
+            log.flush()
+        return log
+
+    def write_config(self, **extra) -> None:
+        """config.json, the resolved configuration; a fresh run first drops an earlier summary.json,
+        which would make a --resume of this one "finished"."""
+        if self.main_process:
+            if not self.resuming:
+                (self.out / "summary.json").unlink(missing_ok=True)
+            write_config(self.out, {**vars(self.cfg), **extra, "device": str(self.device)}, self.script)
+
+    def keep_going(self, step: int, total_steps: int) -> bool:
+        return step < total_steps and not all_ranks_any(self.budget.exhausted(), self.device)
+
+    def save(self, step: int, **state) -> None:
+        """checkpoint/: weights, AdamW's moments, every rank's RNG and the script's `state`. FSDP:
+        every rank writes its shards (srt/distributed.py); else rank 0 the whole state."""
+        state = {"step": step, **state, "rng": gather_objects(rng_state(), self.world_size)}
+        model, optimizer, fsdp = self.model, self.optimizer, self.cfg.fsdp
+        save_checkpoint(self.checkpoint, model, optimizer, self.tokenizer, state, self.resume_config, fsdp)
+
+    def save_final(self, path=None) -> Path:
+        """final/ (or `path`): an ordinary save_pretrained folder, also under FSDP."""
+        path = Path(path) if path else self.out / "final"
+        save_final(path, self.model, self.tokenizer, self.cfg.fsdp)
+        return path
+
+    def warn_if_stopped_early(self, step: int, total_steps: int) -> None:
+        if self.main_process and step < total_steps:
+            print(
+                f"WARNING: time budget of {self.cfg.time_budget_minutes} min reached: stopped at step "
+                f"{step} of {total_steps} ({total_steps - step} steps missing); --resume continues",
+                flush=True,
+            )
+
+    def write_summary(self, summary: dict) -> None:
+        if self.main_process:
+            write_json(self.out / "summary.json", summary)
+
+    def barrier(self) -> None:
+        if self.world_size > 1:
+            dist.barrier()
+
+
+def main(cfg, stage: str, work) -> None:
+    """A training script's main: --dry-run prints the memory plan alone (nothing is loaded or
+    downloaded, for a machine this need not be); else `work(cfg)`, a bad input ending in one line."""
+    if cfg.dry_run:
+        print(memory_plan.stage_plan(stage, cfg, cfg.world_size or int(os.environ.get("WORLD_SIZE", 1))))
+        return
+    try:
+        work(cfg)
+    except (DataError, FileNotFoundError) as e:
+        sys.exit(f"error: {e}")
+    finally:
+        teardown_distributed()
