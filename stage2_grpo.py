@@ -75,7 +75,7 @@ import torch.distributed as dist
 from tqdm.auto import tqdm
 
 from reward import ANSWER_GATES, ANSWER_REWARDS, compute_rewards
-from srt import memory_plan
+from srt import grpo_explain, memory_plan
 from srt.checkpoint import JsonlLog, check_resume_config, has_trainer_state, rng_state, set_rng_state
 from srt.config import Bounded, at_least, claim_out, parse_config, positive, require, write_config
 from srt.data_io import (
@@ -126,7 +126,6 @@ from srt.probe import (
 from srt.prompt import fit_prompt
 from srt.recall import RECALL_MODES
 from srt.rollouts import PromptStream, Rollout, sample_batch, think_lengths
-from srt.step_page import write_step_page
 from srt.training import TimeBudget, adamw, seed_everything, warmup_lr
 
 # --------------------------------------------------------------------------------------------
@@ -191,10 +190,10 @@ def grpo_loss(
     is_weights=None,
     return_terms=False,
 ):
-    """-> (loss, stats), and with return_terms the per-token terms (below). logprobs / old / ref: [B, C]; advantages: [B] or [B, C]; mask: [B, C], the
-    rollout's policy_mask (1 on the tokens the policy sampled: only they count, in every term and in
-    the normalisation); is_weights: [B, C] truncated importance weights pi_old / pi_sampler
-    (truncated_is_weights), or None for 1.
+    """-> (loss, stats), and with return_terms the per-token terms (below). logprobs / old / ref:
+    [B, C]; advantages: [B] or [B, C]; mask: [B, C], the rollout's policy_mask (1 on the tokens the
+    policy sampled: only they count, in every term and in the normalisation); is_weights: [B, C]
+    truncated importance weights pi_old / pi_sampler (truncated_is_weights), or None for 1.
 
     loss_norm="seq" is Eq. (9) as written: each completion's token terms are averaged over its own
     |o_i| tokens, then completions are averaged (1/G). A token of a short completion thus weighs more
@@ -1068,341 +1067,6 @@ def train(cfg, reward_fn=None, step_fn=None) -> dict:
     return summary
 
 
-# --------------------------------------------------------------------------------------------
-# --explain: one GRPO step on one group, every quantity of Eqs. (4)-(9) printed as a student would
-# compute it by hand (docs/grpo-step.md is its output, with commentary).
-# --------------------------------------------------------------------------------------------
-def shorten(text: str, width: int = 70) -> str:
-    """One line: the start of the completion and its final answer line."""
-    flat = " ".join(text.split())
-    if len(flat) <= width:
-        return flat
-    answer_at = flat.rfind("Final answer:")
-    tail = flat[answer_at:][: width // 2] if answer_at > 0 else flat[-(width // 2) :]
-    return flat[: width - len(tail) - 5] + " ... " + tail
-
-
-def token_pieces(tokenizer, ids) -> tuple[list[str], list[str]]:
-    """-> (the text of each token of one completion, a mark for each token that shows no text: a
-    special token's name, else a dot; "" for the others). The pieces join to exactly the text the reward read
-    (decode(ids, skip_special_tokens=True)), which decoding each token alone would not give: a
-    character of several bytes spans tokens, and the tokenizer's clean-up of spaces rewrites the end
-    of a prefix. So each token takes what its prefix adds to the longest common prefix with the whole
-    text; a byte left incomplete waits for the token that completes it."""
-    full = tokenizer.decode(ids, skip_special_tokens=True)
-    special = set(tokenizer.all_special_ids)
-    pieces, marks, done = [], [], 0
-    for i, token in enumerate(ids):
-        if i == len(ids) - 1:
-            end = len(full)
-        else:
-            prefix = tokenizer.decode(ids[: i + 1], skip_special_tokens=True)
-            end = max(done, len(os.path.commonprefix([prefix, full])))
-        pieces.append(full[done:end])
-        if done < end:
-            marks.append("")
-        else:  # its name (the stop token), or a dot: text a later token completes, or a space cleaned up
-            marks.append(tokenizer.convert_ids_to_tokens(token) if token in special else "\u00b7")
-        done = end
-    return pieces, marks
-
-
-def worked_token(ratio, advantages, clipped, mask) -> tuple[int, int, str]:
-    """The token whose Eq. (9) term --explain writes out: one of a completion with A~ != 0, a clipped
-    one if any (the case the min() is there for), else the one the update moved most (largest
-    |r - 1|). -> (completion, token, why it was picked)."""
-    policy = mask > 0
-    useful = policy & (advantages != 0)
-    if (useful & clipped).any():
-        pool, why = useful & clipped, "clipped; of the clipped tokens, the largest |r - 1|"
-    elif useful.any():
-        pool, why = useful, "none is clipped; the largest |r - 1| among tokens with A~ != 0"
-    else:
-        pool, why = policy, "every A~ is 0, so its surrogate is 0 whatever r; the largest |r - 1|"
-    moved = torch.where(pool, (ratio - 1).abs().nan_to_num(0.0), -1.0)
-    k, t = divmod(int(moved.argmax()), moved.shape[1])
-    return k, t, why
-
-
-def explain(cfg, reward_fn=None, print_fn=print) -> dict:
-    """Run one GRPO step on one group of K completions (one process), print Eqs. (4)-(9) for it and
-    write its page (srt/step_page.py) to --explain-html. -> {"rewards": [K], "advantages": [K],
-    "after": [per-completion Eq. (9) terms], "loss", "tries", "differs", "texts": [K], "tokens": [K
-    per-token dicts: text, new / old / ref log-probs, ratio, kl, clipped, policy_mask], "worked": the
-    one token written out, "html": the page's path}."""
-    reward_fn = reward_fn or functools.partial(
-        compute_rewards, answer_reward=cfg.answer_reward, answer_gate=cfg.answer_gate
-    )
-    cfg.prompts_per_step, cfg.world_size = 1, 1
-    _, _, _, device = setup_distributed()
-    seed_everything(cfg.seed)
-    _, autocast_dtype = resolve_dtype(cfg.dtype, device)
-    policy, tokenizer = load_model_and_tokenizer(cfg.model, dtype=cfg.dtype, device=device)
-    ref_model, _ = load_model_and_tokenizer(cfg.model, dtype=cfg.dtype, device=device)
-    ref_model.eval().requires_grad_(False)
-    optimizer = adamw(policy.parameters(), cfg.lr, cfg.weight_decay)
-    # Turns that need recall (§3), so that every term of Eq. (4) has something to say.
-    records = read_mixture(cfg.data, cfg.seed)
-    records = [r for r in records if r["recall"]] or records
-    stream = PromptStream(records, tokenizer, cfg.max_prompt_length, cfg.seed)
-    K, eps, beta = cfg.num_generations, cfg.clip_eps, cfg.beta
-    lr = warmup_lr(1, cfg.lr, cfg.warmup_steps)
-    for group in optimizer.param_groups:
-        group["lr"] = lr
-
-    print_fn(
-        f"One GRPO step on one group: K = {K}, model {cfg.model}, lr {lr:g} (step 1 of the warm-up), "
-        f"beta {beta}, clip eps {eps}, temperature {cfg.temperature}, answer reward {cfg.answer_reward}"
-    )
-
-    # Eqs. (4)-(7): sample K completions from pi_old and score each. Eq. (8) gives a group whose K
-    # rewards are all equal advantage 0 on every token, a step in which nothing moves; so take the
-    # stream's next prompt until a group differs, as --dynamic-sampling total does during training.
-    for tries in range(1, cfg.explain_tries + 1):
-        record, prompt = stream.next_batch(1)[0]
-        rollout = sample_batch(policy, tokenizer, [record], [prompt], cfg, reward_fn, autocast_dtype)
-        totals = rollout.rewards("total")[0]
-        differs = not bool((totals == totals[0]).all())  # group_advantages' test for a zero group
-        if differs:
-            break
-        print_fn(
-            f"record {record['id']}: all {K} rewards equal (R = {totals[0].item():.4f}): zero advantages, "
-            "nothing to learn; "
-            + ("trying the next prompt" if tries < cfg.explain_tries else "that was the last try")
-        )
-    if not differs:
-        print_fn(
-            f"None of the {tries} groups sampled (--explain-tries {cfg.explain_tries}) has rewards that "
-            "differ: the last one is explained anyway, and it teaches nothing (every advantage is 0)."
-        )
-    print_fn(
-        f"\nThe prompt: record {record['id']}, {len(record['history'])} utterances of history, "
-        f"query Q{record['query_turn']}: {record['query']!r}"
-    )
-    print_fn(
-        f"H* = {record['recall']}, A* = {record['answer']!r} (the reward's answer key; never in the prompt)"
-    )
-    scores = rollout.scores
-    print_fn("\nEqs. (4)-(7): R = format + recall + answer for each completion")
-    print_fn(f"{'k':>2}  {'format':>6}  {'recall':>7}  {'answer':>7}  {'R':>7}  completion (shortened)")
-    for k, (score, text) in enumerate(zip(scores, rollout.texts), 1):
-        print_fn(
-            f"{k:>2}  {score['format']:>6.2f}  {score['recall']:>7.4f}  {score['answer']:>7.4f}  "
-            f"{score['total']:>7.4f}  {shorten(text)!r}"
-        )
-
-    # Eq. (8): the group's mean and population std, and each completion's advantage.
-    rewards = rollout.rewards("total")[0]
-    mean, std = rewards.mean().item(), rewards.std(unbiased=False).item()
-    advantages = group_advantages(rewards.view(1, K))[0]
-    print_fn(f"\nEq. (8): mean R = {mean:.4f}, std R = {std:.4f} (population: divide by K)")
-    print_fn(f"{'k':>2}  {'R - mean':>9}  {'A~ = (R - mean) / (std + 1e-8)':>31}")
-    for k in range(K):
-        print_fn(f"{k + 1:>2}  {rewards[k].item() - mean:>9.4f}  {advantages[k].item():>31.4f}")
-    if cfg.credit == "segment":
-        print_fn(
-            "(--credit segment: the think tokens take the advantage of format + recall, the answer "
-            "tokens that of format + answer; the table shows Eq. (8) on R)"
-        )
-
-    # pi_old (the policy before the step) and pi_ref (--model, frozen) on the sampled tokens.
-    rows = torch.arange(K, device=device)
-    logprobs_of = token_logprobs_of(policy, policy, rollout, cfg, autocast_dtype)  # the update's path
-    policy.train()
-    with torch.no_grad():
-        old_logprobs, ref_logprobs = logprobs_of(policy, rows)[0], logprobs_of(ref_model, rows)[0]
-
-    # The update of grpo_step, on these samples.
-    result = grpo_step(policy, ref_model, tokenizer, optimizer, [record], [prompt], cfg,
-                       reward_fn=reward_fn, autocast_dtype=autocast_dtype, batch=rollout)  # fmt: skip
-    minibatches = min(cfg.sample_ratio, K)
-    print_fn(
-        f"\nThe update: {K} completions in {minibatches} minibatch(es) (--sample-ratio), mu = {cfg.mu} "
-        f"pass(es): {result['updates']} AdamW step(s), mean loss {result['loss']:.6f}, "
-        f"mean gradient norm {result['grad_norm']:.4f} (clipped at {cfg.max_grad_norm})"
-    )
-
-    # Eq. (9) per completion after the update: what a further pass over these samples computes.
-    policy.train()
-    with torch.no_grad():
-        new_logprobs = logprobs_of(policy, rows)[0]
-    policy.eval()
-    mask = rollout.policy_mask.to(device).float()
-    ratio = torch.exp(new_logprobs - old_logprobs)
-    A = advantages.to(device).unsqueeze(1)
-    surrogate = torch.min(ratio * A, torch.clamp(ratio, 1 - eps, 1 + eps) * A)
-    clipped = ((ratio > 1 + eps) & (A > 0)) | ((ratio < 1 - eps) & (A < 0))
-    kl = k3_kl(new_logprobs, ref_logprobs)
-    tokens = mask.sum(1).clamp(min=1)
-    after = []
-    print_fn("\nEq. (9) after the update, per completion (token means; KL is the k3 estimator to pi_ref)")
-    print_fn(
-        f"{'k':>2}  {'tokens':>6}  {'mean r':>9}  {'clipped':>7}  {'k3 KL':>9}  {'surrogate':>10}  "
-        f"{'beta*KL':>9}  {'KL share':>8}"
-    )
-    for k in range(K):
-        row = {
-            "tokens": int(tokens[k].item()),
-            "ratio": ((ratio[k] * mask[k]).sum() / tokens[k]).item(),
-            "clip_fraction": ((clipped[k] * mask[k]).sum() / tokens[k]).item(),
-            "kl": ((kl[k] * mask[k]).sum() / tokens[k]).item(),
-            "surrogate": ((surrogate[k] * mask[k]).sum() / tokens[k]).item(),
-        }
-        row["kl_term"] = beta * row["kl"]
-        row["kl_share"] = row["kl_term"] / (abs(row["surrogate"]) + row["kl_term"] or 1.0)
-        after.append(row)
-        print_fn(
-            f"{k + 1:>2}  {row['tokens']:>6}  {row['ratio']:>9.6f}  {row['clip_fraction']:>7.1%}  "
-            f"{row['kl']:>9.2e}  {row['surrogate']:>10.6f}  {row['kl_term']:>9.2e}  {row['kl_share']:>8.1%}"
-        )
-    group_loss = -float(np.mean([row["surrogate"] - row["kl_term"] for row in after]))
-    print_fn(f"Eq. (9) on this group now: -mean_k(surrogate - beta*KL) = {group_loss:.6f}")
-
-    # Every token of every completion, as the page shows it: the pieces join to the reward's text.
-    lengths = rollout.completion_mask.sum(1).tolist()
-    per_token = []
-    for k, n in enumerate(lengths):
-        pieces, marks = token_pieces(tokenizer, rollout.completion_ids[k, :n].tolist())
-        per_token.append(
-            {
-                "text": pieces,
-                "marks": marks,
-                "new_logprobs": new_logprobs[k, :n].tolist(),
-                "old_logprobs": old_logprobs[k, :n].tolist(),
-                "ref_logprobs": ref_logprobs[k, :n].tolist(),
-                "ratio": ratio[k, :n].tolist(),
-                "kl": kl[k, :n].tolist(),
-                "clipped": clipped[k, :n].tolist(),
-                "policy_mask": [int(x) for x in rollout.policy_mask[k, :n].tolist()],
-            }
-        )
-
-    # Eq. (9) for one token, by hand: the min() of the clipped surrogate and the k3 KL, with the same
-    # tensors the table above averaged.
-    k, t, why = worked_token(ratio, A, clipped, mask)
-    at = (k, t)
-    worked = {
-        "k": k + 1,
-        "t": t + 1,
-        "new": new_logprobs[at].item(),
-        "old": old_logprobs[at].item(),
-        "ref": ref_logprobs[at].item(),
-        "log_ratio": (new_logprobs - old_logprobs)[at].item(),
-        "ratio": ratio[at].item(),
-        "advantage": A[k, 0].item(),
-        "unclipped": (ratio * A)[at].item(),
-        "clip_ratio": torch.clamp(ratio, 1 - eps, 1 + eps)[at].item(),
-        "clipped_term": (torch.clamp(ratio, 1 - eps, 1 + eps) * A)[at].item(),
-        "surrogate": surrogate[at].item(),
-        "clipped": bool(clipped[at].item()),
-        "ref_minus_new": (ref_logprobs - new_logprobs)[at].item(),
-        "kl": kl[at].item(),
-    }
-    worked["term"] = worked["surrogate"] - beta * worked["kl"]
-    w = worked
-    print_fn(
-        f"\nEq. (9) for one token, written out: completion {w['k']}, token {w['t']} of {lengths[k]}, "
-        f"{per_token[k]['text'][t]!r} ({why})"
-    )
-    print_fn(
-        f"  log pi_theta = {w['new']:.9g} (after the update), log pi_old = {w['old']:.9g} (before it), "
-        f"log pi_ref = {w['ref']:.9g}"
-    )
-    print_fn(f"  r = exp(log pi_theta - log pi_old) = exp({w['log_ratio']:.9g}) = {w['ratio']:.9g}")
-    print_fn(f"  A~ = {w['advantage']:.9g} (completion {w['k']}'s advantage, Eq. (8))")
-    print_fn(f"  r * A~ = {w['unclipped']:.9g}")
-    print_fn(
-        f"  clip(r, 1 - {eps:g}, 1 + {eps:g}) * A~ = {w['clip_ratio']:.9g} * A~ = {w['clipped_term']:.9g}"
-    )
-    print_fn(
-        f"  min(r * A~, clip(r) * A~) = {w['surrogate']:.9g}: "
-        + (
-            "clipped, min() took the constant clip(r) * A~, so this token's surrogate gives no gradient"
-            if w["clipped"]
-            else "A~ = 0, so the term and its gradient are 0"
-            if w["advantage"] == 0
-            else "not clipped, min() is r * A~ and the gradient flows through r"
-        )
-    )
-    print_fn(
-        f"  k3 KL = exp(d) - d - 1, d = log pi_ref - log pi_theta = {w['ref_minus_new']:.9g}: "
-        f"KL = {w['kl']:.9g}"
-    )
-    print_fn(
-        f"  its term of Eq. (9): min(...) - beta * KL = {w['surrogate']:.9g} - {beta:g} * {w['kl']:.9g} "
-        f"= {w['term']:.9g}"
-    )
-    is_weights = truncated_is_weights(
-        old_logprobs,
-        None if rollout.sampler_logprobs is None else rollout.sampler_logprobs.to(device),
-        cfg.is_cap,
-    )
-    if is_weights is not None:  # the update's min() carries it; the tables here leave it out
-        print_fn(
-            f"  (the update weighed min(...) by w = min(pi_old / pi_sampler, {cfg.is_cap:g}) = "
-            f"{is_weights[at].item():.6g}, --is-cap; 1 up to rounding where the sampler is the policy)"
-        )
-
-    step = {
-        "title": f"One GRPO step on one group of K = {K}: {cfg.model}",
-        "settings": [
-            ("model", cfg.model),
-            ("K", K),
-            ("lr", f"{lr:g} (step 1 of the warm-up)"),
-            ("beta", beta),
-            ("clip eps", eps),
-            ("temperature", cfg.temperature),
-            ("answer reward", cfg.answer_reward),
-            ("recall", cfg.recall),
-            ("credit", cfg.credit),
-            ("seed", cfg.seed),
-        ],
-        "prompt": {
-            "id": record["id"],
-            "history_turns": len(record["history"]),
-            "query_turn": record["query_turn"],
-            "query": record["query"],
-            "recall": list(record["recall"]),
-            "answer": record["answer"],
-        },
-        "tries": tries,
-        "differs": differs,
-        "clip_eps": eps,
-        "beta": beta,
-        "mean": mean,
-        "std": std,
-        "update": {"loss": result["loss"], "grad_norm": result["grad_norm"], "updates": result["updates"]},
-        "completions": [
-            {
-                "k": k + 1,
-                **{key: float(scores[k][key]) for key in ("format", "recall", "answer", "total")},
-                "advantage": advantages[k].item(),
-                "tokens": per_token[k]["text"],
-                "marks": per_token[k]["marks"],
-                "ratio": per_token[k]["ratio"],
-                "kl": per_token[k]["kl"],
-                "clipped": per_token[k]["clipped"],
-                "policy_mask": per_token[k]["policy_mask"],
-            }
-            for k in range(K)
-        ],
-    }
-    page = write_step_page(cfg.explain_html, step)
-    print_fn(f"\nThe step as a page (each token shaded by its ratio, the K completions side by side): {page}")
-    return {
-        "rewards": rewards.tolist(),
-        "advantages": advantages.tolist(),
-        "after": after,
-        "loss": group_loss,
-        "tries": tries,
-        "differs": differs,
-        "texts": list(rollout.texts),
-        "tokens": per_token,
-        "worked": worked,
-        "html": page,
-    }
-
-
 def main(argv=None) -> None:
     cfg = parse_args(argv)
     if cfg.dry_run:  # the plan alone, for a machine this need not be: nothing is loaded or downloaded
@@ -1410,7 +1074,7 @@ def main(argv=None) -> None:
         return
     try:
         if cfg.explain:
-            explain(cfg)
+            grpo_explain.explain(cfg, sys.modules[__name__])
         else:
             train(cfg)
     except (DataError, FileNotFoundError) as e:  # e.g. no training prompt fits --max-prompt-length

@@ -9,7 +9,7 @@ with repr, so it parses back to the very float), which lets a test or a reader's
 back: each completion `<section class="completion" data-k data-reward data-advantage data-format
 data-recall data-answer>`, each token `<span class="tok" data-ratio data-kl data-clipped data-policy>`.
 
-`step`, the plain dict stage2_grpo.explain builds:
+`step`, the plain dict srt/grpo_explain.py's explain builds:
 
     title, settings [(name, value), ...], prompt {id, history_turns, query_turn, query, recall, answer},
     tries, differs, clip_eps, beta, mean, std, update {loss, grad_norm, updates} (optional),

@@ -1,5 +1,6 @@
-"""stage2_grpo.py --explain: the groups it samples until one whose rewards differ, the one token whose
-Eq. (9) term it writes out by hand, and the HTML page of the step (srt/step_page.py).
+"""stage2_grpo.py --explain (srt/grpo_explain.py): the groups it samples until one whose rewards differ,
+Eq. (9) after the update as grpo_loss computes it, the one token whose term it writes out by hand, and
+the HTML page of the step (srt/step_page.py).
 
 Tolerances: every value compared here is produced by the same code path in one process (the page's
 numbers are repr of the very floats the returned dict holds; the printed ones are 9 significant
@@ -12,11 +13,14 @@ from html.parser import HTMLParser
 
 import numpy as np
 import pytest
+import torch
 from records import hand_record
 from test_stage2 import varied_reward
 
 import stage2_grpo as g
+from srt import grpo_explain
 from srt.data_io import write_jsonl
+from srt.rollouts import sample_batch
 from srt.step_page import render_step_page, write_step_page
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -47,7 +51,7 @@ def run_explain(tmp_path, reward_fn, *extra):
                         "--sample-ratio", "2", "--lr", "1e-2", "--dtype", "float32",
                         "--explain-html", str(page), *extra])  # fmt: skip
     printed = []
-    result = g.explain(cfg, reward_fn=reward_fn, print_fn=printed.append)
+    result = grpo_explain.explain(cfg, g, reward_fn=reward_fn, print_fn=printed.append)
     return result, "\n".join(printed), page, cfg
 
 
@@ -163,7 +167,8 @@ def test_the_one_token_line_follows_the_clipped_surrogate(explained):
     )
     (surrogate,) = printed(rf"^  min\(r \* A~, clip\(r\) \* A~\) = {NUMBER}: ")
     d, kl = printed(rf"^  k3 KL = exp\(d\) - d - 1, d = log pi_ref - log pi_theta = {NUMBER}: KL = {NUMBER}$")
-    (term,) = printed(rf"^  its term of Eq. \(9\): min\(...\) - beta \* KL = .* = {NUMBER}$")
+    (w,) = printed(rf"^  w = min\(pi_old / pi_sampler, [\d.]+\) = min\(exp\(.*\), [\d.]+\) = {NUMBER} ")
+    (term,) = printed(rf"^  its term of Eq. \(9\): w \* min\(...\) - beta \* KL = .* = {NUMBER}$")
 
     assert A != 0  # the explained group's rewards differ: the token is one with an advantage
     assert r == pytest.approx(math.exp(d_ratio), rel=1e-6)
@@ -174,10 +179,82 @@ def test_the_one_token_line_follows_the_clipped_surrogate(explained):
     is_clipped = (r > 1 + eps and A > 0) or (r < 1 - eps and A < 0)
     assert ("min() took the constant clip(r)" in text) == is_clipped
     assert kl == pytest.approx(math.exp(d) - d - 1, rel=1e-6, abs=1e-6)  # exp(d) - d - 1 cancels in float32
-    assert term == pytest.approx(surrogate - beta * kl, rel=1e-6, abs=1e-9)
+    assert term == pytest.approx(w * surrogate - beta * kl, rel=1e-6, abs=1e-9)
     # and it is the token of the returned arrays it names
     worked = result["worked"]
     assert r == pytest.approx(result["tokens"][worked["k"] - 1]["ratio"][worked["t"] - 1], rel=1e-6)
+
+
+# log pi_old - log pi_sampler, token by token in turn: w = min(exp(.), --is-cap 2) is 2 (e, capped), 1.35, 1
+# and 0.74, where the unmoved sampler (the policy itself on an fp32 CPU) gives w = 1 on every token.
+SAMPLER_SHIFTS = (1.0, 0.3, 0.0, -0.3)
+
+
+@pytest.mark.parametrize("loss_norm", ["seq", "token"])
+def test_the_printed_eq9_is_grpo_loss_with_its_importance_weights(tmp_path, monkeypatch, loss_norm):
+    """Eq. (9) after the update, as --explain prints and returns it, is the loss the update minimises:
+    each token's reported term times its reported weight, summed over the group, is minus the loss
+    grpo_loss gives on the step's log-probs, advantages and truncated importance weights, and the
+    printed loss is that loss. The sampler's log-probs are moved off pi_old so that w spans 0.74-2:
+    a page that leaves w out (or re-derives Eq. (9) without it) is off by far more than rounding."""
+    explained_rollouts = []
+
+    def sample_with_a_moved_sampler(*args, **kwargs):
+        rollout = sample_batch(*args, **kwargs)
+        assert rollout.sampler_logprobs is not None, "the decoder keeps each token's sampler log-prob"
+        columns = rollout.sampler_logprobs.shape[1]
+        shifts = torch.tensor(SAMPLER_SHIFTS).repeat(columns // len(SAMPLER_SHIFTS) + 1)[:columns]
+        # Completion k's last 2k tokens marked as the program's (as --recall copy marks a copied turn):
+        # completions of different policy lengths, where --loss-norm seq and token differ.
+        for k in range(1, len(rollout.policy_mask)):
+            rollout.policy_mask[k, columns - 2 * k :] = 0
+        rollout.sampler_logprobs = (rollout.sampler_logprobs - shifts) * rollout.policy_mask
+        explained_rollouts.append(rollout)
+        return rollout
+
+    monkeypatch.setattr(grpo_explain, "sample_batch", sample_with_a_moved_sampler)
+    result, text, _, cfg = run_explain(tmp_path, varied_reward, "--loss-norm", loss_norm)
+    rollout = explained_rollouts[-1]
+    assert cfg.is_cap == 2 and cfg.loss_norm == loss_norm
+
+    # The step's tensors rebuilt from what explain returns; a position past a completion's end is
+    # outside the policy mask, so its zero counts in no term.
+    mask = rollout.policy_mask.float()
+
+    def padded(key):
+        out = torch.zeros(mask.shape)
+        for k, row in enumerate(result["tokens"]):
+            out[k, : len(row[key])] = torch.tensor(row[key])
+        return out
+
+    new, old, ref = padded("new_logprobs"), padded("old_logprobs"), padded("ref_logprobs")
+    advantages = torch.tensor(result["advantages"])
+    is_weights = g.truncated_is_weights(old, rollout.sampler_logprobs, cfg.is_cap)
+    loss, _ = g.grpo_loss(new, old, ref, advantages, mask, cfg.clip_eps, cfg.beta, cfg.loss_norm, is_weights)
+    unweighted, _ = g.grpo_loss(new, old, ref, advantages, mask, cfg.clip_eps, cfg.beta, cfg.loss_norm)
+    assert abs(unweighted.item() - loss.item()) > 1e-3  # the weights matter here: w left out would show
+    other_norm = {"seq": "token", "token": "seq"}[loss_norm]
+    other, _ = g.grpo_loss(new, old, ref, advantages, mask, cfg.clip_eps, cfg.beta, other_norm, is_weights)
+    assert abs(other.item() - loss.item()) > 1e-3  # and so does the normalisation
+
+    reported_w = padded("is_weight")[mask > 0]
+    assert reported_w.tolist() == pytest.approx(is_weights[mask > 0].tolist(), rel=1e-6)
+    assert reported_w.max().item() == 2 and reported_w.min().item() < 0.8  # capped at e, and below 1
+    summed = sum(
+        o * w for row in result["tokens"] for o, w in zip(row["objective"], row["weight"], strict=True)
+    )
+    assert summed == pytest.approx(-loss.item(), rel=1e-5, abs=1e-7)
+    assert sum(row["of_loss"] for row in result["after"]) == pytest.approx(-loss.item(), rel=1e-5, abs=1e-7)
+    assert result["loss"] == pytest.approx(loss.item(), rel=1e-6, abs=1e-9)
+    (line,) = [line for line in text.splitlines() if line.startswith("Eq. (9) on this group now")]
+    assert f"--loss-norm {loss_norm}" in line
+    printed = float(re.fullmatch(rf".*= {NUMBER}", line).group(1))  # 6 decimals
+    assert printed == pytest.approx(loss.item(), abs=5e-7)
+    # the one token written out: its weight as the normalisation gives it
+    worked, rows = result["worked"], result["tokens"][result["worked"]["k"] - 1]
+    assert worked["weight"] == rows["weight"][worked["t"] - 1] > 0
+    assert worked["is_weight"] == rows["is_weight"][worked["t"] - 1]
+    assert f"its weight in the normalisation (--loss-norm {loss_norm}): " in text
 
 
 def test_the_page_escapes_text_and_marks_the_tokens_the_program_wrote(tmp_path):

@@ -16,7 +16,7 @@ from records import hand_record
 from safetensors.torch import load_file
 
 import stage2_grpo as g
-from srt import modeling
+from srt import grpo_explain, modeling
 from srt.data_io import read_jsonl, write_jsonl
 from srt.modeling import load_model_and_tokenizer
 from srt.probe import pick_eval_records, sample_lines
@@ -1082,7 +1082,7 @@ def test_explain_prints_advantages_that_follow_eq8_from_the_printed_rewards(tmp_
     cfg = g.parse_args(["--model", "tiny-random", "--data", str(data), "-K", "4", "--max-new-tokens", "12",
                         "--sample-ratio", "2", "--lr", "1e-2", "--dtype", "float32",
                         "--explain-html", str(tmp_path / "step.html")])  # fmt: skip
-    result = g.explain(cfg, reward_fn=varied_reward, print_fn=printed.append)
+    result = grpo_explain.explain(cfg, g, reward_fn=varied_reward, print_fn=printed.append)
     text = "\n".join(printed)
     lines = text.splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("Eqs. (4)-(7)")) + 2
