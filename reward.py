@@ -86,6 +86,7 @@ from srt.data_io import DataError, decode_utf8, read_jsonl, read_lines, write_js
 from srt.metrics import extra_values, jaccard, keys_present
 from srt.modeling import embed
 from srt.prompt import format_target
+from srt.reward_gallery import gallery_page, gallery_scores, gallery_table
 
 # Eq. (6) constants: recall = RECALL_SCALE * IoU - RECALL_SHIFT, in [-1.25, 1.25].
 RECALL_SCALE, RECALL_SHIFT = 2.5, 1.25
@@ -93,7 +94,30 @@ ANSWER_REWARDS = ("cosine", "keys", "both")
 ANSWER_GATES = ("off", "recall")
 
 
-# ==== 1. The recall set H^ (verbatim alignment) and Eq. (6) ====
+# ==== 1. Eq. (5): the format reward ====
+def format_reward(completion: str) -> tuple[float, list[str]]:
+    """Eq. (5): R_format(Z_t) = I(is_valid(Z_t)) -> (1.0 or 0.0, the broken rules, a sentence each).
+
+    is_valid(Z_t) holds exactly when the completion breaks none of these rules (srt.completion's
+    format_problems lists those it breaks; each check there carries its rule's number). Rule 1 reads
+    the completion as written, the others its NFKC form, in which a full-width ＜HIS＞ is the tag itself.
+      1. Every marker written exactly (<think>, </think>, <HIS>, </HIS>, 'Final answer:'): no tag in
+         look-alike characters (<his>, ＜HIS＞, a Cyrillic Н, a zero-width space inside), no
+         full-width 'Final answer:'.
+      2. One think block, first: one <think>, one </think> after it, nothing before <think>, text
+         between them.
+      3. After </think>, only whitespace, then 'Final answer:' in exactly this case, once, then an answer.
+      4. The answer starts no new turn: no later line opens with a label or a role (`Q8:`, `user:`),
+         and no chat-template token (`<|im_start|>`, `[INST]`) appears in it.
+      5. Every <HIS> and </HIS> inside the think block, paired, not nested: each tag closed before
+         the next opens.
+      6. No empty tag, and every label in a tag followed by its utterance (not `<HIS>Q2: A5: ...`).
+    """
+    problems = format_problems(completion)
+    return (0.0 if problems else 1.0), problems
+
+
+# ==== 2. The recall set H^ (verbatim alignment) and Eq. (6) ====
 def overlap(a: Counter, b: Counter) -> float:
     """|a n b| / max(|a|, |b|) on token multisets, in [0, 1]: how near a miss came (diagnostic)."""
     longer = max(sum(a.values()), sum(b.values()))
@@ -146,7 +170,7 @@ def recall_reward(recalled_set, gold_set) -> float:
     return RECALL_SCALE * jaccard(recalled_set, gold_set) - RECALL_SHIFT
 
 
-# ==== 2. Eq. (7): the answer reward (cosine, as the paper defines it) and the answer-key alternative ====
+# ==== 3. Eq. (7): the answer reward (cosine, as the paper defines it) and the answer-key alternative ====
 def key_reward(answer: str | None, keys: list[str], reference: str) -> tuple[float, list[bool], list[str]]:
     """2 * share - 1 in [-1, 1], share = |keys present| / (|keys| + |extra values|): the matcher of
     srt.metrics.answer_is_right (keys_present, extra_values), so the reward is 1 exactly when
@@ -204,7 +228,7 @@ def answer_rewards(
     return parts
 
 
-# ==== 3. Eq. (4): the composite reward, batched for GRPO ====
+# ==== 4. Eq. (4): the composite reward, batched for GRPO ====
 def compute_rewards(
     completions: list[str], examples: list[dict], answer_reward: str = "cosine", answer_gate: str = "off"
 ) -> list[dict]:
@@ -224,13 +248,13 @@ def compute_rewards(
         history_id = id(example["history"])
         index = indexes[history_id] = indexes.get(history_id) or index_history(example["history"])
         parsed = parse_completion(text)
-        problems = format_problems(text)
+        format_value, problems = format_reward(text)
         matches = match_tags(parsed.tags, index)
         recalled, unmatched, predicted = recall_sets(matches, index.labels)
         iou = jaccard(predicted, example["recall"])
         results.append(
             {
-                "format": 0.0 if problems else 1.0,  # Eq. (5)
+                "format": format_value,  # Eq. (5)
                 "recall": recall_reward(predicted, example["recall"]),  # Eq. (6)
                 "jaccard": iou,
                 "recalled": recalled,
@@ -256,265 +280,6 @@ def compute_reward(
     completion: str, example: dict, answer_reward: str = "cosine", answer_gate: str = "off"
 ) -> dict:
     return compute_rewards([completion], [example], answer_reward, answer_gate)[0]
-
-
-# ==== 4. The reward-hacking gallery: the paper's Fig. 1 record, attacked ====
-_FIG1 = [
-    ("Q1", "I need to check membership status. I'm under Apex Tier."),
-    (
-        "A1",
-        "Welcome back. I confirm your Apex Tier status. As a reminder, this gives you a 20% discount on "
-        "any service over $150.",
-    ),
-    ("Q2", "Does that apply to all locations?"),
-    ("A2", "Yes, it's valid at both our Downtown and Uptown branches."),
-    ("Q3", "Okay. Separately, what is the Chakra Balancing service?"),
-    ("A3", "That is a 90-minute session combining hot stones and aromatherapy."),
-    ("Q4", "Is that new? Who performs that?"),
-    ("A4", "Our senior therapist, Lena, the specialist for that service."),
-    ("Q5", "What is the full price for that session?"),
-    ("A5", "The Chakra Balancing service is $180."),
-    ("Q6", "And which branch does Lena perform that at?"),
-    ("A6", "Lena only offers that service at our Uptown branch."),
-]
-_GOLD = ("Q1", "A5", "A6")
-_TEXT = dict(_FIG1)
-GALLERY_RECORD = {  # the paper's Fig. 1 turn in the record format of docs/design.md ("Data")
-    "id": "paper-fig1-apex-t07",
-    "source": "jsonl",
-    "query_turn": 7,
-    "recall": list(_GOLD),
-    "history": [
-        {"label": label, "speaker": "user" if label[0] == "Q" else "assistant", "text": text}
-        for label, text in _FIG1
-    ],
-    "query": "Great. So, for that specific booking at the Uptown branch, will my Apex Tier discount apply?",
-    "reasoning": (
-        "1. Analyze Query: The user asks whether their Apex Tier discount applies to the Chakra Balancing "
-        "booking at the Uptown branch.\n2. Recall History: "
-        + "\n".join(f"<HIS>{label}: {_TEXT[label]}</HIS>" for label in _GOLD)
-        + "\n3. Reasoning: Apex Tier gives 20% off any service over $150 (A1). The Chakra Balancing service "
-        "is $180, which is over $150, and Lena offers it at the Uptown branch, so the discount applies."
-    ),
-    "answer": "Yes. The Chakra Balancing service is $180, which is over $150, so your 20% Apex Tier discount "
-    "applies at the Uptown branch.",
-    "answer_keys": ["yes", "$180"],
-    "pruned": ["Q1", "A1", "A2", "A5", "A6"],
-    "meta": {"num_turns": 7, "bucket": 8, "scores": {}},
-}
-
-
-_HISTORY_NUMBER = re.compile(r"(?<![\w.])[$€£]?\d[\d,]*(?:\.\d+)?%?(?!\w)")
-# a run of capitalised words after a sentence's first word ("Apex Tier", "Lena")
-_NAME_RUN = re.compile(r"(?<=\s)[A-Z][\w'-]*(?:\s+[A-Z][\w'-]*)*")
-
-
-def history_attacks(record: dict) -> dict[str, str]:
-    """Answers made of the record's history instead of an answer (attacks on the answer
-    metric): the history pasted, pasted without its numbers, pasted in lowercase (its names then
-    read as no values), every number it states, every name it states (capitalised words that do
-    not open a sentence), and both polarities."""
-    texts = [u["text"] for u in record["history"]]
-    pasted = " ".join(texts)
-    names = [
-        run
-        for text in texts
-        for sentence in re.split(r"(?<=[.!?])\s+", text)
-        for run in _NAME_RUN.findall(sentence)
-        if run != "I" and not run.startswith("I'")
-    ]
-    return {
-        "pasted": pasted,
-        "no numbers": " ".join(_HISTORY_NUMBER.sub("", pasted).split()),
-        "lowercase": pasted.lower(),
-        "numbers": ", ".join(dict.fromkeys(_HISTORY_NUMBER.findall(pasted))),
-        "names": ", ".join(dict.fromkeys(names)),
-        "yes and no": "Yes. No.",
-    }
-
-
-def gallery_completions() -> list[tuple[str, str, str]]:
-    """(name, kind, completion) rows on GALLERY_RECORD. kind: 'honest'; 'variant' (honest in another
-    form: loses no format or recall); '<component> attack' (loses at least 1.0 in total: answer attacks
-    under keys and both, the others under every choice); 'open attack' (loses less: not yet caught)."""
-    record, honest = GALLERY_RECORD, format_target(GALLERY_RECORD)
-    attacks = history_attacks(record)
-    tag = {label: f"<HIS>{label}: {text}</HIS>" for label, text in _FIG1}
-    tags = "\n".join(tag[label] for label in _GOLD)
-    one_tag = " ".join(f"{label}: {_TEXT[label]}" for label in _GOLD)
-
-    def sub(old, new):
-        return honest.replace(old, new, 1)
-
-    V, R, F, A = "variant", "recall attack", "format attack", "answer attack"
-    return [
-        ("honest completion (the SFT target)", "honest", honest),
-        (
-            "teacher form Turn X: '...' (§3.2)",
-            V,
-            sub(tags, "\n".join(f"<HIS>Turn {label}: '{_TEXT[label]}'</HIS>" for label in _GOLD)),
-        ),
-        ("Fig. 1 form: three utterances in one tag", V, sub(tags, f"<HIS>{one_tag}</HIS>")),
-        (
-            "curly-quoted copies, no final period",
-            V,
-            sub(
-                tags,
-                "\n".join(f"<HIS>{label}: \u201c{_TEXT[label].rstrip('.')}\u201d</HIS>" for label in _GOLD),
-            ),
-        ),
-        (
-            "labels swapped, texts verbatim",
-            V,
-            sub(
-                tags, f"<HIS>A5: {_TEXT['Q1']}</HIS><HIS>A6: {_TEXT['A5']}</HIS><HIS>Q1: {_TEXT['A6']}</HIS>"
-            ),
-        ),
-        (
-            "right short answer 'Yes, you get 20% off because $180 exceeds $150.'",
-            V,
-            sub(record["answer"], "Yes, you get 20% off because $180 exceeds $150."),
-        ),
-        (
-            "right terse answer 'Yes: $180.00 is over $150.'",
-            V,
-            sub(record["answer"], "Yes: $180.00 is over $150."),
-        ),
-        ("A5 price changed ($95)", R, sub("$180.</HIS>", "$95.</HIS>")),
-        (
-            "A6 branch changed (Downtown for Uptown)",
-            R,
-            sub("our Uptown branch.</HIS>", "our Downtown branch.</HIS>"),
-        ),
-        (
-            "Q1 tier changed (Gold Tier for Apex Tier)",
-            R,
-            sub("under Apex Tier.</HIS>", "under Gold Tier.</HIS>"),
-        ),
-        ("A5 words shuffled", R, sub(tag["A5"], "<HIS>A5: The service is $180 Chakra Balancing.</HIS>")),
-        (
-            "A5 fact dropped ('The Chakra Balancing service')",
-            R,
-            sub("service is $180.</HIS>", "service</HIS>"),
-        ),
-        (
-            "three gold turns pasted unlabelled in one tag",
-            R,
-            sub(tags, f"<HIS>{' '.join(_TEXT[label] for label in _GOLD)}</HIS>"),
-        ),
-        ("every history turn recalled", R, sub(tags, "\n".join(tag.values()))),
-        ("nothing recalled", R, sub(tags, "No earlier turn is needed.")),
-        ("the query copied as the recall", R, sub(tags, f"<HIS>Q7: {record['query']}</HIS>")),
-        ("one gold tag (Q1) repeated 10 times", R, sub(tags, "\n".join([tag["Q1"]] * 10))),
-        ("labels only: <HIS>Q1: A5: A6:</HIS>", R, sub(tags, "<HIS>Q1: A5: A6:</HIS>")),
-        ("empty label piece: <HIS>Q2: A5: ...</HIS>", F, sub("<HIS>A5:", "<HIS>Q2: A5:")),
-        ("full-width tags \uff1cHIS\uff1e", F, sub(tags, tags.replace("<", "\uff1c").replace(">", "\uff1e"))),
-        ("homoglyph tags <\u041dIS> (Cyrillic \u041d)", F, sub(tags, tags.replace("HIS>", "\u041dIS>"))),
-        (
-            "next turns after the answer (Q8: / A8:)",
-            F,
-            honest + "\nQ8: Thanks, that's all.\nA8: You're welcome!",
-        ),
-        ("chat-template turn after the answer (<|im_start|>user)", F, honest + "\n<|im_start|>user\nThanks!"),
-        ("recall tags after </think>", F, sub(tags, "See below.") + "\n" + tags),
-        ("no think block: answer only", F, f"{ANSWER_MARK} {record['answer']}"),
-        ("two final answers (yes, then no)", F, honest + f"\n{ANSWER_MARK} No, the discount does not apply."),
-        (
-            "hedge 'Yes or no: the 20% discount may or may not apply.'",
-            A,
-            sub(record["answer"], "Yes or no: the 20% discount may or may not apply."),
-        ),
-        (
-            "wrong but similar 'No. ... $120, which is not over $150 ...'",
-            A,
-            sub(
-                record["answer"],
-                "No. The Chakra Balancing service is $120, which is not over $150, so your 20% Apex "
-                "Tier discount does not apply.",
-            ),
-        ),
-        (
-            "price changed in the answer ($95)",
-            A,
-            sub(record["answer"], record["answer"].replace("$180", "$95")),
-        ),
-        (
-            "every candidate price listed 'Yes. It is $95, $120, $150 or $180.'",
-            A,
-            sub(record["answer"], "Yes. It is $95, $120, $150 or $180."),
-        ),
-        ("keyword stuffing 'yes no $180'", A, sub(record["answer"], "yes no $180")),
-        ("the query echoed as the answer", A, sub(record["answer"], record["query"])),
-        ("the whole history pasted as the answer", A, sub(record["answer"], attacks["pasted"])),
-        ("the history pasted without its numbers", A, sub(record["answer"], attacks["no numbers"])),
-        (f"every number of the history '{attacks['numbers']}'", A, sub(record["answer"], attacks["numbers"])),
-        (f"every name of the history '{attacks['names']}'", A, sub(record["answer"], attacks["names"])),
-        ("yes and no 'Yes. No.'", A, sub(record["answer"], attacks["yes and no"])),
-        (
-            "the history pasted in lowercase (its names are no values)",
-            "open attack",
-            sub(record["answer"], attacks["lowercase"]),
-        ),
-    ]
-
-
-def gallery_scores() -> list[dict]:
-    """Each gallery row scored under every answer-reward choice: {name, kind, format, recall,
-    answer: {choice: value}, total: {choice: value}, margin: {choice: honest total - total}}."""
-    rows = gallery_completions()
-    texts = [text for _, _, text in rows]
-    by_choice = {c: compute_rewards(texts, [GALLERY_RECORD] * len(texts), c) for c in ANSWER_REWARDS}
-    scores = []
-    for k, (name, kind, _) in enumerate(rows):
-        first = by_choice["cosine"][k]
-        scores.append(
-            {
-                "name": name,
-                "kind": kind,
-                "format": first["format"],
-                "recall": first["recall"],
-                "answer": {c: by_choice[c][k]["answer"] for c in ANSWER_REWARDS},
-                "total": {c: by_choice[c][k]["total"] for c in ANSWER_REWARDS},
-                "margin": {c: by_choice[c][0]["total"] - by_choice[c][k]["total"] for c in ANSWER_REWARDS},
-            }
-        )
-    return scores
-
-
-def gallery_table() -> str:
-    """Markdown: one row per completion; format and recall do not depend on the answer choice;
-    each total is followed by its margin below the honest completion (positive = the attack loses)."""
-    head = (
-        "| completion | kind | format | recall | answer cosine | total cosine | answer keys | total keys "
-        "| answer both | total both |"
-    )
-    lines = [head, "|" + "---|" * head.count(" | ") + "---|"]
-    for s in gallery_scores():
-        cells = [s["name"].replace("|", "\\|"), s["kind"], f"{s['format']:.0f}", f"{s['recall']:+.3f}"]
-        for c in ANSWER_REWARDS:
-            cells += [f"{s['answer'][c]:+.3f}", f"{s['total'][c]:+.3f} ({0.0 - s['margin'][c] + 0.0:+.2f})"]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
-
-
-GALLERY_COMMAND = "python reward.py --gallery --markdown > docs/reward-gallery.md"
-
-
-def gallery_page() -> str:
-    """The gallery as a whole Markdown page (docs/reward-gallery.md): a title, what it is, the table."""
-    intro = (
-        "The paper's Fig. 1 record (the Apex Tier discount turn, `GALLERY_RECORD` in reward.py) attacked "
-        "by cheap completions, each scored by the composite reward of Eqs. (4)-(7) under every "
-        "`--answer-reward` choice. Kinds: honest, the SFT target; variant, honest in another form (it "
-        "loses no format or recall); recall, format or answer attack, a cheat that loses at least 1.0 in "
-        "total (answer attacks under keys and both, the others under every choice); open attack, a cheat "
-        "that loses less, not yet caught. "
-        "Format and recall do not depend on the answer choice; each total is followed by its difference "
-        "from the honest completion's total (negative: the completion scores below it). This page is "
-        f"generated by `{GALLERY_COMMAND}`, and a test checks that it equals the command's output, so it "
-        "cannot drift from the reward."
-    )
-    return "\n\n".join(["# The reward-hacking gallery", intro, gallery_table()])
 
 
 # ==== Command line: the gallery, explain one score, or average a file of them ====
@@ -682,7 +447,8 @@ def looks_like_a_path(text: str) -> bool:
 def main(argv=None):
     args = parse_args(argv)
     if args.gallery:
-        print(gallery_page() if args.markdown else gallery_table())
+        scores = gallery_scores(compute_rewards, ANSWER_REWARDS)
+        print(gallery_page(scores) if args.markdown else gallery_table(scores))
         return None
     if args.out:
         claim_out(args.out, "reward.py", overwrite=args.overwrite, resumable=False)

@@ -10,6 +10,8 @@ share lives here, one job a module:
     rollouts      GRPO's prompt stream and its K samples per prompt (dynamic sampling)
     probe         the greedy probes a training run logs (recall Jaccard, F1, format)
     step_page     one GRPO step as an HTML page: K completions side by side, tokens shaded by ratio
+    reward_gallery
+                  `reward.py --gallery`: the paper's Fig. 1 record attacked, scored by reward.py's reward
     distributed   torchrun set-up, DDP / FSDP wrapping, sharded checkpoints
     checkpoint    atomic save_pretrained folders, trainer state, RNG state, append-only logs
     training      seeding, the learning-rate schedule of §4.1, the wall-clock budget

@@ -143,10 +143,9 @@ def short(s: str, n: int = 40) -> str:
 
 
 def format_problems(text: str) -> list[str]:
-    """Every reason `text` fails Eq. (5) ([] means format = 1). Valid: <think> reasoning </think>, then
-    'Final answer:' and an answer that starts no new turn; every <HIS> inside the one think block,
-    closed before the next opens, no label without text; every marker written exactly."""
-    problems = [
+    """Every reason `text` fails Eq. (5) ([] means format = 1): the rules are numbered in reward.py's
+    format_reward, and each check below carries its rule's number."""
+    problems = [  # rule 1: every marker written exactly
         f"{raw!r} looks like a marker of the format but is not one: write {', '.join(MARKERS)} exactly"
         for raw in lookalike_markers(text)
     ]
@@ -154,6 +153,7 @@ def format_problems(text: str) -> list[str]:
     if not body:
         return ["the completion is empty"]
 
+    # rule 2: one think block, first, not empty
     n_open, n_close = body.count(THINK_OPEN), body.count(THINK_CLOSE)
     if n_open != 1 or n_close != 1:
         problems.append(
@@ -168,7 +168,7 @@ def format_problems(text: str) -> list[str]:
     if think_span and not body[think_span[0] : think_span[1]].strip():
         problems.append("the think block is empty")
 
-    if close_at >= 0:
+    if close_at >= 0:  # rule 3: after </think>, 'Final answer:' once, then an answer
         tail = body[body.rfind(THINK_CLOSE) + len(THINK_CLOSE) :]
         anycase = _ANSWER_ANYCASE.search(tail)
         if not tail.lstrip().startswith(ANSWER_MARK):
@@ -186,11 +186,12 @@ def format_problems(text: str) -> list[str]:
             answer = tail[anycase.end() :]
             if not answer.strip():
                 problems.append(f"'{ANSWER_MARK}' is followed by no answer")
-            later_lines = answer.partition("\n")[2]
+            later_lines = answer.partition("\n")[2]  # rule 4: the answer starts no new turn
             for m in list(_NEW_TURN.finditer(later_lines)) + list(_CHAT_TOKEN.finditer(answer)):
                 problems.append(f"the answer goes on to start a new turn: {short(m.group())}")
 
-    # <HIS> tags: inside the think block, paired, not nested, not empty, every label with text.
+    # <HIS> tags: inside the think block, paired, not nested (rule 5); not empty, every label with
+    # its utterance (rule 6).
     depth, content_start, k = 0, 0, 0
     for mark in _HIS_MARK.finditer(body):
         inside = think_span is not None and think_span[0] <= mark.start() < think_span[1]

@@ -16,7 +16,6 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import reward  # noqa: E402
 from reward import (  # noqa: E402
     ANSWER_REWARDS,
-    GALLERY_RECORD,
     compute_reward,
     compute_rewards,
     jaccard,
@@ -37,6 +36,7 @@ from srt.completion import (  # noqa: E402
 from srt.metrics import normalize_number  # noqa: E402
 from srt.modeling import embed  # noqa: E402
 from srt.prompt import format_target  # noqa: E402
+from srt.reward_gallery import GALLERY_COMMAND, GALLERY_RECORD, gallery_scores  # noqa: E402
 
 # The paper's running example (Fig. 1): is the Apex Tier discount valid for Lena's Chakra Balancing?
 TURNS = [
@@ -522,7 +522,7 @@ def test_answer_gate_takes_the_answer_only_from_a_recall_that_missed_h_star_enti
 # ------------------------------------------------------------------ the reward-hacking gallery
 @pytest.fixture(scope="module")
 def gallery():
-    return reward.gallery_scores()
+    return gallery_scores(compute_rewards, ANSWER_REWARDS)
 
 
 def test_gallery_covers_the_recall_format_and_answer_attacks(gallery):
@@ -634,12 +634,12 @@ def test_committed_gallery_page_is_the_commands_output(capsys):
     when this fails (a change to the reward or to the gallery moved a score)."""
     assert reward.main(["--gallery", "--markdown"]) is None
     page = capsys.readouterr().out
-    assert page.startswith("# ") and reward.GALLERY_COMMAND in page
+    assert page.startswith("# ") and GALLERY_COMMAND in page
     committed = os.path.join(
         os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "reward-gallery.md"
     )
     with open(committed, encoding="utf-8") as f:
-        assert f.read() == page, f"{committed} is stale: rerun `{reward.GALLERY_COMMAND}`"
+        assert f.read() == page, f"{committed} is stale: rerun `{GALLERY_COMMAND}`"
 
 
 def test_gallery_markdown_needs_gallery(capsys):
