@@ -6,7 +6,7 @@
                  + LoCoMo: conversations.jsonl, every conversation whole, for retrievers
 
 stats.json's "lookup_checks" says whether a test answer can be read off train or off the number
-in a yes/no query alone (lookup_checks below; docs/synthetic-corpus.md).
+in a yes/no query alone (srt/data/leakage.py; docs/synthetic-corpus.md).
 
 The records it writes feed every later stage; their format is in docs/design.md ("Data"), their
 reader and checks in srt/data_io.py. The sources live in srt/data/: synthetic.py (the embedded
@@ -35,6 +35,7 @@ from collections import Counter
 from pathlib import Path
 
 import numpy as np
+from tqdm import tqdm
 
 from srt.config import (
     at_least,
@@ -46,7 +47,8 @@ from srt.config import (
     require,
     write_config,
 )
-from srt.data.corpora import LOADERS, LOCOMO_WINDOWS, load_corpus, locomo_conversations
+from srt.data.corpora import LOADERS, LOCOMO_WINDOWS, load_corpus, locomo_conversations, window_summary
+from srt.data.leakage import lookup_checks, lookup_summary, normalize
 from srt.data.synthetic import generate_synthetic
 from srt.data.synthetic_common import keys_outside_recall
 from srt.data.teacher import gold_is_complete, grounded, make_teacher
@@ -85,10 +87,6 @@ def utterances(dialogue) -> list[dict]:
 # Dialogues that share meta.split_group (LoCoMo's windows of one conversation) overlap by
 # construction and are never compared with each other.
 # --------------------------------------------------------------------------------------------
-def _normalize(text: str) -> str:
-    return " ".join(re.findall(r"[a-z0-9$]+", text.lower()))
-
-
 def _hash(text: str, dim: int | None = None) -> int:
     h = int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big")
     return h % dim if dim else h
@@ -100,13 +98,13 @@ def split_group(dialogue):
 
 
 def turn_fingerprints(dialogue) -> set[int]:
-    return {_hash(_normalize(u["text"])) for u in utterances(dialogue)}
+    return {_hash(normalize(u["text"])) for u in utterances(dialogue)}
 
 
 def intent_vector(dialogue, dim=256) -> np.ndarray:
     v = np.zeros(dim, dtype=np.float32)
     for r in dialogue["rounds"]:
-        v[_hash(" ".join(_normalize(r["user"]).split()[:2]), dim)] += 1.0
+        v[_hash(" ".join(normalize(r["user"]).split()[:2]), dim)] += 1.0
     return v / (np.linalg.norm(v) or 1.0)
 
 
@@ -172,6 +170,40 @@ class OracleTeacher:
         return [(self.annotate(*item), None) for item in items]
 
 
+def llm_teacher(args):
+    """hf:MODEL or api:MODEL (srt/data/teacher.py), its replies cached in OUT/teacher_cache."""
+    return make_teacher(
+        args.teacher,
+        cache_dir=args.teacher_cache or f"{args.out}/teacher_cache",
+        api_base=args.api_base,
+        key_env=args.api_key_env,
+        max_concurrency=args.max_concurrency,
+        timeout=args.api_timeout,
+        retries=args.api_retries,
+        seed=args.seed,
+        max_new_tokens=args.teacher_max_new_tokens,
+        device=args.device,
+        trust_remote_code=args.trust_remote_code,
+    )
+
+
+# --teacher, up to its ":" -> the teacher it builds (parse_args admits only these)
+TEACHERS = {"oracle": lambda args: OracleTeacher(), "hf": llm_teacher, "api": llm_teacher}
+
+
+def build_teacher(args):
+    return TEACHERS[args.teacher.partition(":")[0]](args)
+
+
+def round_teacher(gold, teacher, oracle):
+    """Who annotates a query round: the oracle where the round's gold serves it (beside an LLM
+    teacher only complete gold, teacher.gold_is_complete), the LLM teacher the rest. None: the
+    oracle alone, and a round without gold."""
+    if gold is not None and (teacher is oracle or gold_is_complete(gold)):
+        return oracle
+    return None if teacher is oracle else teacher
+
+
 TURN_REF = re.compile(r"Turn\s+([QA]\d+)\s*:")
 
 
@@ -226,7 +258,10 @@ def verify_record(record) -> str | None:
 
 
 # --------------------------------------------------------------------------------------------
-# The whole §3.2 pipeline
+# The whole §3.2 pipeline after the length filter, for each query round Q_t (a round with gold or a
+# query mark): Eq. (2) scores every utterance of C_t; a dialogue is selected for annotation if one
+# pair passes; the teacher writes (H*_t, Z_t, A*_t); the record keeps C~_t (H*_t and the utterances
+# above the threshold, for SFT phase 1, §3.3); the verification filter keeps the record or drops it.
 # --------------------------------------------------------------------------------------------
 # The keys of a round's gold the record holds in its own fields; any other key goes to meta.
 GOLD_FIELDS = {"recall", "answer_keys", "answer", "analysis", "reasoning", "query_type", "derived_yes_no"}
@@ -244,120 +279,148 @@ def corpus_gives_recall(dialogue, rnd) -> bool:
     )
 
 
-def annotate_dialogues(dialogues, teacher, args, progress=True):
-    """Eq. (2) scoring, dependency-aware selection, teacher annotation and verification of every
-    round with gold or a query mark. The oracle serves gold (beside an LLM teacher only complete
-    gold, teacher.gold_is_complete); the LLM teacher the rest, in batches across dialogues.
-    Returns (records, drop counts)."""
-    from tqdm import tqdm
+def utterance_vectors(dialogues) -> list[np.ndarray]:
+    """Unit-norm embeddings of every dialogue's utterances, one row per utterance in the order of
+    utterances(). Templates and small talk repeat across dialogues: each text is embedded once."""
+    texts = sorted({u["text"] for d in dialogues for u in utterances(d)})
+    vectors, row = embed(texts), {text: k for k, text in enumerate(texts)}
+    return [vectors[[row[u["text"]] for u in utterances(d)]] for d in dialogues]
 
-    drops, oracle = Counter(), OracleTeacher()
-    llm = not isinstance(teacher, OracleTeacher)
-    all_utts = [utterances(d) for d in dialogues]
-    texts = [u["text"] for utts in all_utts for u in utts]
-    unique = sorted(set(texts))  # templates and small talk repeat across dialogues: embed each text once
-    unique_vectors = embed(unique)
-    row = {text: k for k, text in enumerate(unique)}
-    rows = [row[text] for text in texts]
-    pending, offset = [], 0
-    for d, utts in zip(tqdm(dialogues, desc="Eq. (2)", disable=not progress), all_utts):
-        vecs = unique_vectors[rows[offset : offset + len(utts)]]
-        offset += len(utts)
-        queries, selected = [], False
-        for t, rnd in enumerate(d["rounds"], 1):
-            if "gold" not in rnd and not rnd.get("query"):
-                continue
-            history, query_vec = utts[: 2 * (t - 1)], vecs[2 * (t - 1)]
-            sims = vecs[: 2 * (t - 1)] @ query_vec
-            scores = dependency_score(
-                sims, t, [u["round"] for u in history], args.w_sem, args.w_dist, args.decay
-            )
-            kept = {u["label"] for u, s in zip(history, scores) if passes_threshold(s, args.threshold)}
-            selected |= bool(kept)
-            gold = rnd.get("gold")
-            who = (
-                oracle
-                if gold is not None and (not llm or gold_is_complete(gold))
-                else teacher
-                if llm
-                else None
-            )
-            queries.append(
-                {"t": t, "rnd": rnd, "history": history, "scores": scores, "kept": kept, "who": who}
-            )
-        if not selected and not all(corpus_gives_recall(d, q["rnd"]) for q in queries):
-            drops["dependency_selection"] += 1  # no (Q_t, u_i) pair passes Eq. (2)
-            queries = [q for q in queries if corpus_gives_recall(d, q["rnd"])]
-        if any(q["who"] is None for q in queries):  # no ground truth for the oracle: needs an LLM teacher
-            drops["teacher:no_gold_for_oracle"] += sum(q["who"] is None for q in queries)
-        pending.append((d, queries))
-    for who in (oracle, teacher) if llm else (oracle,):
-        mine = [q for _, queries in pending for q in queries if q["who"] is who]
-        # prompts of many dialogues go out together: a chat corpus has one query per dialogue
-        chunk = len(mine) if who is oracle else max(64, 4 * getattr(who, "max_concurrency", 1))
-        bar = tqdm(
-            range(0, len(mine), chunk or 1), desc=f"teacher {who.name}", disable=not progress or who is oracle
+
+def score_queries(dialogue, vectors, args) -> list[dict]:
+    """Eq. (2) for each query round Q_t of a dialogue (a round with gold or a query mark): the score
+    of every utterance u_i of its history C_t, and the labels of those above the threshold."""
+    utts, queries = utterances(dialogue), []
+    for t, rnd in enumerate(dialogue["rounds"], 1):
+        if "gold" not in rnd and not rnd.get("query"):
+            continue
+        history = utts[: 2 * (t - 1)]  # C_t = Q1, A1, ..., Q_{t-1}, A_{t-1}
+        similarity = vectors[: 2 * (t - 1)] @ vectors[2 * (t - 1)]  # Sim_sem(u_i, Q_t): unit vectors
+        rounds = [u["round"] for u in history]
+        scores = dependency_score(similarity, t, rounds, args.w_sem, args.w_dist, args.decay)
+        above = {u["label"] for u, s in zip(history, scores) if passes_threshold(s, args.threshold)}
+        queries.append(
+            {
+                "dialogue": dialogue,
+                "t": t,
+                "round": rnd,
+                "history": history,
+                "scores": scores,
+                "above_threshold": above,
+            }
         )
-        for start in bar:
+    return queries
+
+
+def dependency_selection(dialogue, queries) -> list[dict]:
+    """§3.2: a dialogue is selected for annotation only if one of its (Q_t, u_i) pairs passes Eq. (2).
+    Of a dialogue not selected, the rounds whose H* the corpus gives stay (corpus_gives_recall)."""
+    if any(q["above_threshold"] for q in queries) or all(
+        corpus_gives_recall(dialogue, q["round"]) for q in queries
+    ):
+        return queries
+    return [q for q in queries if corpus_gives_recall(dialogue, q["round"])]
+
+
+def ask_teachers(queries, teachers, progress) -> None:
+    """Each teacher's note on its rounds (q["note"]: H*_t as "Turn X: 'content'", the analysis and
+    reasoning of Z_t, A*_t; None with q["reason"] where the reply is unusable). An LLM teacher's
+    prompts go out in chunks that cross dialogues: a chat corpus has one query per dialogue."""
+    for who in teachers:
+        oracle = isinstance(who, OracleTeacher)
+        mine = [q for q in queries if q["teacher"] is who]
+        chunk = len(mine) if oracle else max(64, 4 * getattr(who, "max_concurrency", 1))
+        for start in tqdm(
+            range(0, len(mine), chunk or 1), desc=f"teacher {who.name}", disable=not progress or oracle
+        ):
             part = mine[start : start + chunk]
             notes = who.annotate_many(
-                [(q["rnd"]["user"], q["history"], q["rnd"].get("gold"), q["rnd"]["assistant"]) for q in part]
+                [
+                    (q["round"]["user"], q["history"], q["round"].get("gold"), q["round"]["assistant"])
+                    for q in part
+                ]
             )
             for q, (note, reason) in zip(part, notes):
                 q["note"], q["reason"] = note, reason
-    records = []
-    for d, queries in pending:
-        for q in queries:
-            t, rnd, history, note = q["t"], q["rnd"], q["history"], q.get("note")
-            if note is None:
-                if q["who"] is not None:
-                    drops[f"teacher:{q['reason']}"] += 1
-                continue
-            recall = parse_turn_refs(note["recall_turns"])
-            by_label = {u["label"]: u for u in history}
-            recalled = [by_label[label] for label in recall if label in by_label]
-            hist = [{k: u[k] for k in ("label", "speaker", "text")} for u in history]
-            meta = {
-                **(d.get("meta") or {}),
-                **(rnd.get("meta") or {}),
-                **{k: v for k, v in (rnd.get("gold") or {}).items() if k not in GOLD_FIELDS},
-            }
-            meta.update(
-                {
-                    "num_turns": t,
-                    "bucket": bucket_of(t),
-                    "dialogue_id": d["id"],
-                    "dialogue_rounds": len(d["rounds"]),
-                    "domain": d.get("domain", "unknown"),
-                    "query_type": note["query_type"],
-                    "derived_yes_no": note["derived_yes_no"],
-                    "scores": {u["label"]: round(float(s), 4) for u, s in zip(history, q["scores"])},
-                }
-            )
-            if q["who"] is not oracle:
-                meta.update(
-                    teacher=teacher.name, reasoning_source="teacher", reference_answer=rnd["assistant"]
-                )
-            if recall and not note["answer_keys"]:
-                meta["grounding"] = grounded(note["answer"], [u["text"] for u in recalled])
-            record = {
-                "id": f"{d['id']}-t{t:02d}",
-                "source": d.get("source", "jsonl"),
-                "history": hist,
-                "query": rnd["user"],
-                "query_turn": t,
-                "recall": recall,
-                "reasoning": build_reasoning(note["analysis"], recalled, note["reasoning"]),
-                "answer": note["answer"],
-                "answer_keys": note["answer_keys"],
-                "pruned": [u["label"] for u in history if u["label"] in q["kept"] or u["label"] in recall],
-                "meta": meta,
-            }
-            reason = verify_record(record)
-            if reason:
-                drops[f"verification:{reason}"] += 1
-            else:
-                records.append(record)
+
+
+def record_meta(q, recall, recalled) -> dict:
+    """The source's meta and gold's other keys; where the query sits; its Eq. (2) scores; who wrote
+    Z_t; §3.2's string matching of A*_t against H*_t where A*_t has no answer keys."""
+    dialogue, rnd, note = q["dialogue"], q["round"], q["note"]
+    meta = {
+        **(dialogue.get("meta") or {}),
+        **(rnd.get("meta") or {}),
+        **{k: v for k, v in (rnd.get("gold") or {}).items() if k not in GOLD_FIELDS},
+    }
+    meta.update(
+        {
+            "num_turns": q["t"],
+            "bucket": bucket_of(q["t"]),
+            "dialogue_id": dialogue["id"],
+            "dialogue_rounds": len(dialogue["rounds"]),
+            "domain": dialogue.get("domain", "unknown"),
+            "query_type": note["query_type"],
+            "derived_yes_no": note["derived_yes_no"],
+            "scores": {u["label"]: round(float(s), 4) for u, s in zip(q["history"], q["scores"])},
+        }
+    )
+    if not isinstance(q["teacher"], OracleTeacher):
+        meta.update(teacher=q["teacher"].name, reasoning_source="teacher", reference_answer=rnd["assistant"])
+    if recall and not note["answer_keys"]:
+        meta["grounding"] = grounded(note["answer"], [u["text"] for u in recalled])
+    return meta
+
+
+def make_record(q) -> dict:
+    """A query round and its teacher's note -> the record of docs/design.md ("Data")."""
+    history, note = q["history"], q["note"]
+    recall = parse_turn_refs(note["recall_turns"])  # H*_t
+    by_label = {u["label"]: u for u in history}
+    recalled = [by_label[label] for label in recall if label in by_label]
+    return {
+        "id": f"{q['dialogue']['id']}-t{q['t']:02d}",
+        "source": q["dialogue"].get("source", "jsonl"),
+        "history": [{k: u[k] for k in ("label", "speaker", "text")} for u in history],
+        "query": q["round"]["user"],
+        "query_turn": q["t"],
+        "recall": recall,
+        "reasoning": build_reasoning(note["analysis"], recalled, note["reasoning"]),  # Z_t
+        "answer": note["answer"],
+        "answer_keys": note["answer_keys"],
+        # C~_t: the utterances above Eq. (2)'s threshold, and H*_t whatever its scores
+        "pruned": [u["label"] for u in history if u["label"] in q["above_threshold"] or u["label"] in recall],
+        "meta": record_meta(q, recall, recalled),
+    }
+
+
+def annotate_dialogues(dialogues, teacher, args, progress=True):
+    """The steps above on the dialogues that passed deduplication and the length filter.
+    Returns (records, drop counts)."""
+    drops, records, queries = Counter(), [], []
+    oracle = teacher if isinstance(teacher, OracleTeacher) else OracleTeacher()
+    vectors = utterance_vectors(dialogues)
+    for dialogue, vecs in zip(tqdm(dialogues, desc="Eq. (2)", disable=not progress), vectors):
+        scored = score_queries(dialogue, vecs, args)  # Eq. (2)
+        selected = dependency_selection(dialogue, scored)
+        if len(selected) < len(scored):
+            drops["dependency_selection"] += 1  # no (Q_t, u_i) pair passes Eq. (2)
+        for q in selected:
+            q["teacher"] = round_teacher(q["round"].get("gold"), teacher, oracle)
+        if unserved := sum(q["teacher"] is None for q in selected):  # no gold: needs an LLM teacher
+            drops["teacher:no_gold_for_oracle"] += unserved
+        queries += selected
+    ask_teachers(queries, [oracle] if teacher is oracle else [oracle, teacher], progress)  # H*_t, Z_t, A*_t
+    for q in queries:
+        if q.get("note") is None:
+            if q["teacher"] is not None:
+                drops[f"teacher:{q['reason']}"] += 1
+            continue
+        record = make_record(q)  # with C~_t
+        if failed := verify_record(record):
+            drops[f"verification:{failed}"] += 1
+        else:
+            records.append(record)
     return records, drops
 
 
@@ -420,178 +483,6 @@ def corpus_stats(num_input, dialogues, splits, drops):
         "domains": dict(Counter(r["meta"]["domain"] for r in records)),
         "dropped": dict(drops),
     }
-
-
-# --------------------------------------------------------------------------------------------
-# Lookup checks: can a test answer be read off train, or off the query's number alone?
-# (a) a query/answer pair of dev or test that train holds word for word (after _normalize), and
-#     the test queries a train lookup answers: train holds the same normalised query, and the
-#     answer it most often gives there is the test's answer;
-# (b) on yes/no queries (one answer key "yes" or "no"), the majority answer per query type
-#     (meta.domain/meta.query_type) and per bucket of the first number in the query: the
-#     quartiles of that type's numbers over all splits, "none" for a query without a number.
-#     A rule that reads only the type and the number gets the majority rate of each bucket.
-# Bounds: no test pair in train; no majority more than 10 points above chance (50%)
-# in any query type or bucket of LOOKUP_MIN_BUCKET queries or more.
-# --------------------------------------------------------------------------------------------
-LOOKUP_BOUNDS = {"test_pairs_in_train": 0, "max_majority_excess": 0.10}
-LOOKUP_MIN_BUCKET = 10  # smaller buckets are listed, not ranked: one query is always a 100% majority
-FIRST_NUMBER = re.compile(r"\d+(?:,\d{3})*(?:\.\d+)?")
-
-
-def first_number(text: str) -> float | None:
-    m = FIRST_NUMBER.search(text)
-    return float(m.group().replace(",", "")) if m else None
-
-
-def yes_no_answer(record) -> str | None:
-    """The answer of a yes/no query (exactly one of "yes" and "no" among its answer keys), else None."""
-    found = {k.strip().lower() for k in record.get("answer_keys") or []} & {"yes", "no"}
-    return found.pop() if len(found) == 1 else None
-
-
-def lookup_type(record) -> str:
-    meta = record.get("meta") or {}
-    return f"{meta.get('domain', 'unknown')}/{meta.get('query_type', 'unknown')}"
-
-
-def number_buckets(numbers) -> tuple[list[float], dict[int, str]]:
-    """Quartile edges of a query type's numbers and a name per bucket: bucket k holds the numbers x
-    with k edges below x (x <= first edge, ..., x > last edge), named by its smallest and largest."""
-    edges = sorted(set(np.quantile(numbers, [0.25, 0.5, 0.75]).tolist())) if numbers else []
-    inside = {}
-    for x in numbers:
-        inside.setdefault(int(np.searchsorted(edges, x, side="left")), []).append(x)
-    return edges, {k: f"{min(xs):g}-{max(xs):g}" for k, xs in inside.items()}
-
-
-def _majority(counts: Counter) -> str:
-    return min(counts.items(), key=lambda kv: (-kv[1], kv[0]))[0]  # ties: the first in sort order
-
-
-def lookup_checks(splits) -> dict:
-    """The checks above, on the records' own fields (query, answer, answer_keys, meta.domain,
-    meta.query_type); written to stats.json as "lookup_checks"."""
-    train, test = splits.get("train", []), splits.get("test", [])
-    pairs = {(_normalize(r["query"]), _normalize(r["answer"])) for r in train}
-    answers_of = {}
-    for r in train:
-        answers_of.setdefault(_normalize(r["query"]), Counter())[_normalize(r["answer"])] += 1
-    shared = {
-        name: [r for r in splits.get(name, []) if (_normalize(r["query"]), _normalize(r["answer"])) in pairs]
-        for name in ("dev", "test")
-    }
-    answerable = sum(
-        _normalize(r["query"]) in answers_of
-        and _majority(answers_of[_normalize(r["query"])]) == _normalize(r["answer"])
-        for r in test
-    )
-
-    # (b) yes/no: the majority answer per query type and per number bucket, over all splits
-    rows = [
-        (name, lookup_type(r), first_number(r["query"]), yes_no_answer(r))
-        for name, part in splits.items()
-        for r in part
-        if yes_no_answer(r)
-    ]
-    numbers = {}
-    for _, kind, x, _ in rows:
-        if x is not None:
-            numbers.setdefault(kind, []).append(x)
-    buckets = {kind: number_buckets(xs) for kind, xs in numbers.items()}
-
-    def bucket(kind, x):
-        if x is None:
-            return "none"
-        edges, names = buckets[kind]
-        return names[int(np.searchsorted(edges, x, side="left"))]
-
-    cells, fitted = {}, {}
-    for name, kind, x, answer in rows:
-        for key in ((kind, "all"), (kind, bucket(kind, x))):
-            cells.setdefault(key, Counter())[answer] += 1
-        if name == "train":  # the same rule fitted on train and scored on test: what an attack gets
-            for key in ((kind, "all"), (kind, bucket(kind, x))):
-                fitted.setdefault(key, Counter())[answer] += 1
-
-    def order(item):  # a type's row first, then its buckets from the lowest number up
-        (kind, where), _ = item
-        return kind, where != "all", where == "none", float(first_number(where) or 0)
-
-    by_type, worst = {}, (-1.0, None)
-    for (kind, where), counts in sorted(cells.items(), key=order):
-        n, rate = sum(counts.values()), max(counts.values()) / sum(counts.values())
-        row = {"n": n, "yes": counts["yes"], "majority_rate": round(rate, 4)}
-        entry = by_type.setdefault(kind, {"buckets": {}})
-        if where == "all":
-            entry.update(row)
-        else:
-            entry["buckets"][where] = row
-        if n >= LOOKUP_MIN_BUCKET and rate - 0.5 > worst[0]:  # the first of equal excesses
-            worst = (rate - 0.5, f"{kind} {where}")
-    scored = [  # a bucket train lacks falls back to the type's majority in train
-        (answer, fitted.get((kind, bucket(kind, x))) or fitted.get((kind, "all")))
-        for name, kind, x, answer in rows
-        if name == "test"
-    ]
-    right = sum(bool(counts) and answer == _majority(counts) for answer, counts in scored)
-    result = {
-        "normalisation": "lower case, the runs of [a-z0-9$] joined by one space",
-        "pairs_in_train": {name: len(part) for name, part in shared.items()},
-        "pairs_in_train_examples": [{"query": r["query"], "answer": r["answer"]} for r in shared["test"][:3]],
-        "test_answerable_by_lookup": {
-            "count": answerable,
-            "share": round(answerable / len(test), 4) if test else 0.0,
-        },
-        "yes_no": {
-            "queries": len(rows),
-            "grouping": "query type = meta.domain/meta.query_type",
-            "buckets": "quartiles of the first number in the query, per query type, over all splits "
-            "(none: no number)",
-            "min_bucket": LOOKUP_MIN_BUCKET,
-            "by_type": by_type,
-            "max_majority_excess": round(max(worst[0], 0.0), 4),
-            "max_excess_at": worst[1],
-            "train_rule_on_test": {
-                "n": len(scored),
-                "accuracy": round(right / len(scored), 4) if scored else None,
-            },
-        },
-        "bounds": dict(LOOKUP_BOUNDS),
-    }
-    result["within_bounds"] = (
-        result["pairs_in_train"]["test"] <= LOOKUP_BOUNDS["test_pairs_in_train"]
-        and max(worst[0], 0.0) <= LOOKUP_BOUNDS["max_majority_excess"]
-    )
-    return result
-
-
-def lookup_summary(checks) -> str:
-    yes_no = checks["yes_no"]
-    rule = yes_no["train_rule_on_test"]["accuracy"]
-    return (
-        f"  lookup: test pairs in train {checks['pairs_in_train']['test']} (dev "
-        f"{checks['pairs_in_train']['dev']}), test answerable by a train lookup "
-        f"{checks['test_answerable_by_lookup']['share']:.1%}; yes/no majority per (type, number bucket) "
-        f"at most {0.5 + yes_no['max_majority_excess']:.1%}"
-        + (f" ({yes_no['max_excess_at']})" if yes_no["max_excess_at"] else "")
-        + (f", train's rule on test {rule:.1%}" if rule is not None else "")
-        + f": {'within' if checks['within_bounds'] else 'OUTSIDE'} bounds"
-    )
-
-
-def window_summary(windows) -> str:
-    """stats.json's locomo_windows in one line: each kind's evidence ceiling, all and answerable."""
-    kinds = windows["kinds"]
-    parts = [
-        f"{kind}{'*' if kind == windows['used'] else ''} "
-        + " / ".join(f"{kinds[kind][g]['ids_inside']:.1%}" for g in ("all", "answerable") if g in kinds[kind])
-        for kind in kinds
-    ]
-    return (
-        f"  LoCoMo evidence ids inside a window of {windows['budget_rounds']} rounds (all / answerable; "
-        f"* the records'): " + ", ".join(parts)
-    )
 
 
 def drop_unsupported(records) -> tuple[list[dict], int]:
@@ -826,24 +717,6 @@ def source_name(args) -> str:
     if args.source == "synthetic":
         return f"the synthetic corpus (--num-dialogues {args.num_dialogues})"
     return args.path or f"--source {args.source} (the installed package)"
-
-
-def build_teacher(args):
-    if args.teacher == "oracle":
-        return OracleTeacher()
-    return make_teacher(
-        args.teacher,
-        cache_dir=args.teacher_cache or f"{args.out}/teacher_cache",
-        api_base=args.api_base,
-        key_env=args.api_key_env,
-        max_concurrency=args.max_concurrency,
-        timeout=args.api_timeout,
-        retries=args.api_retries,
-        seed=args.seed,
-        max_new_tokens=args.teacher_max_new_tokens,
-        device=args.device,
-        trust_remote_code=args.trust_remote_code,
-    )
 
 
 # The files of one build, replaced together (commit_build): a train split beside the dev and test

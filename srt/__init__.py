@@ -19,7 +19,8 @@ share lives here, one job a module:
     data_io       the JSONL record format, the weighted mix of several files, atomic writes
     data/         where stage 0's dialogues come from: the synthetic corpus (synthetic.py, its four
                   domains and their common parts), the readers of LoCoMo, CoQA, MultiWOZ, DailyDialog,
-                  ReDial, MG-ShopDial, chit-chat and JSONL (corpora.py), the LLM teachers (teacher.py)
+                  ReDial, MG-ShopDial, chit-chat and JSONL (corpora.py), the LLM teachers (teacher.py),
+                  the checks that no test answer can be looked up in train (leakage.py)
     metrics       F1, accuracy, recall Jaccard, the error taxonomy, paired bootstrap, McNemar
     locomo_eval   LoCoMo's own per-category answer scoring and evidence recall
     report        Table 2 / Table 3 / Fig. 4 reports and plots

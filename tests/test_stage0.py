@@ -12,7 +12,9 @@ import pytest
 
 import stage0_build as s0
 from srt import prompt
+from srt.data.leakage import lookup_checks, lookup_summary, lookup_type, yes_no_answer
 from srt.data.synthetic import generate_synthetic
+from srt.data.teacher import APITeacher
 from srt.data_io import DataError, bucket_of, read_jsonl, validate_record, write_jsonl
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -130,9 +132,9 @@ def test_stats_written(built):
     )
     assert stats["share_key_outside_recall"] == 0
     checks = stats["lookup_checks"]
-    assert checks == json.loads(json.dumps(s0.lookup_checks(built[1])))  # what the records say
+    assert checks == json.loads(json.dumps(lookup_checks(built[1])))  # what the records say
     assert checks["pairs_in_train"] == {"dev": 0, "test": 0} and checks["within_bounds"]
-    assert checks["yes_no"]["queries"] == sum(s0.yes_no_answer(r) is not None for r in records) > 0
+    assert checks["yes_no"]["queries"] == sum(yes_no_answer(r) is not None for r in records) > 0
 
 
 # ---- lookup checks ---------------------------------------------------------------------------
@@ -165,7 +167,7 @@ def test_lookup_checks_within_bounds_on_a_generated_corpus():
     answer a train lookup gives, and every yes/no query type at chance per number bucket: the old
     generator had 39 of 242 test queries word for word in train and 5-day returns always "yes"."""
     splits = s0.split_by_dialogue(generated_records(300, seed=4), seed=4, dev_fraction=0.1, test_fraction=0.1)
-    checks = s0.lookup_checks(splits)
+    checks = lookup_checks(splits)
     assert checks["pairs_in_train"] == {"dev": 0, "test": 0}
     assert checks["test_answerable_by_lookup"]["count"] == 0
     yes_no = checks["yes_no"]
@@ -203,7 +205,7 @@ def test_lookup_checks_report_planted_leaks():
     train += [yes_no_record(200 + i, "Can I bring a pet?", True, "travel/single") for i in range(3)] + [night]
     copied = dict(night, query="what do 3 nights at $80 cost", answer="it's $240!")
     test = [yes_no_record(300 + i, f"Day {5 + 2 * i}: can I return it?", 5 + 2 * i < 25) for i in range(20)]
-    checks = s0.lookup_checks({"train": train, "dev": [], "test": test + [copied]})
+    checks = lookup_checks({"train": train, "dev": [], "test": test + [copied]})
     assert checks["pairs_in_train"] == {"dev": 0, "test": 1}
     assert checks["pairs_in_train_examples"] == [{"query": copied["query"], "answer": copied["answer"]}]
     assert checks["test_answerable_by_lookup"] == {"count": 1, "share": round(1 / 21, 4)}
@@ -215,20 +217,23 @@ def test_lookup_checks_report_planted_leaks():
     assert yes_no["by_type"]["travel/single"]["buckets"] == {"none": {"n": 3, "yes": 3, "majority_rate": 1.0}}
     assert yes_no["max_majority_excess"] == 0.5 and yes_no["max_excess_at"].startswith("shop/pair ")
     assert yes_no["train_rule_on_test"] == {"n": 20, "accuracy": 1.0}
-    assert not checks["within_bounds"] and "OUTSIDE bounds" in s0.lookup_summary(checks)
+    assert not checks["within_bounds"] and "OUTSIDE bounds" in lookup_summary(checks)
 
     # each number with both answers, and no copy: the same check passes
     def both(records):
-        return [
-            yes_no_record(0, r["query"], yes, s0.lookup_type(r)) for r in records for yes in (True, False)
-        ]
+        return [yes_no_record(0, r["query"], yes, lookup_type(r)) for r in records for yes in (True, False)]
 
-    checks = s0.lookup_checks({"train": both(train[:40]) + train[40:80], "dev": [], "test": both(test)})
+    checks = lookup_checks({"train": both(train[:40]) + train[40:80], "dev": [], "test": both(test)})
     assert checks["pairs_in_train"]["test"] == 0 and checks["yes_no"]["max_majority_excess"] == 0
-    assert checks["within_bounds"] and "within bounds" in s0.lookup_summary(checks)
+    assert checks["within_bounds"] and "within bounds" in lookup_summary(checks)
 
 
 # ---- the teacher and the verification filter -------------------------------------------------
+def test_build_teacher_follows_the_teacher_flag(tmp_path):
+    for spec, kind in (("oracle", s0.OracleTeacher), ("api:test-model", APITeacher)):
+        assert isinstance(s0.build_teacher(s0.parse_args(["--teacher", spec, "--out", str(tmp_path)])), kind)
+
+
 def test_oracle_teacher_speaks_turn_form(built):
     r = next(r for r in all_records(built) if len(r["recall"]) >= 2)
     gold = {"recall": r["recall"], "answer_keys": r["answer_keys"], "analysis": "x", "reasoning": "y"}

@@ -239,7 +239,7 @@ def test_twins_balance_every_yes_no_number(corpus):
 
 # ---- no lookups ------------------------------------------------------------------------------
 def normalize(text):
-    return " ".join(re.findall(r"[a-z0-9$]+", text.lower()))  # stage0_build._normalize
+    return " ".join(re.findall(r"[a-z0-9$]+", text.lower()))  # srt/data/leakage.py's normalize
 
 
 EQUATION = re.compile(r"(\$?\d+)(?: GB)? (x|/|-) \$?(\d+) = (\$?\d+(?: GB| minutes)?)")

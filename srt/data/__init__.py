@@ -9,4 +9,5 @@ synthetic_travel     the travel domain (flights, hotels, bags)
 synthetic_telecom    the telecom domain (plans, devices, data)
 corpora              readers for LoCoMo, CoQA, MultiWOZ, DailyDialog, ReDial, MG-ShopDial, chit-chat, JSONL
 teacher              the LLM teachers of §3.2 and the chat-API client
+leakage              the checks that no test answer can be looked up in train, without the history
 """

@@ -572,6 +572,20 @@ def window_ceilings(tallies, used, budget) -> dict:
     }
 
 
+def window_summary(windows) -> str:
+    """stats.json's locomo_windows in one line: each kind's evidence ceiling, all and answerable."""
+    kinds = windows["kinds"]
+    parts = [
+        f"{kind}{'*' if kind == windows['used'] else ''} "
+        + " / ".join(f"{kinds[kind][g]['ids_inside']:.1%}" for g in ("all", "answerable") if g in kinds[kind])
+        for kind in kinds
+    ]
+    return (
+        f"  LoCoMo evidence ids inside a window of {windows['budget_rounds']} rounds (all / answerable; "
+        f"* the records'): " + ", ".join(parts)
+    )
+
+
 def render_locomo_utterance(parts, last_session, dates, date_headers) -> tuple[str, int]:
     """'[8 May, 2023] Caroline: text ...' -> (text, session of its last part). A date header goes
     where the session changes ('session'), also before every utterance ('turn'), or nowhere
