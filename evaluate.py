@@ -1070,7 +1070,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="the name of the environment variable holding the key (never the key itself)",
     )
     p.add_argument(
-        "--dtype", default="auto", choices=["auto", "float32", "bfloat16"], help="weight precision"
+        "--dtype",
+        default="auto",
+        choices=["auto", "float32", "bfloat16"],
+        help="weight precision; auto: fp32 weights with bf16 autocast on a GPU or a CPU with AMX or "
+        "AVX512-BF16, plain fp32 elsewhere",
     )
     p.add_argument("--device", default=None, help="default: cuda when available, else cpu")
     p.add_argument("--seed", type=at_least(0), default=0, help="seed of the --limit selection and sampling")

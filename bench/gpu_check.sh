@@ -17,7 +17,8 @@
 #
 # PARTS chooses parts, MODES the training runs (plain, fsdp), TESTS the test files (default all);
 # K, PROMPTS, NEW_TOKENS, PROMPT_TOKENS, MICRO_BATCH and SFT_LENGTH size the runs (default: the
-# configuration docs/gpu.md reports).
+# configuration docs/gpu.md reports); DTYPE is both stages' --dtype (default auto: bf16 compute on a
+# GPU; the tests' CPU smoke sets float32).
 #
 # DATA: a folder of stage-0 output (train.jsonl, dev.jsonl); without it stage 0 builds one under WORK,
 # which needs the chitchat-dataset package and the sentence embedder. MODEL: a model name or folder.
@@ -49,6 +50,7 @@ ANSWER_REWARD=${ANSWER_REWARD:-keys}
 TIMEOUT_ROLLOUTS=${TIMEOUT_ROLLOUTS:-900}
 TIMEOUT_RUN=${TIMEOUT_RUN:-600}
 TIMEOUT_TESTS=${TIMEOUT_TESTS:-1800}
+DTYPE=${DTYPE:-auto}
 
 if [ -n "${EXPORT_SHAPE:-}" ]; then
     exec $PY bench/gpu_setup.py export-shape "$MODEL" "$EXPORT_SHAPE"
@@ -109,12 +111,12 @@ for name in $PARTS; do
             rm -rf "$WORK/sft_$mode" "$WORK/grpo_$mode" # a failed run must not show an older one's metrics
             part "sft_$mode" "$TIMEOUT_RUN" $RUN stage1_sft.py --model "$MODEL" --data "$DATA/train.jsonl" \
                 --phase 2 --max-steps "$STEPS" --batch-size 4 --max-length "$SFT_LENGTH" --gradient-checkpointing \
-                --save-every 1000 --warmup-steps 1 $flag --out "$WORK/sft_$mode"
+                --save-every 1000 --warmup-steps 1 --dtype "$DTYPE" $flag --out "$WORK/sft_$mode"
             part "grpo_$mode" "$TIMEOUT_RUN" $RUN stage2_grpo.py --model "$WORK/sft_$mode/final" \
                 --data "$DATA/train.jsonl" --max-steps "$STEPS" -K "$K" --prompts-per-step "$PROMPTS" \
                 --max-new-tokens "$NEW_TOKENS" --max-prompt-length "$PROMPT_TOKENS" --sample-ratio 2 \
                 --micro-batch-size "$MICRO_BATCH" --gradient-checkpointing --answer-reward "$ANSWER_REWARD" \
-                --eval-limit 0 --save-every 0 --warmup-steps 1 $flag --out "$WORK/grpo_$mode"
+                --eval-limit 0 --save-every 0 --warmup-steps 1 --dtype "$DTYPE" $flag --out "$WORK/grpo_$mode"
         done
         ;;
     tests)

@@ -15,13 +15,15 @@
 # (seed 0). The time of a rollout depends on the shapes, not on the weights' values, and every row
 # runs to exactly TOKENS new tokens on both sides (the stop tokens are suppressed), so the speed is
 # that of the real model. The greedy check on random weights compares flatter logits than a
-# trained model's: a difference there may be a near tie; tiny-random is checked too.
+# trained model's: a difference there may be a near tie; tiny-random is checked too. PRECISION
+# (auto, fp32, bf16; default auto, as stage 2) is the speed pass's --precision: the tests set fp32.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python}
 MODEL=${MODEL:-smollm2-135m}
 WORK=${WORK:-runs/gpu_rollouts}
 DATA=${DATA:-runs/data}
+PRECISION=${PRECISION:-auto}
 TOKENS=${TOKENS:-128}
 REPEATS=${REPEATS:-3}
 CHECK_PROMPTS=${CHECK_PROMPTS:-32}
@@ -49,7 +51,7 @@ fi
 
 echo "== rollout speed: ours against generate, batch 1, K = 4, K = 8"
 $PY bench/rollout_speed.py --model "$MODEL" --data "$DATA/train.jsonl" --ks 1,4,8 --repeats "$REPEATS" \
-    --max-new-tokens "$TOKENS" --out "$WORK/speed" || echo "FAILED: speed"
+    --max-new-tokens "$TOKENS" --precision "$PRECISION" --out "$WORK/speed" || echo "FAILED: speed"
 echo "== greedy equality, fp32: $MODEL"
 $PY bench/rollout_speed.py --check --model "$MODEL" --data "$DATA/dev.jsonl" --max-new-tokens "$TOKENS" \
     --check-prompts "$CHECK_PROMPTS" --out "$WORK/check" | tail -1 || echo "FAILED: check"

@@ -97,7 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--dtype",
         choices=["auto", "float32", "bfloat16"],
         default="auto",
-        help="every stage's --dtype (auto: bf16 autocast on a GPU or an AMX CPU)",
+        help="every stage's --dtype (auto: bf16 autocast on a GPU or a CPU with AMX or AVX512-BF16)",
     )
     data = p.add_argument_group("stage 0")
     data.add_argument(

@@ -75,7 +75,7 @@ Knob mapping (ours -> TRL GRPOConfig)
     --loss-norm seq | token        loss_type = "grpo" (per-completion mean, Eq. (9)) | "bnpo"
     Eq. (8) group std              scale_rewards = "group"
     precision fp32                 ours --dtype float32; TRL bf16 = False (fp32 weights, no autocast)
-    precision bf16                 ours --dtype auto (fp32 weights, bf16 autocast: a GPU or an AMX CPU);
+    precision bf16                 ours --dtype auto (fp32 weights, bf16 autocast: a GPU, AMX, AVX512-BF16);
                                    TRL bf16 = True
     --gradient-checkpointing       gradient_checkpointing (TRL defaults to True; here both follow the flag)
     --seed                         seed; shuffle_dataset = False (see "prompts")
@@ -175,7 +175,7 @@ def build_parser() -> argparse.ArgumentParser:
     add(
         "--precisions",
         default="auto",
-        help="auto (fp32, plus bf16 on a GPU or an AMX CPU), fp32, bf16 or fp32,bf16",
+        help="auto (fp32, plus bf16 on a GPU or a CPU with AMX or AVX512-BF16), fp32, bf16 or fp32,bf16",
     )
     add("-K", "--num-generations", type=int, default=D["num_generations"], help="completions per prompt")
     add("--prompts-per-step", type=int, default=D["prompts_per_step"], help="prompts per GRPO step (P)")

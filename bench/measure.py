@@ -40,22 +40,21 @@ def cpu_model() -> str:
 
 
 def cpu_flags() -> set[str]:
-    try:
-        match = re.search(r"^flags\s*:\s*(.+)$", Path("/proc/cpuinfo").read_text(), re.M)
-        return set(match.group(1).split()) if match else set()
-    except OSError:
-        return set()
+    """/proc/cpuinfo's flags: modeling.cpu_flags, the ones its bf16 probe reads."""
+    from srt.modeling import cpu_flags
+
+    return cpu_flags()
 
 
 def machine() -> dict:
     """Everything a reader needs to judge whether a table applies to their machine. bf16 units:
-    avx512_bf16 only converts and dots; the matmul speed-up the repository measured needs AMX
-    (amx_bf16), which modeling.cpu_has_bf16_matmul probes, so both are recorded. "AMD EPYC" names
+    AMX (amx_bf16) or AVX512-BF16 (avx512_bf16), either of which makes bf16 autocast faster than fp32
+    (modeling.cpu_has_fast_bf16, bench/precision.py), so both are recorded. "AMD EPYC" names
     more than one machine kind: the vector ISA that ATen's kernels run (AVX2 or AVX512) told a
     2-core EPYC with AVX-512 apart from one without, which took about twice as long a step."""
     import torch
 
-    from srt.modeling import cpu_has_bf16_matmul
+    from srt.modeling import cpu_has_fast_bf16
 
     flags = cpu_flags()
     info = {
@@ -70,7 +69,7 @@ def machine() -> dict:
         "avx512f": "avx512f" in flags,
         "avx512_bf16": "avx512_bf16" in flags,
         "amx_bf16": "amx_bf16" in flags,
-        "bf16_matmul_units": cpu_has_bf16_matmul(),  # the CPU's
+        "fast_bf16": cpu_has_fast_bf16(),  # the CPU's: --dtype auto autocasts to bf16 on it
         "gpu": None,
         "gpu_bf16": None,
     }
@@ -83,7 +82,8 @@ def machine() -> dict:
 def machine_line(info: dict) -> str:
     """The machine in one line: the GPU where there is one, then the CPU, which runs the Python of
     every step and, without a GPU, the model."""
-    bf16 = "has bf16 matmul units" if info["bf16_matmul_units"] else "no bf16 matmul units (fp32 only)"
+    units = [name for name in ("amx_bf16", "avx512_bf16") if info.get(name)]
+    bf16 = f"bf16 units ({', '.join(units)})" if info["fast_bf16"] else "no bf16 units (auto: fp32)"
     cpu = f"{info['cpu']} ({info['vector_isa']}), {info['logical_cpus']} logical CPUs, {bf16}"
     gpu = f"{info['gpu']} ({'bf16' if info.get('gpu_bf16') else 'no bf16'}); " if info.get("gpu") else ""
     return (
@@ -100,12 +100,13 @@ def _version(name: str):
 
 
 def bf16_available() -> bool:
-    """Where bf16 autocast pays: a GPU or an AMX CPU (modeling.resolve_dtype's rule)."""
+    """Where bf16 autocast pays: a GPU, or a CPU with AMX or AVX512-BF16 (modeling.resolve_dtype's
+    rule)."""
     import torch
 
-    from srt.modeling import cpu_has_bf16_matmul
+    from srt.modeling import cpu_has_fast_bf16
 
-    return torch.cuda.is_available() or cpu_has_bf16_matmul()
+    return torch.cuda.is_available() or cpu_has_fast_bf16()
 
 
 def resolve_precisions(spec: str) -> list[str]:
@@ -120,8 +121,8 @@ def resolve_precisions(spec: str) -> list[str]:
         sys.exit(f"error: --precisions {spec!r}: use auto, fp32, bf16 or fp32,bf16")
     if "bf16" in wanted and not bf16_available():
         sys.exit(
-            "error: --precisions bf16 needs a GPU or a CPU with AMX bf16 units; this machine has neither "
-            "(use --precisions fp32)"
+            "error: --precisions bf16 needs a GPU or a CPU with bf16 units (AMX or AVX512-BF16); "
+            "this machine has neither (use --precisions fp32)"
         )
     return list(dict.fromkeys(wanted))
 

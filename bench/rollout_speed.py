@@ -3,11 +3,11 @@ generated tokens per second, on the same prompts, the same K and the same length
 
 Both sides call modeling.generate on the same rendered stage-2 prompts (srt.rollouts.PromptStream
 over --data, as stage2_grpo draws them) and differ only in `engine`: "ours" or "hf". Each runs as
-stage 2 runs it at --precision auto: where the hardware has bf16 units (a GPU, an AMX CPU) ours on
-its bf16 copy of the policy and generate under bf16 autocast; elsewhere both in fp32 (--precision
-fp32 forces fp32 on both, --precision bf16 forces the bf16 copy and autocast). Equal work: the
-stop tokens are suppressed (the model's generation_config.suppress_tokens, which both engines
-honour), so every row is exactly
+stage 2 runs it at --precision auto: where the hardware has bf16 units (a GPU, a CPU with AMX or
+AVX512-BF16) ours on its bf16 copy of the policy and generate under bf16 autocast; elsewhere both
+in fp32 (--precision fp32 forces fp32 on both, --precision bf16 forces the bf16 copy and
+autocast). Equal work: the stop tokens are suppressed (the model's generation_config.suppress_tokens,
+which both engines honour), so every row is exactly
 --max-new-tokens long on both sides, which the outputs are checked for. Sides alternate within
 each repeat, after one warm-up each, so a slow spell of a shared machine falls on both. Reported
 per K (--ks, default batch 1, K = 4 and K = 8 samples of --prompts prompts): the median seconds of
@@ -87,7 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["auto", "fp32", "bf16"],
         default="auto",
         help="auto: as stage 2 resolves it; bf16: fp32 weights with ours on a bf16 copy and hf under bf16 "
-        "autocast, whatever the hardware (e.g. a CPU with avx512_bf16 but no AMX)",
+        "autocast, whatever the hardware (e.g. a CPU with neither AMX nor avx512_bf16)",
     )
     p.add_argument(
         "--recall",

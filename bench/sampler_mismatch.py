@@ -1,13 +1,14 @@
 """Benchmark: how far the rollout sampler is from GRPO's pi_old, and what stage 2 logs of it.
 
-Where the hardware has bf16 units (a GPU, an AMX CPU), stage 2 samples its rollouts on a bf16 copy
-of the policy (srt/decode.py `sampling_model`) while pi_old and pi_theta are the fp32 master weights
-under bf16 autocast. This script runs stage 2's own calls on the same prompts, GRPO-Zero's way
-(rollout -> advantages -> update), once per sampler:
+Where the hardware has bf16 units (a GPU, a CPU with AMX or AVX512-BF16), stage 2 samples its
+rollouts on a bf16 copy of the policy (srt/decode.py `sampling_model`) while pi_old and pi_theta are
+the fp32 master weights under bf16 autocast. This script runs stage 2's own calls on the same
+prompts, GRPO-Zero's way (rollout -> advantages -> update), once per sampler:
 
     fp32   the sampler is the policy itself, no autocast (a CPU without bf16 units): the gap is rounding;
     bf16   the bf16 sampling copy against the autocast trainer, forced here whatever the hardware
-           (on a CPU without AMX the bf16 products are emulated: slow, but the same numbers).
+           (on a CPU with neither AMX nor AVX512-BF16 the bf16 products are emulated: slow, but the
+           same numbers).
 
 Per sampler it measures, over the sampled tokens, log pi_old (the update's own path,
 stage2_grpo.token_logprobs_of) against the record's sampler_logprobs: the mean and max of

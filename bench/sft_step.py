@@ -51,6 +51,39 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def phase_data(cfg, tokenizer, phase: int):
+    """Stage 1's global batches of `phase` (stage1_sft.PhaseData over cfg's data)."""
+    records = read_mixture(cfg.data, cfg.seed)
+    return stage1_sft.PhaseData(
+        tokenizer, records, phase, cfg.max_length, cfg.target, cfg.seed, cfg.batch_size * cfg.grad_accum
+    )
+
+
+def step_batches(data, cfg, tokenizer, k: int) -> tuple[list[dict], int, int]:
+    """Global batch k as stage 1 runs it -> (its collated micro-batches, the target tokens the loss
+    is normalised by, the tokens of its records)."""
+    examples = [data.example(i) for i in data.batch_indices(k)]
+    micro = [examples[a : a + cfg.batch_size] for a in range(0, len(examples), cfg.batch_size)]
+    batches = [stage1_sft.collate(m, tokenizer.pad_token_id) for m in micro]
+    global_tokens = sum(int(b["labels"].ne(stage1_sft.IGNORE_INDEX).sum()) for b in batches)
+    return batches, global_tokens, sum(len(e["input_ids"]) for e in examples)
+
+
+def timed_step(model, batches, global_tokens, optimizer, autocast_dtype, max_grad_norm) -> tuple:
+    """One optimizer step of stage 1 (forward and backward of every micro-batch under
+    `autocast_dtype`, the clip, the optimizer step) -> (seconds of forward + backward and clip,
+    seconds of the optimizer step)."""
+    start = time.perf_counter()
+    for batch in batches:
+        sums = stage1_sft.sft_loss_sums(model, batch, autocast_dtype)
+        (sums["nll"] / global_tokens).backward()
+    clip_grad_norm(model.parameters(), max_grad_norm)
+    middle = time.perf_counter()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return middle - start, time.perf_counter() - middle
+
+
 def main(argv=None) -> None:
     args = build_parser().parse_args(argv)
     import torch
@@ -59,10 +92,7 @@ def main(argv=None) -> None:
     model, tokenizer = load_model_and_tokenizer(args.model, dtype=args.dtype)
     _, autocast_dtype = resolve_dtype(args.dtype, torch.device("cpu"))
     model.train()
-    records = read_mixture(cfg.data, cfg.seed)
-    data = stage1_sft.PhaseData(
-        tokenizer, records, args.phase, cfg.max_length, cfg.target, cfg.seed, cfg.batch_size * cfg.grad_accum
-    )
+    data = phase_data(cfg, tokenizer, args.phase)
     sides = {}
     for attention in args.attention:
         for kind in args.optimizers:
@@ -71,26 +101,17 @@ def main(argv=None) -> None:
     parts = {name: {"step": [], "forward + backward": [], "optimizer": []} for name in sides}
     tokens = []
     for k in range(args.steps + 1):
-        examples = [data.example(i) for i in data.batch_indices(k)]
-        micro = [examples[a : a + cfg.batch_size] for a in range(0, len(examples), cfg.batch_size)]
-        batches = [stage1_sft.collate(m, tokenizer.pad_token_id) for m in micro]
-        global_tokens = sum(int(b["labels"].ne(stage1_sft.IGNORE_INDEX).sum()) for b in batches)
-        tokens.append(sum(len(e["input_ids"]) for e in examples))
+        batches, global_tokens, record_tokens = step_batches(data, cfg, tokenizer, k)
+        tokens.append(record_tokens)
         for name, (attention, optimizer) in sides.items():
             model.set_attn_implementation(attention)
-            start = time.perf_counter()
-            for batch in batches:
-                sums = stage1_sft.sft_loss_sums(model, batch, autocast_dtype)
-                (sums["nll"] / global_tokens).backward()
-            clip_grad_norm(model.parameters(), cfg.max_grad_norm)
-            middle = time.perf_counter()
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            end = time.perf_counter()
+            forward_backward, step = timed_step(
+                model, batches, global_tokens, optimizer, autocast_dtype, cfg.max_grad_norm
+            )
             if k:  # step 0 warms up
-                parts[name]["step"].append(end - start)
-                parts[name]["forward + backward"].append(middle - start)
-                parts[name]["optimizer"].append(end - middle)
+                parts[name]["step"].append(forward_backward + step)
+                parts[name]["forward + backward"].append(forward_backward)
+                parts[name]["optimizer"].append(step)
     results = {name: {part: describe(v) for part, v in timing.items()} for name, timing in parts.items()}
     base = next(iter(results.values()))["step"]["median"]
     rows = [

@@ -26,9 +26,10 @@ arithmetic. For Llama-family models the decode step is written out (GroupedStep)
 a prompt attend to the prompt's keys and values together, in one attention call per layer, so the
 prompt is read once per group instead of K times, and on a CPU the weights are prepacked for the
 matmul. Other architectures run the model's own forward at every step (StaticKVCache). Where the
-hardware has bf16 units (a GPU, an AMX CPU) the rollouts run on a bf16 copy of the policy
-(`sampling_model`), which reads half the bytes and casts nothing at run time, where bf16 autocast
-casts every weight at every step; under FSDP they run on the weights gathered for the batch
+hardware has bf16 units (a GPU, a CPU with AMX or AVX512-BF16: modeling.cpu_has_fast_bf16, the rule
+of modeling.resolve_dtype, whose autocast dtype decides it) the rollouts run on a bf16 copy of the
+policy (`sampling_model`), which reads half the bytes and casts nothing at run time, where bf16
+autocast casts every weight at every step; under FSDP they run on the weights gathered for the batch
 (distributed.full_weights), as a module without FSDP's hooks. On a GPU the decode step is captured
 once as a CUDA graph and replayed, so the GPU stops waiting on Python between small kernels.
 """
@@ -683,14 +684,14 @@ def weight_versions(model) -> tuple:
 
 def sampling_model(model, dtype):
     """The model rollouts run on. `dtype` is modeling.resolve_dtype's autocast dtype: bf16 where
-    the hardware has bf16 units (a GPU, an AMX CPU), None elsewhere (plain fp32). With bf16 and
-    wider weights: a bf16 copy of the model (its forward hooks and tied weights kept; its buffers,
-    RoPE's inv_freq, stay fp32), made once and refreshed from the model's weights before a call if
-    they have changed since (their versions) or an optimizer step `follow_optimizer` watches has
-    run (a fused optimizer changes no version). The master weights and the loss stay as they are.
-    FSDP inside full_weights: the gathered weights, already in FSDP's compute dtype, as a plain
-    module (distributed.plain_module), no copy. Otherwise (fp32, already narrow, FSDP with sharded
-    weights, whose every forward gathers): the model."""
+    the hardware has bf16 units (a GPU, a CPU with AMX or AVX512-BF16), None elsewhere (plain fp32).
+    With bf16 and wider weights: a bf16 copy of the model (its forward hooks and tied weights kept;
+    its buffers, RoPE's inv_freq, stay fp32), made once and refreshed from the model's weights
+    before a call if they have changed since (their versions) or an optimizer step
+    `follow_optimizer` watches has run (a fused optimizer changes no version). The master weights
+    and the loss stay as they are. FSDP inside full_weights: the gathered weights, already in
+    FSDP's compute dtype, as a plain module (distributed.plain_module), no copy. Otherwise (fp32,
+    already narrow, FSDP with sharded weights, whose every forward gathers): the model."""
     entry = _COPIES.setdefault(model, {"model": None, "stale": True, "versions": None})
     if is_fsdp(model):
         if not is_gathered(model):

@@ -361,7 +361,7 @@ def test_machine_record_names_the_cpu_its_vector_isa_and_its_bf16_units():
     against AVX512): the record and its one-line form carry the ISA that ATen's kernels run."""
     info = measure.machine()
     assert info["cpu"] and info["torch"] and info["torch_threads"] >= 1
-    assert isinstance(info["bf16_matmul_units"], bool) and isinstance(info["avx512f"], bool)
+    assert isinstance(info["fast_bf16"], bool) and isinstance(info["avx512f"], bool)
     assert info["vector_isa"] == torch.backends.cpu.get_cpu_capability()
     line = measure.machine_line(info)
     assert info["cpu"] in line and f"({info['vector_isa']})" in line
@@ -373,9 +373,9 @@ def test_machine_record_names_the_gpu_beside_the_cpu_not_in_its_place(monkeypatc
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
     info = measure.machine()
     assert info["gpu"] == "NVIDIA H200" and info["gpu_bf16"] is True
-    from srt.modeling import cpu_has_bf16_matmul
+    from srt.modeling import cpu_has_fast_bf16
 
-    assert info["cpu"] == measure.cpu_model() and info["bf16_matmul_units"] == cpu_has_bf16_matmul()
+    assert info["cpu"] == measure.cpu_model() and info["fast_bf16"] == cpu_has_fast_bf16()
     line = measure.machine_line(info)
     assert line.startswith("NVIDIA H200 (bf16); ") and f"{info['cpu']} ({info['vector_isa']})" in line
 
@@ -429,7 +429,8 @@ def test_bf16_without_bf16_units_stops_with_one_line(monkeypatch):
     assert measure.resolve_precisions("auto") == ["fp32"]
     with pytest.raises(SystemExit) as stop:
         measure.resolve_precisions("fp32,bf16")
-    assert "needs a GPU or a CPU with AMX" in str(stop.value) and "\n" not in str(stop.value)
+    message = str(stop.value)
+    assert "needs a GPU or a CPU with bf16 units (AMX or AVX512-BF16)" in message and "\n" not in message
     monkeypatch.setattr(measure, "bf16_available", lambda: True)
     assert measure.resolve_precisions("auto") == ["fp32", "bf16"]
 
@@ -530,6 +531,7 @@ def test_gpu_check_runs_from_data_and_a_shape_given_to_it(tmp_path):
     subprocess.run(script, env=export, check=True, timeout=300)
     assert (shape / "config.json").exists() and not list(shape.glob("*.safetensors"))
     smoke = dict(env, SHAPE=str(shape), PARTS="train", MODES="fsdp", STEPS="2", K="2", NEW_TOKENS="4")
+    smoke["DTYPE"] = "float32"  # the suite runs fp32 on every CPU (conftest.py)
     run = subprocess.run(script, env=smoke, capture_output=True, text=True, timeout=600)
     out = run.stdout
     assert run.returncode == 0, out[-3000:] + run.stderr[-3000:]
@@ -800,3 +802,51 @@ def test_sft_step_times_every_side_on_the_same_batches_without_moving_the_weight
     for side in results.values():
         assert all(side[part]["n"] == 2 for part in ("step", "forward + backward", "optimizer"))
         assert side["step"]["min"] >= side["forward + backward"]["min"] > 0
+
+
+# ------------------------------------------------------------------------------------- precision.py
+def test_precision_times_both_sides_of_every_part_alternated_on_equal_work(tmp_path):
+    """bf16 autocast against fp32 on tiny-random, one repetition of each part: both sides timed,
+    every rollout row and answer run to its cap (stop tokens suppressed), the ratios those of the
+    medians and of the pairs, and the table written; what `--dtype auto` picks is recorded (fp32 under
+    the tests' AVX2-only flags, conftest.py)."""
+    data = tmp_path / "train.jsonl"
+    write_jsonl(data, [hand_record(i, rounds) for i, rounds in enumerate([3, 5, 7, 3, 5, 7, 4, 6])])
+    out = tmp_path / "out"
+    argv = ["--model", "tiny-random", "--data", str(data), "--sft-steps", "1", "--repeats", "1", "-K", "2",
+            "--max-new-tokens", "5", "--eval-batch", "2", "--eval-new-tokens", "3",
+            "--out", str(out)]  # fmt: skip
+    load("precision").main(argv)
+    result = json.loads((out / "results.json").read_text())
+    assert list(result["results"]) == ["sft", "rollout", "eval-b8", "eval-b1"]
+    assert result["auto_autocast"] is None and result["machine"]["fast_bf16"] is False
+    expected_tokens = {"rollout": 2 * 5, "eval-b8": 2 * 3, "eval-b1": 3}
+    for part, r in result["results"].items():
+        for side in ("fp32", "bf16"):
+            assert r[side]["seconds"]["n"] == 1 and r[side]["samples"][0] > 0
+        assert r["fp32"]["tokens"] == r["bf16"]["tokens"]  # equal work
+        if part in expected_tokens:
+            assert r["fp32"]["tokens"] == [expected_tokens[part]]
+        assert r["ratio_of_medians"] == pytest.approx(r["bf16"]["samples"][0] / r["fp32"]["samples"][0])
+        assert r["paired_ratio"]["median"] == pytest.approx(r["ratio_of_medians"])
+    table = (out / "results.md").read_text()
+    assert "| SFT step" in table and "| eval, batch 1" in table and "plain fp32" in table
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--repeats", "0"], "--repeats: must be >= 1"),
+        (["--sft-steps", "0"], "--sft-steps: must be >= 1"),
+        (["--eval-batch", "0"], "--eval-batch: must be >= 1"),
+        (["--parts", "nope"], "invalid choice: 'nope'"),
+        (["--data", "/no/such/train.jsonl"], "--data /no/such/train.jsonl not found"),
+        (["--preset", "nope", "--data", "/no/such/train.jsonl"], "--preset nope: not a preset"),
+    ],
+)
+def test_precision_bad_arguments_stop_with_one_line(argv, message, capsys):
+    precision = load("precision")
+    with pytest.raises(SystemExit) as stop:
+        precision.main(argv)
+    said = str(stop.value) if isinstance(stop.value.code, str) else capsys.readouterr().err
+    assert message in said and "Traceback" not in said

@@ -876,6 +876,7 @@ def test_gpu_rollouts_script_runs_end_to_end_on_a_cpu_from_an_exported_shape(tmp
     assert (shape / "config.json").exists() and (shape / "tokenizer.json").exists()
     assert not list(shape.glob("*.safetensors"))  # the shape travels without weights
     smoke = dict(env, CPU_SMOKE="1", SHAPE=str(shape), TOKENS="3", REPEATS="1", CHECK_PROMPTS="2")
+    smoke["PRECISION"] = "fp32"  # the suite runs fp32 on every CPU (conftest.py)
     out = subprocess.run(script, env=smoke, check=True, capture_output=True, text=True).stdout
     assert "FAILED" not in out
     assert (work / "model" / "model.safetensors").exists()

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import AVX2_FLAGS
 from records import hand_record
 from safetensors.torch import load_file
 
@@ -469,13 +470,53 @@ def test_a_rank_without_its_own_gpu_stops_with_one_line(monkeypatch):
         setup_distributed()
 
 
-def test_auto_dtype_autocasts_bf16_only_where_the_hardware_has_it(monkeypatch):
-    monkeypatch.setattr(modeling, "cpu_has_bf16_matmul", lambda: True)
-    assert modeling.resolve_dtype("auto", "cpu") == (torch.float32, torch.bfloat16)
-    monkeypatch.setattr(modeling, "cpu_has_bf16_matmul", lambda: False)
-    assert modeling.resolve_dtype("auto", "cpu") == (torch.float32, None)
-    assert modeling.resolve_dtype("auto", "cuda") == (torch.float32, torch.bfloat16)
+AVX2 = " ".join(sorted(AVX2_FLAGS))
+AVX512 = AVX2 + " avx512f avx512dq avx512cd avx512bw avx512vl avx512_vnni"  # no bf16 instructions
+
+
+@pytest.mark.parametrize(
+    "flags, autocast",
+    [
+        (AVX512 + " avx512_bf16", torch.bfloat16),  # AMD Zen 4/5, Intel Cooper Lake
+        (AVX512 + " avx512_bf16 amx_bf16 amx_tile amx_int8", torch.bfloat16),  # Sapphire Rapids
+        (AVX512 + " amx_bf16 amx_tile", torch.bfloat16),  # AMX alone is enough
+        (AVX512, None),  # AVX-512 without bf16: converted in software, slower than fp32
+        (AVX2, None),
+    ],
+    ids=["avx512_bf16", "amx", "amx-only", "avx512", "avx2"],
+)
+def test_auto_dtype_autocasts_bf16_only_where_the_cpu_has_bf16_units(monkeypatch, flags, autocast):
+    """--dtype auto on a CPU: bf16 autocast over fp32 weights where the flags Linux lists show AMX or
+    AVX512-BF16, plain fp32 elsewhere; float32 and bfloat16 never autocast, whatever the CPU."""
+    monkeypatch.setattr(modeling, "cpu_flags", lambda: set(flags.split()))
+    assert modeling.cpu_has_fast_bf16() is (autocast is not None)
+    assert modeling.resolve_dtype("auto", "cpu") == (torch.float32, autocast)
+    assert modeling.resolve_dtype("auto", None) == (torch.float32, autocast)  # no device: the CPU
+    assert modeling.resolve_dtype("float32", "cpu") == (torch.float32, None)
+    assert modeling.resolve_dtype("bfloat16", "cpu") == (torch.bfloat16, None)
+    assert modeling.resolve_dtype("auto", "cuda") == (torch.float32, torch.bfloat16)  # any GPU
     assert modeling.resolve_dtype("float32", "cuda") == (torch.float32, None)
+
+
+def test_cpu_flags_are_read_from_proc_cpuinfo_and_torch_decides_without_them(monkeypatch, tmp_path):
+    """The probe reads the "flags" line (on Linux); where there is none it falls back on torch's AMX
+    probe. The tests themselves run as on an AVX2-only CPU (conftest.py), so that `--dtype auto` is
+    fp32 in every test on every machine."""
+    from conftest import REAL_CPU_FLAGS
+
+    assert modeling.cpu_flags() == AVX2_FLAGS and not modeling.cpu_has_fast_bf16()
+    monkeypatch.setattr(modeling, "cpu_flags", REAL_CPU_FLAGS)
+    real_path = modeling.Path
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu avx2 avx512_bf16\nbugs\t\t: none\n")
+    monkeypatch.setattr(modeling, "Path", lambda p: cpuinfo if p == "/proc/cpuinfo" else real_path(p))
+    assert modeling.cpu_flags() == {"fpu", "avx2", "avx512_bf16"} and modeling.cpu_has_fast_bf16()
+    monkeypatch.setattr(modeling, "Path", lambda p: tmp_path / "none")  # no /proc/cpuinfo
+    assert modeling.cpu_flags() == set()
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: True, raising=False)
+    assert modeling.cpu_has_fast_bf16() is True
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False, raising=False)
+    assert modeling.cpu_has_fast_bf16() is False
 
 
 def test_cpu_long_preset_doubles_the_demo_steps_and_keeps_its_phase_split():
