@@ -63,7 +63,6 @@ import argparse
 import functools
 import json
 import math
-import os
 import random
 import sys
 import time
@@ -71,18 +70,14 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.distributed as dist
 from tqdm.auto import tqdm
 
 from reward import ANSWER_GATES, ANSWER_REWARDS, compute_rewards
-from srt import grpo_explain, memory_plan
-from srt.checkpoint import JsonlLog, check_resume_config, has_trainer_state, rng_state, set_rng_state
-from srt.config import Bounded, at_least, claim_out, parse_config, positive, require, write_config
+from srt import grpo_explain
+from srt.config import Bounded, at_least, parse_config, positive, require
 from srt.data_io import (
-    DataError,
+    DataError,  # noqa: F401  (raised by the prompt stream; tests catch it from here)
     data_paths,
-    data_spec,
-    files_sha256,
     finite_or_none,
     read_jsonl,
     read_mixture,
@@ -91,29 +86,20 @@ from srt.data_io import (
 from srt.decode import follow_optimizer
 from srt.distributed import (
     accumulate,
-    add_scale_flags,
     all_ranks_any,
-    check_checkpoint_layout,
     clip_grad_norm,
     full_weights,
     gather_objects,
-    load_checkpoint,
     merge_probes,
-    save_checkpoint,
-    save_final,
-    setup_distributed,
     shard_model,
-    teardown_distributed,
-    wrap_model,
+    teardown_distributed,  # noqa: F401  (a torchrun test ends its processes through the script)
 )
 from srt.modeling import (
     autocast,
     completion_logprobs,
-    enable_activation_checkpointing,
-    load_model_and_tokenizer,
+    load_model_and_tokenizer,  # noqa: F401  (bench/grpo_workers.py instruments the script's loaders)
     parameter_digest,
     peak_gpu_gb,
-    resolve_dtype,
 )
 from srt.probe import (
     PROBE_KEYS,
@@ -126,7 +112,18 @@ from srt.probe import (
 from srt.prompt import fit_prompt
 from srt.recall import RECALL_MODES
 from srt.rollouts import PromptStream, Rollout, sample_batch, think_lengths
-from srt.training import TimeBudget, adamw, seed_everything, warmup_lr
+from srt.run import (
+    Run,
+    add_log_group,
+    add_run_flags,
+    add_scale_group,
+    finish_parser,
+    method_group,
+    resume_keys,
+    training_parser,
+)
+from srt.run import main as run_main
+from srt.training import seed_everything, warmup_lr
 
 # --------------------------------------------------------------------------------------------
 # Eq. (8): group-relative advantage.
@@ -550,44 +547,19 @@ PRESETS["cpu-lesson"] = dict(PRESETS["cpu-demo"], max_prompt_length=1024, max_st
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
-    )
-    run = p.add_argument_group("the run: model, data, output")
-    run.add_argument(
-        "--model",
-        default="runs/demo/sft/final",
-        help="the SFT policy to start from; also the frozen KL reference",
-    )
-    run.add_argument(
-        "--data",
-        nargs="+",
-        type=data_spec,
-        default="runs/data/train.jsonl",
-        metavar="PATH[:WEIGHT]",
-        help="training records, JSONL; several files with a weight each train on a mix "
+    p = training_parser(__doc__.split("\n\n")[0])
+    run = add_run_flags(
+        p,
+        model_default="runs/demo/sft/final",
+        model_help="the SFT policy to start from; also the frozen KL reference",
+        data_help="training records, JSONL; several files with a weight each train on a mix "
         "(srt/data_io.py mix_sources), e.g. syn/train.jsonl:0.5 locomo/train.jsonl:0.5",
-    )
-    run.add_argument("--out", default="runs/demo/grpo", help="output folder")
-    run.add_argument("--seed", type=at_least(0), default=0, help="random seed")
-    run.add_argument(
-        "--resume",
-        action="store_true",
-        help="continue from <out>/checkpoint; a finished run is left as it is",
-    )
-    run.add_argument(
-        "--overwrite",
-        action="store_true",
-        help="start afresh in an --out that holds an earlier run (without it or --resume: refused)",
-    )
-    run.add_argument(
-        "--max-steps", type=at_least(1), default=100, help="GRPO steps; each is one sample batch"
-    )
-    run.add_argument(
-        "--time-budget-minutes",
-        type=at_least(0.0, float),
-        default=None,
-        help="stop early (saved, resumable) when the next step and the final evaluation would overrun this",
+        out_default="runs/demo/grpo",
+        resume_help="continue from <out>/checkpoint; a finished run is left as it is",
+        max_steps_default=100,
+        max_steps_help="GRPO steps; each is one sample batch",
+        budget_help="stop early (saved, resumable) when the next step and the final evaluation would "
+        "overrun this",
     )
     run.add_argument(
         "--explain",
@@ -609,7 +581,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="--explain: the step as a self-contained page, tokens shaded by their ratio (srt/step_page.py)",
     )
 
-    paper = p.add_argument_group(
+    paper = method_group(
+        p,
         "the paper's §4.1 settings and Eq. (9)'s constants",
         "§4.1 gives the learning rate, K, the sample/backprop ratio, AdamW with a linear warm-up and the "
         "KL term; the values it leaves out (beta, epsilon, lengths) are ours",
@@ -650,7 +623,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="prompt tokens; a longer prompt loses its oldest utterances, whatever they are (0 = no cap)",
     )
 
-    beyond = p.add_argument_group(
+    beyond = method_group(
+        p,
         "beyond the paper",
         "listed in the module docstring; each off or the paper's choice by default, but --is-cap, which "
         "acts only where rollouts come from a bf16 copy of the policy",
@@ -722,14 +696,8 @@ def build_parser() -> argparse.ArgumentParser:
         "and spread that carry no signal; the probes score with the true reward",
     )
 
-    scale = p.add_argument_group("scale: devices, precision, memory, FSDP")
+    scale = add_scale_group(p)
     add = scale.add_argument
-    add(
-        "--dtype",
-        choices=["auto", "float32", "bfloat16"],
-        default="auto",
-        help="auto: fp32 weights with bf16 autocast on a GPU or an AMX CPU, plain fp32 elsewhere",
-    )
     add(
         "--micro-batch-size",
         type=at_least(0),
@@ -738,23 +706,15 @@ def build_parser() -> argparse.ArgumentParser:
         "minibatch, gradients accumulated (the update is unchanged); 0 = the whole minibatch at once",
     )
     add(
-        "--gradient-checkpointing",
-        action=argparse.BooleanOptionalAction,
-        default=False,
-        help="trade compute for memory",
-    )
-    add(
         "--share-prompts",
         action=argparse.BooleanOptionalAction,
         default=True,
         help="run each group's prompt once in the log-prob passes (its KV cache copied to its K rows)",
     )
-    add_scale_flags(scale)
 
-    logs = p.add_argument_group("logging and outputs")
+    logs = add_log_group(p, save_every_default=10, save_every_low=0)
     add = logs.add_argument
     add("--sample-every", type=at_least(0), default=5, help="write sampled completions every N steps")
-    add("--save-every", type=at_least(0), default=10, help="write <out>/checkpoint every N steps")
     add(
         "--eval-data",
         default=None,
@@ -774,7 +734,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add("--eval-batch-size", type=at_least(1), default=8, help="greedy evaluation batch")
     add("--eval-max-new-tokens", type=at_least(1), default=None, help="(default: --max-new-tokens)")
-    return p
+    return finish_parser(p, scale)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -814,40 +774,10 @@ def parse_args(argv=None) -> argparse.Namespace:
 # The training run
 # --------------------------------------------------------------------------------------------
 SAVE_MARGIN_S = 30  # writing checkpoint/ and final/ at the end of a time-budgeted run
-# Settings that fix the data order and the meaning of a step: a resumed run must match them, the
-# training data included (its files as given and one sha256 of their bytes). Not --micro-batch-size
-# nor --fsdp: the same update in parts or shards (layout: check_checkpoint_layout).
-RESUME_MUST_MATCH = (
-    "data",
-    "data_sha256",
-    "seed",
-    "prompts_per_step",
-    "max_prompt_length",
-    "world_size",
-    "num_generations",
-    "sample_ratio",
-    "mu",
-    "lr",
-    "warmup_steps",
-    "weight_decay",
-    "max_grad_norm",
-    "beta",
-    "clip_eps",
-    "is_cap",
-    "recall",
-    "temperature",
-    "top_p",
-    "max_new_tokens",
-    "loss_norm",
-    "model",
-    "answer_reward",
-    "dynamic_sampling",
-    "max_draws",
-    "train_turns",
-    "answer_gate",
-    "credit",
-    "placebo",
-)
+# What a --resume must match, derived from the flag groups (srt/run.py resume_keys): the model, the
+# data and its sha256, the seed, the world size, and every flag of the paper's and the departures'
+# groups. Not --micro-batch-size nor --fsdp: the same update in parts or shards.
+RESUME_MUST_MATCH = resume_keys(build_parser())
 
 
 def draw_prompts(stream: PromptStream, n: int) -> tuple[list[dict], list[str]]:
@@ -861,10 +791,9 @@ def train(cfg, reward_fn=None, step_fn=None) -> dict:
     `reward_fn(completions, records) -> [{"total": .., <components>}]` defaults to reward.py's;
     `step_fn`, what runs one step, to grpo_step (bench/grpo_workers.py passes a timed one)."""
     step_fn = step_fn or grpo_step
-    # every rank checks --out before any rank can write to it (they meet in setup_distributed)
-    claim_out(cfg.out, "stage2_grpo.py", cfg.resume, cfg.overwrite)
-    rank, world_size, _, device = setup_distributed(cfg.dist_timeout_minutes, always=cfg.fsdp)
-    cfg.world_size, main_process = world_size, rank == 0
+    run = Run(cfg, "stage2_grpo.py", build_parser(), reserve_s=SAVE_MARGIN_S)  # srt/run.py
+    rank, world_size, device, main_process = run.rank, run.world_size, run.device, run.main_process
+    out, budget = run.out, run.budget
     reward_fn = reward_fn or functools.partial(
         compute_rewards, answer_reward=cfg.answer_reward, answer_gate=cfg.answer_gate
     )
@@ -875,79 +804,44 @@ def train(cfg, reward_fn=None, step_fn=None) -> dict:
         if cfg.placebo
         else reward_fn
     )
-    budget = TimeBudget(cfg.time_budget_minutes, reserve_s=SAVE_MARGIN_S)
-    out, checkpoint_dir = Path(cfg.out), Path(cfg.out) / "checkpoint"
     # --train-turns dependent: H* chooses which turns train (in each file, before the mix), never
     # what a prompt shows
     keep = (lambda r: bool(r["recall"])) if cfg.train_turns == "dependent" else None
     records = read_mixture(cfg.data, cfg.seed, keep, note=f" (--train-turns {cfg.train_turns})")
-    cfg.data = [cfg.data] if isinstance(cfg.data, str) else list(cfg.data)
-    cfg.data_sha256 = files_sha256(data_paths(cfg.data))
+    run.record_data()
     eval_records = (
         pick_eval_records(read_jsonl(cfg.eval_data), cfg.eval_limit)
         if cfg.eval_data and cfg.eval_limit > 0
         else None
     )
-    resume_config = {k: getattr(cfg, k) for k in RESUME_MUST_MATCH}
-    if cfg.resume and (out / "summary.json").exists() and (out / "final").exists():
-        if has_trainer_state(checkpoint_dir):  # a finished run is one of the same settings and data
-            check_resume_config(checkpoint_dir, resume_config)
-        done = json.loads((out / "summary.json").read_text())
-        if done["steps"] >= cfg.max_steps and (not eval_records or (out / "eval_after.json").exists()):
-            if main_process:
-                print(
-                    f"{out} already holds a finished run of {done['steps']} steps; nothing to do", flush=True
-                )
-            return done
-    resuming = cfg.resume and has_trainer_state(checkpoint_dir)
-    if cfg.resume and not resuming and main_process:
-        print(f"note: no checkpoint in {checkpoint_dir}; starting from scratch", flush=True)
-    if resuming:  # before loading weights from it
-        check_checkpoint_layout(checkpoint_dir, cfg.fsdp)
+    done = run.finished(cfg.max_steps, also=["eval_after.json"] if eval_records else [])
+    if done:
+        return done
 
     # The policy (fp32 master weights, bf16 autocast where the hardware has it) and the frozen
     # reference pi_ref = the SFT model we start from, even when resuming. Under FSDP both load on
     # the CPU and each rank moves only its shards to its GPU; pi_ref, which never trains, in bf16.
-    _, autocast_dtype = resolve_dtype(cfg.dtype, device)
-    policy, tokenizer = load_model_and_tokenizer(
-        str(checkpoint_dir) if resuming and not cfg.fsdp else cfg.model,
-        dtype=cfg.dtype,
-        device=None if cfg.fsdp else device,
-    )
-    if main_process:
-        print(memory_plan.stage_plan("grpo", cfg, world_size, policy.config), flush=True)
+    policy, tokenizer = run.load_model("grpo")
     ref_model = None
     if cfg.beta > 0:
-        ref_dtype = "bfloat16" if cfg.fsdp and autocast_dtype == torch.bfloat16 else cfg.dtype
-        ref_model, _ = load_model_and_tokenizer(
-            cfg.model, dtype=ref_dtype, device=None if cfg.fsdp else device
-        )
+        ref_dtype = "bfloat16" if cfg.fsdp and run.autocast_dtype == torch.bfloat16 else cfg.dtype
+        ref_model, _ = run.load_model("grpo", name=cfg.model, dtype=ref_dtype)
         ref_model.eval().requires_grad_(False)
-    if cfg.gradient_checkpointing:
-        enable_activation_checkpointing(policy)
     if cfg.fsdp and ref_model is not None:  # pi_ref never trains: sharded, without a wrapper
         ref_model = shard_model(ref_model, device)
-    policy, train_model, autocast_dtype = wrap_model(policy, device, world_size, cfg.fsdp, autocast_dtype)
-    optimizer = adamw(policy.parameters(), cfg.lr, cfg.weight_decay, cfg.fsdp)
+    policy, train_model, optimizer = run.prepare(policy, tokenizer)
+    autocast_dtype = run.autocast_dtype
     # Rollouts sample from a bf16 copy of the policy where the hardware has bf16 units (srt/decode.py),
     # refreshed after each optimizer step; the loss and the fp32 master weights are untouched.
     follow_optimizer(policy, optimizer)
     stream = PromptStream(records, tokenizer, cfg.max_prompt_length, cfg.seed, rank, world_size)
     seed_everything(cfg.seed + rank)  # each rank samples its own completions
-    start_step = 0
-    if resuming:
-        state = load_checkpoint(checkpoint_dir, policy, optimizer, resume_config, cfg.fsdp)
+    state = run.resume()
+    if state:
         stream.load_state_dict(state["stream"])
-        set_rng_state(state["rng"][rank])
-        start_step = state["step"]
-    keep_until_step = start_step if resuming else None  # a resumed run drops lines past its checkpoint
-    metrics = JsonlLog(out / "metrics.jsonl", keep_until_step=keep_until_step)
-    samples = JsonlLog(out / "samples.jsonl", keep_until_step=keep_until_step)
-    probes = JsonlLog(out / "probe.jsonl", keep_until_step=keep_until_step)
-    if main_process:
-        if not resuming:  # the summary of an earlier run would make a --resume of this one "finished"
-            (out / "summary.json").unlink(missing_ok=True)
-        write_config(out, dict(vars(cfg), device=str(device)), "stage2_grpo.py")
+    start_step = run.start_step
+    metrics, samples, probes = run.log("metrics.jsonl"), run.log("samples.jsonl"), run.log("probe.jsonl")
+    run.write_config()
 
     def run_eval(step, name=None):  # each rank its slice of the records, the weights gathered once (FSDP)
         with full_weights(policy):
@@ -978,13 +872,12 @@ def train(cfg, reward_fn=None, step_fn=None) -> dict:
     elif eval_records and (out / "eval_before.json").exists():
         budget.reserve_s += json.loads((out / "eval_before.json").read_text()).get("seconds") or 0.0
 
-    def save(step):  # FSDP: every rank writes its shards (srt/distributed.py); else rank 0 the whole state
-        state = {"step": step, "stream": stream.state_dict(), "rng": gather_objects(rng_state(), world_size)}
-        save_checkpoint(checkpoint_dir, policy, optimizer, tokenizer, state, resume_config, cfg.fsdp)
+    def save(step):
+        run.save(step, stream=stream.state_dict())
 
     step = start_step
     progress = tqdm(total=cfg.max_steps, initial=start_step, desc="grpo", disable=not main_process)
-    while step < cfg.max_steps and not all_ranks_any(budget.exhausted(), device):
+    while run.keep_going(step, cfg.max_steps):
         step += 1
         lr = warmup_lr(step, cfg.lr, cfg.warmup_steps)
         for group in optimizer.param_groups:
@@ -1042,13 +935,8 @@ def train(cfg, reward_fn=None, step_fn=None) -> dict:
     progress.close()
 
     save(step)
-    save_final(out / "final", policy, tokenizer, cfg.fsdp)  # save_pretrained form, also under FSDP
-    if main_process and step < cfg.max_steps:
-        print(
-            f"WARNING: time budget of {cfg.time_budget_minutes} min reached: stopped at step {step} of "
-            f"{cfg.max_steps} ({cfg.max_steps - step} steps missing); --resume continues",
-            flush=True,
-        )
+    run.save_final()  # save_pretrained form, also under FSDP
+    run.warn_if_stopped_early(step, cfg.max_steps)
     if eval_records:
         run_eval(step, "eval_after.json")
     digests = gather_objects(parameter_digest(policy), world_size)  # DDP ranks must agree bit for bit
@@ -1059,28 +947,18 @@ def train(cfg, reward_fn=None, step_fn=None) -> dict:
         "world_size": world_size,
         "ranks_in_sync": None if cfg.fsdp else len(set(digests)) == 1,
     }  # FSDP ranks hold different shards
+    run.write_summary(summary)
     if main_process:
-        write_json(out / "summary.json", summary)
         print(f"done: {step} steps ({summary['stop_reason']}); model in {out / 'final'}", flush=True)
-    if world_size > 1:
-        dist.barrier()
+    run.barrier()
     return summary
 
 
 def main(argv=None) -> None:
     cfg = parse_args(argv)
-    if cfg.dry_run:  # the plan alone, for a machine this need not be: nothing is loaded or downloaded
-        print(memory_plan.stage_plan("grpo", cfg, cfg.world_size or int(os.environ.get("WORLD_SIZE", 1))))
-        return
-    try:
-        if cfg.explain:
-            grpo_explain.explain(cfg, sys.modules[__name__])
-        else:
-            train(cfg)
-    except (DataError, FileNotFoundError) as e:  # e.g. no training prompt fits --max-prompt-length
-        sys.exit(f"error: {e}")
-    finally:
-        teardown_distributed()
+    run_main(
+        cfg, "grpo", (lambda cfg: grpo_explain.explain(cfg, sys.modules[__name__])) if cfg.explain else train
+    )
 
 
 if __name__ == "__main__":

@@ -75,6 +75,8 @@ def describe(values) -> dict | None:
         "mean": float(np.mean(values)),
         "p50": float(np.percentile(values, 50)),
         "p90": float(np.percentile(values, 90)),
+        "min": float(np.min(values)),
+        "max": float(np.max(values)),
         "n": len(values),
     }
 
@@ -127,6 +129,11 @@ def summarize_variant(variant, rows, latency_rows, fine_buckets) -> dict:
         "latency_s": describe(r["latency_s"] for r in latency_rows),
         "latency_input_tokens": describe(r["input_tokens"] for r in latency_rows),
         "latency_generated_tokens": describe(r["generated_tokens"] for r in latency_rows),
+        # per generated token, so that requests of different lengths compare: on an idle machine the
+        # figure is steady; a neighbour's load shows as a spread (max / min) far above 1
+        "latency_ms_per_token": describe(
+            1000 * r["latency_s"] / max(r["generated_tokens"], 1) for r in latency_rows
+        ),
         "offline_s": describe(r.get("offline_s") for r in rows if variant["method"] in ("rag", "cuemem")),
         "throughput": throughput(rows),
         "input_tokens": describe(r["input_tokens"] for r in rows),
@@ -478,6 +485,28 @@ def bucket_table(summary, metric, key="by_bucket", extra=(">=24",)) -> str:
     return "\n".join(lines)
 
 
+def latency_spread(summary) -> str:
+    """Whether the batch-1 sample can be read: each variant's ms per generated token, its median and
+    its spread (slowest / fastest request). A spread near 1 is a steady machine; far above it, the
+    requests met other load, and the latencies say little about the method."""
+    parts = []
+    for name, s in summary["variants"].items():
+        d = s.get("latency_ms_per_token")
+        if not d:
+            continue
+        spread = d["max"] / d["min"] if d["min"] > 0 else float("inf")
+        parts.append(f"{name} {d['p50']:.0f} ms (x{spread:.2f}, n {d['n']})")
+    if not parts:
+        return ""
+    few = min(d["n"] for s in summary["variants"].values() if (d := s.get("latency_ms_per_token")))
+    caveat = (
+        " Fewer than 8 requests a variant cannot tell a slow path from a busy machine."
+        if few < 8
+        else " A spread above x1.5 means the machine was busy during those requests."
+    )
+    return "Per generated token at batch 1, median (slowest / fastest): " + ", ".join(parts) + "." + caveat
+
+
 def latency_table(summary) -> str:
     """Fig. 4's latency panel: mean batch-1 latency (s) per bucket, with mean input / generated tokens."""
     keys = [str(b) for b in summary["fine_buckets"]]
@@ -583,7 +612,9 @@ def write_report(summary, out_dir, plots) -> Path:
         table1(summary),
         f"Latency: seconds per request at batch size 1 after one warm-up request, end to end from the query "
         f"to the parsed answer (retrieval query included), on {config.get('latency_per_bucket')} request(s) "
-        f"per length bucket; its token columns are that sample's. Throughput: answers per second of "
+        f"per length bucket; its token columns are that sample's. "
+        + latency_spread(summary)
+        + " Throughput: answers per second of "
         f"generation wall time in the batched pass (batch {config['batch_size']}). Offline: RAG's embedding "
         f"of the history and CueMem's memory build per query, never inside the latency. Cut off: answers "
         f"that reached the token cap ({config['max_new_tokens']} for srt / srt-p, "

@@ -379,7 +379,14 @@ def test_stratified_limit_represents_long_buckets():
 # Aggregation and Table 3
 # ---------------------------------------------------------------------------------------------
 def test_describe_and_table3_percentages():
-    assert report.describe([1, 2, 3, 4]) == {"mean": 2.5, "p50": 2.5, "p90": pytest.approx(3.7), "n": 4}
+    assert report.describe([1, 2, 3, 4]) == {
+        "mean": 2.5,
+        "p50": 2.5,
+        "p90": pytest.approx(3.7),
+        "min": 1.0,
+        "max": 4.0,
+        "n": 4,
+    }
     kinds = ["Missing Recall", "Missing Recall", "Wrong Recall", "Failure Answer", "Truncated", None]
     rows = [
         {
@@ -1072,3 +1079,25 @@ def test_comparisons_and_the_headline_read_only_queries_that_need_recall():
          "variants": {"srt": report.summarize_variant(variant, srt, [], [8, 16, 24, 32]), "lookup": summary}}
     )  # fmt: skip
     assert "| No history | lookup | 2 | 50.0 |" in table and "| 100.0 (2) | 4 | 0.0 |" in table
+
+
+def test_latency_spread_tells_a_busy_machine_from_a_steady_one_and_needs_eight_requests():
+    """The lesson times 8 batch-1 requests a variant (4 in each of its two Fig. 4 buckets): per
+    generated token, a steady machine gives a spread near 1, a neighbour's load a wide one; with
+    fewer than 8 requests the report says it cannot tell."""
+    assert evaluate.resolve_config(["--preset", "cpu-lesson"]).latency_per_bucket == 4
+
+    def summary(latencies):
+        rows = [
+            {"latency_s": s, "generated_tokens": 100, "input_tokens": 1, "num_turns": 8} for s in latencies
+        ]
+        return {
+            "variants": {"srt": report.summarize_variant({"method": "srt", "model": "m"}, [], rows, (8, 12))}
+        }
+
+    steady = report.latency_spread(summary([2.0, 2.1, 2.0, 2.05, 2.0, 2.1, 2.02, 2.0]))
+    assert "srt 20 ms (x1.05, n 8)" in steady and "busy" in steady and "cannot" not in steady
+    busy = report.latency_spread(summary([2.0, 6.0, 2.0, 2.0, 2.0, 2.0, 2.0, 2.0]))
+    assert "(x3.00, n 8)" in busy
+    assert "cannot tell" in report.latency_spread(summary([2.0, 2.0]))
+    assert report.latency_spread({"variants": {"full": {"latency_ms_per_token": None}}}) == ""

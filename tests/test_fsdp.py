@@ -40,6 +40,7 @@ from srt import memory_plan, modeling
 from srt import rollouts as rollouts_module
 from srt.data_io import write_jsonl
 from srt.modeling import load_model_and_tokenizer, token_logprobs
+from srt.run import resume_keys
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -806,13 +807,28 @@ def test_resume_check_covers_every_setting_of_the_objective():
         "weight_decay",
         "max_grad_norm",
     } <= set(g.RESUME_MUST_MATCH)
-    assert {"lr", "weight_decay", "max_grad_norm", "max_length", "target", "batch_size", "grad_accum"} <= set(
-        stage1_sft.RESUME_MUST_MATCH
-    )
-    for module in (g, stage1_sft):  # the same update computed in parts or in shards: free to change
-        assert not {"micro_batch_size", "fsdp", "gradient_checkpointing", "dtype"} & set(
-            module.RESUME_MUST_MATCH
-        )
+    stage1_keys = set(resume_keys(stage1_sft.build_parser()))  # derived from the method's flag groups
+    assert {
+        "lr",
+        "weight_decay",
+        "max_grad_norm",
+        "max_length",
+        "target",
+        "batch_size",
+        "grad_accum",
+    } <= stage1_keys
+    for keys in (set(g.RESUME_MUST_MATCH), stage1_keys):  # the same update in parts or shards: free to change
+        assert not {"micro_batch_size", "fsdp", "gradient_checkpointing", "dtype"} & keys
+
+
+def test_stage1_resume_keys_derived_from_its_groups_are_the_settings_of_a_step():
+    # every flag of the paper's and the departures' groups, the run's model, data and seed; nothing
+    # of scale (but the global batch's shape) or logging; --no-cot is an alias of --target
+    assert set(resume_keys(stage1_sft.build_parser())) == {
+        "data", "data_sha256", "seed", "phase", "phase1_fraction", "batch_size", "grad_accum", "world_size",
+        "max_length", "target", "recall", "epochs", "lr", "warmup_steps", "weight_decay", "max_grad_norm",
+        "model",
+    }  # fmt: skip
 
 
 def test_dry_run_of_the_paper_configuration_fits_with_fsdp_and_warns_without(capsys):
