@@ -55,14 +55,14 @@ demo: setup
 # and cuemem-cap16 is CueMem keeping at most 16 memory units (its forgetting under a capacity limit).
 # grpo-copy is SRT's GRPO model decoded with --recall copy: it names a turn, the decoder writes it out.
 table2: setup
-	$(PYTHON) stage0_build.py --preset cpu-demo --out $(DATA) --resume
-	$(PYTHON) stage1_sft.py --preset cpu-demo --model smollm2-135m --data $(DATA)/train.jsonl --out $(TABLE2)/sft --resume
-	$(PYTHON) stage1_sft.py --preset cpu-demo --model smollm2-135m --data $(DATA)/train.jsonl --out $(TABLE2)/sft-nocot \
+	$(PYTHON) stage0_build.py --preset cpu-table2 --out $(DATA) --resume
+	$(PYTHON) stage1_sft.py --preset cpu-table2 --model smollm2-135m --data $(DATA)/train.jsonl --out $(TABLE2)/sft --resume
+	$(PYTHON) stage1_sft.py --preset cpu-table2 --model smollm2-135m --data $(DATA)/train.jsonl --out $(TABLE2)/sft-nocot \
 	    --target answer --resume
-	$(PYTHON) stage1_sft.py --preset cpu-demo --model smollm2-135m --data $(DATA)/train.jsonl \
+	$(PYTHON) stage1_sft.py --preset cpu-table2 --model smollm2-135m --data $(DATA)/train.jsonl \
 	    --out $(TABLE2)/sft-recall-only --target recall-only --resume
-	$(PYTHON) stage2_grpo.py --preset cpu-demo --model $(TABLE2)/sft/final --data $(DATA)/train.jsonl --out $(TABLE2)/grpo --resume
-	$(PYTHON) evaluate.py --preset cpu-demo --data $(DATA)/test.jsonl --out $(TABLE2)/eval --resume \
+	$(PYTHON) stage2_grpo.py --preset cpu-table2 --model $(TABLE2)/sft/final --data $(DATA)/train.jsonl --out $(TABLE2)/grpo --resume
+	$(PYTHON) evaluate.py --preset cpu-table2 --data $(DATA)/test.jsonl --out $(TABLE2)/eval --resume \
 	    --compare full=full:smollm2-135m rag=rag:smollm2-135m cuemem=cuemem:smollm2-135m \
 	              cuemem-cap16=cuemem:smollm2-135m \
 	              base-srtp=srt-p:smollm2-135m nocot=srt:$(TABLE2)/sft-nocot/final sft=srt:$(TABLE2)/sft/final \
@@ -77,10 +77,10 @@ table2: setup
 # prints the step and draws it in runs/explain/grpo-step.html.
 .PHONY: explain
 explain: setup
-	$(PYTHON) stage0_build.py --preset cpu-demo --out $(DATA) --resume
-	$(PYTHON) stage1_sft.py --preset cpu-demo --model smollm2-135m --data $(DATA)/train.jsonl --max-steps 16 \
+	$(PYTHON) stage0_build.py --preset cpu-table2 --out $(DATA) --resume
+	$(PYTHON) stage1_sft.py --preset cpu-table2 --model smollm2-135m --data $(DATA)/train.jsonl --max-steps 16 \
 	    --out runs/explain/sft --resume
-	$(PYTHON) stage2_grpo.py --explain --preset cpu-demo --model runs/explain/sft/final --data $(DATA)/train.jsonl
+	$(PYTHON) stage2_grpo.py --explain --preset cpu-table2 --model runs/explain/sft/final --data $(DATA)/train.jsonl
 
 # One GRPO replicate (docs/experiments/grpo-replicates.md): stage 0 (data seed 0, built once), an SFT
 # start of seed SEED, GRPO from it (PLACEBO=1: and a placebo run from the same start), all evaluated
@@ -122,7 +122,7 @@ locomo: setup
 	@test -n "$(LOCOMO)" || { echo "error: name the conversations: make locomo LOCOMO=path/to/locomo10.json" >&2; exit 2; }
 	$(PYTHON) stage0_build.py --source locomo --path $(LOCOMO) --max-rounds $(W) --locomo-window $(WINDOW) \
 	    --dev-fraction 0.3 --test-fraction 0 --out $(LOCOMO_RUN)/data --resume
-	$(PYTHON) stage0_build.py --preset cpu-demo --out $(DATA) --resume
+	$(PYTHON) stage0_build.py --preset cpu-table2 --out $(DATA) --resume
 	$(LOCOMO_SFT_CMD) --data $(DATA)/train.jsonl --out $(LOCOMO_RUN)/sft-syn
 	$(LOCOMO_SFT_CMD) --data $(LOCOMO_MIX) --out $(LOCOMO_RUN)/sft-mix
 	$(LOCOMO_SFT_CMD) --data $(LOCOMO_MIX) --target answer --out $(LOCOMO_RUN)/sft-mix-nocot

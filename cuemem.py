@@ -760,7 +760,7 @@ def hf_generate_fn(model, tokenizer, max_new_tokens: int = 64, autocast_dtype=No
 # --------------------------------------------------------------------------------------------
 # Command line: evidence metrics over stage0 records, and optionally answers
 # --------------------------------------------------------------------------------------------
-PRESETS = {"cpu-demo": {"limit": 50, "max_new_tokens": 48}, "paper": {"limit": None, "max_new_tokens": 256}}
+PRESETS = {"cpu-table2": {"limit": 50, "max_new_tokens": 48}, "paper": {"limit": None, "max_new_tokens": 256}}
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -34,7 +34,7 @@ the hash of their record: --resume reuses a row only when all three match.
 
     python evaluate.py --method srt --model runs/demo/grpo/final --data runs/data/test.jsonl \\
         --out runs/demo/eval
-    python evaluate.py --preset cpu-demo --data runs/data/test.jsonl --out runs/demo/eval --resume \\
+    python evaluate.py --preset cpu-table2 --data runs/data/test.jsonl --out runs/demo/eval --resume \\
         --compare full=full:smollm2-135m base-srtp=srt-p:smollm2-135m nocot=srt:runs/demo/sft-nocot/final \\
         sft=srt:runs/demo/sft/final grpo=srt:runs/demo/grpo/final cuemem-cap16=cuemem:smollm2-135m \\
         --variant-options 'cuemem-cap16={"limit": 48, "cuemem": {"capacity": 16}}'
@@ -124,7 +124,7 @@ CUEMEM_QUERY_KEYS = ("top_k", "use_graph", "max_evidence", "temporal_decay", "mi
 PRESETS = {
     # `make table2`: 96 test queries (24 per 8/16/24/32-round bucket, stratified) per variant on 2 CPU
     # cores with SmolLM2-135M, throughput at batch 8, one batch-1 latency request per Fig. 4 bucket.
-    "cpu-demo": {"limit": 96, "batch_size": 8, "latency_per_bucket": 1, "attention_examples": 2},
+    "cpu-table2": {"limit": 96, "batch_size": 8, "latency_per_bucket": 1, "attention_examples": 2},
     # The paper's scale: the whole test split, longer chains, a GPU.
     "paper": {
         "limit": None,
@@ -139,7 +139,7 @@ PRESETS = {
 # Table 3 bucket and two Fig. 4 buckets, 8 and 12 rounds), with four latency requests in each: eight
 # per variant, enough for the report's spread of ms per generated token to tell a busy machine (a wide
 # spread) from a slow path (a high, steady figure); one request per bucket cannot.
-PRESETS["cpu-lesson"] = dict(PRESETS["cpu-demo"], latency_per_bucket=4)
+PRESETS["cpu-lesson"] = dict(PRESETS["cpu-table2"], latency_per_bucket=4)
 
 
 # --------------------------------------------------------------------------------------------

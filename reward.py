@@ -371,7 +371,7 @@ def read_completions(path: str, records: list[dict]) -> list[tuple[dict, str]]:
 
 
 # The paper's Eq. (7) under both presets; `--answer-reward keys|both` is the documented departure.
-PRESETS = {"cpu-demo": {"answer_reward": "cosine"}, "paper": {"answer_reward": "cosine"}}
+PRESETS = {"cpu-table2": {"answer_reward": "cosine"}, "paper": {"answer_reward": "cosine"}}
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -504,7 +504,7 @@ def drop_unsupported(records) -> tuple[list[dict], int]:
 
 PRESETS = {
     # `make table2`: Table 2 on every Fig. 4 length bucket (8-32 rounds)
-    "cpu-demo": {"num_dialogues": 600},
+    "cpu-table2": {"num_dialogues": 600},
     # `make demo`: dialogues of 8-11 rounds only (of 2,000 drawn, about a third are that short), so a
     # full-history record is about 550 tokens instead of about 980 (docs/experiments/presets.md)
     "cpu-lesson": {"num_dialogues": 2000, "max_rounds": 12},

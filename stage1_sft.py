@@ -10,7 +10,7 @@ rate after a linear warm-up (§4.1). One optimizer and one step counter run acro
 Paper vs this implementation (flags in "beyond the paper" and "the paper's §3.3 and §4.1 settings"):
 
   1. The phases' split: the paper gives none. --max-steps is split by --phase1-fraction (0.5; the
-     cpu-demo preset 0.4), or each phase runs --epochs epochs; --phase 1 or 2 runs one alone.
+     cpu-table2 preset 0.4), or each phase runs --epochs epochs; --phase 1 or 2 runs one alone.
   2. The token budget (--max-length): a prompt too long loses its oldest utterances, whole and
      whatever they are, as at inference (srt/prompt.fit_history); a record whose H* would be cut is
      replaced by the next record that fits (PhaseData.example), so that an old turn's survival
@@ -25,8 +25,8 @@ Paper vs this implementation (flags in "beyond the paper" and "the paper's §3.3
      </HIS>, which the decoder writes in copy mode, carry no loss; the tag's opening, its label and
      colon, the prose and the answer do.
 
-    python stage1_sft.py --preset cpu-demo                        # SmolLM2-135M on a laptop CPU
-    python stage1_sft.py --preset cpu-demo --data syn/train.jsonl:0.5 locomo/train.jsonl:0.5   # a mix
+    python stage1_sft.py --preset cpu-table2                        # SmolLM2-135M on a laptop CPU
+    python stage1_sft.py --preset cpu-table2 --data syn/train.jsonl:0.5 locomo/train.jsonl:0.5   # a mix
     torchrun --nproc_per_node=8 stage1_sft.py --model Qwen/Qwen2.5-7B-Instruct --preset paper --fsdp
     python stage1_sft.py --model Qwen/Qwen2.5-7B-Instruct --preset paper --fsdp --dry-run --world-size 8
 
@@ -425,7 +425,8 @@ def train(cfg, parser=None):
 
 
 # --------------------------------------------------------------------------------------------
-# Configuration: argparse defaults that work, presets, explicit flags win.
+# Configuration: argparse defaults that work (the paper's values where it gives one), presets (each
+# a dict of flag values, saying why it differs), explicit flags win.
 # --------------------------------------------------------------------------------------------
 # Why each value: docs/experiments/presets.md ("Stage 1").
 # fmt: off
@@ -433,38 +434,29 @@ PRESETS = {
     # `make table2` on a 2-core laptop: 64 steps (26 on pruned histories, 38 on full ones), the fewest
     # that teach recall; 1536 tokens hold all but 5 of 2,341 synthetic prompts + targets; the global batch
     # of 4 runs as 2 micro-batches of 2, which keeps the peak memory low at the same update.
-    "cpu-demo": dict(lr=5e-5, batch_size=2, grad_accum=2, max_length=1536, gradient_checkpointing=False,
-                     max_steps=64, phase1_fraction=0.4, warmup_steps=3, save_every=8),
+    "cpu-table2": dict(lr=5e-5, batch_size=2, grad_accum=2, max_length=1536, gradient_checkpointing=False,
+                       max_steps=64, phase1_fraction=0.4, warmup_steps=3, save_every=8),
     # §4.1: lr 5e-6, AdamW, constant schedule with linear warm-up. Batch and length are ours.
     "paper": dict(lr=5e-6, batch_size=2, grad_accum=8, max_length=4096, gradient_checkpointing=True,
                   warmup_steps=30, epochs=2, save_every=200),
 }
-# The SFT start GRPO learns from (docs/experiments/grpo-recall.md): twice cpu-demo's steps.
-PRESETS["cpu-long"] = dict(PRESETS["cpu-demo"], max_steps=128)
+# The SFT start GRPO learns from (docs/experiments/grpo-recall.md): twice cpu-table2's steps.
+PRESETS["cpu-long"] = dict(PRESETS["cpu-table2"], max_steps=128)
 # `make demo`, the lesson: dialogues of 8-11 rounds (stage 0's cpu-lesson), so 1024 tokens hold every
 # prompt + target; recall is learned from the full-history records, so phase 1 (10 steps) only teaches
-# the format, and the learning rate is 4x cpu-demo's; 70 full-history steps (280 records) are the
-# fewest measured at 40% dev recall Jaccard (docs/experiments/presets.md: the levers, measured). A
-# checkpoint (weights and AdamW's moments, 1.6 GB) takes about 4 s to write: every 20 steps, not 8.
-PRESETS["cpu-lesson"] = dict(PRESETS["cpu-demo"], lr=2e-4, max_length=1024, max_steps=80,
-                             phase1_fraction=0.125, save_every=20)
+# the format, and the learning rate is 4x cpu-table2's. 70 full-history steps (280 records) were the
+# fewest measured at 40% dev recall Jaccard on the AMX Xeon, but on the AVX-512 EPYC in bf16 the same
+# 80 steps scored 36.5% on test: 90 full-history steps (360 records), where the Xeon's dev curve
+# stood at 54-61% (docs/experiments/presets.md: the levers, measured; demo.md). A checkpoint
+# (weights and AdamW's moments, 1.6 GB) takes about 4 s to write: every 20 steps, not 8.
+PRESETS["cpu-lesson"] = dict(PRESETS["cpu-table2"], lr=2e-4, max_length=1024, max_steps=100,
+                             phase1_fraction=0.1, save_every=20)
 # fmt: on
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = training_parser(__doc__.split("\n\n")[0])
-    run = add_run_flags(
-        p,
-        model_default="smollm2-135m",
-        model_help="HF id, local folder, smollm2-135m or tiny-random",
-        data_help="training JSONL from stage0; several files with a weight each train on a mix "
-        "(srt/data_io.py mix_sources), e.g. syn/train.jsonl:0.5 locomo/train.jsonl:0.5",
-        out_default="runs/demo/sft",
-        resume_help="continue from <out>/checkpoint",
-        max_steps_default=None,
-        max_steps_help="optimizer steps in all (default: from --epochs)",
-        budget_help="stop early (saved, resumable) when the next step would overrun this wall time",
-    )
+    run = add_run_flags(p, "sft")  # srt/run.py: --model, --data, --out, --resume, --max-steps, ...
     run.add_argument("--trust-remote-code", action="store_true", help="allow model code from the hub")
 
     paper = method_group(
@@ -482,7 +474,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add("--phase1-fraction", type=in_range(0.0, 1.0), default=0.5, help="share of --max-steps for phase 1")
     add("--epochs", type=at_least(1), default=1, help="epochs per phase when --max-steps is unset")
-    add("--lr", type=at_least(0.0, float), default=5e-5, help="peak learning rate (paper: 5e-6)")
+    add("--lr", type=at_least(0.0, float), default=5e-6, help="peak learning rate (§4.1: 5e-6)")
     add("--warmup-steps", type=at_least(0), default=10, help="linear warm-up steps")
     add("--weight-decay", type=at_least(0.0, float), default=0.0, help="AdamW weight decay")
     add("--max-grad-norm", type=positive(float), default=1.0, help="gradient clipping norm")

@@ -3,34 +3,33 @@
 One GRPO step, in the order of the paper, as three calls passing one record (grpo_step):
 
   rollout     for each prompt P(Q_t, C_t): sample K completions tau^(k) from the policy, keeping each
-              token's log pi_sampler (srt/rollouts.py, a Rollout); score them with the verifiable reward
-              R = format + recall + answer (reward.py, Eqs. (4)-(7)); --dynamic-sampling: groups whose
-              K rewards are all equal are replaced by fresh prompts (DAPO)
+              token's log pi_sampler (a Rollout, srt/rollouts.py); score them with the verifiable
+              reward R = format + recall + answer (reward.py, Eqs. (4)-(7))
   advantages  Eq. (8): group-relative advantage  A~(k) = (R(k) - mean R) / (std R + 1e-8)
-  update      log-probs of pi_old (once per sample batch) and of the frozen pi_ref = the SFT model;
-              the sample batch in backprop minibatches (sample/backprop ratio 4, §4.1), `mu` passes:
-                Eq. (9): r = pi_theta / pi_old per token, clipped surrogate min(r A, clip(r, 1-eps, 1+eps) A),
-                         times w = min(pi_old / pi_sampler, C) where the sampler is a bf16 copy,
-                         averaged over each completion's tokens and over the group, minus beta * KL
-                AdamW step (constant learning rate after a linear warm-up, §4.1)
+  update      log-probs of pi_old (the policy before the step) and of the frozen pi_ref = the SFT
+              model, once; then the sample batch in backprop minibatches (sample/backprop ratio 4,
+              §4.1), `mu` passes, each: Eq. (9)'s clipped surrogate minus beta * KL, one AdamW step
+              (constant learning rate after a linear warm-up, §4.1)
 
-Paper vs this implementation (1-3 always hold; 4-11 are flags of the "beyond the paper" group, off
-or the paper's choice by default unless said):
+Paper vs this implementation, the one list (docs/pipeline.md links here). 1-3 always hold; 4-11 are
+flags of the "beyond the paper" group, off or the paper's choice by default unless said:
 
-  1. Eq. (8) std is the population std (divide by K): a group of one gets advantage 0, not NaN, and a
-     group whose K rewards are all equal gets exactly 0.
-  2. pi_old shortcut: pi_old is the policy before the step. The first backprop minibatch is scored
-     before any update, so its own log-probs, detached, are its pi_old (at mu = 1 its ratio is 1);
-     the later minibatches get one no-grad pi_old pass before the first update.
+  1. Eq. (8)'s std is the population std (divide by K): a group of one gets advantage 0, not NaN, and
+     a group whose K rewards are all equal gets exactly 0.
+  2. pi_old is scored once per sample batch, before the first update, by the same forward path as
+     the loss (train mode, the same micro-batches): at mu = 1 the first minibatch's ratio is 1.
   3. KL: the k3 estimator to pi_ref = the SFT model, beta 0.04 (§4.1 names the term, not its
-     estimator nor its weight).
-  4. Truncated importance sampling (--is-cap 2, on): rollouts come from a bf16 copy of the policy
-     where the hardware has bf16 units, so each token's surrogate is weighted by
-     min(pi_old / pi_sampler, 2); about 1 on an fp32 CPU, where the sampler is the policy.
-  5. Loss normalisation: --loss-norm seq (default) is Eq. (9) as written, each completion's tokens
-     averaged, then the completions; --loss-norm token averages over every token (DAPO).
-  6. Dynamic sampling (--dynamic-sampling total | recall, --max-draws; cpu-demo: recall): groups
-     whose K total rewards, or recall parts, are all equal are replaced by fresh prompts (DAPO).
+     estimator nor its weight). As a loss, k3's gradient is that of the reverse KL(pi_theta || pi_ref).
+  4. Truncated importance sampling (--is-cap 2, ON by default): rollouts come from a bf16 copy of the
+     policy where the CPU or GPU has bf16 units, so each token's surrogate is weighted by
+     min(pi_old / pi_sampler, 2); exactly the paper's Eq. (9) on an fp32 CPU, where the sampler is
+     the policy and the weight is 1 up to rounding.
+  5. Loss normalisation, --loss-type (LOSS_TYPES): grpo (default) is Eq. (9) as written, each
+     completion's tokens averaged, then the completions; dapo averages over every token of the batch,
+     all ranks; dr_grpo divides by completions x --max-new-tokens. --scale-rewards group (default,
+     Eq. (8)) | batch | none sets Eq. (8)'s denominator (none under dr_grpo by default).
+  6. Dynamic sampling (--dynamic-sampling total | recall, --max-draws; the CPU presets: recall):
+     groups whose K total rewards, or recall parts, are all equal are replaced by fresh prompts (DAPO).
   7. Segment credit (--credit segment): the think tokens take the advantage of format + recall, the
      answer tokens that of format + answer, instead of one advantage per completion.
   8. Answer gate (--answer-gate recall, reward.py): an answer whose recall shares no turn with H*
@@ -45,16 +44,14 @@ or the paper's choice by default unless said):
 Run on one CPU or GPU, or on N of them with torchrun (each rank samples and scores its own prompts,
 DDP all-reduces the gradients, rank 0 alone logs and saves):
 
-    python stage2_grpo.py --preset cpu-demo --model runs/demo/sft/final --data runs/data/train.jsonl \
+    python stage2_grpo.py --preset cpu-lesson --model runs/demo/sft/final --data runs/demo/data/train.jsonl \\
         --out runs/demo/grpo
-    python stage2_grpo.py --explain --model runs/demo/sft/final      # one step, every quantity printed,
-                                                                     # and runs/explain/grpo-step.html
+    python stage2_grpo.py --explain --model runs/demo/sft/final      # one step, every quantity printed
     torchrun --nproc_per_node=8 stage2_grpo.py --model runs/paper/sft/final --data ... --preset paper --fsdp
-    python stage2_grpo.py --preset paper --model Qwen/Qwen2.5-7B-Instruct --fsdp --dry-run --world-size 8
 
-Outputs under --out: config.json, metrics.jsonl (one line per step), samples.jsonl (what the policy
-writes as it learns), checkpoint/ (resumable), final/ (save_pretrained), with --eval-data:
-eval_before.json, eval_after.json, probe.jsonl and learning_curve.png; summary.json.
+Outputs under --out: config.json, metrics.jsonl (one line per step), samples.jsonl, checkpoint/
+(resumable), final/ (save_pretrained); with --eval-data: eval_before.json, eval_after.json,
+probe.jsonl, learning_curve.png; summary.json.
 """
 
 from __future__ import annotations
@@ -66,22 +63,21 @@ import math
 import random
 import sys
 import time
-from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import torch
+import torch.distributed as dist
 from tqdm.auto import tqdm
 
 from reward import ANSWER_GATES, ANSWER_REWARDS, compute_rewards
 from srt import grpo_explain
+from srt import run as harness  # srt/run.py: --out, ranks, loading, resume, checkpoints, logs
 from srt.config import Bounded, at_least, parse_config, positive, require
 from srt.data_io import (
-    DataError,  # noqa: F401  (raised by the prompt stream; tests catch it from here)
-    data_paths,
     finite_or_none,
     read_jsonl,
     read_mixture,
-    write_json,
 )
 from srt.decode import follow_optimizer
 from srt.distributed import (
@@ -90,39 +86,25 @@ from srt.distributed import (
     clip_grad_norm,
     full_weights,
     gather_objects,
-    merge_probes,
     shard_model,
-    teardown_distributed,  # noqa: F401  (a torchrun test ends its processes through the script)
 )
 from srt.modeling import (
     autocast,
     completion_logprobs,
-    load_model_and_tokenizer,  # noqa: F401  (bench/grpo_workers.py instruments the script's loaders)
+    generate,
     parameter_digest,
     peak_gpu_gb,
 )
 from srt.probe import (
-    PROBE_KEYS,
-    greedy_probe,
+    add_probe_flags,
     pick_eval_records,
-    plot_learning_curve,
+    probe_and_log,
+    resolve_probe_flags,
     sample_lines,
     step_metrics,
 )
-from srt.prompt import fit_prompt
 from srt.recall import RECALL_MODES
-from srt.rollouts import PromptStream, Rollout, sample_batch, think_lengths
-from srt.run import (
-    Run,
-    add_log_group,
-    add_run_flags,
-    add_scale_group,
-    finish_parser,
-    method_group,
-    resume_keys,
-    training_parser,
-)
-from srt.run import main as run_main
+from srt.rollouts import PromptStream, Rollout, think_lengths
 from srt.training import seed_everything, warmup_lr
 
 # --------------------------------------------------------------------------------------------
@@ -131,17 +113,32 @@ from srt.training import seed_everything, warmup_lr
 ADVANTAGE_EPS = 1e-8
 
 
-def group_advantages(rewards: torch.Tensor, eps: float = ADVANTAGE_EPS) -> torch.Tensor:
+SCALE_REWARDS = ("group", "batch", "none")  # Eq. (8)'s denominator: --scale-rewards
+
+
+def group_advantages(rewards: torch.Tensor, eps: float = ADVANTAGE_EPS, scale="group", batch_rewards=None):
     """rewards [num_groups, K] -> A~ [num_groups, K] = (R - mean R) / (std R + eps), per group.
 
     std is the population std (divide by K, not K - 1): a group of one then has std 0 and advantage 0,
     where the sample std would be NaN; for K = 8 the two differ by a constant factor sqrt(8/7) that
     only rescales the step. A group whose rewards are all equal teaches nothing: its advantage is
-    exactly 0 (computed in float64; a NaN reward stays NaN so that the step is skipped)."""
+    exactly 0 (computed in float64; a NaN reward stays NaN so that the step is skipped).
+
+    scale (--scale-rewards): "group" is Eq. (8); "batch" divides by the std of `batch_rewards` (the
+    whole step's rewards, every rank's; default `rewards`), so a group whose rewards barely differ
+    is not blown up to unit scale (Liu et al., 2025 call that a question-difficulty bias); "none"
+    keeps R - mean R (Dr. GRPO)."""
     rewards = rewards.double()
     mean = rewards.mean(dim=1, keepdim=True)
-    std = rewards.std(dim=1, keepdim=True, unbiased=False)
-    advantages = (rewards - mean) / (std + eps)
+    if scale == "group":
+        advantages = (rewards - mean) / (rewards.std(dim=1, keepdim=True, unbiased=False) + eps)
+    elif scale == "batch":
+        everything = rewards if batch_rewards is None else batch_rewards.double()
+        advantages = (rewards - mean) / (everything.std(unbiased=False) + eps)
+    elif scale == "none":
+        advantages = rewards - mean
+    else:
+        raise ValueError(f"unknown scale {scale!r}; use one of {', '.join(SCALE_REWARDS)}")
     all_equal = (rewards == rewards[:, :1]).all(dim=1, keepdim=True)
     return torch.where(all_equal, torch.zeros_like(advantages), advantages).float()
 
@@ -169,10 +166,21 @@ def shuffled_within_groups(reward_fn, K: int, rng: random.Random):
 # Eq. (9): the GRPO objective, as a loss to minimise (its negative).
 # --------------------------------------------------------------------------------------------
 def k3_kl(logprobs, ref_logprobs):
-    """Per-token KL(pi_theta || pi_ref), the unbiased k3 estimator on tokens sampled from pi_theta:
-    exp(ref - logp) - (ref - logp) - 1. Always >= 0 (x - 1 >= log x), exactly 0 when the two agree."""
+    """Per token, the k3 estimator of KL(pi_theta || pi_ref) on tokens sampled from pi_theta:
+    exp(ref - logp) - (ref - logp) - 1. Always >= 0 (x - 1 >= log x), exactly 0 when the two agree;
+    unbiased as an estimate of the value. As a loss term, its gradient is that of the reverse
+    KL(pi_ref || pi_theta) at the sampled tokens, as in DeepSeekMath's GRPO and TRL: it pulls pi_theta
+    back wherever pi_ref puts mass, not only where pi_theta does."""
     log_ratio = ref_logprobs - logprobs
     return torch.exp(log_ratio) - log_ratio - 1
+
+
+# The family of normalisations (--loss-type), one formula: loss = -sum_{i,t} w_{i,t} * term_{i,t}.
+#   grpo     w = 1 / (|o_i| * G)       Eq. (9) as written: a token of a short completion weighs more
+#   dapo     w = 1 / sum_i |o_i|       every token of the batch (all ranks) alike (Yu et al., 2025)
+#   dr_grpo  w = 1 / (G * L_max)       a constant: no length bias at all (Liu et al., 2025), with
+#                                      --scale-rewards none by default (no std in Eq. (8))
+LOSS_TYPES = ("grpo", "dapo", "dr_grpo")
 
 
 def grpo_loss(
@@ -183,8 +191,10 @@ def grpo_loss(
     mask,
     clip_eps=0.2,
     beta=0.04,
-    loss_norm="seq",
+    loss_type="grpo",
     is_weights=None,
+    num_tokens=None,
+    max_completion_length=None,
     return_terms=False,
 ):
     """-> (loss, stats), and with return_terms the per-token terms (below). logprobs / old / ref:
@@ -192,49 +202,59 @@ def grpo_loss(
     policy sampled: only they count, in every term and in the normalisation); is_weights: [B, C]
     truncated importance weights pi_old / pi_sampler (truncated_is_weights), or None for 1.
 
-    loss_norm="seq" is Eq. (9) as written: each completion's token terms are averaged over its own
-    |o_i| tokens, then completions are averaged (1/G). A token of a short completion thus weighs more
-    than a token of a long one: a long wrong answer is punished less per token, a short right one
-    rewarded more, which biases length (long when wrong). loss_norm="token" (DAPO, Dr. GRPO) sums
-    over every token of the batch and divides by their number, so each token weighs the same.
+    loss_type (LOSS_TYPES above): "grpo" is Eq. (9), each completion's token terms averaged over its
+    own |o_i| tokens, then over the B completions: a long wrong answer is punished less per token, a
+    short right one rewarded more. "dapo" divides the sum of every token's term by num_tokens, the
+    policy tokens of the whole minibatch on every rank (update all-reduces it; default: this call's).
+    "dr_grpo" divides by B * max_completion_length (default: C), the same for every token.
 
     return_terms: also a dict of [B, C] tensors, what --explain prints token by token: ratio, clipped,
     is_weight (1 where None), kl, objective (the token's term of Eq. (9), 0 where masked) and weight
     (its share in the normalisation), so that loss = -sum(objective * weight) up to rounding."""
+    # Masked positions (padding, suppressed or copied tokens) may hold -inf or anything: they are
+    # replaced before exp and k3, so that neither the forward nor the backward ever meets 0 * inf.
+    sampled = mask > 0
     mask = mask.to(logprobs.dtype)
+    logprobs = torch.where(sampled, logprobs, 0.0)
+    old_logprobs = torch.where(sampled, old_logprobs, 0.0)
     ratio = torch.exp(logprobs - old_logprobs)  # r_{i,t}(theta)
     A = advantages.unsqueeze(1) if advantages.dim() == 1 else advantages  # A~_i on every token, or one each
     unclipped = ratio * A
     clipped = torch.clamp(ratio, 1 - clip_eps, 1 + clip_eps) * A
     objective = torch.min(unclipped, clipped)  # pessimistic bound, no gradient when clipped
     if is_weights is not None:  # the samples came from pi_sampler, Eq. (9)'s expectation is over pi_old
-        objective = objective * is_weights
-    kl = k3_kl(logprobs, ref_logprobs) if ref_logprobs is not None else torch.zeros_like(logprobs)
-    objective = objective - beta * kl
-    # A masked token may hold anything (a NaN from a -inf log-prob): it is selected out, not multiplied.
-    objective = torch.where(mask > 0, objective, 0.0)
-    if loss_norm == "seq":
+        objective = objective * torch.where(sampled, is_weights, 1.0)  # the surrogate only, not the KL
+    if ref_logprobs is not None:
+        kl = k3_kl(logprobs, torch.where(sampled, ref_logprobs, 0.0))
+    else:
+        kl = torch.zeros_like(logprobs)
+    objective = torch.where(sampled, objective - beta * kl, 0.0)
+    if loss_type == "grpo":
         per_completion = objective.sum(1) / mask.sum(1).clamp(min=1)  # 1/|o_i| sum_t
         loss = -per_completion.mean()  # 1/G sum_i
-    elif loss_norm == "token":
-        loss = -objective.sum() / mask.sum().clamp(min=1)
+    elif loss_type == "dapo":
+        loss = -objective.sum() / (mask.sum().clamp(min=1) if num_tokens is None else num_tokens)
+    elif loss_type == "dr_grpo":
+        loss = -objective.sum() / (len(mask) * (max_completion_length or mask.shape[1]))
     else:
-        raise ValueError(f"unknown loss_norm {loss_norm!r}; use seq or token")
+        raise ValueError(f"unknown loss_type {loss_type!r}; use one of {', '.join(LOSS_TYPES)}")
     with torch.no_grad():
         is_clipped = ((ratio > 1 + clip_eps) & (A > 0)) | ((ratio < 1 - clip_eps) & (A < 0))
         tokens = mask.sum().clamp(min=1)
 
         def token_mean(x):
-            return (torch.where(mask > 0, x.float(), 0.0).sum() / tokens).item()
+            return (torch.where(sampled, x.float(), 0.0).sum() / tokens).item()
 
         stats = {"kl": token_mean(kl), "clip_fraction": token_mean(is_clipped), "ratio": token_mean(ratio)}
     if not return_terms:
         return loss, stats
     with torch.no_grad():
-        if loss_norm == "seq":
+        if loss_type == "grpo":
             weight = mask / (mask.sum(1, keepdim=True).clamp(min=1) * len(mask))
+        elif loss_type == "dapo":
+            weight = mask / (mask.sum().clamp(min=1) if num_tokens is None else num_tokens)
         else:
-            weight = mask / mask.sum().clamp(min=1)
+            weight = mask / (len(mask) * (max_completion_length or mask.shape[1]))
         terms = {
             "ratio": ratio.detach(),
             "clipped": is_clipped,
@@ -282,28 +302,125 @@ def grpo_step(
     """One GRPO step on this rank's prompts. `reward_fn` defaults to reward.compute_rewards;
     `train_model` is the DDP wrapper if any (its backward all-reduces), `policy` the module that
     samples; `draw_more()` gives dynamic sampling fresh prompts; `batch` is a Rollout already drawn
-    by rollouts.sample_batch (--explain prints it first). -> what the step reports (step_result)."""
+    by sample_batch (--explain prints it first). -> what the step reports (step_result)."""
     reward_fn = reward_fn or compute_rewards
     device = next(policy.parameters()).device
     rollout = batch or sample_batch(
         policy, tokenizer, records, prompts, cfg, reward_fn, autocast_dtype, draw_more
     )
-    advantages = rollout_advantages(rollout, tokenizer, cfg.credit, device)
+    advantages = rollout_advantages(rollout, tokenizer, cfg, device)
     stats = update(policy, ref_model, optimizer, rollout, advantages, cfg, train_model, autocast_dtype)
     return step_result(rollout, stats)
 
 
-def rollout_advantages(rollout: Rollout, tokenizer, credit: str, device) -> torch.Tensor:
-    """Eq. (8) for every completion of the sample batch: [B] (one A~ per completion, --credit
-    sequence, the paper), or [B, C] (--credit segment, not in the paper: Eq. (4) pays a lucky answer
-    for a wrong recall, so here the think tokens take the advantage of format + recall and the
-    answer tokens that of format + answer)."""
-    if credit == "sequence":
-        return group_advantages(rollout.rewards("total")).view(-1).to(device)
+# The rollout: K completions of each prompt, scored (Eqs. (4)-(7)).
+def sample_batch(
+    policy, tokenizer, records, prompts, cfg, reward_fn, autocast_dtype, draw_more=None
+) -> Rollout:
+    """This rank's sample batch of len(prompts) groups. With --dynamic-sampling total (DAPO), groups whose
+    K rewards are all equal add nothing to the gradient; with --dynamic-sampling recall, groups whose
+    recall parts are all equal carry no recall signal. Fresh prompts are drawn in their place, at most
+    --max-draws sample batches a step, and what stays uninformative fills the rest. Every rank draws
+    as often as the others, so the prompt stream and the DDP all-reduces stay in step."""
+    K, device, key = cfg.num_generations, next(policy.parameters()).device, cfg.dynamic_sampling
+    draws = [sample_groups(policy, tokenizer, records, prompts, cfg, reward_fn, autocast_dtype)]
+
+    def informative_groups():
+        return [
+            (d, g)
+            for d, draw in enumerate(draws)
+            for g, same in enumerate(constant_groups(draw.scores, K, key))
+            if not same
+        ]
+
+    while (
+        key != "off"
+        and draw_more is not None
+        and len(draws) < cfg.max_draws
+        and all_ranks_any(len(informative_groups()) < len(prompts), device)
+    ):
+        draws.append(sample_groups(policy, tokenizer, *draw_more(), cfg, reward_fn, autocast_dtype))
+    if key == "off":
+        picks = [(0, g) for g in range(len(prompts))]
+    else:
+        everything = [(d, g) for d, draw in enumerate(draws) for g in range(len(draw.scores) // K)]
+        informative = informative_groups()
+        picks = (informative + [p for p in everything if p not in informative])[: len(prompts)]
+    scores = [s for draw in draws for s in draw.scores]
+    batch = Rollout.join(draws, picks, tokenizer.pad_token_id)
+    batch.draws, batch.groups_drawn = len(draws), len(scores) // K
+    batch.generate_s = sum(d.generate_s for d in draws)
+    batch.score_s = sum(d.score_s for d in draws)
+    batch.groups_all_equal = sum(constant_groups(scores, K))
+    batch.groups_recall_constant = sum(constant_groups(scores, K, "recall"))
+    return batch
+
+
+def sample_groups(policy, tokenizer, records, prompts, cfg, reward_fn, autocast_dtype) -> Rollout:
+    """K completions per prompt from the policy in one batched generate (srt/decode.py's loop: each
+    prompt prefilled once for its K rows; on a bf16 copy of the policy where the hardware has bf16
+    units, under FSDP on the gathered bf16 weights), scored with the verifiable reward
+    R = format + recall + answer (Eqs. (4)-(7))."""
+    t0 = time.perf_counter()
+    # FSDP: gathered once for the whole batch, decoded as a plain module, freed after (srt/distributed.py)
+    with full_weights(policy):
+        out = generate(
+            policy,
+            tokenizer,
+            prompts,
+            num_generations=cfg.num_generations,
+            max_new_tokens=cfg.max_new_tokens,
+            temperature=cfg.temperature,
+            top_p=cfg.top_p,
+            autocast_dtype=autocast_dtype,
+            recall=getattr(cfg, "recall", "free"),
+        )
+    t1 = time.perf_counter()
+    examples = [record for record in records for _ in range(cfg.num_generations)]
+    scores = reward_fn(out["texts"], examples)
+    return Rollout(
+        prompt_ids=out["prompt_ids"],
+        prompt_mask=out["prompt_mask"],
+        completion_ids=out["completion_ids"],
+        completion_mask=out["completion_mask"],
+        policy_mask=out.get("policy_mask", out["completion_mask"]),  # 0 on a turn copied out (--recall copy)
+        sampler_logprobs=out.get("sampler_logprobs"),
+        texts=out["texts"],
+        records=examples,
+        scores=scores,
+        num_generations=cfg.num_generations,
+        generate_s=t1 - t0,
+        score_s=time.perf_counter() - t1,
+    )
+
+
+def constant_groups(scores, K, key="total") -> list[bool]:
+    """Per group: are its K values of `key` all equal? Then Eq. (8) gives it advantage 0."""
+    values = [float(s.get(key, float("nan"))) for s in scores]
+    return [len(set(values[g : g + K])) == 1 for g in range(0, len(values), K)]
+
+
+# Eq. (8) over the sample batch, then Eq. (9)'s update.
+def rollout_advantages(rollout: Rollout, tokenizer, cfg, device) -> torch.Tensor:
+    """Eq. (8) for every completion of the sample batch, scaled by --scale-rewards: [B] (one A~ per
+    completion, --credit sequence, the paper), or [B, C] (--credit segment, not in the paper: Eq. (4)
+    pays a lucky answer for a wrong recall, so here the think tokens take the advantage of format +
+    recall and the answer tokens that of format + answer)."""
+
+    def advantages_of(*components):
+        rewards = rollout.rewards(*components)
+        batch = None
+        if cfg.scale_rewards == "batch":  # the whole step's rewards: every rank's groups
+            world_size = dist.get_world_size() if dist.is_initialized() else 1
+            batch = torch.tensor(sum(gather_objects(rewards.view(-1).tolist(), world_size), []))
+        return group_advantages(rewards, scale=cfg.scale_rewards, batch_rewards=batch)
+
+    if cfg.credit == "sequence":
+        return advantages_of("total").view(-1).to(device)
     columns = torch.arange(rollout.completion_ids.shape[1])
     in_think = (columns < think_lengths(tokenizer, rollout.completion_ids).unsqueeze(1)).to(device)
-    think_advantage = group_advantages(rollout.rewards("format", "recall")).view(-1, 1).to(device)
-    answer_advantage = group_advantages(rollout.rewards("format", "answer")).view(-1, 1).to(device)
+    think_advantage = advantages_of("format", "recall").view(-1, 1).to(device)
+    answer_advantage = advantages_of("format", "answer").view(-1, 1).to(device)
     return torch.where(in_think, think_advantage, answer_advantage)
 
 
@@ -321,46 +438,40 @@ def update(
     minibatches = torch.arange(len(policy_mask), device=device).tensor_split(
         min(cfg.sample_ratio, len(policy_mask))
     )
-
-    # pi_old and pi_ref, once per rollout, by the same path as the loss's forward: the same function,
-    # the same micro-batches, train mode (the models have no dropout; gradient checkpointing runs only
-    # there). The first minibatch needs no pi_old pass: it is scored before any update, where
-    # pi_theta = pi_old, so its own log-probs serve.
-    policy.train()
-    old_logprobs = torch.zeros(policy_mask.shape, device=device)
-    ref_logprobs = (
-        torch.zeros(policy_mask.shape, device=device) if cfg.beta > 0 and ref_model is not None else None
-    )
-    with torch.no_grad():
-        for index, rows in enumerate(minibatches):
-            for part in micro_batches(rows, cfg.micro_batch_size):
-                if index > 0:
-                    old_logprobs[part] = logprobs_of(policy, part)[0]
-                if ref_logprobs is not None:
-                    ref_logprobs[part] = logprobs_of(ref_model, part)[0]
+    policy.train()  # the loss's mode, for pi_old too (the models have no dropout)
+    old_logprobs, ref_logprobs = old_and_ref_logprobs(policy, ref_model, logprobs_of, policy_mask, cfg)
 
     updates, entropies, skipped = [], [], 0
     for epoch in range(cfg.mu):
-        for index, rows in enumerate(minibatches):
+        for rows in minibatches:
             optimizer.zero_grad(set_to_none=True)
             parts = micro_batches(rows, cfg.micro_batch_size)
             tokens = policy_mask[rows].sum().clamp(min=1).item()  # Eq. (9)'s tokens: the policy's
+            batch_tokens = all_ranks_tokens(policy_mask[rows]) if cfg.loss_type == "dapo" else None
             totals = dict.fromkeys(("loss", "kl", "clip_fraction", "ratio", "entropy_sum"), 0.0)
             for i, part in enumerate(parts):
                 with accumulate(train_model, sync=i == len(parts) - 1):  # DDP: all-reduce after the last
-                    logprobs, entropy = logprobs_of(train_model, part, with_entropy=epoch == 0)
-                    if epoch == 0 and index == 0:  # pi_old of the first minibatch, for the passes mu > 1
-                        old_logprobs[part] = logprobs.detach()
-                    ref = None if ref_logprobs is None else ref_logprobs[part]
-                    sampled = None if sampler is None else sampler[part]
-                    is_weights = truncated_is_weights(old_logprobs[part], sampled, cfg.is_cap)
+                    new = logprobs_of(train_model, part, with_entropy=epoch == 0)
                     loss, loss_stats = grpo_loss(
-                        logprobs, old_logprobs[part], ref, advantages[part], policy_mask[part],
-                        cfg.clip_eps, cfg.beta, cfg.loss_norm, is_weights,
-                    )  # fmt: skip
-                    weight = micro_batch_weight(part, rows, policy_mask, cfg.loss_norm)
+                        logprobs=new.logprobs,
+                        old_logprobs=old_logprobs[part],
+                        ref_logprobs=None if ref_logprobs is None else ref_logprobs[part],
+                        advantages=advantages[part],
+                        mask=policy_mask[part],
+                        clip_eps=cfg.clip_eps,
+                        beta=cfg.beta,
+                        loss_type=cfg.loss_type,
+                        is_weights=truncated_is_weights(
+                            old_logprobs[part], None if sampler is None else sampler[part], cfg.is_cap
+                        ),
+                        num_tokens=batch_tokens,
+                        max_completion_length=cfg.max_new_tokens,
+                    )
+                    weight = micro_batch_weight(part, rows, cfg.loss_type)
                     (loss * weight).backward()  # every rank, even a bad loss: DDP/FSDP need all ranks
-                add_micro_batch(totals, loss.item() * weight, loss_stats, entropy, policy_mask[part], tokens)
+                add_micro_batch(
+                    totals, loss.item() * weight, loss_stats, new.entropy, policy_mask[part], tokens
+                )
             if epoch == 0:
                 entropies.append(totals["entropy_sum"] / tokens)
             grad_norm = clip_grad_norm(policy.parameters(), cfg.max_grad_norm).item()
@@ -382,27 +493,53 @@ def update(
     )
 
 
+def old_and_ref_logprobs(policy, ref_model, logprobs_of, policy_mask, cfg):
+    """pi_old and pi_ref on every sampled token, [B, C] each, in one no-grad pass before the first
+    update: the one place pi_old is filled. The same path as the loss's forward (the same function,
+    micro-batches and train mode; gradient checkpointing runs only there), so that before any
+    update pi_theta / pi_old is 1 to the last bit. pi_ref is None at beta = 0."""
+    rows = torch.arange(len(policy_mask), device=policy_mask.device)
+    parts = [part for minibatch in rows.tensor_split(min(cfg.sample_ratio, len(rows)))
+             for part in micro_batches(minibatch, cfg.micro_batch_size)]  # fmt: skip
+    use_ref = cfg.beta > 0 and ref_model is not None
+    with torch.no_grad():
+        old = torch.cat([logprobs_of(policy, part).logprobs for part in parts])
+        ref = torch.cat([logprobs_of(ref_model, part).logprobs for part in parts]) if use_ref else None
+    return old, ref
+
+
+class TokenLogprobs(NamedTuple):
+    logprobs: torch.Tensor  # [R, C] log pi(o_t | P, o_<t) of the completion tokens
+    entropy: torch.Tensor | None  # [R, C] entropy of pi at each position, or None
+
+
 def token_logprobs_of(policy, train_model, rollout: Rollout, cfg, autocast_dtype):
-    """-> logprobs_of(model, rows, with_entropy=False): (log pi(o_t | P, o_<t) [R, C], entropy or
-    None) of the completion tokens of `rows` (one micro-batch) in one forward. One path for
-    pi_old, pi_theta and pi_ref: each distinct prompt runs once for its K rows
-    (modeling.completion_logprobs) unless a wrapper (DDP, FSDP) or gradient checkpointing allows only
-    one module call per backward; then no pass shares, so pi_old equals pi_theta before an update to
-    the last bit, where the two paths differ under bf16 autocast by ~0.03 nats a token."""
+    """-> logprobs_of(model, rows, with_entropy=False) -> TokenLogprobs of the completion tokens of
+    `rows` (one micro-batch) in one forward. One path for pi_old, pi_theta and pi_ref: each distinct
+    prompt runs once for its K rows (modeling.completion_logprobs) unless a wrapper (DDP, FSDP) or
+    gradient checkpointing allows only one module call per backward. Suppressed tokens are never
+    sampled (srt/decode.py), so they are left out of pi too."""
     device = next(policy.parameters()).device
     input_ids, attention_mask = rollout.sequences(device)
-    C = rollout.completion_ids.shape[1]
     sharded = any(hasattr(p, "to_local") for p in policy.parameters())
     share = cfg.share_prompts and not sharded and train_model is policy and not cfg.gradient_checkpointing
-    suppress = policy.generation_config.suppress_tokens  # never sampled (srt/decode.py): not in pi either
+    suppress = policy.generation_config.suppress_tokens
     suppress = torch.tensor(suppress, device=device) if suppress else None
 
-    def logprobs_of(model, rows, with_entropy=False):
+    def logprobs_of(model, rows, with_entropy=False) -> TokenLogprobs:
         with autocast(device, autocast_dtype):
-            return completion_logprobs(
-                model, input_ids[rows], attention_mask[rows], C, cfg.temperature,
-                with_entropy, share, suppress,
-            )  # fmt: skip
+            return TokenLogprobs(
+                *completion_logprobs(
+                    model,
+                    input_ids[rows],
+                    attention_mask[rows],
+                    completion_length=rollout.completion_ids.shape[1],
+                    temperature=cfg.temperature,
+                    with_entropy=with_entropy,
+                    share_prompts=share,
+                    suppress=suppress,
+                )
+            )
 
     return logprobs_of
 
@@ -432,12 +569,23 @@ def micro_batches(rows: torch.Tensor, size: int) -> tuple[torch.Tensor, ...]:
     return rows.split(size or len(rows))
 
 
-def micro_batch_weight(part, rows, policy_mask, loss_norm: str) -> float:
-    """Eq. (9) averages over a minibatch's completions (seq) or its policy tokens (token): each
-    micro-batch weighs by its share, so the summed gradient is the one of the whole minibatch at once."""
-    if loss_norm == "seq":
-        return len(part) / len(rows)
-    return policy_mask[part].sum().item() / policy_mask[rows].sum().clamp(min=1).item()
+def micro_batch_weight(part, rows, loss_type: str) -> float:
+    """Each micro-batch's share of its minibatch, so that the summed gradient is the one of the whole
+    minibatch at once: grpo and dr_grpo average over completions, by the micro-batch's share of them;
+    dapo's loss already divides by every rank's tokens, so its weight is the number of ranks, which
+    DDP's and FSDP's averaging of the gradients over ranks undoes."""
+    if loss_type == "dapo":
+        return float(dist.get_world_size()) if dist.is_initialized() else 1.0
+    return len(part) / len(rows)
+
+
+def all_ranks_tokens(policy_mask) -> torch.Tensor:
+    """The policy tokens of a minibatch summed over every rank: dapo's normaliser, one number for the
+    whole batch (a rank's own count would weigh a token of a short rank more)."""
+    tokens = policy_mask.sum().float()
+    if dist.is_initialized():
+        dist.all_reduce(tokens)
+    return tokens.clamp(min=1)
 
 
 def add_micro_batch(totals: dict, weighted_loss, loss_stats, entropy, policy_mask, tokens) -> None:
@@ -483,105 +631,44 @@ def step_result(rollout: Rollout, stats: dict) -> dict:
 
 
 # --------------------------------------------------------------------------------------------
-# Greedy evaluation on held-out records (the "before / after" check; evaluate.py does the full §4).
-# --------------------------------------------------------------------------------------------
-def evaluate_policy(
-    model,
-    tokenizer,
-    records,
-    max_new_tokens=160,
-    batch_size=8,
-    reward_fn=None,
-    max_prompt_length=None,
-    autocast_dtype=None,
-    progress=True,
-    recall="free",
-) -> dict:
-    """Mean reward components and recall Jaccard of greedy completions, on prompts fitted the way
-    GRPO fits them (oldest turns first; a gold turn cut is counted), decoded in `recall` mode."""
-    fitted = [fit_prompt(tokenizer, r, max_prompt_length) for r in records]
-    result = greedy_probe(
-        model,
-        tokenizer,
-        records,
-        [p for p, _ in fitted],
-        reward_fn or compute_rewards,
-        max_new_tokens,
-        batch_size,
-        autocast_dtype,
-        progress,
-        recall,
-    )
-    return dict(result, gold_turns_cut=sum(cut for _, cut in fitted))
-
-
-# --------------------------------------------------------------------------------------------
-# Configuration: argparse defaults that work, presets, explicit flags win.
+# Configuration: argparse defaults that work (the paper's values where it gives one), presets (a
+# dict of flag values each, saying why they differ), explicit flags win.
 # --------------------------------------------------------------------------------------------
 # Why each value: docs/experiments/presets.md ("Stage 2").
 # fmt: off
 PRESETS = {
-    # §4.1 where the paper gives a value (lr 3e-7, K = 8, ratio 4, AdamW, KL to the SFT policy);
-    # the rest is ours, sized for 8 x A100-80GB with --fsdp (memory_plan.py: about 50 GB per GPU).
-    "paper": dict(lr=3e-7, num_generations=8, sample_ratio=4, beta=0.04, clip_eps=0.2, mu=1,
+    # §4.1 where the paper gives a value (the defaults: lr 3e-7, K = 8, ratio 4, AdamW, KL to the SFT
+    # policy); the rest is ours, sized for 8 x A100-80GB with --fsdp (memory_plan.py: about 50 GB per GPU).
+    "paper": dict(num_generations=8, sample_ratio=4, beta=0.04, clip_eps=0.2, mu=1,
                   prompts_per_step=8, max_new_tokens=1024, max_prompt_length=4096, warmup_steps=10,
                   max_steps=1000, save_every=50, sample_every=10, gradient_checkpointing=True,
                   micro_batch_size=2),
     # `make table2`: SmolLM2-135M after SFT on a 2-core CPU: 12 steps of one group of K = 4, two AdamW
-    # updates each; 1536 prompt tokens hold every synthetic prompt and 256 new tokens the longest SFT
-    # chain; dynamic sampling on the recall part (after SFT most groups recall one set), at most 2
-    # draws; T = 1.0.
-    "cpu-demo": dict(num_generations=4, prompts_per_step=1, sample_ratio=2, mu=1, lr=3e-6, warmup_steps=1,
-                     beta=0.04, max_new_tokens=256, max_prompt_length=1536, max_steps=12, sample_every=1,
-                     save_every=4, eval_limit=16, eval_batch_size=8, probe_every=6, dynamic_sampling="recall",
-                     max_draws=2),
+    # updates each; lr 10x the paper's, which moves a 135M model within 12 steps; 1536 prompt tokens
+    # hold every synthetic prompt and 256 new tokens the longest SFT chain; dynamic sampling on the
+    # recall part (after SFT most groups recall one set), at most 2 draws; T = 1.0; probed on the
+    # dev split beside --data.
+    "cpu-table2": dict(num_generations=4, prompts_per_step=1, sample_ratio=2, mu=1, lr=3e-6, warmup_steps=1,
+                       beta=0.04, max_new_tokens=256, max_prompt_length=1536, max_steps=12, sample_every=1,
+                       save_every=4, eval_data="dev.jsonl", eval_limit=16, eval_batch_size=8, probe_every=6,
+                       dynamic_sampling="recall", max_draws=2),
 }
 # GRPO on the turns that need recall (§3): 30 steps of two groups at lr 1e-5
 # (docs/experiments/grpo-recall.md).
-PRESETS["cpu-long"] = dict(PRESETS["cpu-demo"], train_turns="dependent", prompts_per_step=2, lr=1e-5,
+PRESETS["cpu-long"] = dict(PRESETS["cpu-table2"], train_turns="dependent", prompts_per_step=2, lr=1e-5,
                            max_steps=30, probe_every=10, save_every=5)
-# `make demo`, the lesson: cpu-demo's GRPO on the short dialogues of stage 0's cpu-lesson (prompts
+# `make demo`, the lesson: cpu-table2's GRPO on the short dialogues of stage 0's cpu-lesson (prompts
 # under 1024 tokens), 4 steps, probed before and after: the mechanics of Eqs. (4)-(9) on a real run.
-PRESETS["cpu-lesson"] = dict(PRESETS["cpu-demo"], max_prompt_length=1024, max_steps=4, probe_every=4)
+PRESETS["cpu-lesson"] = dict(PRESETS["cpu-table2"], max_prompt_length=1024, max_steps=4, probe_every=4)
 # fmt: on
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = training_parser(__doc__.split("\n\n")[0])
-    run = add_run_flags(
-        p,
-        model_default="runs/demo/sft/final",
-        model_help="the SFT policy to start from; also the frozen KL reference",
-        data_help="training records, JSONL; several files with a weight each train on a mix "
-        "(srt/data_io.py mix_sources), e.g. syn/train.jsonl:0.5 locomo/train.jsonl:0.5",
-        out_default="runs/demo/grpo",
-        resume_help="continue from <out>/checkpoint; a finished run is left as it is",
-        max_steps_default=100,
-        max_steps_help="GRPO steps; each is one sample batch",
-        budget_help="stop early (saved, resumable) when the next step and the final evaluation would "
-        "overrun this",
-    )
-    run.add_argument(
-        "--explain",
-        action="store_true",
-        help="run one step on one group and print every quantity of "
-        "Eqs. (4)-(9), as computed by hand (docs/grpo-step.md); only --explain-html is written",
-    )
-    run.add_argument(
-        "--explain-tries",
-        type=at_least(1),
-        default=8,
-        help="--explain: groups to sample, one prompt each, until one whose K rewards differ "
-        "(an all-equal group has advantage 0, Eq. (8)); the last is explained if none does",
-    )
-    run.add_argument(
-        "--explain-html",
-        default="runs/explain/grpo-step.html",
-        metavar="PATH",
-        help="--explain: the step as a self-contained page, tokens shaded by their ratio (srt/step_page.py)",
-    )
+    p = harness.training_parser(__doc__.split("\n\n")[0])
+    run = harness.add_run_flags(p, "grpo")  # srt/run.py: --model, --data, --out, --resume, --max-steps, ...
+    grpo_explain.add_flags(run)  # --explain, --explain-tries, --explain-html
 
-    paper = method_group(
+    paper = harness.method_group(
         p,
         "the paper's §4.1 settings and Eq. (9)'s constants",
         "§4.1 gives the learning rate, K, the sample/backprop ratio, AdamW with a linear warm-up and the "
@@ -593,10 +680,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--sample-ratio", type=at_least(1), default=4, help="sample batch / backprop minibatch (§4.1: 4)")
     add("--mu", type=at_least(1), default=1, help="passes over each sample batch")
     add(
-        "--lr",
-        type=at_least(0.0, float),
-        default=1e-6,
-        help="AdamW learning rate after warm-up (paper: 3e-7)",
+        "--lr", type=at_least(0.0, float), default=3e-7, help="AdamW learning rate after warm-up (§4.1: 3e-7)"
     )
     add("--warmup-steps", type=at_least(0), default=2, help="linear warm-up, in GRPO steps")
     add("--weight-decay", type=at_least(0.0, float), default=0.0, help="AdamW weight decay")
@@ -623,7 +707,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="prompt tokens; a longer prompt loses its oldest utterances, whatever they are (0 = no cap)",
     )
 
-    beyond = method_group(
+    beyond = harness.method_group(
         p,
         "beyond the paper",
         "listed in the module docstring; each off or the paper's choice by default, but --is-cap, which "
@@ -669,10 +753,26 @@ def build_parser() -> argparse.ArgumentParser:
         "advantage of format + recall, the answer's of format + answer",
     )
     add(
+        "--loss-type",
+        choices=LOSS_TYPES,
+        default="grpo",
+        help="the loss's normalisation (grpo_loss): grpo, Eq. (9), each completion's token mean, then the "
+        "group's; dapo, one mean over every token of the batch, all ranks; dr_grpo, the sum over tokens "
+        "divided by completions x --max-new-tokens",
+    )
+    add(
         "--loss-norm",
-        choices=["seq", "token"],
-        default="seq",
-        help="seq: Eq. (9) as written; token: mean over all tokens (DAPO)",
+        choices=sorted(LOSS_NORM_NAMES),
+        dest="loss_type",
+        action=FormerName,
+        help="the former name of --loss-type: seq is grpo, token is dapo",
+    )
+    add(
+        "--scale-rewards",
+        choices=SCALE_REWARDS,
+        default=None,
+        help="Eq. (8)'s denominator: group, each group's std (the paper); batch, the std of the whole "
+        "step's rewards; none, no division (default: group; none under --loss-type dr_grpo)",
     )
     add(
         "--is-cap",
@@ -696,7 +796,7 @@ def build_parser() -> argparse.ArgumentParser:
         "and spread that carry no signal; the probes score with the true reward",
     )
 
-    scale = add_scale_group(p)
+    scale = harness.add_scale_group(p)
     add = scale.add_argument
     add(
         "--micro-batch-size",
@@ -712,33 +812,27 @@ def build_parser() -> argparse.ArgumentParser:
         help="run each group's prompt once in the log-prob passes (its KV cache copied to its K rows)",
     )
 
-    logs = add_log_group(p, save_every_default=10, save_every_low=0)
+    logs = harness.add_log_group(p, save_every_default=10, save_every_low=0)
     add = logs.add_argument
     add("--sample-every", type=at_least(0), default=5, help="write sampled completions every N steps")
-    add(
-        "--eval-data",
-        default=None,
-        help="held-out records for the greedy probe (cpu-demo: dev.jsonl beside --data)",
-    )
-    add(
-        "--eval-limit",
-        type=at_least(0),
-        default=40,
-        help="probe this many records, stratified by bucket; 0 = none",
-    )
-    add(
-        "--probe-every",
-        type=at_least(0),
-        default=0,
-        help="probe also every N steps (0: before and after only)",
-    )
-    add("--eval-batch-size", type=at_least(1), default=8, help="greedy evaluation batch")
-    add("--eval-max-new-tokens", type=at_least(1), default=None, help="(default: --max-new-tokens)")
-    return finish_parser(p, scale)
+    add_probe_flags(logs)  # srt/probe.py: --eval-data, --eval-limit, --probe-every, ...
+    return harness.finish_parser(p, scale)
+
+
+LOSS_NORM_NAMES = {"seq": "grpo", "token": "dapo"}
+
+
+class FormerName(argparse.Action):
+    """--loss-norm seq|token, kept for old commands: stored as the --loss-type it now is."""
+
+    def __call__(self, parser, namespace, value, option_string=None):
+        setattr(namespace, self.dest, LOSS_NORM_NAMES[value])
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     cfg = parse_config(build_parser(), PRESETS, argv)
+    if cfg.scale_rewards is None:  # Dr. GRPO drops the std of Eq. (8) along with the length normaliser
+        cfg.scale_rewards = "none" if cfg.loss_type == "dr_grpo" else "group"
     # The ratio and the KL of Eq. (9) read log-probs of softmax(logits / T) over the whole vocabulary
     # (but suppressed tokens): a nucleus sampler draws from another distribution, which they would
     # not see. Refused rather than half-corrected.
@@ -762,22 +856,18 @@ def parse_args(argv=None) -> argparse.Namespace:
     require(
         cfg.lr > 0, f"--lr {cfg.lr}: a learning rate of 0 moves no weight; give one above 0 (paper: 3e-7)"
     )
-    # the CPU presets show their before / after on the dev split beside the training data
-    if cfg.preset in ("cpu-demo", "cpu-long", "cpu-lesson") and cfg.eval_data is None:
-        dev = Path(data_paths(cfg.data)[0]).parent / "dev.jsonl"
-        cfg.eval_data = str(dev) if dev.exists() else None
-    cfg.eval_max_new_tokens = cfg.eval_max_new_tokens or cfg.max_new_tokens
+    resolve_probe_flags(cfg)  # srt/probe.py: --eval-data beside --data, --eval-max-new-tokens
     return cfg
 
 
 # --------------------------------------------------------------------------------------------
-# The training run
+# The training run (srt/run.py carries the harness: --out, ranks, loading, resume, checkpoints, logs)
 # --------------------------------------------------------------------------------------------
 SAVE_MARGIN_S = 30  # writing checkpoint/ and final/ at the end of a time-budgeted run
 # What a --resume must match, derived from the flag groups (srt/run.py resume_keys): the model, the
 # data and its sha256, the seed, the world size, and every flag of the paper's and the departures'
 # groups. Not --micro-batch-size nor --fsdp: the same update in parts or shards.
-RESUME_MUST_MATCH = resume_keys(build_parser())
+RESUME_MUST_MATCH = harness.resume_keys(build_parser())
 
 
 def draw_prompts(stream: PromptStream, n: int) -> tuple[list[dict], list[str]]:
@@ -791,7 +881,7 @@ def train(cfg, reward_fn=None, step_fn=None) -> dict:
     `reward_fn(completions, records) -> [{"total": .., <components>}]` defaults to reward.py's;
     `step_fn`, what runs one step, to grpo_step (bench/grpo_workers.py passes a timed one)."""
     step_fn = step_fn or grpo_step
-    run = Run(cfg, "stage2_grpo.py", build_parser(), reserve_s=SAVE_MARGIN_S)  # srt/run.py
+    run = harness.Run(cfg, "stage2_grpo.py", build_parser(), reserve_s=SAVE_MARGIN_S)  # srt/run.py
     rank, world_size, device, main_process = run.rank, run.world_size, run.device, run.main_process
     out, budget = run.out, run.budget
     reward_fn = reward_fn or functools.partial(
@@ -843,27 +933,10 @@ def train(cfg, reward_fn=None, step_fn=None) -> dict:
     metrics, samples, probes = run.log("metrics.jsonl"), run.log("samples.jsonl"), run.log("probe.jsonl")
     run.write_config()
 
-    def run_eval(step, name=None):  # each rank its slice of the records, the weights gathered once (FSDP)
-        with full_weights(policy):
-            mine = evaluate_policy(
-                policy,
-                tokenizer,
-                eval_records[rank::world_size],
-                cfg.eval_max_new_tokens,
-                cfg.eval_batch_size,
-                reward_fn=reward_fn,
-                max_prompt_length=cfg.max_prompt_length,
-                autocast_dtype=autocast_dtype,
-                progress=main_process,
-                recall=cfg.recall,
-            )
-        result = {k: finite_or_none(v) for k, v in merge_probes(gather_objects(mine, world_size)).items()}
-        if main_process:
-            probes.append({"step": step, **{k: v for k, v in result.items() if k != "examples"}})
-            plot_learning_curve(metrics.rows, probes.rows, out / "learning_curve.png")
-            if name:  # eval_before.json / eval_after.json
-                write_json(out / name, result)
-            tqdm.write(f"probe at step {step}: " + ", ".join(f"{k} {result[k]}" for k in PROBE_KEYS))
+    def run_eval(step, name=None):  # srt/probe.py: each rank a slice, rank 0 logs and plots
+        return probe_and_log(
+            run, policy, tokenizer, eval_records, cfg, reward_fn, step, metrics, probes, name
+        )
 
     if eval_records and start_step == 0:
         t = time.perf_counter()
@@ -956,7 +1029,7 @@ def train(cfg, reward_fn=None, step_fn=None) -> dict:
 
 def main(argv=None) -> None:
     cfg = parse_args(argv)
-    run_main(
+    harness.main(
         cfg, "grpo", (lambda cfg: grpo_explain.explain(cfg, sys.modules[__name__])) if cfg.explain else train
     )
 

@@ -47,7 +47,7 @@ if [ -n "${SHAPE:-}" ]; then
     $PY bench/gpu_setup.py random-weights "$SHAPE" "$WORK/model"
     MODEL="$WORK/model"
 fi
-[ -f "$DATA/train.jsonl" ] || $PY stage0_build.py --preset cpu-demo --out "$DATA" --quiet
+[ -f "$DATA/train.jsonl" ] || $PY stage0_build.py --preset cpu-table2 --out "$DATA" --quiet
 
 echo "== rollout speed: ours against generate, batch 1, K = 4, K = 8"
 $PY bench/rollout_speed.py --model "$MODEL" --data "$DATA/train.jsonl" --ks 1,4,8 --repeats "$REPEATS" \

@@ -5,7 +5,7 @@ seeds are independent by construction (they vary the SFT seed too), and each is 
 own start on the same dev queries. The chain, each stage a subprocess of the existing script with
 `--resume`, so that a second invocation continues where the first stopped:
 
-    stage 0   stage0_build.py --preset cpu-demo, a fixed data seed; one data folder all replicates share
+    stage 0   stage0_build.py --preset cpu-table2, a fixed data seed; one data folder all replicates share
     SFT       stage1_sft.py --preset cpu-long with the recipe below, --seed SEED      -> <out>/sft
     GRPO      stage2_grpo.py --preset cpu-long with the recipe below, --seed SEED     -> <out>/grpo
     placebo   stage2_grpo.py --placebo, the same flags, rewards shuffled within each group
@@ -105,7 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     data.add_argument("--data-seed", type=at_least(0), default=0, help="stage 0's seed, the same for all")
     data.add_argument(
-        "--dialogues", type=at_least(1), default=600, help="synthetic dialogues (cpu-demo: 600)"
+        "--dialogues", type=at_least(1), default=600, help="synthetic dialogues (cpu-table2: 600)"
     )
     sft = p.add_argument_group("SFT start (stage1_sft.py --preset cpu-long, these flags win)")
     sft.add_argument("--sft-steps", type=at_least(1), default=RECIPE_DEFAULTS["sft_steps"])
@@ -177,7 +177,7 @@ def stage_commands(cfg: dict, eval_limit: int | None) -> dict[str, list[str]]:
     ]  # fmt: skip
     commands = {
         "data": [
-            py, str(ROOT / "stage0_build.py"), "--preset", "cpu-demo", "--out", str(data),
+            py, str(ROOT / "stage0_build.py"), "--preset", "cpu-table2", "--out", str(data),
             "--num-dialogues", str(cfg["dialogues"]), "--seed", str(cfg["data_seed"]), "--resume", "--quiet",
         ],
         "sft": [

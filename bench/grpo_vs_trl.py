@@ -72,8 +72,11 @@ Knob mapping (ours -> TRL GRPOConfig)
                                    (ours: --warmup-steps 0)
     weight decay 0, grad norm 1.0  weight_decay, max_grad_norm, optim = "adamw_torch"
     --beta, --clip-eps             beta (> 0 loads the frozen reference model on both sides), epsilon
-    --loss-norm seq | token        loss_type = "grpo" (per-completion mean, Eq. (9)) | "bnpo"
-    Eq. (8) group std              scale_rewards = "group"
+    --loss-type grpo | dapo        loss_type = "grpo" (per-completion mean, Eq. (9)) | "bnpo" (the
+      | dr_grpo                    minibatch's token mean: our dapo, as every completion here has the
+                                   same length on every rank) | "dr_grpo"
+    --scale-rewards                scale_rewards, resolved as stage2_grpo resolves it (group; none
+                                   under dr_grpo)
     precision fp32                 ours --dtype float32; TRL bf16 = False (fp32 weights, no autocast)
     precision bf16                 ours --dtype auto (fp32 weights, bf16 autocast: a GPU, AMX, AVX512-BF16);
                                    TRL bf16 = True
@@ -141,6 +144,7 @@ REQUIRED_PHASES = ("generate", "loss")
 # Command line
 # --------------------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
+    from stage2_grpo import LOSS_TYPES, SCALE_REWARDS
     from stage2_grpo import build_parser as stage2_parser
 
     D = vars(stage2_parser().parse_args([]))  # the benchmark's defaults are stage 2's own
@@ -205,7 +209,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--beta", type=float, default=D["beta"], help="KL weight; > 0 loads the reference model on both sides"
     )
     add("--clip-eps", type=float, default=D["clip_eps"], help="epsilon of the clipped ratio (TRL epsilon)")
-    add("--loss-norm", choices=["seq", "token"], default=D["loss_norm"], help="TRL loss_type grpo | bnpo")
+    add("--loss-type", choices=LOSS_TYPES, default=D["loss_type"], help="TRL loss_type grpo | bnpo | dr_grpo")
+    add("--scale-rewards", choices=SCALE_REWARDS, default=None, help="TRL scale_rewards (default as stage 2)")
     add(
         "--gradient-checkpointing",
         action=argparse.BooleanOptionalAction,
@@ -487,7 +492,8 @@ def compare_precision(ours_runs, trl_runs, spec, precision, warmup) -> dict:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-
+    if args.scale_rewards is None:  # resolved as stage2_grpo.parse_args resolves it
+        args.scale_rewards = "none" if args.loss_type == "dr_grpo" else "group"
     check_arguments(args)
     precisions = resolve_precisions(args.precisions)
     check_trl(args.trl_python)  # fail before spending minutes on our side

@@ -295,8 +295,10 @@ def run_ours(spec: dict, run: dict) -> int:
         str(spec["beta"]),
         "--clip-eps",
         str(spec["clip_eps"]),
-        "--loss-norm",
-        spec["loss_norm"],
+        "--loss-type",
+        spec["loss_type"],
+        "--scale-rewards",
+        spec["scale_rewards"],
         "--dtype",
         "float32" if run["precision"] == "fp32" else "auto",
         "--gradient-checkpointing" if spec["gradient_checkpointing"] else "--no-gradient-checkpointing",
@@ -330,20 +332,22 @@ def run_ours(spec: dict, run: dict) -> int:
             kind = "ref_logprobs" if model is roles.get("ref") else "old_logprobs"
         return instruments.timed_call(kind, logprobs, model, *args, **kwargs)
 
-    # The loads and the log-prob passes are timed in srt/modeling.py, before stage 2 imports the two
-    # names from it (this process has not imported stage 2 yet; checked after).
-    if "stage2_grpo" in sys.modules:
+    # The loads and the log-prob passes are timed in srt/modeling.py, before the run harness
+    # (srt/run.py, which loads the models) and stage 2 (which scores the log-probs) import the two
+    # names from it (this process has imported neither yet; checked after).
+    if "stage2_grpo" in sys.modules or "srt.run" in sys.modules:
         sys.exit("error: the ours worker must import stage2_grpo itself, after its instruments")
     modeling.load_model_and_tokenizer = load_and_watch
     modeling.completion_logprobs = timed_logprobs
     import stage2_grpo
+    from srt import run as run_harness
 
-    if (stage2_grpo.load_model_and_tokenizer, stage2_grpo.completion_logprobs) != (
+    if (run_harness.load_model_and_tokenizer, stage2_grpo.completion_logprobs) != (
         load_and_watch,
         timed_logprobs,
     ):
-        sys.exit("error: stage 2 no longer imports load_model_and_tokenizer and completion_logprobs from "
-                 "srt.modeling; update the ours worker")  # fmt: skip
+        sys.exit("error: srt/run.py no longer imports load_model_and_tokenizer, or stage 2 "
+                 "completion_logprobs, from srt.modeling; update the ours worker")  # fmt: skip
 
     windows = []
     grpo_step = stage2_grpo.grpo_step
@@ -474,8 +478,8 @@ def run_trl(spec: dict, run: dict) -> int:
         optim="adamw_torch",
         beta=spec["beta"],
         epsilon=spec["clip_eps"],
-        loss_type={"seq": "grpo", "token": "bnpo"}[spec["loss_norm"]],
-        scale_rewards="group",
+        loss_type={"grpo": "grpo", "dapo": "bnpo", "dr_grpo": "dr_grpo"}[spec["loss_type"]],
+        scale_rewards=spec["scale_rewards"],
         shuffle_dataset=False,
         gradient_checkpointing=spec["gradient_checkpointing"],
         gradient_checkpointing_kwargs={"use_reentrant": False},

@@ -8,7 +8,7 @@ rollouts and answers on decode's bf16 sampling copy, as stage 2 and evaluate.py 
     sft        one stage-1 optimizer step on the preset's own global batch (bench/sft_step.py's
                batches and step: every micro-batch forward and backward, the clip, fused AdamW at
                learning rate 0, so the weights never move)
-    rollout    stage 2's sampling of K completions of one prompt (srt.rollouts.sample_groups at
+    rollout    stage 2's sampling of K completions of one prompt (stage2_grpo.sample_groups at
                the preset's temperature; the reward is left out: it is the same work on both sides)
     eval-b8    evaluate.py's greedy decoding (generate_batch) of --eval-batch srt prompts at once
     eval-b1    the same for one prompt (a request's latency)
@@ -123,7 +123,8 @@ def rollout_part(args, model, tokenizer, records):
     import torch
 
     import stage2_grpo
-    from srt.rollouts import PromptStream, sample_groups
+    from srt.rollouts import PromptStream
+    from stage2_grpo import sample_groups
 
     argv = ["--preset", args.preset, "--model", args.model, "--dtype", "float32"]
     argv += ["--max-new-tokens", str(args.max_new_tokens), "--seed", str(args.seed)]

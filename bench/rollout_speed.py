@@ -80,7 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prompts", type=at_least(1), default=1, help="distinct prompts per rollout")
     p.add_argument("--ks", type=k_list, default=[1, 4, 8], help="samples per prompt to measure")
     p.add_argument("--max-new-tokens", type=at_least(1), default=128, help="every row's length")
-    p.add_argument("--max-prompt-length", type=at_least(1), default=1536, help="as stage 2's cpu-demo")
+    p.add_argument("--max-prompt-length", type=at_least(1), default=1536, help="as stage 2's cpu-table2")
     p.add_argument("--temperature", type=positive(float), default=1.0)
     p.add_argument(
         "--precision",

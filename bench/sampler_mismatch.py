@@ -88,7 +88,8 @@ def measure(sampler: str, args, records) -> dict:
     import stage2_grpo as g
     from reward import compute_rewards
     from srt.modeling import _fix_tokenizer, load_model_and_tokenizer
-    from srt.rollouts import PromptStream, sample_batch
+    from srt.rollouts import PromptStream
+    from stage2_grpo import sample_batch
 
     policy, tokenizer = load_model_and_tokenizer(args.model, dtype="float32")
     if args.random_layers:
@@ -119,7 +120,7 @@ def measure(sampler: str, args, records) -> dict:
         sampled = rollout.policy_mask.bool()
         gaps.append((old - rollout.sampler_logprobs)[sampled])
         entropies.append(entropy[sampled])
-        advantages = g.rollout_advantages(rollout, tokenizer, "sequence", "cpu")
+        advantages = g.rollout_advantages(rollout, tokenizer, cfg, "cpu")
         stats = g.update(policy, None, optimizer, rollout, advantages, cfg, autocast_dtype=autocast_dtype)
         logged.append({k: stats[k] for k in ("sampler_log_ratio", "sampler_kl", "is_capped_fraction")})
         seconds += time.perf_counter() - start

@@ -9,7 +9,7 @@ a dialogue's records with a tree attention mask; stage 1 had it once, and preset
 does not any more).
 
     python bench/sft_tokens.py --preset cpu-lesson --data runs/demo/data/train.jsonl
-    python bench/sft_tokens.py --preset cpu-demo --data runs/data/train.jsonl
+    python bench/sft_tokens.py --preset cpu-table2 --data runs/data/train.jsonl
 """
 
 from __future__ import annotations

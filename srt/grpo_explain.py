@@ -16,26 +16,54 @@ import os
 
 import torch
 
+from srt.config import at_least
 from srt.data_io import read_mixture
 from srt.distributed import setup_distributed
 from srt.modeling import load_model_and_tokenizer, resolve_dtype
-from srt.rollouts import PromptStream, sample_batch
+from srt.rollouts import PromptStream
 from srt.step_page import write_step_page
 from srt.training import adamw, seed_everything, warmup_lr
 
-# How each --loss-norm averages Eq. (9)'s token terms (grpo_loss), and so a token's weight in it.
-LOSS_NORMS = {
-    "seq": "each completion's token mean, then their mean over the K",
-    "token": "one mean over every policy token of the group",
+# How each --loss-type averages Eq. (9)'s token terms (grpo_loss), and so a token's weight in it.
+LOSS_TYPES = {
+    "grpo": "each completion's token mean, then their mean over the K (Eq. (9))",
+    "dapo": "one mean over every policy token of the group",
+    "dr_grpo": "the sum over every policy token, divided by K times --max-new-tokens",
 }
 
 
-def token_weight_formula(loss_norm: str, mask, k: int) -> str:
+def add_flags(group) -> None:
+    """stage2_grpo.py's --explain flags, in its run group."""
+    group.add_argument(
+        "--explain",
+        action="store_true",
+        help="run one step on one group and print every quantity of "
+        "Eqs. (4)-(9), as computed by hand (docs/grpo-step.md); only --explain-html is written",
+    )
+    group.add_argument(
+        "--explain-tries",
+        type=at_least(1),
+        default=8,
+        help="--explain: groups to sample, one prompt each, until one whose K rewards differ "
+        "(an all-equal group has advantage 0, Eq. (8)); the last is explained if none does",
+    )
+    group.add_argument(
+        "--explain-html",
+        default="runs/explain/grpo-step.html",
+        metavar="PATH",
+        help="--explain: the step as a self-contained page, tokens shaded by their ratio (srt/step_page.py)",
+    )
+
+
+def token_weight_formula(loss_type: str, mask, k: int, max_new_tokens: int) -> str:
     """A token of completion k's weight in the normalisation (grpo_loss's terms["weight"]), written
-    with its numbers: 1 / (|o_k| K) under --loss-norm seq, 1 / N (the group's policy tokens) under token."""
-    if loss_norm == "seq":
+    with its numbers: 1 / (|o_k| K) under --loss-type grpo, 1 / N (the group's policy tokens) under
+    dapo, 1 / (K L) with L = --max-new-tokens under dr_grpo."""
+    if loss_type == "grpo":
         return f"1 / (|o_k| K) = 1 / ({int(mask[k].sum().item())} * {len(mask)})"
-    return f"1 / N = 1 / {int(mask.sum().item())}"
+    if loss_type == "dapo":
+        return f"1 / N = 1 / {int(mask.sum().item())}"
+    return f"1 / (K L) = 1 / ({len(mask)} * {max_new_tokens})"
 
 
 def shorten(text: str, width: int = 70) -> str:
@@ -129,7 +157,7 @@ def explain(cfg, grpo, reward_fn=None, print_fn=print) -> dict:
     # stream's next prompt until a group differs, as --dynamic-sampling total does during training.
     for tries in range(1, cfg.explain_tries + 1):
         record, prompt = stream.next_batch(1)[0]
-        rollout = sample_batch(policy, tokenizer, [record], [prompt], cfg, reward_fn, autocast_dtype)
+        rollout = grpo.sample_batch(policy, tokenizer, [record], [prompt], cfg, reward_fn, autocast_dtype)
         totals = rollout.rewards("total")[0]
         differs = not bool((totals == totals[0]).all())  # group_advantages' test for a zero group
         if differs:
@@ -163,7 +191,7 @@ def explain(cfg, grpo, reward_fn=None, print_fn=print) -> dict:
     # Eq. (8): the group's mean and population std, and each completion's advantage.
     rewards = rollout.rewards("total")[0]
     mean, std = rewards.mean().item(), rewards.std(unbiased=False).item()
-    advantages = grpo.group_advantages(rewards.view(1, K))[0]
+    advantages = grpo.group_advantages(rewards.view(1, K), scale=cfg.scale_rewards)[0]
     print_fn(f"\nEq. (8): mean R = {mean:.4f}, std R = {std:.4f} (population: divide by K)")
     print_fn(f"{'k':>2}  {'R - mean':>9}  {'A~ = (R - mean) / (std + 1e-8)':>31}")
     for k in range(K):
@@ -179,11 +207,21 @@ def explain(cfg, grpo, reward_fn=None, print_fn=print) -> dict:
     logprobs_of = grpo.token_logprobs_of(policy, policy, rollout, cfg, autocast_dtype)  # the update's path
     policy.train()
     with torch.no_grad():
-        old_logprobs, ref_logprobs = logprobs_of(policy, rows)[0], logprobs_of(ref_model, rows)[0]
+        old_logprobs, ref_logprobs = logprobs_of(policy, rows).logprobs, logprobs_of(ref_model, rows).logprobs
 
     # The update of grpo_step, on these samples.
-    result = grpo.grpo_step(policy, ref_model, tokenizer, optimizer, [record], [prompt], cfg,
-                            reward_fn=reward_fn, autocast_dtype=autocast_dtype, batch=rollout)  # fmt: skip
+    result = grpo.grpo_step(
+        policy,
+        ref_model,
+        tokenizer,
+        optimizer,
+        [record],
+        [prompt],
+        cfg,
+        reward_fn=reward_fn,
+        autocast_dtype=autocast_dtype,
+        batch=rollout,
+    )
     minibatches = min(cfg.sample_ratio, K)
     print_fn(
         f"\nThe update: {K} completions in {minibatches} minibatch(es) (--sample-ratio), mu = {cfg.mu} "
@@ -192,21 +230,30 @@ def explain(cfg, grpo, reward_fn=None, print_fn=print) -> dict:
     )
 
     # Eq. (9) after the update, what a further pass over these samples computes: grpo_loss with the
-    # arguments the update gives it (its advantages, --clip-eps, --beta, --loss-norm and the truncated
+    # arguments the update gives it (its advantages, --clip-eps, --beta, --loss-type and the truncated
     # importance weights), on the group at once.
     policy.train()
     with torch.no_grad():
-        new_logprobs = logprobs_of(policy, rows)[0]
+        new_logprobs = logprobs_of(policy, rows).logprobs
     policy.eval()
     mask = rollout.policy_mask.to(device).float()
     sampler = None if rollout.sampler_logprobs is None else rollout.sampler_logprobs.to(device)
     is_weights = grpo.truncated_is_weights(old_logprobs, sampler, cfg.is_cap)
-    token_advantages = grpo.rollout_advantages(rollout, tokenizer, cfg.credit, device)
+    token_advantages = grpo.rollout_advantages(rollout, tokenizer, cfg, device)
     with torch.no_grad():
         loss, _, terms = grpo.grpo_loss(
-            new_logprobs, old_logprobs, ref_logprobs, token_advantages, mask,
-            eps, beta, cfg.loss_norm, is_weights, return_terms=True,
-        )  # fmt: skip
+            logprobs=new_logprobs,
+            old_logprobs=old_logprobs,
+            ref_logprobs=ref_logprobs,
+            advantages=token_advantages,
+            mask=mask,
+            clip_eps=eps,
+            beta=beta,
+            loss_type=cfg.loss_type,
+            max_completion_length=cfg.max_new_tokens,
+            is_weights=is_weights,
+            return_terms=True,
+        )
     loss = loss.item()
     ratio, clipped, kl = terms["ratio"], terms["clipped"], terms["kl"]
     # w * min(r A~, clip(r) A~): grpo_loss's term before its KL, for the table's surrogate column
@@ -248,9 +295,15 @@ def explain(cfg, grpo, reward_fn=None, print_fn=print) -> dict:
             f"{row['kl_term']:>9.2e}  {row['kl_share']:>8.1%}  {row['of_loss']:>10.6f}"
         )
     print_fn(
-        f"Eq. (9) on this group now, grpo_loss (--loss-norm {cfg.loss_norm}: {LOSS_NORMS[cfg.loss_norm]}) "
+        f"Eq. (9) on this group now, grpo_loss (--loss-type {cfg.loss_type}: {LOSS_TYPES[cfg.loss_type]}) "
         f"= -sum of the last column = {loss:.6f}"
     )
+    print_fn(f"Each token's weight under --loss-type {cfg.loss_type} (--scale-rewards {cfg.scale_rewards}):")
+    for k in range(K):
+        weight = terms["weight"][k][mask[k] > 0]
+        shown = f"{weight[0].item():.6g}" if len(weight) else "(no policy token)"
+        formula = token_weight_formula(cfg.loss_type, mask, k, cfg.max_new_tokens)
+        print_fn(f"  completion {k + 1}: {formula} = {shown}")
 
     # Every token of every completion, as the page shows it: the pieces join to the reward's text.
     lengths = rollout.completion_mask.sum(1).tolist()
@@ -344,8 +397,8 @@ def explain(cfg, grpo, reward_fn=None, print_fn=print) -> dict:
         f"{beta:g} * {w['kl']:.9g} = {w['term']:.9g}"
     )
     print_fn(
-        f"  its weight in the normalisation (--loss-norm {cfg.loss_norm}): "
-        f"{token_weight_formula(cfg.loss_norm, mask, k)} = {w['weight']:.9g}; "
+        f"  its weight in the normalisation (--loss-type {cfg.loss_type}): "
+        f"{token_weight_formula(cfg.loss_type, mask, k, cfg.max_new_tokens)} = {w['weight']:.9g}; "
         f"term * weight = {w['term'] * w['weight']:.9g}, its part of -loss"
     )
 
@@ -357,7 +410,8 @@ def explain(cfg, grpo, reward_fn=None, print_fn=print) -> dict:
             ("lr", f"{lr:g} (step 1 of the warm-up)"),
             ("beta", beta),
             ("clip eps", eps),
-            ("loss norm", cfg.loss_norm),
+            ("loss type", cfg.loss_type),
+            ("scale rewards", cfg.scale_rewards),
             ("is cap", cfg.is_cap),
             ("temperature", cfg.temperature),
             ("answer reward", cfg.answer_reward),

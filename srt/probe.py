@@ -1,22 +1,26 @@
 """Greedy probes of a policy on held-out records, and the reward statistics GRPO logs.
 
-A library module: the caller passes the prompts (fitted by stage0's fit_prompt) and the reward
-function (reward.compute_rewards, or a toy one in tests), so nothing here imports a stage.
+A library module: the caller passes the prompts (fitted by srt/prompt.py's fit_prompt) and the reward
+function (reward.compute_rewards, or a toy one in tests): the package imports no script.
 """
 
 from __future__ import annotations
 
 import math
 import random
+import sys
 import time
 from pathlib import Path
 
 import numpy as np
 from tqdm.auto import tqdm
 
-from srt.data_io import finite_or_none
+from srt.config import at_least
+from srt.data_io import data_paths, finite_or_none, write_json
+from srt.distributed import full_weights, gather_objects, merge_probes
 from srt.metrics import answer_text, f1_score
 from srt.modeling import generate
+from srt.prompt import fit_prompt
 
 REWARD_COMPONENTS = ("format", "recall", "answer", "total")
 # What the learning curve follows: recall Jaccard on the queries that need recall (an empty H*
@@ -217,3 +221,106 @@ def plot_learning_curve(metrics, probes, path) -> None:
     fig.savefig(tmp, dpi=110)
     plt.close(fig)
     tmp.replace(path)
+
+
+def evaluate_policy(
+    model,
+    tokenizer,
+    records,
+    reward_fn,
+    max_new_tokens=160,
+    batch_size=8,
+    max_prompt_length=None,
+    autocast_dtype=None,
+    progress=True,
+    recall="free",
+) -> dict:
+    """Stage 2's before / after check (evaluate.py does the full §4): mean reward components and
+    recall Jaccard of greedy completions, on prompts fitted the way GRPO fits them (oldest turns
+    first; a gold turn cut is counted), decoded in `recall` mode. `reward_fn` defaults to
+    reward.compute_rewards."""
+    if reward_fn is None:
+        from reward import compute_rewards as reward_fn  # the default of a script, not of the library
+
+    fitted = [fit_prompt(tokenizer, r, max_prompt_length) for r in records]
+    result = greedy_probe(
+        model,
+        tokenizer,
+        records,
+        [p for p, _ in fitted],
+        reward_fn,
+        max_new_tokens,
+        batch_size,
+        autocast_dtype,
+        progress,
+        recall,
+    )
+    return dict(result, gold_turns_cut=sum(cut for _, cut in fitted))
+
+
+def probe_and_log(run, policy, tokenizer, records, cfg, reward_fn, step, metrics, probes, name=None) -> dict:
+    """One greedy probe during a GRPO run (srt/run.py's `run`): each rank its slice of `records`,
+    the weights gathered once (FSDP); rank 0 appends the means to probe.jsonl, redraws
+    learning_curve.png beside the `metrics` log and, with `name`, writes eval_before.json or
+    eval_after.json. -> the merged result."""
+    with full_weights(policy):
+        mine = evaluate_policy(
+            policy,
+            tokenizer,
+            records[run.rank :: run.world_size],
+            reward_fn,
+            cfg.eval_max_new_tokens,
+            cfg.eval_batch_size,
+            max_prompt_length=cfg.max_prompt_length,
+            autocast_dtype=run.autocast_dtype,
+            progress=run.main_process,
+            recall=cfg.recall,
+        )
+    merged = merge_probes(gather_objects(mine, run.world_size))
+    result = {k: finite_or_none(v) for k, v in merged.items()}
+    if run.main_process:
+        probes.append({"step": step, **{k: v for k, v in result.items() if k != "examples"}})
+        plot_learning_curve(metrics.rows, probes.rows, run.out / "learning_curve.png")
+        if name:
+            write_json(run.out / name, result)
+        tqdm.write(f"probe at step {step}: " + ", ".join(f"{k} {result[k]}" for k in PROBE_KEYS))
+    return result
+
+
+def add_probe_flags(group) -> None:
+    """Stage 2's probe flags, in its logging group: what probe_and_log reads."""
+    add = group.add_argument
+    add(
+        "--eval-data",
+        default=None,
+        help="held-out records for the greedy probe; a bare file name (the CPU presets: dev.jsonl) is "
+        "looked up beside --data's first file, and the probe skipped where there is none",
+    )
+    add(
+        "--eval-limit",
+        type=at_least(0),
+        default=40,
+        help="probe this many records, stratified by bucket; 0 = none",
+    )
+    add(
+        "--probe-every",
+        type=at_least(0),
+        default=0,
+        help="probe also every N steps (0: before and after only)",
+    )
+    add("--eval-batch-size", type=at_least(1), default=8, help="greedy evaluation batch")
+    add("--eval-max-new-tokens", type=at_least(1), default=None, help="(default: --max-new-tokens)")
+
+
+def resolve_probe_flags(cfg) -> None:
+    """--eval-data given as a bare file name (the CPU presets' dev.jsonl) names the file beside --data's
+    first file, else one in the current folder; where neither exists the run has no probe, and says so.
+    --eval-max-new-tokens defaults to --max-new-tokens."""
+    if cfg.eval_data and "/" not in cfg.eval_data:
+        beside = Path(data_paths(cfg.data)[0]).parent / cfg.eval_data
+        if beside.exists():
+            cfg.eval_data = str(beside)
+        elif not Path(cfg.eval_data).exists():
+            print(f"note: no {cfg.eval_data} beside {data_paths(cfg.data)[0]}: no probe", file=sys.stderr)
+            cfg.eval_data = None
+    cfg.eval_max_new_tokens = cfg.eval_max_new_tokens or cfg.max_new_tokens

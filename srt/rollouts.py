@@ -1,20 +1,16 @@
-"""Sampling for GRPO (stage2_grpo.py, §3.4): K completions per prompt in one batched
-generate, scored with the verifiable reward, and DAPO's dynamic sampling (Yu et al., 2025), which
-replaces groups whose K rewards are all equal: Eq. (8) gives them advantage 0, so they add nothing to
-the gradient. A library module: the caller passes the reward function (reward.compute_rewards)."""
+"""The rollout record of GRPO (stage2_grpo.py, §3.4), what sampling hands to the update, and the
+prompt stream the samples are drawn from. Sampling itself (K completions a prompt, scored, and DAPO's
+dynamic sampling) is stage2_grpo.py's sample_batch, one hop from its step."""
 
 from __future__ import annotations
 
 import random
-import time
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
 from srt.data_io import DataError
-from srt.distributed import all_ranks_any, full_weights
-from srt.modeling import generate
 from srt.prompt import fit_prompt
 
 
@@ -97,92 +93,6 @@ class Rollout:
             tensors[key] = torch.stack([each[d][r] for d, r in rows])
         lists = {key: [getattr(draws[d], key)[r] for d, r in rows] for key in ("texts", "records", "scores")}
         return cls(**tensors, **lists, num_generations=K)
-
-
-def sample_groups(policy, tokenizer, records, prompts, cfg, reward_fn, autocast_dtype) -> Rollout:
-    """K completions per prompt from the policy in one batched generate (srt/decode.py's loop: each
-    prompt prefilled once for its K rows; on a bf16 copy of the policy where the hardware has bf16
-    units, under FSDP on the gathered bf16 weights), scored with the verifiable reward
-    R = format + recall + answer (Eqs. (4)-(7))."""
-    t0 = time.perf_counter()
-    # FSDP: gathered once for the whole batch, decoded as a plain module, freed after (srt/distributed.py)
-    with full_weights(policy):
-        out = generate(
-            policy,
-            tokenizer,
-            prompts,
-            num_generations=cfg.num_generations,
-            max_new_tokens=cfg.max_new_tokens,
-            temperature=cfg.temperature,
-            top_p=cfg.top_p,
-            autocast_dtype=autocast_dtype,
-            recall=getattr(cfg, "recall", "free"),
-        )
-    t1 = time.perf_counter()
-    examples = [record for record in records for _ in range(cfg.num_generations)]
-    scores = reward_fn(out["texts"], examples)
-    return Rollout(
-        prompt_ids=out["prompt_ids"],
-        prompt_mask=out["prompt_mask"],
-        completion_ids=out["completion_ids"],
-        completion_mask=out["completion_mask"],
-        policy_mask=out.get("policy_mask", out["completion_mask"]),  # 0 on a turn copied out (--recall copy)
-        sampler_logprobs=out.get("sampler_logprobs"),
-        texts=out["texts"],
-        records=examples,
-        scores=scores,
-        num_generations=cfg.num_generations,
-        generate_s=t1 - t0,
-        score_s=time.perf_counter() - t1,
-    )
-
-
-def constant_groups(scores, K, key="total") -> list[bool]:
-    """Per group: are its K values of `key` all equal? Then Eq. (8) gives it advantage 0."""
-    values = [float(s.get(key, float("nan"))) for s in scores]
-    return [len(set(values[g : g + K])) == 1 for g in range(0, len(values), K)]
-
-
-def sample_batch(
-    policy, tokenizer, records, prompts, cfg, reward_fn, autocast_dtype, draw_more=None
-) -> Rollout:
-    """This rank's sample batch of len(prompts) groups. With --dynamic-sampling total (DAPO), groups whose
-    K rewards are all equal add nothing to the gradient; with --dynamic-sampling recall, groups whose
-    recall parts are all equal carry no recall signal. Fresh prompts are drawn in their place, at most
-    --max-draws sample batches a step, and what stays uninformative fills the rest. Every rank draws
-    as often as the others, so the prompt stream and the DDP all-reduces stay in step."""
-    K, device, key = cfg.num_generations, next(policy.parameters()).device, cfg.dynamic_sampling
-    draws = [sample_groups(policy, tokenizer, records, prompts, cfg, reward_fn, autocast_dtype)]
-
-    def informative_groups():
-        return [
-            (d, g)
-            for d, draw in enumerate(draws)
-            for g, same in enumerate(constant_groups(draw.scores, K, key))
-            if not same
-        ]
-
-    while (
-        key != "off"
-        and draw_more is not None
-        and len(draws) < cfg.max_draws
-        and all_ranks_any(len(informative_groups()) < len(prompts), device)
-    ):
-        draws.append(sample_groups(policy, tokenizer, *draw_more(), cfg, reward_fn, autocast_dtype))
-    if key == "off":
-        picks = [(0, g) for g in range(len(prompts))]
-    else:
-        everything = [(d, g) for d, draw in enumerate(draws) for g in range(len(draw.scores) // K)]
-        informative = informative_groups()
-        picks = (informative + [p for p in everything if p not in informative])[: len(prompts)]
-    scores = [s for draw in draws for s in draw.scores]
-    batch = Rollout.join(draws, picks, tokenizer.pad_token_id)
-    batch.draws, batch.groups_drawn = len(draws), len(scores) // K
-    batch.generate_s = sum(d.generate_s for d in draws)
-    batch.score_s = sum(d.score_s for d in draws)
-    batch.groups_all_equal = sum(constant_groups(scores, K))
-    batch.groups_recall_constant = sum(constant_groups(scores, K, "recall"))
-    return batch
 
 
 def think_lengths(tokenizer, completion_ids, marker="</think>") -> torch.Tensor:

@@ -60,19 +60,39 @@ def training_parser(description: str) -> argparse.ArgumentParser:
     )
 
 
-def add_run_flags(
-    parser,
-    *,
-    model_default: str,
-    model_help: str,
-    data_help: str,
-    out_default: str,
-    resume_help: str,
-    max_steps_default,
-    max_steps_help: str,
-    budget_help: str,
-):
-    """--model, --data, --out, --seed, --resume, --overwrite, --max-steps, --time-budget-minutes."""
+# What the run flags say, and default to, in each training script.
+RUN_FLAGS = {
+    "sft": dict(
+        model_default="smollm2-135m",
+        model_help="HF id, local folder, smollm2-135m or tiny-random",
+        data_help="training JSONL from stage0",
+        out_default="runs/demo/sft",
+        resume_help="continue from <out>/checkpoint",
+        max_steps_default=None,
+        max_steps_help="optimizer steps in all (default: from --epochs)",
+        budget_help="stop early (saved, resumable) when the next step would overrun this wall time",
+    ),
+    "grpo": dict(
+        model_default="runs/demo/sft/final",
+        model_help="the SFT policy to start from; also the frozen KL reference",
+        data_help="training records, JSONL",
+        out_default="runs/demo/grpo",
+        resume_help="continue from <out>/checkpoint; a finished run is left as it is",
+        max_steps_default=100,
+        max_steps_help="GRPO steps; each is one sample batch",
+        budget_help="stop early (saved, resumable) when the next step and the final evaluation would "
+        "overrun this",
+    ),
+}
+
+
+def add_run_flags(parser, stage: str):
+    """--model, --data, --out, --seed, --resume, --overwrite, --max-steps, --time-budget-minutes, as
+    RUN_FLAGS[stage] words and sets them."""
+    text = RUN_FLAGS[stage]
+    model_default, model_help, data_help = text["model_default"], text["model_help"], text["data_help"]
+    out_default, resume_help, budget_help = text["out_default"], text["resume_help"], text["budget_help"]
+    max_steps_default, max_steps_help = text["max_steps_default"], text["max_steps_help"]
     run = parser.add_argument_group("the run: model, data, output")
     run.add_argument("--model", default=model_default, help=model_help)
     run.add_argument(
@@ -81,7 +101,8 @@ def add_run_flags(
         type=data_spec,
         default="runs/data/train.jsonl",
         metavar="PATH[:WEIGHT]",
-        help=data_help,
+        help=data_help + "; several files with a weight each train on a mix (srt/data_io.py mix_sources), "
+        "e.g. syn/train.jsonl:0.5 locomo/train.jsonl:0.5",
     )
     run.add_argument("--out", default=out_default, help="output folder")
     run.add_argument("--seed", type=at_least(0), default=0, help="random seed")

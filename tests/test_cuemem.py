@@ -536,11 +536,11 @@ def test_preset_applies_and_flags_win(tmp_path):
     data = write_records(tmp_path / "test.jsonl", cli_records())
     out = tmp_path / "out"
     cuemem.main(
-        ["--data", str(data), "--out", str(out), "--retrieval-only", "--preset", "cpu-demo", "--top-k", "3"]
+        ["--data", str(data), "--out", str(out), "--retrieval-only", "--preset", "cpu-table2", "--top-k", "3"]
     )
     config = json.loads((out / "config.json").read_text())
     assert (config["preset"], config["limit"], config["max_new_tokens"], config["top_k"]) == (
-        "cpu-demo",
+        "cpu-table2",
         50,
         48,
         3,

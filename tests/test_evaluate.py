@@ -494,7 +494,7 @@ def test_breakdowns_by_query_type_size_and_distance():
 # Configuration: argparse defaults < --preset < explicit flags
 # ---------------------------------------------------------------------------------------------
 def test_preset_then_flags(capsys):
-    args = evaluate.resolve_config(["--preset", "cpu-demo", "--batch-size", "2", "--method", "full"])
+    args = evaluate.resolve_config(["--preset", "cpu-table2", "--batch-size", "2", "--method", "full"])
     assert (args.limit, args.batch_size, args.max_new_tokens, args.latency_per_bucket) == (96, 2, 256, 1)
     assert [(v["name"], v["method"], v["batch_size"]) for v in args.variants] == [("full", "full", 2)]
     assert args.variants[0]["options"]["max_new_tokens"] == args.max_new_tokens_direct

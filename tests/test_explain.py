@@ -20,7 +20,6 @@ from test_stage2 import varied_reward
 import stage2_grpo as g
 from srt import grpo_explain
 from srt.data_io import write_jsonl
-from srt.rollouts import sample_batch
 from srt.step_page import render_step_page, write_step_page
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -190,14 +189,15 @@ def test_the_one_token_line_follows_the_clipped_surrogate(explained):
 SAMPLER_SHIFTS = (1.0, 0.3, 0.0, -0.3)
 
 
-@pytest.mark.parametrize("loss_norm", ["seq", "token"])
-def test_the_printed_eq9_is_grpo_loss_with_its_importance_weights(tmp_path, monkeypatch, loss_norm):
+@pytest.mark.parametrize("loss_type", ["grpo", "dapo", "dr_grpo"])
+def test_the_printed_eq9_is_grpo_loss_with_its_importance_weights(tmp_path, monkeypatch, loss_type):
     """Eq. (9) after the update, as --explain prints and returns it, is the loss the update minimises:
     each token's reported term times its reported weight, summed over the group, is minus the loss
     grpo_loss gives on the step's log-probs, advantages and truncated importance weights, and the
     printed loss is that loss. The sampler's log-probs are moved off pi_old so that w spans 0.74-2:
     a page that leaves w out (or re-derives Eq. (9) without it) is off by far more than rounding."""
     explained_rollouts = []
+    sample_batch = g.sample_batch
 
     def sample_with_a_moved_sampler(*args, **kwargs):
         rollout = sample_batch(*args, **kwargs)
@@ -205,17 +205,17 @@ def test_the_printed_eq9_is_grpo_loss_with_its_importance_weights(tmp_path, monk
         columns = rollout.sampler_logprobs.shape[1]
         shifts = torch.tensor(SAMPLER_SHIFTS).repeat(columns // len(SAMPLER_SHIFTS) + 1)[:columns]
         # Completion k's last 2k tokens marked as the program's (as --recall copy marks a copied turn):
-        # completions of different policy lengths, where --loss-norm seq and token differ.
+        # completions of different policy lengths, where --loss-type grpo, dapo and dr_grpo differ.
         for k in range(1, len(rollout.policy_mask)):
             rollout.policy_mask[k, columns - 2 * k :] = 0
         rollout.sampler_logprobs = (rollout.sampler_logprobs - shifts) * rollout.policy_mask
         explained_rollouts.append(rollout)
         return rollout
 
-    monkeypatch.setattr(grpo_explain, "sample_batch", sample_with_a_moved_sampler)
-    result, text, _, cfg = run_explain(tmp_path, varied_reward, "--loss-norm", loss_norm)
+    monkeypatch.setattr(g, "sample_batch", sample_with_a_moved_sampler)
+    result, text, _, cfg = run_explain(tmp_path, varied_reward, "--loss-type", loss_type)
     rollout = explained_rollouts[-1]
-    assert cfg.is_cap == 2 and cfg.loss_norm == loss_norm
+    assert cfg.is_cap == 2 and cfg.loss_type == loss_type
 
     # The step's tensors rebuilt from what explain returns; a position past a completion's end is
     # outside the policy mask, so its zero counts in no term.
@@ -230,11 +230,16 @@ def test_the_printed_eq9_is_grpo_loss_with_its_importance_weights(tmp_path, monk
     new, old, ref = padded("new_logprobs"), padded("old_logprobs"), padded("ref_logprobs")
     advantages = torch.tensor(result["advantages"])
     is_weights = g.truncated_is_weights(old, rollout.sampler_logprobs, cfg.is_cap)
-    loss, _ = g.grpo_loss(new, old, ref, advantages, mask, cfg.clip_eps, cfg.beta, cfg.loss_norm, is_weights)
-    unweighted, _ = g.grpo_loss(new, old, ref, advantages, mask, cfg.clip_eps, cfg.beta, cfg.loss_norm)
+    settings = dict(clip_eps=cfg.clip_eps, beta=cfg.beta, max_completion_length=cfg.max_new_tokens)
+    loss, _ = g.grpo_loss(
+        new, old, ref, advantages, mask, loss_type=loss_type, is_weights=is_weights, **settings
+    )
+    unweighted, _ = g.grpo_loss(new, old, ref, advantages, mask, loss_type=loss_type, **settings)
     assert abs(unweighted.item() - loss.item()) > 1e-3  # the weights matter here: w left out would show
-    other_norm = {"seq": "token", "token": "seq"}[loss_norm]
-    other, _ = g.grpo_loss(new, old, ref, advantages, mask, cfg.clip_eps, cfg.beta, other_norm, is_weights)
+    other_type = {"grpo": "dapo", "dapo": "grpo", "dr_grpo": "grpo"}[loss_type]
+    other, _ = g.grpo_loss(
+        new, old, ref, advantages, mask, loss_type=other_type, is_weights=is_weights, **settings
+    )
     assert abs(other.item() - loss.item()) > 1e-3  # and so does the normalisation
 
     reported_w = padded("is_weight")[mask > 0]
@@ -247,14 +252,15 @@ def test_the_printed_eq9_is_grpo_loss_with_its_importance_weights(tmp_path, monk
     assert sum(row["of_loss"] for row in result["after"]) == pytest.approx(-loss.item(), rel=1e-5, abs=1e-7)
     assert result["loss"] == pytest.approx(loss.item(), rel=1e-6, abs=1e-9)
     (line,) = [line for line in text.splitlines() if line.startswith("Eq. (9) on this group now")]
-    assert f"--loss-norm {loss_norm}" in line
+    assert f"--loss-type {loss_type}" in line
     printed = float(re.fullmatch(rf".*= {NUMBER}", line).group(1))  # 6 decimals
     assert printed == pytest.approx(loss.item(), abs=5e-7)
     # the one token written out: its weight as the normalisation gives it
     worked, rows = result["worked"], result["tokens"][result["worked"]["k"] - 1]
     assert worked["weight"] == rows["weight"][worked["t"] - 1] > 0
     assert worked["is_weight"] == rows["is_weight"][worked["t"] - 1]
-    assert f"its weight in the normalisation (--loss-norm {loss_norm}): " in text
+    assert f"its weight in the normalisation (--loss-type {loss_type}): " in text
+    assert f"Each token's weight under --loss-type {loss_type}" in text
 
 
 def test_the_page_escapes_text_and_marks_the_tokens_the_program_wrote(tmp_path):

@@ -37,9 +37,9 @@ from safetensors.torch import load_file
 import stage1_sft
 import stage2_grpo as g
 from srt import memory_plan, modeling
-from srt import rollouts as rollouts_module
 from srt.data_io import write_jsonl
 from srt.modeling import load_model_and_tokenizer, token_logprobs
+from srt.probe import evaluate_policy
 from srt.run import resume_keys
 
 REPO = Path(__file__).resolve().parents[1]
@@ -52,7 +52,7 @@ from pathlib import Path
 import torch, torch.distributed as dist
 from safetensors.torch import save_file
 import stage1_sft, stage2_grpo as g
-from srt import distributed, modeling, rollouts
+from srt import distributed, modeling
 tmp = Path(sys.argv[1])
 exec(open(tmp / "gradients.py").read())
 adamw, torch.optim.AdamW = torch.optim.AdamW, recording(torch.optim.AdamW)  # stage1_sft builds this one
@@ -80,7 +80,7 @@ torch.optim.AdamW = adamw
 
 # Stage 2, grpo_step on fixed rollouts (see the test module's docstring).
 exec(open(tmp / "fixed_rollouts.py").read())
-rollouts.generate = fixed_generate
+g.generate = fixed_generate
 cfg = g.parse_args(["--model", "tiny-random", "--dtype", "float32", "-K", "4", "--sample-ratio", "1",
                     "--mu", "2", "--lr", "1", "--beta", "0.04", "--micro-batch-size", "2", "--fsdp"])
 policy, tok = modeling.load_model_and_tokenizer("tiny-random", dtype="float32")
@@ -98,7 +98,7 @@ if rank == 0:
 
 # Rollouts with the weights gathered once: the same greedy text as the plain model, and no
 # all-gather while decoding (each unit gathers once on entry).
-rollouts.generate = modeling.generate
+g.generate = modeling.generate
 count = [0]
 real = dist.all_gather_single
 def counting(*a, **k):
@@ -474,7 +474,7 @@ def fixed_rollouts():
 def test_fsdp_grpo_step_equals_one_process_on_fixed_rollouts(fsdp_run, monkeypatch):
     tmp, result, _ = fsdp_run
     rollouts = fixed_rollouts()
-    monkeypatch.setattr(rollouts_module, "generate", rollouts["fixed_generate"])
+    monkeypatch.setattr(g, "generate", rollouts["fixed_generate"])
     # FSDP runs each row's prompt in full (no prompt sharing through its hooks): so does the reference,
     # for the same sums in the same order (sharing itself is checked in test_stage2 to 1e-5).
     cfg = g.parse_args(
@@ -587,7 +587,7 @@ def test_probes_of_rank_slices_merge_into_the_whole(tiny):
         return [{"total": len(t) / 10, "format": float(len(t) % 2), "jaccard": 0.5} for t in completions]
 
     def probe(rs):
-        return g.evaluate_policy(model, tok, rs, 4, 2, reward_fn=reward, progress=False)
+        return evaluate_policy(model, tok, rs, reward, 4, 2, progress=False)
 
     whole, merged = probe(records), merge_probes([probe(records[0::2]), probe(records[1::2]), probe([])])
     for key in ("total", "format", "jaccard"):
@@ -600,10 +600,10 @@ def test_probes_of_rank_slices_merge_into_the_whole(tiny):
 # ---------------------------------------------------------------------------------------------
 # One process: micro-batches, chunked log-probs, the planner
 # ---------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("loss_norm", ["seq", "token"])
-def test_micro_batched_grpo_step_equals_the_unbatched_one(monkeypatch, loss_norm):
+@pytest.mark.parametrize("loss_type", ["grpo", "dapo", "dr_grpo"])
+def test_micro_batched_grpo_step_equals_the_unbatched_one(monkeypatch, loss_type):
     rollouts = fixed_rollouts()
-    monkeypatch.setattr(rollouts_module, "generate", rollouts["fixed_generate"])
+    monkeypatch.setattr(g, "generate", rollouts["fixed_generate"])
     weights = {}
     for micro in ("0", "3"):  # 8 rows: one pass, or passes of 3, 3 and 2 rows
         cfg = g.parse_args(
@@ -622,8 +622,10 @@ def test_micro_batched_grpo_step_equals_the_unbatched_one(monkeypatch, loss_norm
                 "1e-2",
                 "--beta",
                 "0.04",
-                "--loss-norm",
-                loss_norm,
+                "--loss-type",
+                loss_type,
+                "--max-new-tokens",  # fixed_generate's length: dr_grpo's normaliser B * 5, not B * 256
+                "5",
                 "--micro-batch-size",
                 micro,
             ]
@@ -801,7 +803,8 @@ def test_resume_check_covers_every_setting_of_the_objective():
         "temperature",
         "top_p",
         "clip_eps",
-        "loss_norm",
+        "loss_type",
+        "scale_rewards",
         "max_new_tokens",
         "max_prompt_length",
         "weight_decay",

@@ -33,7 +33,7 @@ NUMBER = re.compile(r"(?<![\w.])[$€£]?\d[\d,]*(?:\.\d+)?%?(?!\w)")
 
 @pytest.fixture(scope="module")
 def test_split(tmp_path_factory):
-    """The test split of the cpu-demo corpus (600 synthetic dialogues, seed 0) built by stage 0 with
+    """The test split of the cpu-table2 corpus (600 synthetic dialogues, seed 0) built by stage 0 with
     the oracle teacher. Eq. (2)'s embedder only decides `pruned` (and drops a dialogue none of whose
     turns passes the threshold): a constant one keeps every dialogue and leaves history, answer and
     answer_keys as the real build writes them, in seconds instead of minutes."""

@@ -17,7 +17,7 @@ from srt import decode, modeling
 from srt.modeling import load_model_and_tokenizer
 from srt.prompt import fit_prompt, his_tag, render_prompt
 from srt.recall import CopyRule, copied_spans, prompt_history, tail_ids
-from srt.rollouts import sample_batch
+from stage2_grpo import sample_batch
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -192,8 +192,8 @@ def test_a_grpo_step_in_copy_mode_trains_on_the_policys_tokens_only(monkeypatch)
     assert (copied.sum(1) > 0).all() and (copied >= 0).all()
     seen = []
     real_loss = g.grpo_loss
-    monkeypatch.setattr(g, "grpo_loss", lambda *a, **k: seen.append(a[4].clone()) or real_loss(*a, **k))
-    advantages = g.rollout_advantages(rollout, tokenizer, "sequence", "cpu")
+    monkeypatch.setattr(g, "grpo_loss", lambda **k: seen.append(k["mask"].clone()) or real_loss(**k))
+    advantages = g.rollout_advantages(rollout, tokenizer, cfg, "cpu")
     stats = g.update(policy, None, torch.optim.SGD(policy.parameters(), lr=0.1), rollout, advantages, cfg)
     assert torch.equal(seen[0], rollout.policy_mask) and len(stats["updates"]) == 1
     assert all(v == v for v in stats["updates"][0].values())  # finite

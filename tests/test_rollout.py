@@ -12,7 +12,8 @@ from records import hand_record
 import stage2_grpo as g
 from srt import decode, modeling
 from srt.modeling import enable_activation_checkpointing, load_model_and_tokenizer
-from srt.rollouts import Rollout, sample_batch, think_lengths
+from srt.rollouts import Rollout, think_lengths
+from stage2_grpo import sample_batch
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -130,18 +131,18 @@ def test_a_masked_token_changes_neither_the_loss_nor_its_gradient_but_later_toke
     # the policy's tokens (hand value for --loss-norm token: minus the mean of A over them).
     logprobs = forward_logprobs(model, rollout).requires_grad_(True)
     advantages = torch.arange(4.0) - 1.5
-    for loss_norm in ("seq", "token"):
+    for loss_type in ("grpo", "dapo"):
         logprobs.grad = None
         weights = torch.ones_like(logprobs).index_put_(
             (torch.tensor(row), torch.tensor(planted)), torch.tensor(50.0)
         )
         loss, stats = g.grpo_loss(
             logprobs, logprobs.detach(), logprobs.detach() - 3.0, advantages, rollout.policy_mask,
-            beta=0.0, loss_norm=loss_norm, is_weights=weights,
+            beta=0.0, loss_type=loss_type, is_weights=weights,
         )  # fmt: skip
         loss.backward()
         assert logprobs.grad[row, planted] == 0 and (logprobs.grad[rollout.policy_mask.bool()] != 0).all()
-        if loss_norm == "token":
+        if loss_type == "dapo":
             mask = rollout.policy_mask.float()
             hand = -(advantages[:, None] * mask).sum() / mask.sum()
             assert loss.item() == pytest.approx(hand.item(), abs=1e-6)
@@ -219,7 +220,7 @@ def test_is_weight_makes_the_gradient_the_on_policy_one_in_expectation_and_the_c
         sampler = q.log()[draws][:, None]
         weights = g.truncated_is_weights(logprobs, sampler, cap)
         loss, _ = g.grpo_loss(logprobs, logprobs.detach(), None, A[draws], torch.ones(N, 1), beta=0.0,
-                              loss_norm="token", is_weights=weights)  # fmt: skip
+                              loss_type="dapo", is_weights=weights)  # fmt: skip
         loss.backward()
         w = torch.ones(N, dtype=torch.float64) if weights is None else weights[:, 0].detach()
         per_draw = -(w * A[draws])[:, None] * grad_log_p[draws]
@@ -286,7 +287,7 @@ def test_pi_old_equals_pi_theta_before_any_update_under_checkpointing_and_autoca
     records = [hand_record(i, 3, ("A1",), pruned_extra=()) for i in range(2)]
     torch.manual_seed(0)
     rollout = sample_batch(policy, tokenizer, records, PROMPTS, cfg, varied_reward, torch.bfloat16)
-    advantages = g.rollout_advantages(rollout, tokenizer, "sequence", "cpu")
+    advantages = g.rollout_advantages(rollout, tokenizer, cfg, "cpu")
     stats = g.update(policy, None, torch.optim.SGD(policy.parameters(), lr=0.0), rollout, advantages, cfg,
                      autocast_dtype=torch.bfloat16)  # fmt: skip
     assert len(stats["updates"]) == 4

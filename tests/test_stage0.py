@@ -339,8 +339,8 @@ def test_prompt_and_target_format(built):
 
 
 def test_preset_defaults_and_explicit_flags_win(built):
-    assert s0.parse_args(["--preset", "cpu-demo"]).num_dialogues == 600
-    assert s0.parse_args(["--preset", "cpu-demo", "--num-dialogues", "7"]).num_dialogues == 7
+    assert s0.parse_args(["--preset", "cpu-table2"]).num_dialogues == 600
+    assert s0.parse_args(["--preset", "cpu-table2", "--num-dialogues", "7"]).num_dialogues == 7
     assert s0.parse_args([]).num_dialogues == 2000
     config = json.loads((built[0] / "config.json").read_text())
     assert config["num_dialogues"] == 60 and config["seed"] == 3 and "quiet" not in config

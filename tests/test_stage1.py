@@ -520,7 +520,7 @@ def test_cpu_flags_are_read_from_proc_cpuinfo_and_torch_decides_without_them(mon
 
 
 def test_cpu_long_preset_doubles_the_demo_steps_and_keeps_its_phase_split():
-    demo, long = (stage1_sft.parse_args(["--preset", name]) for name in ("cpu-demo", "cpu-long"))
+    demo, long = (stage1_sft.parse_args(["--preset", name]) for name in ("cpu-table2", "cpu-long"))
     assert (demo.max_steps, long.max_steps) == (64, 128)
     assert (long.lr, long.batch_size, long.phase1_fraction, long.max_length) == (
         demo.lr,
@@ -548,7 +548,7 @@ def test_micro_batches_give_the_whole_batchs_loss_and_gradient(tmp_path):
     for a, b in zip(whole, micro):
         assert b["loss"] == pytest.approx(a["loss"], rel=1e-4)
         assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-4) and a["grad_norm"] > 0
-    demo = stage1_sft.parse_args(["--preset", "cpu-demo"])
+    demo = stage1_sft.parse_args(["--preset", "cpu-table2"])
     assert (demo.batch_size, demo.grad_accum) == (2, 2)  # the global batch of 4, in two parts
 
 

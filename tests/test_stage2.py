@@ -16,10 +16,11 @@ from records import hand_record
 from safetensors.torch import load_file
 
 import stage2_grpo as g
+from reward import compute_rewards
 from srt import grpo_explain, modeling
-from srt.data_io import read_jsonl, write_jsonl
+from srt.data_io import DataError, read_jsonl, write_jsonl
 from srt.modeling import load_model_and_tokenizer
-from srt.probe import pick_eval_records, sample_lines
+from srt.probe import evaluate_policy, pick_eval_records, sample_lines
 from srt.prompt import fit_prompt, render_prompt
 from srt.rollouts import PromptStream
 from srt.training import warmup_lr
@@ -145,7 +146,7 @@ def test_loss_on_policy_is_minus_mean_advantage():
         assert loss.item() == pytest.approx(-advantages.mean().item(), abs=1e-6)
         assert stats["kl"] == 0.0 and stats["clip_fraction"] == 0.0 and stats["ratio"] == pytest.approx(1.0)
     # token normalisation weighs each completion by its length: -(5*1.5 - 2*0.5 - 3*1.0) / 10
-    loss, _ = g.grpo_loss(logprobs, logprobs.clone(), None, advantages, mask, beta=0.0, loss_norm="token")
+    loss, _ = g.grpo_loss(logprobs, logprobs.clone(), None, advantages, mask, beta=0.0, loss_type="dapo")
     assert loss.item() == pytest.approx(-0.35, abs=1e-6)
 
 
@@ -172,19 +173,19 @@ def test_clipping_engages_exactly_outside_the_interval_in_the_right_direction():
 
 
 def test_seq_and_token_normalisation_differ_on_unequal_lengths():
-    def run(loss_norm):
+    def run(loss_type):
         logprobs = torch.zeros(2, 3, requires_grad=True)
         mask = torch.tensor([[1, 0, 0], [1, 1, 1]])  # |o_1| = 1, |o_2| = 3
         loss, _ = g.grpo_loss(
-            logprobs, logprobs.detach(), None, torch.tensor([1.0, -1.0]), mask, beta=0.0, loss_norm=loss_norm
+            logprobs, logprobs.detach(), None, torch.tensor([1.0, -1.0]), mask, beta=0.0, loss_type=loss_type
         )
         loss.backward()
         return loss.item(), logprobs.grad
 
-    loss, grad = run("seq")  # -(1/2)(1 - 1) = 0; token of the short one weighs 1/2, others 1/6
+    loss, grad = run("grpo")  # -(1/2)(1 - 1) = 0; token of the short one weighs 1/2, others 1/6
     assert loss == pytest.approx(0.0, abs=1e-7)
     assert torch.allclose(grad, torch.tensor([[-0.5, 0.0, 0.0], [1 / 6, 1 / 6, 1 / 6]]))
-    loss, grad = run("token")  # -(1 - 3) / 4 = 0.5; every token weighs 1/4
+    loss, grad = run("dapo")  # -(1 - 3) / 4 = 0.5; every token weighs 1/4
     assert loss == pytest.approx(0.5)
     assert torch.allclose(grad, torch.tensor([[-0.25, 0.0, 0.0], [0.25, 0.25, 0.25]]))
 
@@ -423,7 +424,7 @@ def test_prompt_stream_truncates_long_histories_and_skips_what_cannot_fit(tiny):
     assert ids == {r["id"] for r in short + long_history}  # long histories lose old turns, not the record
     assert stream.skipped >= 2 and stream.gold_cut >= 2  # Q1 of each long history went with the oldest turns
     assert all(len(tokenizer(p, add_special_tokens=False).input_ids) <= limit for _, p in batches)
-    with pytest.raises(g.DataError, match="max-prompt-length"):
+    with pytest.raises(DataError, match="max-prompt-length"):
         PromptStream(long_query, tokenizer, limit, seed=0).next_batch(1)
 
 
@@ -615,7 +616,7 @@ def test_segment_credit_pays_the_recall_tokens_for_the_recall_and_the_answer_tok
     monkeypatch.setattr(
         g,
         "grpo_loss",
-        lambda lp, old, ref, adv, *rest: seen.append(adv.clone()) or real_loss(lp, old, ref, adv, *rest),
+        lambda **k: seen.append(k["advantages"].clone()) or real_loss(**k),
     )
     monkeypatch.setattr(g, "think_lengths", lambda tok, ids: torch.tensor([1, 2, 0, ids.shape[1]]))
     for credit in ("sequence", "segment"):
@@ -675,14 +676,18 @@ def test_non_finite_loss_is_skipped_and_leaves_weights_unchanged(tiny):
 def test_evaluate_policy_with_the_real_reward(tiny):
     model, tokenizer = tiny
     records = [make_record(i) for i in range(3)]
-    result = g.evaluate_policy(model, tokenizer, records, max_new_tokens=4, batch_size=2, progress=False)
+    result = evaluate_policy(
+        model, tokenizer, records, compute_rewards, max_new_tokens=4, batch_size=2, progress=False
+    )
     assert result["n"] == 3 and result["skipped"] == 0
     for key in ("format", "recall", "answer", "total", "jaccard"):
         assert math.isfinite(result[key])
     assert result["total"] == pytest.approx(result["format"] + result["recall"] + result["answer"], abs=1e-5)
     assert -1.25 <= result["recall"] <= 1.25
     assert (
-        g.evaluate_policy(model, tokenizer, records, 4, 2, max_prompt_length=10, progress=False)["skipped"]
+        evaluate_policy(
+            model, tokenizer, records, compute_rewards, 4, 2, max_prompt_length=10, progress=False
+        )["skipped"]
         == 3
     )
 
@@ -702,13 +707,13 @@ def test_cli_rejects_bad_data_with_one_line(tmp_path):
 
 def test_presets_and_explicit_flags(tmp_path):
     train = str(tmp_path / "train.jsonl")
-    assert g.parse_args(["--preset", "cpu-demo", "--data", train]).eval_data is None
+    assert g.parse_args(["--preset", "cpu-table2", "--data", train]).eval_data is None
     (tmp_path / "dev.jsonl").write_text("")
-    assert g.parse_args(["--preset", "cpu-demo", "--data", train]).eval_data == str(tmp_path / "dev.jsonl")
+    assert g.parse_args(["--preset", "cpu-table2", "--data", train]).eval_data == str(tmp_path / "dev.jsonl")
     assert g.parse_args(["--data", train]).eval_data is None  # only the demo evaluates by default
     cfg = g.parse_args(["--preset", "paper"])
     assert (cfg.lr, cfg.num_generations, cfg.sample_ratio, cfg.clip_eps) == (3e-7, 8, 4, 0.2)
-    cfg = g.parse_args(["--preset", "cpu-demo", "--lr", "1e-5", "--no-gradient-checkpointing"])
+    cfg = g.parse_args(["--preset", "cpu-table2", "--lr", "1e-5", "--no-gradient-checkpointing"])
     assert (
         cfg.lr == 1e-5
         and cfg.gradient_checkpointing is False
@@ -1000,7 +1005,8 @@ def length_reward(completions, examples):
     return [{{"total": len(text) / 100.0}} for text in completions]
 
 stage2_grpo.train(stage2_grpo.parse_args(sys.argv[1:]), reward_fn=length_reward)
-stage2_grpo.teardown_distributed()
+from srt.distributed import teardown_distributed
+teardown_distributed()
 """
 
 
