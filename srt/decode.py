@@ -687,11 +687,12 @@ def sampling_model(model, dtype):
     the hardware has bf16 units (a GPU, a CPU with AMX or AVX512-BF16), None elsewhere (plain fp32).
     With bf16 and wider weights: a bf16 copy of the model (its forward hooks and tied weights kept;
     its buffers, RoPE's inv_freq, stay fp32), made once and refreshed from the model's weights
-    before a call if they have changed since (their versions) or an optimizer step
-    `follow_optimizer` watches has run (a fused optimizer changes no version). The master weights
-    and the loss stay as they are. FSDP inside full_weights: the gathered weights, already in
-    FSDP's compute dtype, as a plain module (distributed.plain_module), no copy. Otherwise (fp32,
-    already narrow, FSDP with sharded weights, whose every forward gathers): the model."""
+    before a call if they have changed since: their versions moved, or any optimizer stepped one
+    of them (watch_optimizers; a fused optimizer changes no version). The master weights and the
+    loss stay as they are. FSDP inside full_weights: the gathered weights, already in FSDP's
+    compute dtype, as a plain module (distributed.plain_module), no copy. Otherwise (fp32, already
+    narrow, FSDP with sharded weights, whose every forward gathers): the model."""
+    watch_optimizers()
     entry = _COPIES.setdefault(model, {"model": None, "stale": True, "versions": None})
     if is_fsdp(model):
         if not is_gathered(model):
@@ -715,13 +716,29 @@ def sampling_model(model, dtype):
     return entry["model"]
 
 
-def follow_optimizer(model, optimizer) -> None:
-    """After each optimizer step the weights rollouts read are stale, even where the step changed no
-    version (a fused optimizer): the next rollout refreshes the sampling copy once and packs the
-    weights again; rollouts with no step in between reuse them."""
-    entry = _COPIES.setdefault(model, {"model": None, "stale": True, "versions": None})
+_WATCHING = []  # the handle of the one process-wide optimizer hook, once registered
 
-    def mark_stale(*_):
+
+def watch_optimizers() -> None:
+    """After an optimizer step the weights rollouts read are stale, even where the step changed no
+    version (torch's fused AdamW writes the weights in place without bumping their version
+    counters): the next rollout must refresh the sampling copy once and pack the weights again;
+    rollouts with no step in between reuse them. Whoever steps (stage 2's
+    train(), a test or a benchmark calling grpo_step with an optimizer of its own), the step must be
+    seen, so the sampling path itself registers, once per process, a hook torch runs after every
+    optimizer's step (torch.optim.optimizer.register_optimizer_step_post_hook), and the hook marks
+    stale each model with a sampling copy or packed weights whose parameters that optimizer holds."""
+    if not _WATCHING:
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+
+        _WATCHING.append(register_optimizer_step_post_hook(_after_optimizer_step))
+
+
+def _after_optimizer_step(optimizer, *_) -> None:
+    stepped = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    for model, entry in list(_COPIES.items()):
+        if not any(id(p) in stepped for p in model.parameters()):
+            continue  # another model's optimizer (a stage-1 run in the same process, a test)
         entry["stale"] = True
         # Packed weights of the old weights are of no further use: free them before the next rollout
         # (the model's own in fp32, the sampling copy's, or those of FSDP's gathered weights).
@@ -729,4 +746,9 @@ def follow_optimizer(model, optimizer) -> None:
             if sampler is not None:
                 _PACKED.pop(sampler, None)
 
-    optimizer.register_step_post_hook(mark_stale)
+
+def follow_optimizer(model, optimizer) -> None:
+    """Kept for its callers (stage 2's train()): `optimizer`'s steps mark `model`'s sampling copy and
+    packed weights stale, as every optimizer's steps now do (watch_optimizers)."""
+    _COPIES.setdefault(model, {"model": None, "stale": True, "versions": None})
+    watch_optimizers()

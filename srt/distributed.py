@@ -5,7 +5,8 @@ do not fit one GPU (the paper's 7B backbone on 8 x A100-80GB, §4.1). PyTorch's 
 
 - `setup_distributed`: torchrun sets RANK, WORLD_SIZE and LOCAL_RANK; without it, one process.
 - `wrap_model`: DDP over 2+ processes, FSDP with --fsdp, the model itself otherwise.
-- `shard_model`: one FSDP unit per decoder layer plus the root (embeddings, final norm, lm_head).
+- `shard_model`: one FSDP unit per decoder layer plus the root (embeddings, final norm, lm_head);
+  a frozen model (pi_ref) reshards its root after each forward too, having no backward to do it.
   Each rank keeps 1/N of the fp32 master weights, of the gradients and, since AdamW is built on
   the sharded parameters, of AdamW's two moments. On a GPU a MixedPrecisionPolicy all-gathers bf16
   copies for compute and reduce-scatters gradients in fp32.
@@ -163,11 +164,26 @@ def decoder_layers(model):
     return model.get_decoder().layers
 
 
+def is_frozen(model) -> bool:
+    """No parameter trains (stage 2's pi_ref): the model never runs a backward pass."""
+    return not any(p.requires_grad for p in model.parameters())
+
+
 def shard_model(model, device, compute_dtype=None):
     """fully_shard on each decoder layer, then on the root. compute_dtype bf16: the units gather bf16
     copies for forward and backward and reduce gradients in fp32 (the weights stay as they are,
     fp32 masters). None: compute in the weights' own dtype (the CPU tests, so results compare
-    exactly with one process). Returns the model, now an FSDPModule whose parameters are DTensors."""
+    exactly with one process). Returns the model, now an FSDPModule whose parameters are DTensors.
+
+    The root unit (embeddings, final norm, lm_head). Left to itself, FSDP2 does not reshard the root
+    after its forward: in training the backward needs those weights at once, so freeing them would
+    only gather them again. The backward then reshards them. A frozen model (stage 2's pi_ref, its
+    every parameter requires_grad False: call requires_grad_(False) before this) never runs a
+    backward, so nothing would ever free its gathered root: pi_ref would hold its whole embeddings
+    and lm_head for the run, 2 x 152064 x 3584 bf16 numbers = 2.2 GB on every GPU for Qwen2.5-7B
+    where memory_plan.py budgets 1/N of them (1.9 GB more a GPU on 8). So a frozen model's root
+    reshards after each forward, as its layers do; the price is one all-gather of the root per
+    pi_ref forward, as each layer already costs."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
@@ -184,7 +200,9 @@ def shard_model(model, device, compute_dtype=None):
     )
     for layer in decoder_layers(model):
         fully_shard(layer, mesh=mesh, mp_policy=policy)
-    fully_shard(model, mesh=mesh, mp_policy=policy)
+    # None: FSDP's own choice (the root stays gathered until its backward); True: reshard the root
+    # after every forward, for a model that has no backward.
+    fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=True if is_frozen(model) else None)
     return model
 
 
@@ -215,7 +233,8 @@ def full_weights(model):
         for unit in units:
             unit.reshard()
         model.set_reshard_after_forward(True)
-        model.set_reshard_after_forward(False, recurse=False)  # FSDP's own choice for the root
+        if not is_frozen(model):  # the root's setting of shard_model: see its docstring
+            model.set_reshard_after_forward(False, recurse=False)  # FSDP's own choice for the root
 
 
 def is_gathered(model) -> bool:

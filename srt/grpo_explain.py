@@ -19,7 +19,7 @@ import torch
 from srt.config import at_least
 from srt.data_io import read_mixture
 from srt.distributed import setup_distributed
-from srt.modeling import load_model_and_tokenizer, resolve_dtype
+from srt.modeling import GRPO_DROPOUT_NOTE, load_model_and_tokenizer, resolve_dtype, zero_dropout
 from srt.rollouts import PromptStream
 from srt.step_page import write_step_page
 from srt.training import adamw, seed_everything, warmup_lr
@@ -135,6 +135,7 @@ def explain(cfg, grpo, reward_fn=None, print_fn=print) -> dict:
     seed_everything(cfg.seed)
     _, autocast_dtype = resolve_dtype(cfg.dtype, device)
     policy, tokenizer = load_model_and_tokenizer(cfg.model, dtype=cfg.dtype, device=device)
+    zero_dropout(policy, GRPO_DROPOUT_NOTE)  # pi_old runs in train mode, as in stage 2's train()
     ref_model, _ = load_model_and_tokenizer(cfg.model, dtype=cfg.dtype, device=device)
     ref_model.eval().requires_grad_(False)
     optimizer = adamw(policy.parameters(), cfg.lr, cfg.weight_decay)

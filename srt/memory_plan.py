@@ -11,7 +11,10 @@ Per rank, in GB (10^9 bytes), on a GPU (bf16 compute: autocast, or FSDP's MixedP
     bf16 copies    without FSDP, autocast's cached bf16 weights (2 P); under FSDP the gathered
                    units of one step: the root (embeddings, norm, lm_head) and two layers (the one
                    computing and the one prefetched)
-    pi_ref         GRPO with beta > 0: bf16 and sharded under FSDP, else in the weights' dtype
+    pi_ref         GRPO with beta > 0: bf16 and sharded under FSDP, else in the weights' dtype.
+                   Sharded whole between its forwards: pi_ref has no backward, so its root unit
+                   (embeddings, norm, lm_head) too reshards after each forward
+                   (distributed.shard_model)
     sampling copy  GRPO without FSDP, bf16 compute over wider weights: the bf16 copy of the policy
                    the rollouts run on (decode.sampling_model, 2 P), kept between rollouts
     rollout        GRPO: the KV cache (layers x 2 x kv_heads x head_dim x 2 bytes a position: with
@@ -178,7 +181,7 @@ def plan(shape: Shape, run: Run) -> dict:
         items["compute_copies"] = c * (shape.root_parameters() + 2 * shape.layer_parameters())
     else:
         items["compute_copies"] = c * P if c < w else 0
-    if run.with_reference:
+    if run.with_reference:  # under FSDP all of it, root included, 1/N (tests/test_fsdp.py measures it)
         items["reference"] = (c if run.fsdp else w) * P / shards
     kv_dim = shape.kv_heads * shape.dim
     if run.stage == "grpo":

@@ -439,6 +439,54 @@ def load_model_and_tokenizer(name: str, dtype: str = "auto", device=None, trust_
     return model, tokenizer
 
 
+DROPOUT_WORDS = ("dropout", "pdrop")  # attention_dropout, hidden_dropout, resid_pdrop, embd_pdrop, ...
+GRPO_DROPOUT_NOTE = "stage 2 computes pi_old in train mode, where dropout would make Eq. (9)'s ratio random"
+
+
+def zero_dropout(model, why: str | None = None) -> list[str]:
+    """Set every dropout probability of `model` to 0: its config's (attention_dropout,
+    hidden_dropout, resid_pdrop, embd_pdrop, and those of sub-configs), the copies modules took of
+    them when built (LlamaAttention keeps its own attention_dropout), and every nn.Dropout's p.
+    Stage 2 computes pi_old in train mode (the same path as the loss's forward, §3.4), so a
+    checkpoint with dropout would make pi_old a random draw and Eq. (9)'s ratio not 1 before any
+    update (TRL zeroes dropout for GRPO for this reason). The models this project trains (SmolLM2,
+    Qwen2.5, tiny-random) ship 0 everywhere: then nothing changes and nothing is printed. With
+    `why`, one line says what was set to 0. -> the settings that were above 0, "name=value"."""
+    from transformers import PretrainedConfig
+
+    zeroed = {}
+
+    def is_rate(key, value) -> bool:
+        return (
+            any(word in key.lower() for word in DROPOUT_WORDS)
+            and isinstance(value, (int, float))
+            and not isinstance(value, bool)
+            and value > 0
+        )
+
+    def zero_config(config, prefix=""):
+        for key in config.to_dict():
+            value = getattr(config, key, None)
+            if isinstance(value, PretrainedConfig):
+                zero_config(value, f"{prefix}{key}.")
+            elif is_rate(key, value):
+                zeroed[f"config.{prefix}{key}={value}"] = None
+                setattr(config, key, 0.0)
+
+    zero_config(model.config)
+    for module in model.modules():
+        if isinstance(module, torch.nn.modules.dropout._DropoutNd) and module.p > 0:
+            zeroed[f"{type(module).__name__}.p={module.p}"] = None
+            module.p = 0.0
+        for key, value in list(vars(module).items()):
+            if is_rate(key, value):
+                zeroed[f"{type(module).__name__}.{key}={value}"] = None
+                setattr(module, key, 0.0)
+    if zeroed and why and is_main_process():
+        print(f"note: {why}: dropout set to 0 ({', '.join(zeroed)})", flush=True)
+    return list(zeroed)
+
+
 def enable_activation_checkpointing(model) -> None:
     """--gradient-checkpointing: each decoder layer keeps only its input and runs again in the
     backward pass (non-reentrant checkpoints, which FSDP and DDP support). transformers 5.24 names

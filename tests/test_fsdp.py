@@ -95,6 +95,15 @@ grads = {f"{i}.{k}": v for i in range(len(optimizer.gradients))
 stats = g.gather_objects({k: result[k] for k in ("loss", "kl", "updates", "grad_norm")}, 2)
 if rank == 0:
     save_file(grads, tmp / "grpo_grads.safetensors")
+# What pi_ref holds on this rank after grpo_step's no-grad forwards: a DTensor's local shard, or the
+# whole tensor where FSDP left the unit gathered.
+def held(p):
+    local = p.to_local() if hasattr(p, "to_local") else p
+    size = local.numel() * local.element_size()
+    return {"sharded": hasattr(p, "to_local"), "rows": local.shape[0], "bytes": size}
+ref_held = g.gather_objects({name: held(p) for name, p in ref.named_parameters()}, 2)
+if rank == 0:
+    (tmp / "ref_held.json").write_text(json.dumps(ref_held))
 
 # Rollouts with the weights gathered once: the same greedy text as the plain model, and no
 # all-gather while decoding (each unit gathers once on entry).
@@ -520,6 +529,34 @@ def test_fsdp_grpo_step_equals_one_process_on_fixed_rollouts(fsdp_run, monkeypat
     assert sum(r["kl"] for r in result["grpo_stats"]) / 2 == pytest.approx(single["kl"], rel=1e-3, abs=1e-9)
     for r in result["grpo_stats"]:
         assert r["grad_norm"] == pytest.approx(single["grad_norm"], rel=GRAD_RTOL)
+
+
+def test_frozen_pi_ref_reshards_its_root_after_a_forward_as_the_plan_budgets(fsdp_run, tiny):
+    """pi_ref never runs a backward, which is where FSDP2 reshards a root unit it left gathered after
+    the forward. After grpo_step's no-grad pi_ref forwards every parameter of pi_ref, the root's
+    (embeddings, final norm, lm_head) included, must be a DTensor holding its local shard, and what
+    a rank holds must be what memory_plan.py budgets for pi_ref: 1/N of it. (Left gathered, the root
+    alone is 2 x 152064 x 3584 bf16 numbers for Qwen2.5-7B: 1.9 GB a GPU over the plan on 8.)"""
+    tmp, _, _ = fsdp_run
+    ranks = json.loads((tmp / "ref_held.json").read_text())
+    model, _ = tiny
+    full = dict(model.named_parameters())
+    for name in ("model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"):
+        for held in ranks:
+            assert held[name]["sharded"] and held[name]["rows"] < full[name].shape[0], (name, held[name])
+    for name, p in full.items():  # the shards of each parameter add up to it, once
+        assert all(held[name]["sharded"] for held in ranks), name
+        assert sum(held[name]["rows"] for held in ranks) == p.shape[0], name
+    # The driver's stage 2 settings, in the planner's terms (as the run prints its plan).
+    cfg = g.parse_args(
+        ["--model", "tiny-random", "--dtype", "float32", "-K", "4", "--sample-ratio", "1", "--mu", "2",
+         "--beta", "0.04", "--micro-batch-size", "2", "--fsdp"]
+    )  # fmt: skip
+    shape = memory_plan.shape_from_config(model.config.to_dict())
+    planned = memory_plan.plan(shape, memory_plan.stage_run("grpo", cfg, 2))["reference"]
+    assert planned == 4 * shape.parameters() / 2  # fp32 here (the CPU tests), sharded over 2 ranks
+    for held in ranks:  # a rank's shards: half of each tensor's rows, the first rank the odd one more
+        assert sum(h["bytes"] for h in held.values()) == pytest.approx(planned, rel=0.01)
 
 
 def test_rollouts_gather_the_weights_once_not_at_every_decode_step(fsdp_run, tiny):

@@ -1,6 +1,7 @@
 """The rollout record (srt/rollouts.py Rollout) and what the update reads from it: the sampler's own
 log-probs, the policy mask, the truncated importance weight pi_old / pi_sampler, and one code path
-for pi_old and pi_theta. Everything runs on the tiny random Llama, fp32 unless a test says not."""
+for pi_old and pi_theta (the same suppressed tokens, no dropout, a sampling copy as fresh as the
+weights). Everything runs on the tiny random Llama, fp32 unless a test says not."""
 
 import copy
 import math
@@ -11,8 +12,10 @@ from records import hand_record
 
 import stage2_grpo as g
 from srt import decode, modeling
+from srt.data_io import write_jsonl
 from srt.modeling import enable_activation_checkpointing, load_model_and_tokenizer
 from srt.rollouts import Rollout, think_lengths
+from srt.training import adamw
 from stage2_grpo import sample_batch
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -295,6 +298,113 @@ def test_pi_old_equals_pi_theta_before_any_update_under_checkpointing_and_autoca
         assert update["ratio"] == 1.0 and update["clip_fraction"] == 0.0, update
     # and the bf16 sampler's gap is there to be logged
     assert stats["sampler_kl"] > 0
+
+
+def test_pi_old_leaves_the_suppressed_tokens_out_of_its_softmax_as_the_sampler_does():
+    """The sampler never draws a suppressed token (generation_config.suppress_tokens, srt/decode.py),
+    so its log-probs are those of softmax(logits / T) over the other tokens. pi_old must be over the
+    same distribution: the ratio's pi_old is what the sampler's tokens were drawn from (Eq. (9)),
+    and the IS weight is pi_old / pi_sampler. Half the vocabulary suppressed: a pi_old over the whole
+    vocabulary sits well below the sampler (by the mass it gives the suppressed half), so on an fp32
+    CPU, where the sampler is the policy, only a pi_old that leaves them out agrees to rounding.
+    Both pi_old paths run: the first minibatch's own log-probs and the no-grad pass of the second."""
+    model, tokenizer = sharp_tiny()
+    stops = modeling.stop_token_ids(model, tokenizer)
+    suppressed = [t for t in range(1, len(tokenizer), 2) if t not in stops]
+    model.generation_config.suppress_tokens = suppressed
+    cfg = config("-K", "4", "--max-new-tokens", "8", "--sample-ratio", "2", "--beta", "0")
+    rollout = rollout_of(model, tokenizer, cfg)
+    mask = rollout.policy_mask.bool()
+    assert not torch.isin(rollout.completion_ids[mask], torch.tensor(suppressed)).any()  # never drawn
+    whole_vocabulary = forward_logprobs(model, rollout)[mask]
+    assert (rollout.sampler_logprobs[mask] - whole_vocabulary).mean() > 0.3  # nats a token (measured 0.74)
+    result = g.grpo_step(model, None, tokenizer, torch.optim.SGD(model.parameters(), lr=0.0), None, None, cfg,
+                         reward_fn=varied_reward, batch=rollout)  # fmt: skip
+    assert result["updates"] == 2
+    assert abs(result["sampler_log_ratio"]) < 1e-4 and 0 <= result["sampler_kl"] < 1e-8, result
+
+
+def test_the_bf16_sampling_copy_is_fresh_after_any_optimizers_step(monkeypatch):
+    """The rollouts of a step must come from the weights the step before left. torch's fused AdamW
+    (srt.training.adamw on a CPU, as stage 2 builds it) writes the weights in place without moving
+    their version counters, so a copy refreshed only when a version moves, or on a hook only
+    train() registers, would sample from the weights before the step. Here grpo_step runs twice
+    with an optimizer nobody registered (no train(), no follow_optimizer) and the bf16 sampler forced
+    (autocast bf16, as on a GPU or an AMX CPU): each rollout's copy must be the master weights in
+    bf16 at the moment it samples."""
+    policy, tokenizer = sharp_tiny()
+    optimizer = adamw(policy.parameters(), lr=1e-2, weight_decay=0.0)
+    assert optimizer.defaults["fused"]
+    cfg = config("-K", "4", "--max-new-tokens", "6", "--sample-ratio", "2", "--beta", "0")
+    records = [hand_record(i, 3, ("A1",), pruned_extra=()) for i in range(2)]
+    real, fresh = decode.sampling_model, []
+
+    def checked(model, dtype):
+        low = real(model, dtype)
+        bf16 = [p.detach().to(torch.bfloat16) for p in model.parameters()]
+        fresh.append(low is not model and all(torch.equal(q, p) for p, q in zip(bf16, low.parameters())))
+        return low
+
+    monkeypatch.setattr(decode, "sampling_model", checked)
+    before = copy.deepcopy(policy.state_dict())
+    torch.manual_seed(0)
+    for _ in range(2):
+        result = g.grpo_step(policy, None, tokenizer, optimizer, records, PROMPTS, cfg,
+                             reward_fn=varied_reward, autocast_dtype=torch.bfloat16)  # fmt: skip
+        assert result["updates"] == 2 and result["skipped_updates"] == 0
+    after = policy.state_dict()
+    assert any(not torch.equal(after[k], before[k]) for k in before)  # the steps moved the weights
+    assert fresh == [True, True]
+
+
+def test_dropout_of_a_checkpoint_is_zeroed_so_pi_old_is_pi_theta_before_an_update(tmp_path, capsys):
+    """pi_old runs in train mode (one path with the loss's forward), so a checkpoint with dropout
+    (attention_dropout 0.1 here) would make it a random draw, and Eq. (9)'s ratio no longer 1 before
+    any update. Stage 2 loads its models with every dropout probability at 0 and says so in one
+    line. With lr 0, two minibatches and mu = 2, every update's ratio must be exactly 1."""
+    model, tokenizer = sharp_tiny()
+    model.config.attention_dropout = 0.1
+    model.save_pretrained(tmp_path / "dropout")
+    tokenizer.save_pretrained(tmp_path / "dropout")
+    reloaded, _ = load_model_and_tokenizer(str(tmp_path / "dropout"))
+    assert reloaded.model.layers[0].self_attn.attention_dropout == 0.1  # as the checkpoint says
+    data = tmp_path / "train.jsonl"
+    write_jsonl(data, [hand_record(i, 3, ("A1",), pruned_extra=()) for i in range(2)])
+    seen = {}
+
+    def frozen_step(policy, ref_model, tokenizer, optimizer, *args, **kwargs):
+        seen["rates"] = {m.attention_dropout for m in policy.modules() if hasattr(m, "attention_dropout")}
+        seen["config"] = policy.config.attention_dropout
+        seen["result"] = g.grpo_step(
+            policy, ref_model, tokenizer, torch.optim.SGD(policy.parameters(), lr=0.0), *args, **kwargs
+        )
+        return seen["result"]
+
+    flags = ["--model", str(tmp_path / "dropout"), "--data", str(data), "--out", str(tmp_path / "run"),
+             "--dtype", "float32", "-K", "4", "--prompts-per-step", "2", "--max-new-tokens", "6",
+             "--sample-ratio", "2", "--mu", "2", "--beta", "0", "--max-steps", "1", "--save-every", "0",
+             "--eval-limit", "0", "--max-prompt-length", "0"]  # fmt: skip
+    g.train(g.parse_args(flags), reward_fn=varied_reward, step_fn=frozen_step)
+    assert "dropout set to 0 (config.attention_dropout=0.1" in capsys.readouterr().out
+    assert seen["rates"] == {0.0} and seen["config"] == 0.0
+    assert seen["result"]["updates"] == 4 and seen["result"]["ratio"] == 1.0, seen["result"]
+
+
+def test_zero_dropout_finds_every_kind_of_dropout_setting():
+    """GPT-2 keeps its rates as nn.Dropout modules (resid_pdrop, embd_pdrop, attn_pdrop), Llama as
+    a float its attention took from the config: both, and the config itself, go to 0; a model with
+    none is left as it is and nothing is reported."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    gpt2 = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=8, n_head=2, vocab_size=16, n_positions=8))
+    assert any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in gpt2.modules())
+    zeroed = modeling.zero_dropout(gpt2)
+    rates = {"config.resid_pdrop=0.1", "config.embd_pdrop=0.1", "config.attn_pdrop=0.1", "Dropout.p=0.1"}
+    assert rates <= set(zeroed)
+    assert all(m.p == 0 for m in gpt2.modules() if isinstance(m, torch.nn.Dropout))
+    assert (gpt2.config.resid_pdrop, gpt2.config.embd_pdrop, gpt2.config.attn_pdrop) == (0.0, 0.0, 0.0)
+    tiny, _ = load_model_and_tokenizer("tiny-random", dtype="float32")
+    assert modeling.zero_dropout(tiny) == []
 
 
 # ---------------------------------------------------------------------------------------------
