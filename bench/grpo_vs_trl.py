@@ -119,6 +119,7 @@ for _path in (
         sys.path.insert(0, _path)
 
 from measure import (  # noqa: E402
+    check_out,
     describe,
     fmt_stat,
     machine,
@@ -489,6 +490,7 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
 
     check_arguments(args)
+    check_out(args.out)
     precisions = resolve_precisions(args.precisions)
     check_trl(args.trl_python)  # fail before spending minutes on our side
     K, P = args.num_generations, args.prompts_per_step
