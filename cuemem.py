@@ -42,7 +42,17 @@ from pathlib import Path
 import numpy as np
 
 from srt import modeling
-from srt.config import at_least, claim_out, env_var_name, in_range, parse_config, write_config
+from srt.config import (
+    MAX_NEW_TOKENS,
+    at_least,
+    claim_out,
+    env_var_name,
+    in_range,
+    interruptible,
+    parse_config,
+    up_to,
+    write_config,
+)
 from srt.data.teacher import ChatClient
 from srt.data_io import DataError, bucket_of, read_jsonl, write_json, write_jsonl
 from srt.metrics import f1_score, final_answer, recall_metrics
@@ -846,14 +856,21 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument(
         "--capacity", type=at_least(1), default=None, help="forgetting: keep only the newest N utterances"
     )
+    # --max-age 0 forgets every earlier round (they are all older than the query's): empty evidence,
+    # whose precision would read 1.0
     g.add_argument(
-        "--max-age", type=at_least(0), default=None, help="forgetting: drop utterances more than N rounds old"
+        "--max-age",
+        type=at_least(1),
+        default=None,
+        help="forgetting: drop utterances more than N rounds older than the query",
     )
-    g.add_argument("--max-new-tokens", type=at_least(1), default=64, help="tokens per answer")
+    g.add_argument("--max-new-tokens", type=up_to(MAX_NEW_TOKENS), default=64, help="tokens per answer")
     g.add_argument(
         "--dtype", default="auto", choices=["auto", "float32", "bfloat16"], help="weight precision"
     )
-    g.add_argument("--device", default=None, help="default: cuda when available, else cpu")
+    g.add_argument(
+        "--device", type=modeling.device_flag, default=None, help="default: cuda when available, else cpu"
+    )
     return p
 
 
@@ -872,6 +889,17 @@ def _token_counter(args, tokenizer) -> TokenCounter:
 
 def main(argv=None) -> None:
     args = parse_config(build_parser(), PRESETS, argv)
+    with interruptible(
+        lambda: (
+            f"the predictions so far are in {args.out}/predictions.jsonl; the same command with "
+            "--resume goes on from them"
+        )
+    ):
+        run(args)
+
+
+def run(args) -> None:
+    """CueMem over --data: evidence metrics, and answers unless --retrieval-only."""
     if args.extractor == "llm" and args.api_base and not args.api_model:
         sys.exit("error: --api-base needs --api-model")
     try:
@@ -933,49 +961,53 @@ def main(argv=None) -> None:
     from tqdm import tqdm
 
     todo = [r for r in records if r["id"] not in done]
-    for k, record in enumerate(tqdm(todo, desc="cuemem", disable=not todo), 1):
-        start = time.perf_counter()
-        memory = build_memory(record, **memory_options)  # offline: not part of query latency
-        built = time.perf_counter()
-        evidence = [label for label, _ in memory.query(record["query"], **query_options)]
-        messages = build_answer_messages(record, evidence, not args.no_priority)
-        full_messages = build_answer_messages(
-            record, [t["label"] for t in record["history"]], not args.no_priority
-        )
-        row = {
-            "id": record["id"],
-            "evidence": evidence,
-            "gold_evidence": record["recall"],
-            **recall_metrics(evidence, record["recall"]),
-            "evidence_size": len(evidence),
-            "input_tokens": count(messages),
-            "full_input_tokens": count(full_messages),
-            "history_tokens": count.text(format_history(record["history"], set(evidence))),
-            "full_history_tokens": count.text(format_history(record["history"])),
-            "bucket": record["meta"].get("bucket", bucket_of(record["query_turn"])),
-            "build_s": built - start,
-            "latency_s": time.perf_counter() - built,
-        }
-        if generate_fn is not None:  # latency: from the built memory to the answer (§5.4)
-            completion = generate_fn(messages)
-            answer = final_answer("cuemem", completion)
-            row.update(
-                latency_s=time.perf_counter() - built,
-                completion=completion,
-                answer=answer,
-                f1=f1_score(answer, record["answer"]),
+    try:
+        for k, record in enumerate(tqdm(todo, desc="cuemem", disable=not todo), 1):
+            start = time.perf_counter()
+            memory = build_memory(record, **memory_options)  # offline: not part of query latency
+            built = time.perf_counter()
+            evidence = [label for label, _ in memory.query(record["query"], **query_options)]
+            messages = build_answer_messages(record, evidence, not args.no_priority)
+            full_messages = build_answer_messages(
+                record, [t["label"] for t in record["history"]], not args.no_priority
             )
-            if args.compare_full:
-                start = time.perf_counter()
-                full = final_answer("full", generate_fn(full_messages))
+            row = {
+                "id": record["id"],
+                "evidence": evidence,
+                "gold_evidence": record["recall"],
+                **recall_metrics(evidence, record["recall"]),
+                "evidence_size": len(evidence),
+                "input_tokens": count(messages),
+                "full_input_tokens": count(full_messages),
+                "history_tokens": count.text(format_history(record["history"], set(evidence))),
+                "full_history_tokens": count.text(format_history(record["history"])),
+                "bucket": record["meta"].get("bucket", bucket_of(record["query_turn"])),
+                "build_s": built - start,
+                "latency_s": time.perf_counter() - built,
+            }
+            if generate_fn is not None:  # latency: from the built memory to the answer (§5.4)
+                completion = generate_fn(messages)
+                answer = final_answer("cuemem", completion)
                 row.update(
-                    full_latency_s=time.perf_counter() - start,
-                    full_answer=full,
-                    full_f1=f1_score(full, record["answer"]),
+                    latency_s=time.perf_counter() - built,
+                    completion=completion,
+                    answer=answer,
+                    f1=f1_score(answer, record["answer"]),
                 )
-        rows.append(row)
-        if k % 25 == 0:
-            write_jsonl(pred_path, rows)
+                if args.compare_full:
+                    start = time.perf_counter()
+                    full = final_answer("full", generate_fn(full_messages))
+                    row.update(
+                        full_latency_s=time.perf_counter() - start,
+                        full_answer=full,
+                        full_f1=f1_score(full, record["answer"]),
+                    )
+            rows.append(row)
+            if k % 25 == 0:
+                write_jsonl(pred_path, rows)
+    except KeyboardInterrupt:  # keep every answered record, not only those of the last save
+        write_jsonl(pred_path, rows)
+        raise
     write_jsonl(pred_path, rows)
     summary = summarize_cuemem(rows, count.name)
     write_json(out / "summary.json", summary)

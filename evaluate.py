@@ -64,9 +64,20 @@ import reward
 from srt import locomo_eval, modeling, report
 from srt.attention import attention_analysis
 from srt.completion import is_valid_format
-from srt.config import at_least, claim_out, env_var_name, parse_config, write_config
+from srt.config import (
+    MAX_BATCH,
+    MAX_NEW_TOKENS,
+    at_least,
+    changed_settings,
+    claim_out,
+    env_var_name,
+    interruptible,
+    parse_config,
+    up_to,
+    write_config,
+)
 from srt.data.teacher import ChatClient
-from srt.data_io import BUCKETS, DataError, atomic_write_text, bucket_of, read_jsonl, read_lines
+from srt.data_io import BUCKETS, DataError, atomic_write_text, bucket_of, files_sha256, read_jsonl, read_lines
 from srt.metrics import (
     SELF_RECALL_METHODS,
     accuracy,
@@ -77,7 +88,7 @@ from srt.metrics import (
     final_answer,
     jaccard,
     key_f1,
-    keys_present,
+    keys_affirmed,
     normalize_answer,
     recall_metrics,
     states_several_candidates,
@@ -85,9 +96,11 @@ from srt.metrics import (
 )
 from srt.modeling import (
     check_model_name,
+    device_flag,
     embed,
     load_embedder,
     load_model_and_tokenizer,
+    model_fingerprint,  # the sha256 naming a variant's weights (a checkpoint's files' bytes)
     render_chat,
     resolve_dtype,
 )
@@ -113,13 +126,63 @@ TABLE2_GUESS = {
 # Bumped whenever a stored row's scores would change: old rows are then not reused by --resume.
 # 4: accuracy and the keys reward fail an answer that states values the reference does not.
 # 5: no accuracy or key-F1 without answer keys; LoCoMo's per-category score and evidence recall.
-SCORE_VERSION = 5
+# 6: accuracy and the keys reward fail an answer that states a key only to deny it ("was not $106").
+SCORE_VERSION = 6
 # Per-variant settings (--variant-options NAME=JSON) and what they override.
 VARIANT_KEYS = ("limit", "recency_k", "rag_k", "cuemem", "max_new_tokens", "history", "recall", "memory")
 MEMORIES = ("window", "conversation")
 MEMORY_METHODS = ("full", "recency", "rag", "cuemem")  # read the whole conversation where there is one
 CUEMEM_MEMORY_KEYS = ("extractor", "window", "links_per_cue", "link_threshold", "capacity", "max_age")
 CUEMEM_QUERY_KEYS = ("top_k", "use_graph", "max_evidence", "temporal_decay", "min_relative_score")
+
+
+def _integer(low: int, or_none: bool = False):
+    """A cuemem option's check: an integer >= low (or null, where null means no limit)."""
+    return (
+        lambda v: (v is None and or_none) or (type(v) is int and v >= low),
+        f"an integer >= {low}" + (" or null" if or_none else ""),
+    )
+
+
+def _number(low: float, high: float):
+    return (
+        lambda v: type(v) in (int, float) and low <= v <= high,
+        f"a number in [{low}, {high}]",
+    )
+
+
+_BOOLEAN = (lambda v: type(v) is bool, "true or false")
+# What each key of a "cuemem" object (--cuemem-options, or "cuemem" in --variant-options) takes, as
+# cuemem.py's own flags do: an unknown key (a misspelt "capcity") would be dropped without a word,
+# and a capacity of 0 or -1 (or a max_age of 0) leaves a memory that forgets every turn.
+CUEMEM_OPTIONS = {
+    "extractor": (lambda v: v in ("rule", "llm"), "'rule' or 'llm'"),
+    "window": _integer(0),
+    "links_per_cue": _integer(0),
+    "link_threshold": _number(-1.0, 1.0),
+    "capacity": _integer(1, or_none=True),
+    "max_age": _integer(1, or_none=True),
+    "top_k": _integer(1),
+    "use_graph": _BOOLEAN,
+    "max_evidence": _integer(0, or_none=True),  # 0 or null: no cap
+    "temporal_decay": _number(0.0, 1.0),
+    "min_relative_score": _number(0.0, 1.0),
+    "prioritize_recent": _BOOLEAN,
+}
+
+
+def cuemem_option_problem(options) -> str | None:
+    """What is wrong with a "cuemem" option object, in words, or None."""
+    if not isinstance(options, dict):
+        return "cuemem options must be a JSON object"
+    for key, value in options.items():
+        if key not in CUEMEM_OPTIONS:
+            return f"unknown cuemem option {key!r}; the known ones: {', '.join(CUEMEM_OPTIONS)}"
+        valid, takes = CUEMEM_OPTIONS[key]
+        if not valid(value):
+            return f"cuemem option {key} must be {takes}, got {json.dumps(value)}"
+    return None
+
 
 PRESETS = {
     # `make table2`: 96 test queries (24 per 8/16/24/32-round bucket, stratified) per variant on 2 CPU
@@ -441,7 +504,7 @@ def score_prediction(
         "f1": f1_score(answer, record["answer"]),
         "key_f1": key_f1(answer, record) if has_keys else None,
         "accuracy": accuracy(answer, record) if has_keys else None,
-        "keys_present": keys_present(answer, keys) if has_keys else None,
+        "keys_present": keys_affirmed(answer, keys, record["answer"]) if has_keys else None,
         "truncated": truncated,
     }
     if reward_info is not None:
@@ -490,29 +553,6 @@ def record_facts(record) -> dict:
 # --------------------------------------------------------------------------------------------
 # What a saved row belongs to: the checkpoint's files, the evaluation settings, the record
 # --------------------------------------------------------------------------------------------
-def model_fingerprint(name: str, api_base: str | None = None) -> str:
-    """sha256 naming the weights a variant answers with. A folder (a trained checkpoint, or the
-    converted smollm2-135m): its config, tokenizer and weight files' bytes (files above 2 GiB in
-    all: their names, sizes and modification times, to stay fast on 7B checkpoints). tiny-random
-    is built from a fixed seed and an HF id names a fixed snapshot: their name alone."""
-    digest = hashlib.sha256(name.encode())
-    folder = modeling.cache_dir() / "smollm2-135m" if name == "smollm2-135m" else Path(name)
-    if name.startswith("api:"):
-        digest.update(str(api_base).encode())
-    elif folder.is_dir():
-        files = sorted(p for p in folder.iterdir() if p.is_file())
-        by_bytes = sum(p.stat().st_size for p in files) <= 2 << 30
-        for p in files:
-            digest.update(p.name.encode())
-            if by_bytes:
-                with open(p, "rb") as f:
-                    for block in iter(lambda: f.read(1 << 24), b""):
-                        digest.update(block)
-            else:
-                digest.update(f"{p.stat().st_size}:{p.stat().st_mtime_ns}".encode())
-    return digest.hexdigest()
-
-
 def record_hash(record) -> str:
     return hashlib.sha256(json.dumps(record, sort_keys=True, ensure_ascii=False).encode()).hexdigest()[:16]
 
@@ -880,6 +920,10 @@ def parse_variant_options(specs, names) -> dict:
             number = value.get(key, 1)
             if not (number is None and key == "limit") and (type(number) is not int or number < 1):
                 sys.exit(f"error: --variant-options {spec!r}: {key} must be an integer >= 1, got {number!r}")
+        if value.get("max_new_tokens", 1) > MAX_NEW_TOKENS:
+            sys.exit(f"error: --variant-options {spec!r}: max_new_tokens must be <= {MAX_NEW_TOKENS}")
+        if problem := cuemem_option_problem(value.get("cuemem", {})):
+            sys.exit(f"error: --variant-options {spec!r}: {problem}")
         out[name] = value
     return out
 
@@ -983,7 +1027,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="length buckets (rounds) of the per-bucket tables, the plots and the latency sample",
     )
     p.add_argument(
-        "--batch-size", type=at_least(1), default=8, help="prompts per generate call; the throughput column"
+        "--batch-size",
+        type=up_to(MAX_BATCH),
+        default=8,
+        help="prompts per generate call; the throughput column",
     )
     p.add_argument(
         "--latency-per-bucket",
@@ -994,10 +1041,12 @@ def build_parser() -> argparse.ArgumentParser:
     # Reference chains (format_target) of the synthetic data run to ~210 SmolLM2 tokens and the
     # reference answers to ~40; the caps leave room so that < 5% of answers are cut off (the
     # report prints each variant's cut-off rate and flags any at 5% or more).
-    p.add_argument("--max-new-tokens", type=at_least(1), default=256, help="for srt / srt-p (default: 256)")
+    p.add_argument(
+        "--max-new-tokens", type=up_to(MAX_NEW_TOKENS), default=256, help="for srt / srt-p (default: 256)"
+    )
     p.add_argument(
         "--max-new-tokens-direct",
-        type=at_least(1),
+        type=up_to(MAX_NEW_TOKENS),
         default=128,
         help="for full / recency / rag / cuemem (default: 128)",
     )
@@ -1078,7 +1127,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="weight precision; auto: fp32 weights with bf16 autocast on a GPU or a CPU with AMX or "
         "AVX512-BF16, plain fp32 elsewhere",
     )
-    p.add_argument("--device", default=None, help="default: cuda when available, else cpu")
+    p.add_argument("--device", type=device_flag, default=None, help="default: cuda when available, else cpu")
     p.add_argument("--seed", type=at_least(0), default=0, help="seed of the --limit selection and sampling")
     p.add_argument(
         "--resume",
@@ -1112,8 +1161,8 @@ def resolve_config(argv=None) -> argparse.Namespace:
         sys.exit("error: --api-base needs --api-model")
     if args.cuemem_api_base and not args.cuemem_api_model:
         sys.exit("error: --cuemem-api-base needs --cuemem-api-model")
-    if not isinstance(args.cuemem_options, dict):
-        sys.exit("error: --cuemem-options must be a JSON object")
+    if problem := cuemem_option_problem(args.cuemem_options):
+        sys.exit(f"error: --cuemem-options: {problem}")
     args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     args.variants = parse_variants(args)
     if any(v["model"].startswith("api:") for v in args.variants) and not args.api_base:
@@ -1128,8 +1177,38 @@ def resolve_config(argv=None) -> argparse.Namespace:
     return args
 
 
+def same_data_as_before(out_dir: Path, args) -> None:
+    """--resume continues an evaluation of the same --data: rows of another file would be dropped
+    and its records answered in their place without a word, so it is refused, naming both. The
+    same file with other bytes (a record corrected in place) goes on, as it always has: the rows
+    of the records that changed are answered again (each row carries its record's hash); a note
+    says so."""
+    path = out_dir / "config.json"
+    saved = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    if "data" in saved and saved["data"] != args.data:
+        changes = changed_settings(saved, {"data": args.data}, ["data"])
+        sys.exit(
+            f"error: --resume with other --data than the evaluation in {out_dir}: {', '.join(changes)}; "
+            "--overwrite replaces its rows, or give another --out"
+        )
+    if saved.get("data_sha256") not in (None, args.data_sha256):
+        changed = f"{args.data} changed since the evaluation in {out_dir}"
+        print(f"note: {changed}: the records that changed are answered again")
+
+
 def main(argv=None) -> None:
     args = resolve_config(argv)
+    with interruptible(
+        lambda: (
+            f"the answers so far are in {args.out}/<variant>.jsonl (written after every batch); "
+            "the same command with --resume goes on from them"
+        )
+    ):
+        evaluate_all(args)
+
+
+def evaluate_all(args) -> None:
+    """Every variant on the selected records, then the report (summary.json, report.md, plots)."""
     variants = args.variants
     try:
         all_records = read_jsonl(args.data)
@@ -1145,6 +1224,9 @@ def main(argv=None) -> None:
     table2 = table2_mapping(args.table2, names)
     srt_name = srt_variant_name(variants, table2)
     out_dir = claim_out(args.out, "evaluate.py", args.resume, args.overwrite)
+    args.data_sha256 = files_sha256([args.data])
+    if args.resume:
+        same_data_as_before(out_dir, args)
     # a missing model fails now, before config.json is written, not after the variants before it
     models = [v["model"] for v in variants if not v["model"].startswith("api:")]
     for model_name in dict.fromkeys(models + [args.cuemem_extractor_model or "smollm2-135m"]):

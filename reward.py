@@ -81,9 +81,9 @@ from srt.completion import (
     split_tag,
     tokens,
 )
-from srt.config import at_least, claim_out, parse_config, write_config
+from srt.config import at_least, claim_out, interruptible, parse_config, write_config
 from srt.data_io import DataError, decode_utf8, read_jsonl, read_lines, write_json, write_jsonl
-from srt.metrics import extra_values, jaccard, keys_present
+from srt.metrics import extra_values, jaccard, keys_affirmed
 from srt.modeling import embed
 from srt.prompt import format_target
 from srt.reward_gallery import gallery_page, gallery_scores, gallery_table
@@ -173,9 +173,10 @@ def recall_reward(recalled_set, gold_set) -> float:
 # ==== 3. Eq. (7): the answer reward (cosine, as the paper defines it) and the answer-key alternative ====
 def key_reward(answer: str | None, keys: list[str], reference: str) -> tuple[float, list[bool], list[str]]:
     """2 * share - 1 in [-1, 1], share = |keys present| / (|keys| + |extra values|): the matcher of
-    srt.metrics.answer_is_right (keys_present, extra_values), so the reward is 1 exactly when
-    accuracy counts the answer right. -> (reward, keys present, extra values)."""
-    present, extras = keys_present(answer, keys), extra_values(answer, reference, keys)
+    srt.metrics.answer_is_right (keys_affirmed, extra_values), so the reward is 1 exactly when
+    accuracy counts the answer right: a key stated only to be denied ("was not $106") is not
+    present, as a list's extra values cost. -> (reward, keys present, extra values)."""
+    present, extras = keys_affirmed(answer, keys, reference), extra_values(answer, reference, keys)
     share = sum(present) / (len(keys) + len(extras)) if keys else 0.0
     return 2.0 * share - 1.0, present, extras
 
@@ -446,6 +447,14 @@ def looks_like_a_path(text: str) -> bool:
 
 def main(argv=None):
     args = parse_args(argv)
+    with interruptible(
+        lambda: "nothing was written: the scores are written at the end; run the command again"
+    ):
+        return score(args)
+
+
+def score(args):
+    """--gallery, --completions (scores.jsonl and summary.json under --out) or one completion explained."""
     if args.gallery:
         scores = gallery_scores(compute_rewards, ANSWER_REWARDS)
         print(gallery_page(scores) if args.markdown else gallery_table(scores))

@@ -37,14 +37,19 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
+from srt.completion import is_valid_format
 from srt.config import (
+    MAX_DIALOGUES,
     at_least,
+    changed_settings,
     claim_out,
     env_var_name,
     in_range,
+    interruptible,
     parse_config,
     positive,
     require,
+    up_to,
     write_config,
 )
 from srt.data.corpora import LOADERS, LOCOMO_WINDOWS, load_corpus, locomo_conversations, window_summary
@@ -53,8 +58,8 @@ from srt.data.synthetic import generate_synthetic
 from srt.data.synthetic_common import keys_outside_recall
 from srt.data.teacher import gold_is_complete, grounded, make_teacher
 from srt.data_io import BUCKETS, bucket_of, write_json, write_jsonl
-from srt.modeling import embed
-from srt.prompt import his_tag
+from srt.modeling import device_flag, embed
+from srt.prompt import format_target, his_tag
 
 
 # --------------------------------------------------------------------------------------------
@@ -254,6 +259,11 @@ def verify_record(record) -> str | None:
             )
             if not check["grounded"] and not record["meta"].get("derived_answer"):
                 return "ungrounded_answer_words"  # a derived answer (LoCoMo's dates) is only reported
+    if not is_valid_format(format_target(record)):
+        # A turn of H* (copied verbatim into a <HIS> tag) or the answer holds a marker of the format:
+        # '</think>', '<HIS>', 'Final answer:'. Its own reference would fail Eq. (5): SFT would learn
+        # a malformed target and GRPO punish an honest copy. Dropped, and counted in stats.json.
+        return "markup_in_target"
     return None
 
 
@@ -573,7 +583,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="LoCoMo train split: drop (default) or keep the questions of categories 1-4 whose window "
         "holds none of their evidence (their chain could cite no turn); dev and test keep every question",
     )
-    p.add_argument("--num-dialogues", type=at_least(0), default=2000, help="synthetic dialogues to generate")
+    p.add_argument(
+        "--num-dialogues",
+        type=up_to(MAX_DIALOGUES, low=0),
+        default=2000,
+        help="synthetic dialogues to generate",
+    )
     p.add_argument("--out", default="runs/data", help="output folder")
     p.add_argument("--seed", type=at_least(0), default=0, help="random seed (generator, split, teacher)")
     p.add_argument(
@@ -603,7 +618,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=4,
         help="retries of a 429, 5xx or timeout (back-off with jitter)",
     )
-    p.add_argument("--device", help="hf teacher: default cuda when available, else cpu")
+    p.add_argument("--device", type=device_flag, help="hf teacher: default cuda when available, else cpu")
     p.add_argument(
         "--trust-remote-code", action="store_true", help="hf teacher: run the model repository's code"
     )
@@ -664,7 +679,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--resume",
         action="store_true",
-        help="do nothing if --out already holds a build of the same config; else build, replacing it",
+        help="do nothing if --out already holds a build of the same config, refuse one of another "
+        "config (--overwrite replaces it); else build",
     )
     p.add_argument(
         "--overwrite", action="store_true", help="replace the build --out holds (without: refused)"
@@ -748,15 +764,22 @@ def commit_build(out: Path, write) -> None:
 
 
 def built_with(out: Path, config: dict, outputs) -> bool:
-    """Does `out` hold a finished build of `config`?"""
-    if not (out / "config.json").exists() or not all((out / name).exists() for name in outputs):
+    """Does `out` hold a finished build of `config`? A finished build of another config is refused
+    (one line naming what differs): --resume continues a build, it never replaces one."""
+    if not (out / "config.json").exists():
         return False
     saved = json.loads((out / "config.json").read_text(encoding="utf-8"))
-    return {k: v for k, v in saved.items() if k != "script"} == config
+    saved = {k: v for k, v in saved.items() if k != "script"}
+    if saved != config:
+        sys.exit(
+            f"error: --resume with another config than the build in {out}: "
+            f"{', '.join(changed_settings(saved, config))}; --overwrite replaces that build"
+        )
+    return all((out / name).exists() for name in outputs)
 
 
-def main(argv=None) -> None:
-    args = parse_args(argv)
+def build(args) -> None:
+    """§3.2 from the source to the published build in --out (commit_build)."""
     out = claim_out(args.out, "stage0_build.py", args.resume, args.overwrite)
     config = {k: v for k, v in vars(args).items() if k not in RUN_ONLY}
     outputs = ["train.jsonl", "dev.jsonl", "test.jsonl", "stats.json"]
@@ -862,6 +885,17 @@ def main(argv=None) -> None:
         print("  rounds without gold need an LLM teacher: --teacher api:MODEL or hf:MODEL")
     for message in report.get("errors", [])[:5]:
         print(f"  skipped: {message}")
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    with interruptible(
+        lambda: (
+            f"a build is published whole (config.json last) or not at all, so {args.out} holds no "
+            "half build; run the same command again (--resume skips a build already there)"
+        )
+    ):
+        build(args)
 
 
 if __name__ == "__main__":

@@ -48,7 +48,18 @@ import torch.distributed as dist
 from tqdm.auto import tqdm
 
 from srt.completion import is_valid_format
-from srt.config import at_least, in_range, parse_config, positive
+from srt.config import (
+    MAX_BATCH,
+    MAX_EPOCHS,
+    MAX_NEW_TOKENS,
+    MAX_STEPS,
+    at_least,
+    in_range,
+    parse_config,
+    positive,
+    require,
+    up_to,
+)
 from srt.data_io import DataError, read_jsonl, read_mixture, write_json
 from srt.distributed import accumulate, clip_grad_norm, full_weights
 from srt.modeling import (
@@ -300,6 +311,12 @@ def train(cfg, parser=None):
     global_batch = cfg.batch_size * cfg.grad_accum * world_size
     plan = phase_plan(cfg, {1: len(records), 2: len(records)})
     total_steps = sum(steps for _, steps in plan)
+    require(
+        total_steps <= MAX_STEPS,
+        f"--epochs {cfg.epochs} of {len(records):,} records in batches of {global_batch} make "
+        f"{total_steps:,} steps, more than the {MAX_STEPS:,} a run may have; give fewer --epochs or "
+        "--max-steps",
+    )
     if run.finished(total_steps):
         return model
     model.train()
@@ -473,7 +490,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="1: pruned histories C~_t, 2: full histories C_t, both: 1 then 2",
     )
     add("--phase1-fraction", type=in_range(0.0, 1.0), default=0.5, help="share of --max-steps for phase 1")
-    add("--epochs", type=at_least(1), default=1, help="epochs per phase when --max-steps is unset")
+    add("--epochs", type=up_to(MAX_EPOCHS), default=1, help="epochs per phase when --max-steps is unset")
     add("--lr", type=at_least(0.0, float), default=5e-6, help="peak learning rate (§4.1: 5e-6)")
     add("--warmup-steps", type=at_least(0), default=10, help="linear warm-up steps")
     add("--weight-decay", type=at_least(0.0, float), default=0.0, help="AdamW weight decay")
@@ -485,7 +502,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="tokens per example; longer histories lose their oldest turns (a record whose H* "
         "would be cut is replaced by the next one)",
     )
-    add("--batch-size", type=at_least(1), default=4, help="examples per micro-batch per process")
+    add("--batch-size", type=up_to(MAX_BATCH), default=4, help="examples per micro-batch per process")
     add("--grad-accum", type=at_least(1), default=1, help="micro-batches per optimizer step")
 
     beyond = method_group(
@@ -533,7 +550,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=0,
         help="generate on N held-out records at the end and report format validity",
     )
-    add("--eval-max-new-tokens", type=at_least(1), default=256, help="tokens per held-out completion")
+    add(
+        "--eval-max-new-tokens",
+        type=up_to(MAX_NEW_TOKENS),
+        default=256,
+        help="tokens per held-out completion",
+    )
     return finish_parser(p, scale)
 
 

@@ -73,7 +73,7 @@ from tqdm.auto import tqdm
 from reward import ANSWER_GATES, ANSWER_REWARDS, compute_rewards
 from srt import grpo_explain
 from srt import run as harness  # srt/run.py: --out, ranks, loading, resume, checkpoints, logs
-from srt.config import Bounded, at_least, parse_config, positive, require
+from srt.config import MAX_NEW_TOKENS, Bounded, at_least, parse_config, positive, require, up_to
 from srt.data_io import (
     finite_or_none,
     read_jsonl,
@@ -699,7 +699,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=1.0,
         help="nucleus sampling; stage 2 takes only 1.0 (Eq. (9)'s ratio and KL are over the full softmax)",
     )
-    add("--max-new-tokens", type=at_least(1), default=256, help="completion length cap")
+    add("--max-new-tokens", type=up_to(MAX_NEW_TOKENS), default=256, help="completion length cap")
     add(
         "--max-prompt-length",
         type=at_least(0),

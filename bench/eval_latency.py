@@ -43,7 +43,7 @@ for _path in (str(ROOT), str(BENCH)):
     if _path not in sys.path:
         sys.path.insert(0, _path)
 
-from measure import describe, fmt, fmt_stat, machine, machine_line, markdown_table, write_results  # noqa: E402
+from measure import check_out, describe, fmt, fmt_stat, machine, machine_line, markdown_table, write_results  # noqa: E402
 
 BUCKET_ALL = "all"
 
@@ -316,6 +316,7 @@ def table(rows: list[dict]) -> str:
 def main(argv=None) -> None:
     args = build_parser().parse_args(argv)
     methods = check_arguments(args)
+    check_out(args.out)
     from srt.data_io import DataError, read_jsonl
 
     with tempfile.TemporaryDirectory(prefix="eval_latency-") as tmp:

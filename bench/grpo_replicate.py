@@ -41,7 +41,7 @@ for _path in (str(ROOT), str(BENCH)):
         sys.path.insert(0, _path)
 
 from grpo_seeds import MAX_F1_DROP, bypass_comparison, right_without_recall  # noqa: E402
-from measure import machine  # noqa: E402
+from measure import check_out, machine  # noqa: E402
 
 from srt.config import at_least, in_range, positive  # noqa: E402
 from srt.data_io import read_jsonl, write_json  # noqa: E402
@@ -386,7 +386,7 @@ def passes(diff: dict) -> bool:
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
-    out = Path(args.out)
+    out = check_out(args.out)
     out.mkdir(parents=True, exist_ok=True)
     cfg = dict(vars(args))
     config_path = out / "config.json"

@@ -31,7 +31,7 @@ for _path in (str(ROOT), str(BENCH)):
     if _path not in sys.path:
         sys.path.insert(0, _path)
 
-from measure import machine, machine_line, write_results  # noqa: E402
+from measure import check_out, machine, machine_line, write_results  # noqa: E402
 
 from srt.data_io import read_jsonl  # noqa: E402
 from srt.metrics import paired_bootstrap  # noqa: E402
@@ -199,6 +199,7 @@ def plot_curves(curves: dict[str, Path], path: Path) -> None:
 
 def main(argv=None) -> dict:
     args = build_parser().parse_args(argv)
+    check_out(args.out)
     summary_path = Path(args.eval) / "summary.json"
     if not summary_path.exists():
         raise SystemExit(f"error: {summary_path} not found: run evaluate.py first")

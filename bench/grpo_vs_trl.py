@@ -122,6 +122,7 @@ for _path in (
         sys.path.insert(0, _path)
 
 from measure import (  # noqa: E402
+    check_out,
     describe,
     fmt_stat,
     machine,
@@ -495,6 +496,7 @@ def main(argv=None) -> int:
     if args.scale_rewards is None:  # resolved as stage2_grpo.parse_args resolves it
         args.scale_rewards = "none" if args.loss_type == "dr_grpo" else "group"
     check_arguments(args)
+    check_out(args.out)
     precisions = resolve_precisions(args.precisions)
     check_trl(args.trl_python)  # fail before spending minutes on our side
     K, P = args.num_generations, args.prompts_per_step

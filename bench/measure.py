@@ -199,6 +199,23 @@ def markdown_table(header: list[str], rows: list[list], align: str | None = None
     return "\n".join(lines)
 
 
+def check_out(out) -> Path:
+    """A benchmark's --out, checked before it runs (its results are written at the end, minutes
+    later): a folder, or a path where one can be made; else one line naming what is wrong.
+    Nothing is created yet."""
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        sys.exit(f"error: --out {out} is a file, not a folder")
+    there = out
+    while not there.exists():  # the nearest folder that exists: write_results makes the rest
+        there = there.parent
+    if not there.is_dir():
+        sys.exit(f"error: --out {out}: {there} is a file, not a folder")
+    if not os.access(there, os.W_OK):
+        sys.exit(f"error: --out {out} is not a folder this benchmark can write ({there} is read-only)")
+    return out
+
+
 def write_results(out: Path, name: str, payload: dict, markdown: str) -> tuple[Path, Path]:
     """<out>/<name>.json and <out>/<name>.md, written atomically."""
     from srt.data_io import atomic_write_text

@@ -16,6 +16,8 @@ Writes <out>/results.json and <out>/results.md; prints the table.
 from __future__ import annotations
 
 import argparse
+import json
+import math
 import sys
 from pathlib import Path
 
@@ -25,7 +27,7 @@ for _path in (str(ROOT), str(BENCH)):
     if _path not in sys.path:
         sys.path.insert(0, _path)
 
-from measure import machine, write_results  # noqa: E402
+from measure import check_out, machine, write_results  # noqa: E402
 
 from srt import locomo_eval  # noqa: E402
 from srt.data_io import DataError, read_jsonl  # noqa: E402
@@ -54,11 +56,40 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def read_rows(path) -> list[dict]:
-    rows = read_jsonl(path, validate=False)
-    for line, row in enumerate(rows, 1):
+def read_rows(path, metrics=METRICS) -> list[dict]:
+    """The rows of an evaluate.py output file, one per question: a row repeated whole (a file
+    appended twice) is counted once, with a note; another row under an id already read is refused,
+    as is a metric that is not a number. A metric that is NaN or infinite (no value) is left out
+    of the pairs, with a note, as a missing one is: it would make every interval NaN."""
+    rows, first, repeats, not_finite = [], {}, 0, 0
+    for line, row in enumerate(read_jsonl(path, validate=False), 1):
         if "id" not in row:
             raise DataError(f"{path}:{line}: field 'id' is missing")
+        text = json.dumps(row, sort_keys=True)  # NaN == NaN as text, not as floats
+        if row["id"] in first:
+            earlier_line, earlier = first[row["id"]]
+            if text != earlier:
+                raise DataError(
+                    f"{path}:{line}: id {row['id']!r} again, with other values than on line {earlier_line}; "
+                    "one row per question"
+                )
+            repeats += 1
+            continue
+        for metric in metrics:
+            value = row.get(metric)
+            if value is not None and (isinstance(value, str) or not isinstance(value, (int, float))):
+                raise DataError(
+                    f"{path}:{line}: field {metric!r} must be a number, got {type(value).__name__}"
+                )
+            if isinstance(value, float) and not math.isfinite(value):
+                row = {**row, metric: None}
+                not_finite += 1
+        first[row["id"]] = (line, text)
+        rows.append(row)
+    if repeats:
+        print(f"note: {path}: {repeats} repeated row(s) counted once", file=sys.stderr)
+    if not_finite:
+        print(f"note: {path}: {not_finite} NaN or infinite value(s) left out of the pairs", file=sys.stderr)
     return rows
 
 
@@ -93,8 +124,9 @@ def table(result: dict, names) -> str:
 
 def main(argv=None) -> dict:
     args = build_parser().parse_args(argv)
+    check_out(args.out)
     try:
-        rows_a, rows_b = read_rows(args.a), read_rows(args.b)
+        rows_a, rows_b = read_rows(args.a, args.metrics), read_rows(args.b, args.metrics)
     except (DataError, FileNotFoundError) as e:
         sys.exit(f"error: {e}")
     result = compare(rows_a, rows_b, args.metrics)

@@ -31,7 +31,7 @@ for _path in (str(ROOT), str(BENCH)):
         sys.path.insert(0, _path)
 
 from grpo_seeds import MAX_F1_DROP  # noqa: E402
-from measure import write_results  # noqa: E402
+from measure import check_out, write_results  # noqa: E402
 
 from srt.config import at_least  # noqa: E402
 
@@ -233,6 +233,7 @@ def plot(results: list[dict], pooled: dict, path: Path) -> None:
 
 def main(argv=None) -> dict:
     args = build_parser().parse_args(argv)
+    check_out(args.out)
     results = [read_result(p) for p in args.results]
     pooled = pool(results, args.resamples, args.seed)
     if "grpo-start" not in pooled:

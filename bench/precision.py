@@ -40,7 +40,7 @@ for _path in (str(ROOT), str(BENCH)):
     if _path not in sys.path:
         sys.path.insert(0, _path)
 
-from measure import describe, fmt_stat, machine, machine_line, markdown_table, write_results  # noqa: E402
+from measure import check_out, describe, fmt_stat, machine, machine_line, markdown_table, write_results  # noqa: E402
 
 from srt.config import at_least  # noqa: E402
 
@@ -182,6 +182,7 @@ def summarize(timed: dict) -> dict:
 
 def main(argv=None) -> dict:
     args = build_parser().parse_args(argv)
+    check_out(args.out)
     import torch
     from measure import bench_records
 

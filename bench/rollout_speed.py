@@ -48,7 +48,7 @@ for _path in (str(ROOT), str(BENCH)):
     if _path not in sys.path:
         sys.path.insert(0, _path)
 
-from measure import bench_records, describe, machine, machine_line, markdown_table, write_results  # noqa: E402
+from measure import bench_records, check_out, describe, machine, machine_line, markdown_table, write_results  # noqa: E402
 
 from srt.config import at_least, positive  # noqa: E402
 
@@ -380,6 +380,7 @@ def check(args) -> None:
 
 def main(argv=None) -> None:
     args = build_parser().parse_args(argv)
+    check_out(args.out)
     import torch
 
     torch.manual_seed(args.seed)

@@ -37,7 +37,7 @@ for _path in (str(ROOT), str(BENCH)):
     if _path not in sys.path:
         sys.path.insert(0, _path)
 
-from measure import bench_records, machine, machine_line, markdown_table, write_results  # noqa: E402
+from measure import bench_records, check_out, machine, machine_line, markdown_table, write_results  # noqa: E402
 
 from srt.config import at_least, positive  # noqa: E402
 
@@ -144,6 +144,7 @@ def measure(sampler: str, args, records) -> dict:
 
 def main(argv=None) -> None:
     args = build_parser().parse_args(argv)
+    check_out(args.out)
     import torch
 
     torch.manual_seed(args.seed)

@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from measure import describe, fmt_stat, machine, machine_line, markdown_table, write_results  # noqa: E402
+from measure import check_out, describe, fmt_stat, machine, machine_line, markdown_table, write_results  # noqa: E402
 
 import stage1_sft  # noqa: E402
 from srt.config import at_least  # noqa: E402
@@ -86,6 +86,7 @@ def timed_step(model, batches, global_tokens, optimizer, autocast_dtype, max_gra
 
 def main(argv=None) -> None:
     args = build_parser().parse_args(argv)
+    check_out(args.out)
     import torch
 
     cfg = stage1_sft.parse_args(["--preset", args.preset, "--data", args.data, "--target", args.target])

@@ -16,11 +16,13 @@ import random
 import shutil
 import sys
 import tempfile
+import warnings
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from srt.config import changed_settings
 from srt.data_io import read_jsonl, write_json, write_jsonl
 
 
@@ -102,37 +104,56 @@ def has_trainer_state(path) -> bool:
 
 # Settings checkpoints record only since a later version: one written before lacks them and is
 # resumed without that check (a note says so), so a run begun earlier still finishes.
-RECORDED_LATER = ("data", "data_sha256", "placebo")
+RECORDED_LATER = ("data", "data_sha256", "placebo", "model_sha256")
+
+
+def damaged(path, name: str, e: Exception) -> SystemExit:
+    """The one-line exit for a trainer file that cannot be read. Its loader's own message is not
+    passed on: torch's suggests weights_only=False, which would run whatever code the file holds."""
+    return SystemExit(
+        f"error: {Path(path) / name} cannot be read ({type(e).__name__}): the checkpoint is damaged; "
+        "put back a good copy, or start afresh with --overwrite"
+    )
 
 
 def check_resume_config(path, resume_config: dict) -> None:
     """Exit with one line unless every setting in `resume_config` (those that fix the data order
-    and the meaning of a step, the training data included) equals the one the checkpoint in
-    `path` was written with."""
+    and the meaning of a step, the training data and the model's weights included) equals the one
+    the checkpoint in `path` was written with."""
     path = Path(path)
-    saved = json.loads((path / "trainer_state.json").read_text())["config"]
+    try:
+        saved = json.loads((path / "trainer_state.json").read_text())["config"]
+        if not isinstance(saved, dict):
+            raise TypeError("its config is not an object")
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise damaged(path, "trainer_state.json", e) from None
     unrecorded = [k for k in RECORDED_LATER if k in resume_config and k not in saved]
     if unrecorded:
         print(
             f"note: the checkpoint in {path} does not record {', '.join(unrecorded)}; not checked", flush=True
         )
     changed = [k for k, v in resume_config.items() if saved.get(k) != v and k not in unrecorded]
-
-    def shown(k, value):  # a sha256 in full would crowd the line
-        return f"{value[:12]}..." if k == "data_sha256" and isinstance(value, str) else repr(value)
-
     if changed:
-        details = ", ".join(
-            f"{k} ({shown(k, saved.get(k))} there, {shown(k, resume_config[k])} now)" for k in changed
-        )
-        what = "other training data" if {"data", "data_sha256"} & set(changed) else "different settings"
+        details = ", ".join(changed_settings(saved, resume_config, changed))
+        if {"data", "data_sha256"} & set(changed):
+            what = "other training data"
+        elif {"model", "model_sha256"} & set(changed):
+            what = "another model (--model, by path or by its files' sha256)"
+        else:
+            what = "different settings"
         sys.exit(f"error: --resume with {what} than the checkpoint in {path}: {details}")
 
 
 def load_trainer_state(path, resume_config: dict) -> dict:
-    """The trainer state of a checkpoint, after check_resume_config."""
+    """The trainer state of a checkpoint, after check_resume_config. weights_only=True: tensors and
+    plain containers only, nothing unpickled as code; a damaged file is a one-line error."""
     check_resume_config(path, resume_config)
-    return torch.load(Path(path) / "trainer_state.pt", map_location="cpu", weights_only=True)
+    try:
+        with warnings.catch_warnings():  # a foreign pickle's protocol warning would precede the line
+            warnings.filterwarnings("ignore", message="Detected pickle protocol")
+            return torch.load(Path(path) / "trainer_state.pt", map_location="cpu", weights_only=True)
+    except Exception as e:  # UnpicklingError, RuntimeError (a cut zip), EOFError, ...
+        raise damaged(path, "trainer_state.pt", e) from None
 
 
 class JsonlLog:

@@ -9,13 +9,19 @@ A numeric flag takes its range as its argparse `type`: `type=at_least(1)`, `type
 values a preset sets, which argparse never converts.
 
 Every script claims its --out before any work (`claim_out`): a folder it can write, holding no run
-of another script, and an earlier run of its own only under --resume (continue it) or --overwrite
-(replace it). config.json names the script that wrote it.
+of another script nor files no run of its own wrote, an earlier run of its own only under --resume
+(continue it) or --overwrite (replace it), and no run that is still going: the folder's lock file
+(LOCK_NAME) is held by one process at a time. config.json names the script that wrote it.
+
+A script's main runs its work inside `interruptible`: Ctrl-C ends it with one line saying what is
+saved and how to go on (exit status 130), not a traceback, and the lock is released.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import json
 import math
 import os
@@ -31,11 +37,14 @@ class Bounded:
     """An argparse `type`: parse with `kind`, then require low <= value (or low < value when
     `strict`) and value <= high. A non-finite float (nan, inf) is always refused."""
 
-    def __init__(self, kind=int, low=None, high=None, strict=False):
+    def __init__(self, kind=int, low=None, high=None, strict=False, ceiling=False):
         self.kind, self.low, self.high, self.strict = kind, low, high, strict
+        self.ceiling = ceiling  # `high` caps a size: each side is named alone (up_to)
         self.__name__ = kind.__name__  # argparse names the type in its "invalid int value" message
 
-    def describe(self) -> str:
+    def describe(self, too_low: bool = False) -> str:
+        if self.ceiling:
+            return f">= {self.low}" if too_low else f"<= {self.high}"
         if self.low is not None and self.high is not None:
             return f"in {'(' if self.strict else '['}{self.low}, {self.high}]"
         if self.low is not None:
@@ -48,7 +57,7 @@ class Bounded:
         too_low = self.low is not None and (value <= self.low if self.strict else value < self.low)
         too_high = self.high is not None and value > self.high
         if too_low or too_high:
-            raise argparse.ArgumentTypeError(f"must be {self.describe()}, got {value}")
+            raise argparse.ArgumentTypeError(f"must be {self.describe(too_low)}, got {value}")
         return value
 
     def __call__(self, text: str):
@@ -57,6 +66,21 @@ class Bounded:
 
 def at_least(low, kind=int) -> Bounded:
     return Bounded(kind, low=low)
+
+
+def up_to(high, low=1, kind=int) -> Bounded:
+    """A size with a ceiling (the MAX_ values below): `low` <= value <= `high`, each side refused in
+    its own words ("must be >= 1, got 0", "must be <= 1024, got 100000")."""
+    return Bounded(kind, low=low, high=high, ceiling=True)
+
+
+# Ceilings of the sizes a user types, each far above what any preset or the paper uses and below
+# what ends in an allocation error or a run killed by the kernel: refused in one line with the figure.
+MAX_STEPS = 1_000_000  # stage 1 lists a (phase, step) pair per step: 10^11 steps were killed at 24 GB
+MAX_EPOCHS = 1_000  # stage 1 without --max-steps: epochs x batches per epoch steps
+MAX_DIALOGUES = 100_000  # 20 x the paper preset's 5,000; stage 0 holds and embeds them all at once
+MAX_BATCH = 1_024  # sequences in one forward: 1,024 of 1,024 tokens keep hundreds of GB of activations
+MAX_NEW_TOKENS = 32_768  # the longest context of the models used here (Qwen2.5); the KV cache is sized by it
 
 
 def positive(kind=float) -> Bounded:
@@ -159,13 +183,72 @@ def run_in(out) -> str | None:
     )
 
 
+# The lock file of an output folder: held (flock) by the run writing there, and naming its script
+# and process. The kernel releases a flock when its process ends, however it ends (kill -9
+# included), so a lock file left by a dead run is never mistaken for a live one.
+LOCK_NAME = ".run.lock"
+_HELD: dict[str, int] = {}  # resolved --out -> the open descriptor whose flock this process holds
+
+
+def lock_owner(out) -> dict:
+    """What the lock file of `out` says: {"script", "pid"} of the run that last held it, or {}."""
+    try:
+        owner = json.loads((Path(out) / LOCK_NAME).read_text())
+    except (OSError, ValueError):
+        return {}
+    return owner if isinstance(owner, dict) else {}
+
+
+def foreign_files(out: Path, script: str) -> list[str]:
+    """The files and folders in `out` that no run of `script` wrote, by name: none when its lock
+    file names `script` (a run of it began here: what it left is its own, finished or not).
+    Hidden names are left out: no output of a script is one, so a run never replaces them."""
+    if not out.is_dir() or lock_owner(out).get("script") == script:
+        return []
+    return sorted(p.name for p in out.iterdir() if not p.name.startswith("."))
+
+
+def lock_out(out: Path, script: str) -> None:
+    """Take the lock of `out` for this process, or exit with one line naming the run that holds it.
+    Under torchrun rank 0 holds it for every rank. Released by release_out, or when the process
+    ends; a later claim of the same folder by this process (a test running main twice) takes it anew."""
+    if int(os.environ.get("RANK", "0")) != 0:
+        return
+    key = str(out.resolve())
+    if key in _HELD:
+        os.close(_HELD.pop(key))
+    fd = os.open(out / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:  # another process holds it
+        os.close(fd)
+        owner = lock_owner(out)
+        who = f"{owner.get('script', 'a script')}, process {owner.get('pid', '?')}"
+        sys.exit(
+            f"error: --out {out} is in use by another run ({who}); wait for it to end or give another --out"
+        )
+    except OSError as e:  # a file system without locks (some network mounts): the run goes on unguarded
+        print(f"note: --out {out} cannot be locked ({e.strerror}); nothing stops a second run into it")
+    os.ftruncate(fd, 0)
+    os.write(fd, json.dumps({"script": script, "pid": os.getpid()}).encode() + b"\n")
+    _HELD[key] = fd
+
+
+def release_out() -> None:
+    """Release every --out lock this process holds (the end of a script's main)."""
+    while _HELD:
+        os.close(_HELD.popitem()[1])
+
+
 def claim_out(
     out, script: str, resume: bool = False, overwrite: bool = False, resumable: bool = True
 ) -> Path:
     """Check --out before any work is done, and exit with one line if it will not do: a file, a
-    folder that cannot be created or written, a folder holding another script's run (or a model),
-    or one holding an earlier run of `script` when neither --resume (continue it; a `resumable`
-    script's) nor --overwrite (replace it) is given. Creates the folder; writes nothing in it."""
+    folder that cannot be created or written, a folder holding another script's run (or a model)
+    or files no run of `script` wrote (without --overwrite), one holding an earlier run of `script`
+    when neither --resume (continue it; a `resumable` script's) nor --overwrite (replace it) is
+    given, or one another run is writing to now. Creates the folder and takes its lock (lock_out);
+    writes nothing else in it."""
     out = Path(out)
     if out.exists() and not out.is_dir():
         sys.exit(f"error: --out {out} is a file, not a folder")
@@ -176,6 +259,13 @@ def claim_out(
     if writer == script and not (resume or overwrite):
         again = "--resume continues it, --overwrite replaces it" if resumable else "--overwrite replaces it"
         sys.exit(f"error: --out {out} already holds a run of {script} (its config.json); {again}")
+    foreign = [] if writer == script or overwrite else foreign_files(out, script)
+    if foreign:  # the user's own files: a run would replace those named like its outputs
+        shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
+        sys.exit(
+            f"error: --out {out} holds files no run of {script} wrote ({shown}); give a new or empty "
+            "folder, or --overwrite to write into this one (files named like its outputs are replaced)"
+        )
     try:
         out.mkdir(parents=True, exist_ok=True)
         fd, probe = tempfile.mkstemp(dir=out, prefix=".write-check.")
@@ -183,7 +273,44 @@ def claim_out(
         os.unlink(probe)
     except OSError as e:
         sys.exit(f"error: --out {out} is not a folder this run can write ({e.strerror})")
+    lock_out(out, script)
     return out
+
+
+def changed_settings(saved: dict, now: dict, keys=None) -> list[str]:
+    """'key (value there, value now)' for each of `keys` (default: every key of either) whose value
+    in `saved` (what a run recorded) differs from `now`: what a refused --resume names. A sha256
+    is shown by its first 12 digits, a long value cut."""
+
+    def shown(key, value):
+        text = repr(value)
+        if key.endswith("sha256") and isinstance(value, str):
+            return f"{value[:12]}..."
+        return text if len(text) <= 200 else text[:197] + "..."  # a path in full, not a long list
+
+    keys = list(dict.fromkeys([*saved, *now])) if keys is None else keys
+    return [
+        f"{k} ({shown(k, saved.get(k))} there, {shown(k, now.get(k))} now)"
+        for k in keys
+        if saved.get(k) != now.get(k)
+    ]
+
+
+@contextlib.contextmanager
+def interruptible(saved):
+    """The work of a script's main. Ctrl-C (KeyboardInterrupt) ends it with one line, `saved()`:
+    what is on disk and how to go on (None: nothing to say, a torchrun rank but the first), and
+    exit status 130 (the shell's for SIGINT), instead of a traceback. However it ends, the --out
+    lock is released."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        message = saved()
+        if message:
+            print(f"\ninterrupted: {message}", file=sys.stderr, flush=True)
+        sys.exit(130)
+    finally:
+        release_out()
 
 
 def write_config(out, config, script: str | None = None) -> Path:

@@ -68,6 +68,16 @@ def validate_record(record, path="<record>", line=0) -> dict:
     for field in ("query", "answer"):
         if len(record[field]) > MAX_UTTERANCE_CHARS:
             raise DataError(f"{path}:{line}: field '{field}' {too_long(record[field])}")
+    keys = record.get("answer_keys", [])  # optional; a key is a short fact as text ("$106", "yes")
+    if not isinstance(keys, (list, str)):
+        raise DataError(
+            f"{path}:{line}: field 'answer_keys' must be a list of strings, got {type(keys).__name__}"
+        )
+    for k, key in enumerate([] if isinstance(keys, str) else keys):
+        if not isinstance(key, str):
+            raise DataError(
+                f"{path}:{line}: field 'answer_keys[{k}]' must be a string, got {type(key).__name__}"
+            )
     for field in ("recall", "pruned"):
         missing = [x for x in record[field] if x not in labels]
         if missing:

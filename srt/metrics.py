@@ -5,9 +5,11 @@
   keys, and key accuracy (Table 2), all with numbers normalised ("$180.00" = "$180" = "180");
 - the answer matcher of accuracy, which reward.py's keys answer reward uses too:
   answer_is_right(answer, keys, reference) holds when the answer states every key (keys_present:
-  word boundaries, numbers normalised, a yes/no key for one polarity and no hedge) and no other
-  value (stated_values: a money amount, number, date or time, code or capitalised name) that
-  neither the reference nor a key holds (extra_values), so a list of candidates fails; and
+  word boundaries, numbers normalised, a yes/no key for one polarity and no hedge), none of them
+  only to deny it (keys_affirmed: "The backpack was not $106."), and no other value
+  (stated_values: a money amount, number, date or time, code or capitalised name) that neither
+  the reference nor a key holds (extra_values), so a list of candidates fails, and so does a
+  negation; and
   states_several_candidates, the report's share of answers that list more than one;
 - the final answer of a completion (the text after 'Final answer:');
 - precision, recall and Jaccard of the recalled set H^ against H* (Table 2);
@@ -153,6 +155,39 @@ def keys_present(answer: str | None, keys) -> list[bool]:
     return present
 
 
+# A negation cue, and where a clause ends: "The backpack was not $106." denies the key $106, "It is
+# $106, not $100." and "No, it is $106." do not (the cue comes after it, or in a clause of its own).
+_NEGATION = re.compile(r"(?<!\w)(?:not|never|no|none|neither|nor|cannot|\w+n't)(?!\w)", re.IGNORECASE)
+_CLAUSE_END = re.compile(
+    r"[.;:!?,\n]|(?<!\w)(?:but|however|instead|rather|though|although)(?!\w)", re.IGNORECASE
+)
+
+
+def _denied(text: str, key: str) -> bool:
+    """Does `text` state the key only to deny it: a negation cue earlier in the clause of every
+    place it states it? (A text that does not state the key at all denies nothing.)"""
+    date = _one_date(key)
+    if date:  # a date or time in any of its forms ("1 pm" = "13:00"), found in the raw text
+        text = unicodedata.normalize("NFKC", text).translate(_QUOTES)
+        places = [m.start() for m in _DATE_TIME.finditer(text) if _date_value(m) == date]
+    else:
+        text, form = _key_form(text), _key_form(key).strip(" .!")
+        places = [m.start() for m in re.finditer(rf"(?<!\w){re.escape(form)}(?!\w)", text)] if form else []
+    clauses = [_CLAUSE_END.split(text[:at])[-1] for at in places]  # each from its start to the key
+    return bool(places) and all(_NEGATION.search(clause) for clause in clauses)
+
+
+def keys_affirmed(answer: str | None, keys, reference: str) -> list[bool]:
+    """keys_present, less the keys the answer states only to deny them ("The hiking backpack was not
+    $106."): such an answer is wrong, as a list of candidates is. A yes/no key keeps its own rule
+    (keys_present), and a key the reference itself denies may be denied too."""
+    affirmed = []
+    for key, found in zip(map(str, keys), keys_present(answer, keys)):
+        polar = _key_form(key).strip(" .!") in _POLAR
+        affirmed.append(found and (polar or not _denied(answer or "", key) or _denied(reference or "", key)))
+    return affirmed
+
+
 def _one_date(key: str) -> str | None:
     """The canonical date or time of a key that is nothing else ("1 pm" -> "13:00"), else None."""
     m = _DATE_TIME.fullmatch(unicodedata.normalize("NFKC", key).strip(" .!"))
@@ -295,12 +330,16 @@ def extra_values(answer: str | None, reference: str, keys) -> list[str]:
 
 
 def answer_is_right(answer: str | None, keys, reference: str) -> bool:
-    """The matcher of accuracy and of the keys answer reward: the answer states every key
-    (keys_present) and no other value of any kind that the reference and the keys do not hold
+    """The matcher of accuracy and of the keys answer reward: the answer states every key, and not
+    to deny it (keys_affirmed), and no other value of any kind that the reference and the keys do not hold
     (extra_values). An honest answer may restate what its reference says ("$180 is over $150");
     a list of the history's candidates fails. No keys: the whole reference is the key."""
     keys = [str(k) for k in (keys or []) if str(k).strip()] or [reference]
-    return bool(answer) and all(keys_present(answer, keys)) and not extra_values(answer, reference, keys)
+    return (
+        bool(answer)
+        and all(keys_affirmed(answer, keys, reference))
+        and not extra_values(answer, reference, keys)
+    )
 
 
 def states_several_candidates(answer: str | None, record: dict) -> bool:

@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import importlib.util
 import os
@@ -46,9 +47,59 @@ def parameter_digest(model) -> str:
     return digest.hexdigest()
 
 
+def model_fingerprint(name: str, api_base: str | None = None, by_bytes_up_to: float | None = 2 << 30) -> str:
+    """sha256 naming the weights --model stands for. A folder (a trained checkpoint, or the
+    converted smollm2-135m): its config, tokenizer and weight files' bytes; a folder above
+    `by_bytes_up_to` bytes in all (2 GiB; None: no limit) by its files' names, sizes and
+    modification times instead, to stay fast on 7B checkpoints. tiny-random is built from a fixed
+    seed and an HF id names a fixed snapshot: their name alone; an API model its name and endpoint."""
+    digest = hashlib.sha256(name.encode())
+    folder = cache_dir() / "smollm2-135m" if name == "smollm2-135m" else Path(name)
+    if name.startswith("api:"):
+        digest.update(str(api_base).encode())
+    elif folder.is_dir():
+        files = sorted(p for p in folder.iterdir() if p.is_file())
+        by_bytes = by_bytes_up_to is None or sum(p.stat().st_size for p in files) <= by_bytes_up_to
+        for p in files:
+            digest.update(p.name.encode())
+            if by_bytes:
+                with open(p, "rb") as f:
+                    for block in iter(lambda: f.read(1 << 24), b""):
+                        digest.update(block)
+            else:
+                digest.update(f"{p.stat().st_size}:{p.stat().st_mtime_ns}".encode())
+    return digest.hexdigest()
+
+
 # --------------------------------------------------------------------------------------------
-# Precision
+# Devices and precision
 # --------------------------------------------------------------------------------------------
+def device_flag(text: str) -> str:
+    """argparse type of --device: cpu, cuda, cuda:N or mps, and one this torch can use, so that a
+    typo or a GPU this machine lacks is one line at the start, not a traceback at the first tensor."""
+    try:
+        device = torch.device(text)
+    except (RuntimeError, ValueError):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a device: use cpu, cuda, cuda:N or mps") from None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise argparse.ArgumentTypeError(
+                f"{text}: this torch ({torch.__version__}) sees no CUDA GPU; use --device cpu, or install "
+                "a CUDA build of torch on a machine with a GPU"
+            )
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise argparse.ArgumentTypeError(
+                f"{text}: this machine has {torch.cuda.device_count()} CUDA GPU(s), cuda:0 to "
+                f"cuda:{torch.cuda.device_count() - 1}"
+            )
+    elif device.type == "mps":
+        if not torch.backends.mps.is_available():
+            raise argparse.ArgumentTypeError(f"{text}: this torch sees no Apple GPU (MPS); use --device cpu")
+    elif device.type != "cpu":
+        raise argparse.ArgumentTypeError(f"{text!r}: this program runs on cpu, cuda, cuda:N or mps")
+    return text
+
+
 def cpu_flags() -> set[str]:
     """The CPU's feature flags as Linux lists them (the "flags" line of /proc/cpuinfo, what `lscpu`
     prints); an empty set where there is no such file (macOS, Windows)."""
@@ -406,6 +457,7 @@ def load_model_and_tokenizer(name: str, dtype: str = "auto", device=None, trust_
     """-> (model, tokenizer) for a Hugging Face id, a local folder (e.g. runs/demo/sft/final),
     'smollm2-135m' (the embedded default) or 'tiny-random'. Weights are read from safetensors
     only, never from pickles. The model is in eval mode on `device` (default CPU)."""
+    from safetensors import SafetensorError
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     weight_dtype, _ = resolve_dtype(dtype, device)
@@ -426,6 +478,11 @@ def load_model_and_tokenizer(name: str, dtype: str = "auto", device=None, trust_
             )
         except OSError as e:  # a hub id that does not exist or is gated, a file cut short
             sys.exit(f"error: --model {name}: {str(e).strip().splitlines()[0]}")
+        except SafetensorError as e:  # a weights file cut short or overwritten
+            sys.exit(
+                f"error: model {source}: its *.safetensors cannot be read ({str(e).strip()[:120]}); the "
+                "file is damaged or cut short: copy it again, or save the model again"
+            )
         # Weights read from safetensors can sit at unaligned addresses of the file's mapping, where
         # the CPU's matmul kernels sum in another order than on the same weights in fresh memory: a
         # resumed run would then drift from the uninterrupted one. Fresh copies, aligned.

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 from tqdm.auto import tqdm
 
-from srt.config import at_least
+from srt.config import MAX_NEW_TOKENS, at_least, up_to
 from srt.data_io import data_paths, finite_or_none, write_json
 from srt.distributed import full_weights, gather_objects, merge_probes
 from srt.metrics import answer_text, f1_score
@@ -309,7 +309,7 @@ def add_probe_flags(group) -> None:
         help="probe also every N steps (0: before and after only)",
     )
     add("--eval-batch-size", type=at_least(1), default=8, help="greedy evaluation batch")
-    add("--eval-max-new-tokens", type=at_least(1), default=None, help="(default: --max-new-tokens)")
+    add("--eval-max-new-tokens", type=up_to(MAX_NEW_TOKENS), default=None, help="(default: --max-new-tokens)")
 
 
 def resolve_probe_flags(cfg) -> None:

@@ -13,8 +13,10 @@ then trains inside one Run:
 
 What a --resume must match is derived from the parser, not kept by hand: every flag of a group made
 with `method_group` (the paper's settings and the departures from it: they fix the data order and
-the meaning of a step), and the run's model, data and seed. The scale and logging flags are not in
-it: --micro-batch-size, --fsdp or --save-every compute the same update.
+the meaning of a step), and the run's model (its path and its files' sha256), data and seed. The
+scale and logging flags are not in it: --micro-batch-size, --fsdp or --save-every compute the same
+update. A --resume refuses what it cannot continue exactly: a checkpoint without its trainer state,
+a log of the steps before the checkpoint that is gone, other data or other weights under --model.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import torch.distributed as dist
 
 from srt import memory_plan
 from srt.checkpoint import JsonlLog, check_resume_config, has_trainer_state, rng_state, set_rng_state
-from srt.config import at_least, claim_out, write_config
+from srt.config import MAX_STEPS, at_least, claim_out, interruptible, up_to, write_config
 from srt.data_io import DataError, data_paths, data_spec, files_sha256, write_json
 from srt.distributed import add_scale_flags as add_distributed_flags
 from srt.distributed import (
@@ -47,6 +49,7 @@ from srt.modeling import (
     GRPO_DROPOUT_NOTE,
     enable_activation_checkpointing,
     load_model_and_tokenizer,
+    model_fingerprint,
     resolve_dtype,
     zero_dropout,
 )
@@ -57,7 +60,7 @@ from srt.training import TimeBudget, adamw
 # --------------------------------------------------------------------------------------------
 METHOD_GROUPS = "_srt_method_groups"  # the parser attribute that lists the groups a resume must match
 RUN_IDENTITY = ("model", "data", "seed")  # of the run group: what is trained, on what, from which seed
-DERIVED_IDENTITY = ("world_size", "data_sha256")  # set by the run itself, not by a flag
+DERIVED_IDENTITY = ("world_size", "data_sha256", "model_sha256")  # set by the run itself, not by a flag
 
 
 def training_parser(description: str) -> argparse.ArgumentParser:
@@ -111,14 +114,14 @@ def add_run_flags(parser, stage: str):
         "e.g. syn/train.jsonl:0.5 locomo/train.jsonl:0.5",
     )
     run.add_argument("--out", default=out_default, help="output folder")
-    run.add_argument("--seed", type=at_least(0), default=0, help="random seed")
+    run.add_argument("--seed", type=up_to(2**32 - 1, low=0), default=0, help="random seed")
     run.add_argument("--resume", action="store_true", help=resume_help)
     run.add_argument(
         "--overwrite",
         action="store_true",
         help="start afresh in an --out that holds an earlier run (without it or --resume: refused)",
     )
-    run.add_argument("--max-steps", type=at_least(1), default=max_steps_default, help=max_steps_help)
+    run.add_argument("--max-steps", type=up_to(MAX_STEPS), default=max_steps_default, help=max_steps_help)
     run.add_argument("--time-budget-minutes", type=at_least(0.0, float), default=None, help=budget_help)
     return run
 
@@ -189,22 +192,45 @@ class Run:
         self.cfg, self.script, self.keys = cfg, script, resume_keys(parser)
         # every rank checks --out before any rank can write to it (they meet in setup_distributed)
         claim_out(cfg.out, script, cfg.resume, cfg.overwrite)
+        self.out, self.checkpoint = Path(cfg.out), Path(cfg.out) / "checkpoint"
+        if cfg.resume:
+            self.refuse_a_damaged_checkpoint()
         self.rank, self.world_size, _, self.device = setup_distributed(
             cfg.dist_timeout_minutes, always=cfg.fsdp
         )
         cfg.world_size = self.world_size
         self.main_process = self.rank == 0
         self.budget = TimeBudget(cfg.time_budget_minutes, reserve_s=reserve_s)
-        self.out, self.checkpoint = Path(cfg.out), Path(cfg.out) / "checkpoint"
         self.model = self.optimizer = self.tokenizer = None
         self.autocast_dtype, self.start_step = None, 0
 
+    def refuse_a_damaged_checkpoint(self) -> None:
+        """A checkpoint folder without its trainer state (trainer_state.pt or .json deleted, or
+        never copied) cannot be continued, and starting afresh would replace final/ without a word:
+        one line instead. (A folder is swapped in whole by publish_dir, so a kill mid-save leaves
+        the previous checkpoint, never such a folder.)"""
+        if self.checkpoint.is_dir() and not has_trainer_state(self.checkpoint):
+            missing = [
+                n for n in ("trainer_state.pt", "trainer_state.json") if not (self.checkpoint / n).exists()
+            ]
+            sys.exit(
+                f"error: --resume: the checkpoint in {self.checkpoint} is damaged ({' and '.join(missing)} "
+                "missing), so the run cannot continue where it stopped; put the file back, or start afresh "
+                "with --overwrite"
+            )
+
     def record_data(self) -> None:
-        """What a resumed run must train on: the --data specs as given (files and weights) and one
-        sha256 of the files' bytes, so other data under the same name is refused too."""
+        """What a resumed run must train on and from: the --data specs as given (files and weights)
+        and one sha256 of the files' bytes, so other data under the same name is refused too; and
+        the sha256 of a --model folder's files, so other weights under the same path are refused
+        (a hub id or a built-in name stands for fixed weights: None). Every byte is read, whatever
+        the size (about a second a GB, once per run): a size and a date would pass a copy that
+        differs, and refuse an identical one copied to another machine."""
         cfg = self.cfg
         cfg.data = [cfg.data] if isinstance(cfg.data, str) else list(cfg.data)
         cfg.data_sha256 = files_sha256(data_paths(cfg.data))
+        local = Path(cfg.model).is_dir() and cfg.model not in ("tiny-random", "smollm2-135m")
+        cfg.model_sha256 = model_fingerprint(cfg.model, by_bytes_up_to=None) if local else None
 
     @property
     def resume_config(self) -> dict:
@@ -282,8 +308,17 @@ class Run:
         return state
 
     def log(self, name: str) -> JsonlLog:
-        """<out>/name, one JSON line per step; a resumed run drops the lines past its checkpoint."""
-        log = JsonlLog(self.out / name, keep_until_step=self.start_step if self.resuming else None)
+        """<out>/name, one JSON line per step; a resumed run drops the lines past its checkpoint.
+        Every log is written (empty, if need be) when its run starts: a resumed run whose log is
+        gone would go on without the lines of its first steps, so it is refused."""
+        path = self.out / name
+        if self.resuming and self.start_step > 0 and not path.exists():
+            sys.exit(
+                f"error: --resume: {path} is gone, but the checkpoint in {self.checkpoint} is at step "
+                f"{self.start_step}: the run would go on without the lines of steps 1-{self.start_step}; "
+                "put the file back, or start afresh with --overwrite"
+            )
+        log = JsonlLog(path, keep_until_step=self.start_step if self.resuming else None)
         if self.main_process:
             log.flush()
         return log
@@ -329,14 +364,32 @@ class Run:
             dist.barrier()
 
 
+def interrupted(out) -> str | None:
+    """The line a Ctrl-C'd training run ends with (rank 0's; the other ranks say nothing): the step
+    its last checkpoint holds, and how to continue from it."""
+    if int(os.environ.get("RANK", "0")) != 0:
+        return None
+    checkpoint = Path(out) / "checkpoint"
+    try:
+        step = json.loads((checkpoint / "trainer_state.json").read_text())["step"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return (
+            f"no checkpoint in {checkpoint} yet (one is written every --save-every steps); the same "
+            "command with --resume starts afresh"
+        )
+    return f"{checkpoint} holds step {step}; the same command with --resume continues from there"
+
+
 def main(cfg, stage: str, work) -> None:
     """A training script's main: --dry-run prints the memory plan alone (nothing is loaded or
-    downloaded, for a machine this need not be); else `work(cfg)`, a bad input ending in one line."""
+    downloaded, for a machine this need not be); else `work(cfg)`, a bad input ending in one line,
+    and Ctrl-C in one line saying where the run can be continued from."""
     if cfg.dry_run:
         print(memory_plan.stage_plan(stage, cfg, cfg.world_size or int(os.environ.get("WORLD_SIZE", 1))))
         return
     try:
-        work(cfg)
+        with interruptible(lambda: interrupted(cfg.out)):
+            work(cfg)
     except (DataError, FileNotFoundError) as e:
         sys.exit(f"error: {e}")
     finally:

@@ -22,7 +22,7 @@ import reward
 import stage0_build as s0
 import stage1_sft
 import stage2_grpo
-from srt.config import Bounded
+from srt.config import LOCK_NAME, Bounded
 from srt.data.synthetic import generate_synthetic
 from srt.data_io import MAX_UTTERANCE_CHARS, write_jsonl
 
@@ -54,12 +54,13 @@ def no_embedder(monkeypatch):
 
 
 def fingerprint(folder) -> dict:
-    """sha256 of every file under `folder`, by relative path."""
+    """sha256 of every file under `folder`, by relative path; not the lock file, which names the
+    process of the last run that claimed the folder (a refused one too)."""
     folder = Path(folder)
     return {
         str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
         for p in sorted(folder.rglob("*"))
-        if p.is_file()
+        if p.is_file() and p.name != LOCK_NAME
     }
 
 
@@ -377,12 +378,13 @@ def test_stage0_cut_off_between_files_leaves_the_earlier_build_whole(capsys, tmp
         raise KeyboardInterrupt
 
     monkeypatch.setattr(s0, "write_jsonl", write_one_then_die)
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(SystemExit) as stop:  # Ctrl-C: one line, exit status 130
         s0.main(stage0_args(out, "--seed", "2", "--overwrite"))
+    assert stop.value.code == 130
     assert fingerprint(out) == before  # the earlier build, whole; no temporary folder left
     monkeypatch.setattr(s0, "write_jsonl", real_write)
     capsys.readouterr()
-    s0.main(stage0_args(out, "--seed", "2", "--resume"))
+    s0.main(stage0_args(out, "--seed", "2", "--overwrite"))  # --resume would refuse the other seed
     assert "already built" not in capsys.readouterr().out
     assert json.loads((out / "config.json").read_text())["seed"] == 2
 
@@ -398,8 +400,8 @@ def test_stage0_cut_off_between_files_leaves_the_earlier_build_whole(capsys, tmp
         real_replace(src, dst)
 
     monkeypatch.setattr(s0.os, "replace", replace_one_then_die)
-    with pytest.raises(KeyboardInterrupt):
-        s0.main(stage0_args(out, "--seed", "3", "--resume"))
+    with pytest.raises(SystemExit):
+        s0.main(stage0_args(out, "--seed", "3", "--overwrite"))
     monkeypatch.setattr(s0.os, "replace", real_replace)
     assert not (out / "config.json").exists()
     s0.main(stage0_args(out, "--seed", "2", "--resume"))
@@ -408,7 +410,7 @@ def test_stage0_cut_off_between_files_leaves_the_earlier_build_whole(capsys, tmp
               for name in ("train", "dev", "test")}  # fmt: skip
     assert not (splits["train"] & splits["test"]) and not (splits["train"] & splits["dev"])
     assert json.loads((out / "config.json").read_text())["seed"] == 2
-    assert [p.name for p in out.iterdir() if p.name.startswith(".")] == []
+    assert [p.name for p in out.iterdir() if p.name.startswith(".")] == [LOCK_NAME]  # no temporary left
 
 
 # ---- --resume must train on the same data ------------------------------------------------------
@@ -443,3 +445,490 @@ def test_stage2_resume_with_other_data_is_refused(capsys, tmp_path):
     capsys.readouterr()
     stage2_grpo.main([*stage2_args(data, out), "--resume"])  # the same data: a finished run, left as it is
     assert "already holds a finished run" in capsys.readouterr().out
+
+
+# ================================================================================================
+# The second sweep (issue 67): a run folder belongs to one run, a --resume refuses what it cannot
+# continue (naming what differs), no silent nonsense, and no ordinary mistake ends in a traceback.
+# ================================================================================================
+def holding_the_lock(out, script="stage1_sft.py", pid=4242):
+    """Another run's hold on `out`: its lock file, flocked on a descriptor of its own (a flock
+    belongs to an open file, so this process's own claim must fail against it). -> the descriptor."""
+    import fcntl
+
+    out.mkdir(parents=True, exist_ok=True)
+    fd = os.open(out / LOCK_NAME, os.O_RDWR | os.O_CREAT)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    os.write(fd, json.dumps({"script": script, "pid": pid}).encode())
+    return fd
+
+
+# ---- --out holds one run at a time ---------------------------------------------------------------
+@pytest.mark.parametrize("script", sorted(SCRIPTS))
+def test_a_folder_of_the_users_own_files_is_refused_without_overwrite(capsys, tmp_path, script):
+    data = records_file(tmp_path / "d.jsonl")
+    write_jsonl(tmp_path / "c.jsonl", [{"index": 0, "completion": "x"}])
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "train.jsonl").write_text("the user's own\n")
+    (out / ".DS_Store").write_text("hidden: no output is named so")
+    message = error_of(capsys, SCRIPTS[script].main, usage_argv(script, data, out))
+    assert f"--out {out} holds files no run of {script} wrote (train.jsonl)" in message
+    assert "--overwrite" in message and (out / "train.jsonl").read_text() == "the user's own\n"
+    assert not (out / "config.json").exists()
+
+
+def test_overwrite_writes_into_a_folder_of_other_files_and_it_is_the_runs_from_then_on(tmp_path):
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "notes.txt").write_text("kept\n")
+    s0.main(stage0_args(out, "--overwrite"))
+    assert (out / "notes.txt").read_text() == "kept\n" and (out / "train.jsonl").exists()
+    s0.main(stage0_args(out, "--resume"))  # the folder is stage 0's now: its lock file says so
+
+
+@pytest.mark.parametrize("script", ["stage0_build.py", "stage1_sft.py", "evaluate.py"])
+def test_a_second_run_into_a_folder_in_use_is_refused(capsys, tmp_path, script):
+    data = records_file(tmp_path / "d.jsonl")
+    out = tmp_path / "busy"
+    fd = holding_the_lock(out, script)
+    try:
+        message = error_of(capsys, SCRIPTS[script].main, usage_argv(script, data, out))
+    finally:
+        os.close(fd)
+    assert f"--out {out} is in use by another run ({script}, process 4242)" in message
+    assert sorted(p.name for p in out.iterdir()) == [LOCK_NAME]  # nothing written beside it
+    SCRIPTS[script].main(usage_argv(script, data, out))  # the other run ended: its lock is gone
+
+
+def test_a_lock_file_left_by_a_dead_run_is_no_obstacle(tmp_path):
+    """The kernel drops a flock with its process (kill -9 too): a lock file naming a process that is
+    gone is not held, and the next run takes it."""
+    data = records_file(tmp_path / "d.jsonl")
+    out = tmp_path / "sft"
+    out.mkdir()
+    (out / LOCK_NAME).write_text(json.dumps({"script": "stage1_sft.py", "pid": 999_999_999}))
+    stage1_sft.main(stage1_args(data, out))
+    assert json.loads((out / LOCK_NAME).read_text()) == {"script": "stage1_sft.py", "pid": os.getpid()}
+
+
+def test_two_concurrent_sft_runs_into_one_folder_one_is_refused(tmp_path):
+    """The issue's repro: two SFT processes started together into one --out. One trains; the other
+    is refused in one line (or, started after the first ended, is refused as a second run without
+    --resume): never two runs writing one folder."""
+    data = records_file(tmp_path / "d.jsonl")
+    out = tmp_path / "c"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "stage1_sft.py",
+                *stage1_args(data, out, "--seed", str(seed)),
+                "--max-steps",
+                "6",
+            ],
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )  # fmt: skip
+        for seed in (0, 1)
+    ]
+    results = [(p.wait(timeout=600), p.stderr.read()) for p in procs]
+    assert sorted(code for code, _ in results) == [0, 1], results
+    refused = next(err for code, err in results if code == 1)
+    assert "Traceback" not in refused and (
+        "is in use by another run (stage1_sft.py" in refused
+        or "already holds a run of stage1_sft.py" in refused
+    )
+    seed = json.loads((out / "config.json").read_text())["seed"]
+    assert json.loads((out / "checkpoint" / "trainer_state.json").read_text())["config"]["seed"] == seed
+
+
+# ---- every --resume refuses what it cannot continue ------------------------------------------------
+def test_evaluate_resume_with_other_data_is_refused(capsys, tmp_path):
+    data = records_file(tmp_path / "d.jsonl")
+    other = records_file(tmp_path / "other.jsonl", n=2)
+    out = tmp_path / "eval"
+    evaluate.main(usage_argv("evaluate.py", data, out))
+    before = fingerprint(out)
+    message = error_of(capsys, evaluate.main, [*usage_argv("evaluate.py", other, out), "--resume"])
+    assert message.startswith(f"error: --resume with other --data than the evaluation in {out}: data (")
+    assert f"'{data}' there, '{other}' now" in message and "--overwrite" in message
+    assert fingerprint(out) == before
+    # the same file corrected in place goes on (the changed records are answered again), with a note
+    write_jsonl(data, [hand_record(i, price=99) for i in range(3)])
+    capsys.readouterr()
+    evaluate.main([*usage_argv("evaluate.py", data, out), "--resume"])
+    assert f"note: {data} changed since the evaluation in {out}" in capsys.readouterr().out
+
+
+def test_stage0_resume_with_another_config_is_refused(capsys, tmp_path):
+    out = tmp_path / "data"
+    s0.main(stage0_args(out, "--seed", "1"))
+    before = fingerprint(out)
+    message = error_of(capsys, s0.main, stage0_args(out, "--seed", "2", "--resume"))
+    assert message == (
+        f"error: --resume with another config than the build in {out}: seed (1 there, 2 now); "
+        "--overwrite replaces that build"
+    )
+    assert fingerprint(out) == before
+    s0.main(stage0_args(out, "--seed", "1", "--resume"))  # the same config: nothing to do
+    assert "already built" in capsys.readouterr().out
+
+
+def test_stage1_resume_on_a_damaged_checkpoint_is_refused(capsys, tmp_path):
+    data = records_file(tmp_path / "d.jsonl")
+    out = tmp_path / "sft"
+    stage1_sft.main(stage1_args(data, out, "--max-steps", "1"))
+    state = (out / "checkpoint" / "trainer_state.pt").read_bytes()
+    (out / "checkpoint" / "trainer_state.pt").unlink()
+    before = fingerprint(out)
+    message = error_of(capsys, stage1_sft.main, [*stage1_args(data, out), "--resume"])
+    assert f"the checkpoint in {out / 'checkpoint'} is damaged (trainer_state.pt missing)" in message
+    assert fingerprint(out) == before  # final/ is not rewritten by a run started afresh
+    # garbage where the trainer state was: one line, and torch's advice (weights_only=False, which
+    # would unpickle code) is not passed on
+    (out / "checkpoint" / "trainer_state.pt").write_bytes(b"\x80\x04garbage, not a checkpoint")
+    message = error_of(capsys, stage1_sft.main, [*stage1_args(data, out), "--resume"])
+    assert f"{out / 'checkpoint' / 'trainer_state.pt'} cannot be read (" in message
+    assert "damaged" in message and "weights_only" not in message
+    (out / "checkpoint" / "trainer_state.json").write_text("{not json")
+    message = error_of(capsys, stage1_sft.main, [*stage1_args(data, out), "--resume"])
+    assert "trainer_state.json cannot be read (JSONDecodeError)" in message
+    # put back, the run continues
+    (out / "checkpoint" / "trainer_state.pt").write_bytes(state)
+    (out / "checkpoint").rename(tmp_path / "kept")
+    stage1_sft.main([*stage1_args(data, out), "--resume"])  # no checkpoint at all: starts afresh, as before
+
+
+def tiny_model_folder(path, scale=None) -> Path:
+    """tiny-random saved as a model folder; `scale` multiplies its weights (other weights, same path)."""
+    import torch
+
+    from srt.modeling import load_model_and_tokenizer
+
+    model, tokenizer = load_model_and_tokenizer("tiny-random", dtype="float32")
+    if scale is not None:
+        with torch.no_grad():
+            for p in model.parameters():
+                p.mul_(scale)
+    model.save_pretrained(path, safe_serialization=True)
+    tokenizer.save_pretrained(path)
+    return Path(path)
+
+
+def test_stage2_resume_checks_the_model_by_its_files_not_its_path(capsys, tmp_path):
+    data = records_file(tmp_path / "d.jsonl")
+    model = tiny_model_folder(tmp_path / "sft-final")
+    out = tmp_path / "grpo"
+    argv = [*stage2_args(data, out), "--model", str(model)]
+    stage2_grpo.main(argv)
+    recorded = json.loads((out / "config.json").read_text())["model_sha256"]
+    assert isinstance(recorded, str) and len(recorded) == 64
+    tiny_model_folder(model, scale=1.5)  # other weights at the same path
+    before = fingerprint(out)
+    message = error_of(capsys, stage2_grpo.main, [*argv, "--max-steps", "2", "--resume"])
+    assert message.startswith("error: --resume with another model (--model, by path or by its files' sha256)")
+    assert f"than the checkpoint in {out / 'checkpoint'}: model_sha256 ({recorded[:12]}... there" in message
+    assert fingerprint(out) == before
+
+
+def test_stage2_resume_after_a_log_was_deleted_is_refused(capsys, tmp_path):
+    data = records_file(tmp_path / "d.jsonl")
+    out = tmp_path / "grpo"
+    stage2_grpo.main(stage2_args(data, out, "--sample-every", "1"))
+    assert (out / "samples.jsonl").read_text()
+    (out / "samples.jsonl").unlink()
+    before = fingerprint(out)
+    message = error_of(capsys, stage2_grpo.main, [*stage2_args(data, out, "--sample-every", "1"),
+                                                  "--max-steps", "2", "--resume"])  # fmt: skip
+    assert (
+        f"--resume: {out / 'samples.jsonl'} is gone, but the checkpoint in {out / 'checkpoint'} is at step 1"
+        in message
+    )
+    assert fingerprint(out) == before
+
+
+# ---- silent on nonsense --------------------------------------------------------------------------
+def test_stage0_drops_a_record_whose_evidence_turn_holds_a_marker_and_counts_it(tmp_path):
+    """A turn of H* is copied verbatim into the target's <HIS> tag: a '</think>' or '<HIS>' in it
+    makes the record's own reference fail the format check (Eq. (5))."""
+    from srt.completion import is_valid_format
+    from srt.prompt import format_target
+
+    dialogues = generate_synthetic(24, seed=0)
+    marked = 0
+    for d, marker in zip(dialogues[::2], ["</think>", "<HIS>", "</HIS>"] * 12):
+        for r in d["rounds"]:
+            for label in (r.get("gold") or {}).get("recall", []):
+                side = "user" if label[0] == "Q" else "assistant"
+                rnd = d["rounds"][int(label[1:]) - 1]
+                if marker not in rnd[side]:
+                    rnd[side] += f" (see {marker} here)"
+                    marked += 1
+    assert marked
+    raw = tmp_path / "raw.jsonl"
+    write_jsonl(raw, dialogues)
+    out = tmp_path / "s0"
+    s0.main(["--source", "jsonl", "--input", str(raw), *stage0_args(out)])
+    records = [json.loads(line) for name in ("train", "dev", "test") for line in open(out / f"{name}.jsonl")]
+    assert records and all(is_valid_format(format_target(r)) for r in records)
+    dropped = json.loads((out / "stats.json").read_text())["dropped"]
+    assert dropped.get("verification:markup_in_target", 0) >= 1
+
+
+def test_a_negated_answer_earns_no_keys_reward_and_no_accuracy():
+    from srt.metrics import accuracy
+    from srt.prompt import format_target
+
+    record = hand_record(0)  # answer "$20", keys ["$20"]
+
+    def keys_reward(answer):
+        completion = format_target({**record, "answer": answer})
+        return reward.compute_rewards([completion], [record], "keys")[0]
+
+    for negated in ("The hiking backpack was not $20.", "It wasn't $20.", "It is never $20", "No $20 fee"):
+        scored = keys_reward(negated)
+        assert scored["answer"] == -1.0 and scored["keys_present"] == [False], negated
+        assert accuracy(negated, record) == 0.0
+    for affirmed in (
+        "The hiking backpack was $20.",
+        "No, it was $20.",
+        "Not much: $20.",
+        "It is $20, not more.",
+    ):
+        assert keys_reward(affirmed)["answer"] == 1.0, affirmed
+        assert accuracy(affirmed, record) == 1.0
+    # a reference that denies the key itself lets the answer deny it too
+    denied = {**record, "answer": "The store is not open on Friday.", "answer_keys": ["Friday"]}
+    assert accuracy("It is not open on Friday.", denied) == 1.0
+
+
+@pytest.mark.parametrize(
+    "options, says",
+    [
+        ('{"capcity": 4}', "unknown cuemem option 'capcity'; the known ones: extractor, window"),
+        ('{"capacity": 0}', "cuemem option capacity must be an integer >= 1 or null, got 0"),
+        ('{"capacity": -1}', "cuemem option capacity must be an integer >= 1 or null, got -1"),
+        ('{"max_age": 0}', "cuemem option max_age must be an integer >= 1 or null, got 0"),
+        ('{"top_k": "8"}', 'cuemem option top_k must be an integer >= 1, got "8"'),
+        ('{"temporal_decay": 2}', "cuemem option temporal_decay must be a number in [0.0, 1.0], got 2"),
+        ('{"use_graph": 1}', "cuemem option use_graph must be true or false, got 1"),
+    ],
+)
+def test_cuemem_options_are_checked(capsys, tmp_path, options, says):
+    out = tmp_path / "e"
+    argv = ["--compare", "cm=cuemem:tiny-random", "--variant-options", f'cm={{"cuemem": {options}}}']
+    message = error_of(capsys, evaluate.main, [*argv, "--out", str(out)])
+    assert says in message
+    message = error_of(capsys, evaluate.main, ["--cuemem-options", options, "--out", str(out)])
+    assert message.startswith("error: --cuemem-options: ") and says in message
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    "script, argv, says",
+    [
+        ("stage1_sft.py", ["--max-steps", str(10**11)], "--max-steps: must be <= 1000000, got 100000000000"),
+        ("stage2_grpo.py", ["--max-steps", "100000000000"], "--max-steps: must be <= 1000000"),
+        ("stage0_build.py", ["--num-dialogues", str(10**20)], "--num-dialogues: must be <= 100000"),
+        ("stage0_build.py", ["--num-dialogues", "1e20"], "--num-dialogues: invalid int value: '1e20'"),
+        ("stage1_sft.py", ["--batch-size", "100000"], "--batch-size: must be <= 1024, got 100000"),
+        ("stage1_sft.py", ["--epochs", "100000000"], "--epochs: must be <= 1000"),
+        ("evaluate.py", ["--batch-size", "100000"], "--batch-size: must be <= 1024, got 100000"),
+        ("evaluate.py", ["--max-new-tokens", "1000000000"], "--max-new-tokens: must be <= 32768"),
+        ("stage2_grpo.py", ["--max-new-tokens", "1000000000"], "--max-new-tokens: must be <= 32768"),
+        ("cuemem.py", ["--max-new-tokens", "1000000000"], "--max-new-tokens: must be <= 32768"),
+        ("cuemem.py", ["--max-age", "0"], "argument --max-age: must be >= 1, got 0"),
+        ("stage1_sft.py", ["--seed", str(2**40)], "argument --seed: must be <= 4294967295"),
+    ],
+)  # fmt: skip
+def test_sizes_without_an_upper_bound_are_refused_with_the_figure(capsys, tmp_path, script, argv, says):
+    out = tmp_path / "out"
+    assert says in error_of(capsys, SCRIPTS[script].main, [*argv, "--out", str(out)])
+    assert not out.exists()
+
+
+def test_stage1_epochs_that_make_too_many_steps_are_refused(capsys, tmp_path):
+    """--epochs has its own ceiling, but 1,000 epochs of enough records still pass it."""
+    data = records_file(tmp_path / "d.jsonl", n=600)
+    argv = ["--model", "tiny-random", "--data", data, "--out", str(tmp_path / "sft"), "--batch-size", "1"]
+    message = error_of(capsys, stage1_sft.main, [*argv, "--epochs", "1000"])
+    assert (
+        "--epochs 1000 of 600 records in batches of 1 make 1,200,000 steps, more than the 1,000,000"
+        in message
+    )
+
+
+# ---- tracebacks turned into one line ------------------------------------------------------------
+@pytest.mark.parametrize("script", ["stage0_build.py", "evaluate.py", "cuemem.py"])
+def test_a_device_this_machine_lacks_is_one_line(capsys, tmp_path, monkeypatch, script):
+    import torch
+
+    out = tmp_path / "out"
+    message = error_of(capsys, SCRIPTS[script].main, ["--device", "banana", "--out", str(out)])
+    assert "argument --device: 'banana' is not a device: use cpu, cuda, cuda:N or mps" in message
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # a CPU-only torch
+    message = error_of(capsys, SCRIPTS[script].main, ["--device", "cuda", "--out", str(out)])
+    assert (
+        "argument --device: cuda: this torch" in message and "sees no CUDA GPU; use --device cpu" in message
+    )
+    assert not out.exists()
+
+
+def test_a_truncated_safetensors_is_one_line(capsys, tmp_path):
+    model = tiny_model_folder(tmp_path / "model")
+    weights = model / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    data = records_file(tmp_path / "d.jsonl")
+    argv = [*usage_argv("evaluate.py", data, tmp_path / "e"), "--model", str(model)]
+    message = error_of(capsys, evaluate.main, argv)
+    assert f"error: model {model}: its *.safetensors cannot be read (" in message and "cut short" in message
+    message = error_of(capsys, stage2_grpo.main, [*stage2_args(data, tmp_path / "g"), "--model", str(model)])
+    assert "its *.safetensors cannot be read" in message
+
+
+def test_answer_keys_that_are_not_strings_and_a_meta_that_is_not_an_object_name_file_line_field(
+    capsys, tmp_path
+):
+    data = tmp_path / "d.jsonl"
+    write_jsonl(data, [hand_record(0), {**hand_record(1), "answer_keys": [21]}])
+    for script in ("evaluate.py", "reward.py", "stage1_sft.py", "cuemem.py"):
+        argv = (
+            ["--data", str(data)]
+            if script == "reward.py"
+            else usage_argv(script, str(data), tmp_path / script)
+        )
+        message = error_of(capsys, SCRIPTS[script].main, argv)
+        assert f"{data}:2: field 'answer_keys[0]' must be a string, got int" in message, script
+    raw = tmp_path / "raw.jsonl"
+    dialogues = generate_synthetic(3, seed=0)
+    for bad, says in (
+        ({"meta": 5}, "field 'meta' must be an object, got int"),
+        ("answer_keys", "field 'rounds[{k}].gold.answer_keys[0]' must be a string"),
+    ):
+        rows = [dict(d) for d in dialogues]
+        if bad == "answer_keys":
+            k = next(k for k, r in enumerate(rows[1]["rounds"]) if "gold" in r)
+            rows[1]["rounds"] = [dict(r) for r in rows[1]["rounds"]]
+            rows[1]["rounds"][k] = {
+                **rows[1]["rounds"][k],
+                "gold": {**rows[1]["rounds"][k]["gold"], "answer_keys": [106]},
+            }
+            says = says.format(k=k)
+        else:
+            rows[1] = {**rows[1], **bad}
+        write_jsonl(raw, rows)
+        message = error_of(
+            capsys, s0.main, ["--source", "jsonl", "--input", str(raw), *stage0_args(tmp_path / "s0")]
+        )
+        assert f"{raw}:2: {says}" in message
+
+
+def bench_script(name):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", REPO / "bench" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize(
+    "name, argv",
+    [
+        ("pair_evals", ["a.jsonl", "b.jsonl"]),
+        ("pool_replicates", ["result.json"]),
+        ("grpo_seeds", ["--eval", "e", "--sft", "sft"]),
+        ("sft_step", ["--model", "tiny-random", "--data", "d.jsonl"]),
+        ("precision", ["--data", "d.jsonl"]),
+        ("rollout_speed", ["--synthetic", "3"]),
+        ("sampler_mismatch", ["--synthetic", "3"]),
+        ("eval_latency", ["--synthetic", "3"]),
+    ],
+)
+def test_a_bench_out_that_is_a_file_is_refused_before_the_benchmark_runs(tmp_path, monkeypatch, name, argv):
+    module = bench_script(name)
+    out = tmp_path / "taken"
+    out.write_text("precious\n")
+    monkeypatch.chdir(
+        tmp_path
+    )  # the inputs named above do not exist: a check after reading them would say so
+    with pytest.raises(SystemExit) as stop:
+        module.main([*argv, "--out", str(out)])
+    assert stop.value.code == f"error: --out {out} is a file, not a folder"
+    assert out.read_text() == "precious\n"
+
+
+# ---- Ctrl-C: one line saying what is saved and how to go on, exit status 130 ----------------------
+def interrupt(*args, **kwargs):
+    raise KeyboardInterrupt
+
+
+def interrupted_line(capsys, main, argv) -> str:
+    with pytest.raises(SystemExit) as stop:
+        main(argv)
+    assert stop.value.code == 130
+    err = capsys.readouterr().err
+    last = err.strip().splitlines()[-1]  # after the progress bars
+    assert "Traceback" not in err and last.startswith("interrupted: "), err
+    return last
+
+
+def test_ctrl_c_in_every_stage_is_one_line_saying_how_to_go_on(capsys, tmp_path, monkeypatch):
+    data = records_file(tmp_path / "d.jsonl")
+    write_jsonl(tmp_path / "c.jsonl", [{"index": 0, "completion": "x"}])
+
+    monkeypatch.setattr(s0, "annotate_dialogues", interrupt)
+    line = interrupted_line(capsys, s0.main, stage0_args(tmp_path / "s0"))
+    assert "run the same command again" in line
+
+    real_loss, calls = stage1_sft.sft_loss_sums, []
+
+    def loss_then_interrupt(*args, **kwargs):  # the second step is interrupted, after step 1's save
+        calls.append(1)
+        if len(calls) > 1:
+            raise KeyboardInterrupt
+        return real_loss(*args, **kwargs)
+
+    monkeypatch.setattr(stage1_sft, "sft_loss_sums", loss_then_interrupt)
+    sft = tmp_path / "sft"
+    line = interrupted_line(capsys, stage1_sft.main, stage1_args(data, sft, "--save-every", "1"))
+    assert line == (
+        f"interrupted: {sft / 'checkpoint'} holds step 1; the same command with --resume continues from there"
+    )
+    monkeypatch.setattr(stage1_sft, "sft_loss_sums", real_loss)
+    stage1_sft.main([*stage1_args(data, sft), "--resume"])  # and it does (the lock was released)
+
+    monkeypatch.setattr(stage2_grpo, "grpo_step", interrupt)
+    grpo = tmp_path / "grpo"
+    line = interrupted_line(capsys, stage2_grpo.main, stage2_args(data, grpo))
+    assert f"no checkpoint in {grpo / 'checkpoint'} yet" in line and "--resume starts afresh" in line
+
+    monkeypatch.setattr(evaluate, "generate_batch", interrupt)
+    line = interrupted_line(capsys, evaluate.main, usage_argv("evaluate.py", data, tmp_path / "e"))
+    assert "<variant>.jsonl" in line and "--resume goes on from them" in line
+
+    monkeypatch.setattr(cuemem, "recall_metrics", interrupt)
+    line = interrupted_line(capsys, cuemem.main, usage_argv("cuemem.py", data, tmp_path / "cm"))
+    assert "predictions.jsonl" in line and (tmp_path / "cm" / "predictions.jsonl").exists()
+
+    monkeypatch.setattr(reward, "compute_rewards", interrupt)
+    line = interrupted_line(capsys, reward.main, usage_argv("reward.py", data, tmp_path / "r"))
+    assert "nothing was written" in line
+
+
+def test_ctrl_c_exits_130_without_a_traceback_in_a_real_process(tmp_path):
+    code = (
+        "import sys, stage0_build as s\n"
+        "def stop(*a, **k): raise KeyboardInterrupt\n"
+        "s.read_source = stop\n"
+        f"s.main({stage0_args(tmp_path / 'd')!r})\n"
+    )
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True)
+    assert proc.returncode == 130 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.strip().startswith("interrupted: a build is published whole")

@@ -768,6 +768,7 @@ def test_resume_skips_written_examples(compare_run, tmp_path, monkeypatch):
     resumed = tmp_path / "resumed"
     resumed.mkdir()
     (resumed / "full.jsonl").write_text("".join(json.dumps(r) + "\n" for r in kept) + '{"id": "cut sho')
+    (resumed / "config.json").write_text((out / "config.json").read_text())  # a killed run wrote it first
     calls = counting_generate(monkeypatch)
     evaluate.main(
         [

@@ -867,7 +867,7 @@ def test_stage1_resume_keys_derived_from_its_groups_are_the_settings_of_a_step()
     assert set(resume_keys(stage1_sft.build_parser())) == {
         "data", "data_sha256", "seed", "phase", "phase1_fraction", "batch_size", "grad_accum", "world_size",
         "max_length", "target", "recall", "epochs", "lr", "warmup_steps", "weight_decay", "max_grad_norm",
-        "model",
+        "model", "model_sha256",
     }  # fmt: skip
 
 

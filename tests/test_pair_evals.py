@@ -55,3 +55,39 @@ def test_files_that_share_no_question_are_refused(tmp_path):
     b = write_rows(tmp_path / "b.jsonl", [{"id": "q2", "locomo_category": 1, "f1": 0.1}])
     with pytest.raises(SystemExit, match="share no LoCoMo question id"):
         pair_evals.main([str(a), str(b), "--out", str(tmp_path / "out")])
+
+
+def test_a_row_repeated_whole_counts_once_and_a_different_one_is_refused(tmp_path, capsys):
+    rows = [
+        {"id": "q1", "locomo_category": 1, "locomo_score": 0.0, "f1": 0.2},
+        {"id": "q2", "locomo_category": 2, "locomo_score": 1.0, "f1": 1.0},
+    ]
+    a = write_rows(tmp_path / "a.jsonl", rows)
+    b = write_rows(tmp_path / "b.jsonl", [dict(r, locomo_score=1.0) for r in rows])
+    once = pair_evals.main([str(a), str(b), "--out", str(tmp_path / "once")])
+    twice = write_rows(
+        tmp_path / "b2.jsonl", [dict(r, locomo_score=1.0) for r in rows + rows]
+    )  # appended twice
+    result = pair_evals.main([str(a), str(twice), "--out", str(tmp_path / "twice")])
+    assert "2 repeated row(s) counted once" in capsys.readouterr().err
+    assert result["n_b"] == 2 and result["subsets"] == once["subsets"]
+    clash = write_rows(tmp_path / "b3.jsonl", [*rows, dict(rows[0], f1=0.9)])
+    with pytest.raises(SystemExit, match=r"b3\.jsonl:3: id 'q1' again, with other values than on line 1"):
+        pair_evals.main([str(a), str(clash), "--out", str(tmp_path / "clash")])
+
+
+def test_a_nan_value_is_left_out_not_a_nan_interval(tmp_path, capsys):
+    a = tmp_path / "a.jsonl"  # json.dumps writes NaN for float("nan"): what a run can leave in a row
+    a.write_text("".join(json.dumps(r) + "\n" for r in [
+        {"id": "q1", "locomo_category": 1, "locomo_score": float("nan"), "f1": 0.5},
+        {"id": "q2", "locomo_category": 1, "locomo_score": 0.0, "f1": 0.5},
+    ]))  # fmt: skip
+    b = write_rows(tmp_path / "b.jsonl", [
+        {"id": "q1", "locomo_category": 1, "locomo_score": 1.0, "f1": 1.0},
+        {"id": "q2", "locomo_category": 1, "locomo_score": 1.0, "f1": 1.0},
+    ])  # fmt: skip
+    result = pair_evals.main([str(a), str(b), "--out", str(tmp_path / "out")])
+    assert "1 NaN or infinite value(s) left out" in capsys.readouterr().err
+    cell = result["subsets"]["all"]["locomo_score"]
+    assert cell["n"] == 1 and cell["diff"] == cell["low"] == cell["high"] == 1.0
+    assert "NaN" not in (tmp_path / "out" / "results.json").read_text()

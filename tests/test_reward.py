@@ -20,7 +20,6 @@ from reward import (  # noqa: E402
     compute_rewards,
     jaccard,
     key_reward,
-    keys_present,
     match_tags,
     overlap,
     recall_reward,
@@ -33,7 +32,7 @@ from srt.completion import (  # noqa: E402
     split_tag,
     tokens,
 )
-from srt.metrics import normalize_number  # noqa: E402
+from srt.metrics import keys_present, normalize_number  # noqa: E402
 from srt.modeling import embed  # noqa: E402
 from srt.prompt import format_target  # noqa: E402
 from srt.reward_gallery import GALLERY_COMMAND, GALLERY_RECORD, gallery_scores  # noqa: E402

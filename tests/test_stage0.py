@@ -298,6 +298,7 @@ def test_malformed_source_names_file_line_field(tmp_path):
             str(src),
             "--out",
             str(out),
+            "--overwrite",  # a folder of other files is stage 0's to write
             "--quiet",
         ],
         capture_output=True,

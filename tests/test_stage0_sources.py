@@ -28,6 +28,7 @@ from test_corpora import (
 from test_teacher import KEY, ChatServer
 
 import stage0_build as s0
+from srt.config import LOCK_NAME
 from srt.data import teacher as T
 from srt.data_io import read_jsonl, validate_record
 
@@ -295,14 +296,14 @@ def test_an_empty_source_is_a_one_line_error_that_writes_nothing(tmp_path, sourc
     out = tmp_path / "out"
     out.mkdir()
     (out / "train.jsonl").write_text("precious\n")
-    with pytest.raises(SystemExit) as e:
-        build(out, source, path)
+    with pytest.raises(SystemExit) as e:  # --overwrite: a folder of other files is stage 0's to write
+        build(out, source, path, "--overwrite")
     assert str(e.value) == f"error: {path} holds no dialogues; nothing written to {out}"
     assert (out / "train.jsonl").read_text() == "precious\n"  # nothing already written is lost
-    assert sorted(p.name for p in out.iterdir()) == ["train.jsonl"]
+    assert sorted(p.name for p in out.iterdir() if p.name != LOCK_NAME) == ["train.jsonl"]
     with pytest.raises(SystemExit, match=r"the synthetic corpus \(--num-dialogues 0\) holds no dialogues"):
         s0.main(["--num-dialogues", "0", "--out", str(out), "--quiet"])
-    assert sorted(p.name for p in out.iterdir()) == ["train.jsonl"]
+    assert sorted(p.name for p in out.iterdir() if p.name != LOCK_NAME) == ["train.jsonl"]
 
 
 def test_a_build_that_keeps_no_record_leaves_the_previous_build(tmp_path):
@@ -490,8 +491,11 @@ def test_locomo_conversations_file_and_the_window_in_the_build_identity(tmp_path
     assert json.loads((out / "config.json").read_text())["locomo_window"] == "retrieved"
     build(out, "locomo", path, "--max-rounds", "4", "--resume")
     assert "nothing to do" in capsys.readouterr().out
-    # another window is another build; 'all' keeps every round, past --max-rounds
-    records, stats = build(out, "locomo", path, "--max-rounds", "4", "--locomo-window", "all", "--resume")
+    # another window is another build: --resume refuses it, naming the window; 'all' keeps every
+    # round, past --max-rounds
+    with pytest.raises(SystemExit, match=r"locomo_window \('retrieved' there, 'all' now\)"):
+        build(out, "locomo", path, "--max-rounds", "4", "--locomo-window", "all", "--resume")
+    records, stats = build(out, "locomo", path, "--max-rounds", "4", "--locomo-window", "all", "--overwrite")
     assert "nothing to do" not in capsys.readouterr().out and stats["dropped"].get("length", 0) == 0
     assert len(records) == 4 and all(
         len(r["history"]) == 20 and r["meta"]["window"]["how"] == "all" for r in records

@@ -984,6 +984,8 @@ def parse_jsonl_dialogue(obj, where="<dialogue>", line=0) -> dict:
       is the query."""
     if not isinstance(obj, dict) or not isinstance(obj.get("id"), (str, int)):
         raise DataError(f"{where}:{line}: field 'id' is missing or not a string")
+    if not isinstance(obj.get("meta", {}), dict):
+        raise DataError(f"{where}:{line}: field 'meta' must be an object, got {type(obj['meta']).__name__}")
     if isinstance(obj.get("messages"), list) and "rounds" not in obj:
         for k, m in enumerate(obj["messages"]):
             if (
@@ -1006,6 +1008,8 @@ def parse_jsonl_dialogue(obj, where="<dialogue>", line=0) -> dict:
                 raise DataError(f"{where}:{line}: field 'rounds[{k}].{field}' is missing or not a string")
             if len(r[field]) > MAX_UTTERANCE_CHARS:  # every later stage would refuse its records
                 raise DataError(f"{where}:{line}: field 'rounds[{k}].{field}' {too_long(r[field])}")
+        if not isinstance(r.get("meta", {}), dict):
+            raise DataError(f"{where}:{line}: field 'rounds[{k}].meta' must be an object")
         gold = r.get("gold")
         if gold is not None and not (
             isinstance(gold, dict)
@@ -1013,6 +1017,10 @@ def parse_jsonl_dialogue(obj, where="<dialogue>", line=0) -> dict:
             and isinstance(gold.get("answer_keys", []), list)
         ):
             raise DataError(f"{where}:{line}: field 'rounds[{k}].gold' needs list 'recall' and 'answer_keys'")
+        for field in ("recall", "answer_keys"):  # labels and facts are text: 106 is not "$106"
+            bad = next((i for i, x in enumerate((gold or {}).get(field, [])) if not isinstance(x, str)), None)
+            if bad is not None:
+                raise DataError(f"{where}:{line}: field 'rounds[{k}].gold.{field}[{bad}]' must be a string")
         labels = {f"{side}{i}" for i in range(1, k + 1) for side in "QA"}
         bad = [x for x in (gold or {}).get("recall", []) if x not in labels]
         if bad:
