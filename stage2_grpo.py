@@ -772,7 +772,7 @@ def build_parser() -> argparse.ArgumentParser:
         choices=SCALE_REWARDS,
         default=None,
         help="Eq. (8)'s denominator: group, each group's std (the paper); batch, the std of the whole "
-        "step's rewards; none, no division (default: group; none under --loss-type dr_grpo)",
+        "step's rewards; none, no division. Unset (None): group, or none under --loss-type dr_grpo",
     )
     add(
         "--is-cap",

@@ -237,11 +237,8 @@ def evaluate_policy(
 ) -> dict:
     """Stage 2's before / after check (evaluate.py does the full §4): mean reward components and
     recall Jaccard of greedy completions, on prompts fitted the way GRPO fits them (oldest turns
-    first; a gold turn cut is counted), decoded in `recall` mode. `reward_fn` defaults to
+    first; a gold turn cut is counted), decoded in `recall` mode. `reward_fn`: stage 2 passes
     reward.compute_rewards."""
-    if reward_fn is None:
-        from reward import compute_rewards as reward_fn  # the default of a script, not of the library
-
     fitted = [fit_prompt(tokenizer, r, max_prompt_length) for r in records]
     result = greedy_probe(
         model,
