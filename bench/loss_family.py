@@ -38,6 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=8, help="GRPO steps per variant (the lesson runs 4)")
     p.add_argument("--probe-every", type=int, default=2, help="greedy dev probe every N steps")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--lr", type=float, default=None, help="GRPO learning rate (default: the preset's, 3e-6)")
     p.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
     return p
 
@@ -58,7 +59,7 @@ def main(argv=None) -> None:
             "--model", args.model, "--data", args.data, "--out", str(out / variant), "--loss-type", variant,
             "--seed", str(args.seed), "--max-steps", str(args.steps),
             "--probe-every", str(args.probe_every), "--resume",
-        ]  # fmt: skip
+        ] + ([] if args.lr is None else ["--lr", str(args.lr)])  # fmt: skip
         print("$", " ".join(command[1:]), flush=True)
         subprocess.run(command, check=True)
 
@@ -76,6 +77,8 @@ def main(argv=None) -> None:
         for ax, (key, title) in zip(axes, PER_STEP):
             ax.plot(steps, [m.get(key) for m in metrics], marker=".", label=variant)
             ax.set_title(title, fontsize=9)
+            if key == "kl":  # k3 is exp(ref - logp) - ...: one token far below pi_ref spikes the mean
+                ax.set_yscale("log")
         axes[-1].plot(
             [p["step"] for p in probes], [p.get("jaccard_needed") for p in probes], marker="o", label=variant
         )
