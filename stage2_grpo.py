@@ -439,7 +439,7 @@ def update(
         min(cfg.sample_ratio, len(policy_mask))
     )
     policy.train()  # the loss's mode, for pi_old too (the models have no dropout)
-    old_logprobs, ref_logprobs = old_and_ref_logprobs(policy, ref_model, logprobs_of, policy_mask, cfg)
+    old_logprobs, ref_logprobs = old_and_ref_logprobs(policy, ref_model, logprobs_of, minibatches, cfg)
 
     updates, entropies, skipped = [], [], 0
     for epoch in range(cfg.mu):
@@ -493,14 +493,12 @@ def update(
     )
 
 
-def old_and_ref_logprobs(policy, ref_model, logprobs_of, policy_mask, cfg):
+def old_and_ref_logprobs(policy, ref_model, logprobs_of, minibatches, cfg):
     """pi_old and pi_ref on every sampled token, [B, C] each, in one no-grad pass before the first
     update: the one place pi_old is filled. The same path as the loss's forward (the same function,
     micro-batches and train mode; gradient checkpointing runs only there), so that before any
     update pi_theta / pi_old is 1 to the last bit. pi_ref is None at beta = 0."""
-    rows = torch.arange(len(policy_mask), device=policy_mask.device)
-    parts = [part for minibatch in rows.tensor_split(min(cfg.sample_ratio, len(rows)))
-             for part in micro_batches(minibatch, cfg.micro_batch_size)]  # fmt: skip
+    parts = [part for rows in minibatches for part in micro_batches(rows, cfg.micro_batch_size)]
     use_ref = cfg.beta > 0 and ref_model is not None
     with torch.no_grad():
         old = torch.cat([logprobs_of(policy, part).logprobs for part in parts])

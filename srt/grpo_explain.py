@@ -194,7 +194,9 @@ def explain(cfg, grpo, reward_fn=None, print_fn=print) -> dict:
     mean, std = rewards.mean().item(), rewards.std(unbiased=False).item()
     advantages = grpo.group_advantages(rewards.view(1, K), scale=cfg.scale_rewards)[0]
     print_fn(f"\nEq. (8): mean R = {mean:.4f}, std R = {std:.4f} (population: divide by K)")
-    print_fn(f"{'k':>2}  {'R - mean':>9}  {'A~ = (R - mean) / (std + 1e-8)':>31}")
+    # --scale-rewards none (Dr. GRPO) keeps R - mean; batch is group here: one group is the batch
+    formula = "A~ = R - mean (no std)" if cfg.scale_rewards == "none" else "A~ = (R - mean) / (std + 1e-8)"
+    print_fn(f"{'k':>2}  {'R - mean':>9}  {formula:>31}")
     for k in range(K):
         print_fn(f"{k + 1:>2}  {rewards[k].item() - mean:>9.4f}  {advantages[k].item():>31.4f}")
     if cfg.credit == "segment":

@@ -99,30 +99,31 @@ def add_run_flags(parser, stage: str):
     """--model, --data, --out, --seed, --resume, --overwrite, --max-steps, --time-budget-minutes, as
     RUN_FLAGS[stage] words and sets them."""
     text = RUN_FLAGS[stage]
-    model_default, model_help, data_help = text["model_default"], text["model_help"], text["data_help"]
-    out_default, resume_help, budget_help = text["out_default"], text["resume_help"], text["budget_help"]
-    max_steps_default, max_steps_help = text["max_steps_default"], text["max_steps_help"]
     run = parser.add_argument_group("the run: model, data, output")
-    run.add_argument("--model", default=model_default, help=model_help)
+    run.add_argument("--model", default=text["model_default"], help=text["model_help"])
     run.add_argument(
         "--data",
         nargs="+",
         type=data_spec,
         default="runs/data/train.jsonl",
         metavar="PATH[:WEIGHT]",
-        help=data_help + "; several files with a weight each train on a mix (srt/data_io.py mix_sources), "
-        "e.g. syn/train.jsonl:0.5 locomo/train.jsonl:0.5",
+        help=text["data_help"] + "; several files with a weight each train on a mix (srt/data_io.py "
+        "mix_sources), e.g. syn/train.jsonl:0.5 locomo/train.jsonl:0.5",
     )
-    run.add_argument("--out", default=out_default, help="output folder")
+    run.add_argument("--out", default=text["out_default"], help="output folder")
     run.add_argument("--seed", type=up_to(2**32 - 1, low=0), default=0, help="random seed")
-    run.add_argument("--resume", action="store_true", help=resume_help)
+    run.add_argument("--resume", action="store_true", help=text["resume_help"])
     run.add_argument(
         "--overwrite",
         action="store_true",
         help="start afresh in an --out that holds an earlier run (without it or --resume: refused)",
     )
-    run.add_argument("--max-steps", type=up_to(MAX_STEPS), default=max_steps_default, help=max_steps_help)
-    run.add_argument("--time-budget-minutes", type=at_least(0.0, float), default=None, help=budget_help)
+    run.add_argument(
+        "--max-steps", type=up_to(MAX_STEPS), default=text["max_steps_default"], help=text["max_steps_help"]
+    )
+    run.add_argument(
+        "--time-budget-minutes", type=at_least(0.0, float), default=None, help=text["budget_help"]
+    )
     return run
 
 

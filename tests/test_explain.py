@@ -216,6 +216,8 @@ def test_the_printed_eq9_is_grpo_loss_with_its_importance_weights(tmp_path, monk
     result, text, _, cfg = run_explain(tmp_path, varied_reward, "--loss-type", loss_type)
     rollout = explained_rollouts[-1]
     assert cfg.is_cap == 2 and cfg.loss_type == loss_type
+    # Eq. (8) as the step computes it: Dr. GRPO's default drops the std, and the page says so
+    assert ("A~ = R - mean (no std)" in text) == (loss_type == "dr_grpo")
 
     # The step's tensors rebuilt from what explain returns; a position past a completion's end is
     # outside the policy mask, so its zero counts in no term.
