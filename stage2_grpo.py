@@ -1,33 +1,35 @@
 """Stage 2 of SRT: recall-reasoning alignment with GRPO (paper §3.4, Eqs. (8)-(9)), in plain PyTorch.
 
-One GRPO step, in the order of the paper, as three calls passing one record (grpo_step):
+One GRPO step, in the order of the paper, as three calls passing one record each (grpo_step):
 
   rollout     for each prompt P(Q_t, C_t): sample K completions tau^(k) from the policy, keeping each
               token's log pi_sampler (a Rollout, srt/rollouts.py); score them with the verifiable
               reward R = format + recall + answer (reward.py, Eqs. (4)-(7))
-  advantages  Eq. (8): group-relative advantage  A~(k) = (R(k) - mean R) / (std R + 1e-8)
-  update      log-probs of pi_old (the policy before the step) and of the frozen pi_ref = the SFT
-              model, once; then the sample batch in backprop minibatches (sample/backprop ratio 4,
-              §4.1), `mu` passes, each: Eq. (9)'s clipped surrogate minus beta * KL, one AdamW step
-              (constant learning rate after a linear warm-up, §4.1)
+  experience  Eq. (8): group-relative advantage  A~(k) = (R(k) - mean R) / (std R + 1e-8); the
+              log-probs of pi_old (the policy before the step) and of the frozen pi_ref = the SFT
+              model; each token's importance and normalisation weight. Filled once (an Experience).
+  update      the experience in backprop minibatches (sample/backprop ratio 4, §4.1), `mu` passes,
+              each: Eq. (9)'s clipped surrogate minus beta * KL (grpo_loss), one AdamW step (constant
+              learning rate after a linear warm-up, §4.1)
 
 Paper vs this implementation, the one list (docs/pipeline.md links here). 1-3 always hold; 4-11 are
-flags of the "beyond the paper" group, off or the paper's choice by default unless said:
+flags of the "beyond the paper" group, off or the paper's choice by default unless said; 12-13 are
+where this loss departs from TRL's GRPOTrainer, the reference most readers compare with:
 
   1. Eq. (8)'s std is the population std (divide by K): a group of one gets advantage 0, not NaN, and
      a group whose K rewards are all equal gets exactly 0.
   2. pi_old is scored once per sample batch, before the first update, by the same forward path as
      the loss (train mode, the same micro-batches): at mu = 1 the first minibatch's ratio is 1.
   3. KL: the k3 estimator to pi_ref = the SFT model, beta 0.04 (§4.1 names the term, not its
-     estimator nor its weight). As a loss, k3's gradient is that of the reverse KL(pi_theta || pi_ref).
+     estimator nor its weight). As a loss, k3's gradient is that of the reverse KL(pi_ref || pi_theta).
   4. Truncated importance sampling (--is-cap 2, ON by default): rollouts come from a bf16 copy of the
      policy where the CPU or GPU has bf16 units, so each token's surrogate is weighted by
      min(pi_old / pi_sampler, 2); exactly the paper's Eq. (9) on an fp32 CPU, where the sampler is
      the policy and the weight is 1 up to rounding.
-  5. Loss normalisation, --loss-type (LOSS_TYPES): grpo (default) is Eq. (9) as written, each
-     completion's tokens averaged, then the completions; dapo averages over every token of the batch,
-     all ranks; dr_grpo divides by completions x --max-new-tokens. --scale-rewards group (default,
-     Eq. (8)) | batch | none sets Eq. (8)'s denominator (none under dr_grpo by default).
+  5. Loss normalisation, --loss-type: one weight per token (LOSS_TYPES, loss_weights): grpo (default)
+     is Eq. (9) as written, 1 / (|o_i| G); dapo 1 / N, N the policy tokens of the minibatch on every
+     rank; dr_grpo 1 / (G L), L = --max-new-tokens. --scale-rewards group (default, Eq. (8)) | batch
+     | none sets Eq. (8)'s denominator (none under dr_grpo by default).
   6. Dynamic sampling (--dynamic-sampling total | recall, --max-draws; the CPU presets: recall):
      groups whose K total rewards, or recall parts, are all equal are replaced by fresh prompts (DAPO).
   7. Segment credit (--credit segment): the think tokens take the advantage of format + recall, the
@@ -40,6 +42,12 @@ flags of the "beyond the paper" group, off or the paper's choice by default unle
      by --seed: a control run that keeps every statistic of a real one but the reward's signal.
  11. --train-turns dependent trains on the turns whose H* is not empty; --top-p below 1 is refused
      (Eq. (9)'s ratio and KL are over the full softmax(logits / T)).
+ 12. dapo's N counts the tokens of one backprop minibatch (every rank's); TRL's dapo counts the whole
+     generation batch of every process, 4x more at --sample-ratio 4, so each of our steps is 4x
+     larger. TRL's bnpo, the minibatch's own tokens, is the one bench/grpo_vs_trl.py maps ours to.
+ 13. A NaN reward makes its group's advantages NaN and the minibatch's loss non-finite: that
+     optimizer step is skipped on every rank and logged (skipped_updates). TRL leaves a NaN reward
+     out of the group's mean and std and gives its completion advantage 0.
 
 Run on one CPU or GPU, or on N of them with torchrun (each rank samples and scores its own prompts,
 DDP all-reduces the gradients, rank 0 alone logs and saves):
@@ -57,12 +65,14 @@ probe.jsonl, learning_curve.png; summary.json.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import json
 import math
 import random
 import sys
 import time
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
@@ -79,7 +89,6 @@ from srt.data_io import (
     read_jsonl,
     read_mixture,
 )
-from srt.decode import follow_optimizer
 from srt.distributed import (
     accumulate,
     all_ranks_any,
@@ -96,6 +105,7 @@ from srt.modeling import (
     peak_gpu_gb,
 )
 from srt.probe import (
+    StepStats,
     add_probe_flags,
     pick_eval_records,
     probe_and_log,
@@ -163,7 +173,7 @@ def shuffled_within_groups(reward_fn, K: int, rng: random.Random):
 
 
 # --------------------------------------------------------------------------------------------
-# Eq. (9): the GRPO objective, as a loss to minimise (its negative).
+# Eq. (9): the GRPO objective, as a loss to minimise (its negative), on the step's experience.
 # --------------------------------------------------------------------------------------------
 def k3_kl(logprobs, ref_logprobs):
     """Per token, the k3 estimator of KL(pi_theta || pi_ref) on tokens sampled from pi_theta:
@@ -175,95 +185,60 @@ def k3_kl(logprobs, ref_logprobs):
     return torch.exp(log_ratio) - log_ratio - 1
 
 
-# The family of normalisations (--loss-type), one formula: loss = -sum_{i,t} w_{i,t} * term_{i,t}.
-#   grpo     w = 1 / (|o_i| * G)       Eq. (9) as written: a token of a short completion weighs more
-#   dapo     w = 1 / sum_i |o_i|       every token of the batch (all ranks) alike (Yu et al., 2025)
-#   dr_grpo  w = 1 / (G * L_max)       a constant: no length bias at all (Liu et al., 2025), with
-#                                      --scale-rewards none by default (no std in Eq. (8))
-LOSS_TYPES = ("grpo", "dapo", "dr_grpo")
+# Eq. (9)'s 1/G sum_i 1/|o_i| sum_t, and its two rivals (--loss-type), as one weight per token:
+# loss = -sum_{i,t} w_{i,t} * term_{i,t}. G: the minibatch's completions; L: --max-new-tokens.
+LOSS_TYPES = {
+    "grpo": "w = 1 / (|o_i| G): each completion's token mean, then the mean of the G (Eq. (9))",
+    "dapo": "w = 1 / N: one mean over the N policy tokens of the minibatch on every rank (DAPO)",
+    "dr_grpo": "w = 1 / (G L): a constant, so no length bias (Dr. GRPO; --scale-rewards none)",
+}
 
 
-def grpo_loss(
-    logprobs,
-    old_logprobs,
-    ref_logprobs,
-    advantages,
-    mask,
-    clip_eps=0.2,
-    beta=0.04,
-    loss_type="grpo",
-    is_weights=None,
-    num_tokens=None,
-    max_completion_length=None,
-    return_terms=False,
-):
-    """-> (loss, stats), and with return_terms the per-token terms (below). logprobs / old / ref:
-    [B, C]; advantages: [B] or [B, C]; mask: [B, C], the rollout's policy_mask (1 on the tokens the
-    policy sampled: only they count, in every term and in the normalisation); is_weights: [B, C]
-    truncated importance weights pi_old / pi_sampler (truncated_is_weights), or None for 1.
-
-    loss_type (LOSS_TYPES above): "grpo" is Eq. (9), each completion's token terms averaged over its
-    own |o_i| tokens, then over the B completions: a long wrong answer is punished less per token, a
-    short right one rewarded more. "dapo" divides the sum of every token's term by num_tokens, the
-    policy tokens of the whole minibatch on every rank (update all-reduces it; default: this call's).
-    "dr_grpo" divides by B * max_completion_length (default: C), the same for every token.
-
-    return_terms: also a dict of [B, C] tensors, what --explain prints token by token: ratio, clipped,
-    is_weight (1 where None), kl, objective (the token's term of Eq. (9), 0 where masked) and weight
-    (its share in the normalisation), so that loss = -sum(objective * weight) up to rounding."""
-    # Masked positions (padding, suppressed or copied tokens) may hold -inf or anything: they are
-    # replaced before exp and k3, so that neither the forward nor the backward ever meets 0 * inf.
-    sampled = mask > 0
-    mask = mask.to(logprobs.dtype)
-    logprobs = torch.where(sampled, logprobs, 0.0)
-    old_logprobs = torch.where(sampled, old_logprobs, 0.0)
-    ratio = torch.exp(logprobs - old_logprobs)  # r_{i,t}(theta)
-    A = advantages.unsqueeze(1) if advantages.dim() == 1 else advantages  # A~_i on every token, or one each
-    unclipped = ratio * A
-    clipped = torch.clamp(ratio, 1 - clip_eps, 1 + clip_eps) * A
-    objective = torch.min(unclipped, clipped)  # pessimistic bound, no gradient when clipped
-    if is_weights is not None:  # the samples came from pi_sampler, Eq. (9)'s expectation is over pi_old
-        objective = objective * torch.where(sampled, is_weights, 1.0)  # the surrogate only, not the KL
-    if ref_logprobs is not None:
-        kl = k3_kl(logprobs, torch.where(sampled, ref_logprobs, 0.0))
-    else:
-        kl = torch.zeros_like(logprobs)
-    objective = torch.where(sampled, objective - beta * kl, 0.0)
+def loss_weights(policy_mask, loss_type: str, max_new_tokens: int, all_rank_tokens=None, world_size=1):
+    """[G, C] policy_mask of one backprop minibatch -> each token's weight w in Eq. (9) (LOSS_TYPES),
+    0 where the policy did not sample. DDP averages the ranks' gradients: grpo's and dr_grpo's
+    weights are each rank's share of that average, and dapo's N counts every rank's tokens
+    (all_rank_tokens), so its weights are multiplied by the world size that the averaging divides by."""
+    G, mask = len(policy_mask), policy_mask.float()
     if loss_type == "grpo":
-        per_completion = objective.sum(1) / mask.sum(1).clamp(min=1)  # 1/|o_i| sum_t
-        loss = -per_completion.mean()  # 1/G sum_i
-    elif loss_type == "dapo":
-        loss = -objective.sum() / (mask.sum().clamp(min=1) if num_tokens is None else num_tokens)
-    elif loss_type == "dr_grpo":
-        loss = -objective.sum() / (len(mask) * (max_completion_length or mask.shape[1]))
+        return mask / (mask.sum(1, keepdim=True).clamp(min=1) * G)
+    if loss_type == "dapo":
+        tokens = mask.sum().clamp(min=1) if all_rank_tokens is None else all_rank_tokens
+        return mask * world_size / tokens
+    if loss_type == "dr_grpo":
+        return mask / (G * max_new_tokens)
+    raise ValueError(f"unknown loss_type {loss_type!r}; use one of {', '.join(LOSS_TYPES)}")
+
+
+class TokenTerms(NamedTuple):
+    """grpo_loss's per-token quantities [B, C], detached: what the statistics and --explain read."""
+
+    ratio: torch.Tensor  # r_{i,t} = pi_theta / pi_old
+    clipped: torch.Tensor  # the clip took over (no gradient through r)
+    kl: torch.Tensor  # k3 to pi_ref
+    objective: torch.Tensor  # the token's term of Eq. (9): w_IS * min(r A~, clip(r) A~) - beta * KL
+
+
+def grpo_loss(logprobs, experience: Experience, clip_eps=0.2, beta=0.04):
+    """Eq. (9) on (rows of) one Experience: logprobs [B, C] = log pi_theta of its sampled tokens.
+    Only the tokens the policy sampled count (policy_mask); masked positions may hold -inf and are
+    replaced before any exp. -> (loss = -sum(loss_weights * objective), TokenTerms)."""
+    sampled = experience.policy_mask > 0
+    logprobs = torch.where(sampled, logprobs, 0.0)
+    ratio = torch.exp(logprobs - experience.old_logprobs)  # r_{i,t}(theta)
+    A = experience.advantages  # A~ of Eq. (8) on every token
+    clipped_ratio = torch.clamp(ratio, 1 - clip_eps, 1 + clip_eps)
+    surrogate = torch.min(ratio * A, clipped_ratio * A)  # pessimistic bound: no gradient when clipped
+    surrogate = surrogate * experience.is_weights  # the samples came from pi_sampler (departure 4)
+    if experience.ref_logprobs is None:  # beta = 0: no pi_ref
+        kl = torch.zeros_like(logprobs)
     else:
-        raise ValueError(f"unknown loss_type {loss_type!r}; use one of {', '.join(LOSS_TYPES)}")
+        kl = k3_kl(logprobs, experience.ref_logprobs)
+    objective = torch.where(sampled, surrogate - beta * kl, 0.0)
+    loss = -(experience.loss_weights * objective).sum()
     with torch.no_grad():
-        is_clipped = ((ratio > 1 + clip_eps) & (A > 0)) | ((ratio < 1 - clip_eps) & (A < 0))
-        tokens = mask.sum().clamp(min=1)
-
-        def token_mean(x):
-            return (torch.where(sampled, x.float(), 0.0).sum() / tokens).item()
-
-        stats = {"kl": token_mean(kl), "clip_fraction": token_mean(is_clipped), "ratio": token_mean(ratio)}
-    if not return_terms:
-        return loss, stats
-    with torch.no_grad():
-        if loss_type == "grpo":
-            weight = mask / (mask.sum(1, keepdim=True).clamp(min=1) * len(mask))
-        elif loss_type == "dapo":
-            weight = mask / (mask.sum().clamp(min=1) if num_tokens is None else num_tokens)
-        else:
-            weight = mask / (len(mask) * (max_completion_length or mask.shape[1]))
-        terms = {
-            "ratio": ratio.detach(),
-            "clipped": is_clipped,
-            "is_weight": torch.ones_like(ratio) if is_weights is None else is_weights.detach(),
-            "kl": kl.detach(),
-            "objective": objective.detach(),
-            "weight": weight,
-        }
-    return loss, stats, terms
+        clipped = ((ratio > 1 + clip_eps) & (A > 0)) | ((ratio < 1 - clip_eps) & (A < 0))
+    return loss, TokenTerms(ratio.detach(), clipped, kl.detach(), objective.detach())
 
 
 def truncated_is_weights(old_logprobs, sampler_logprobs, cap: float):
@@ -282,48 +257,79 @@ def truncated_is_weights(old_logprobs, sampler_logprobs, cap: float):
 
 
 # --------------------------------------------------------------------------------------------
-# One GRPO step in three calls, as GRPO-Zero's train.py: rollout (sample and score, Eqs. (4)-(7)),
-# advantages (Eq. (8)), update (Eq. (9)). One record, srt/rollouts.py's Rollout, passes between them.
+# One GRPO step in three calls passing one record, as GRPO-Zero's train.py and tiny-grpo: the
+# rollout (sample and score, Eqs. (4)-(7)), the experience (Eq. (8), pi_old, pi_ref, weights),
+# the update (Eq. (9)).
 # --------------------------------------------------------------------------------------------
-def grpo_step(
-    policy,
-    ref_model,
-    tokenizer,
-    optimizer,
-    records,
-    prompts,
-    cfg,
-    reward_fn=None,
-    train_model=None,
-    autocast_dtype=None,
-    draw_more=None,
-    batch=None,
-) -> dict:
-    """One GRPO step on this rank's prompts. `reward_fn` defaults to reward.compute_rewards;
-    `train_model` is the DDP wrapper if any (its backward all-reduces), `policy` the module that
-    samples; `draw_more()` gives dynamic sampling fresh prompts; `batch` is a Rollout already drawn
-    by sample_batch (--explain prints it first). -> what the step reports (step_result)."""
-    reward_fn = reward_fn or compute_rewards
-    device = next(policy.parameters()).device
-    rollout = batch or sample_batch(
-        policy, tokenizer, records, prompts, cfg, reward_fn, autocast_dtype, draw_more
-    )
-    advantages = rollout_advantages(rollout, tokenizer, cfg, device)
-    stats = update(policy, ref_model, optimizer, rollout, advantages, cfg, train_model, autocast_dtype)
-    return step_result(rollout, stats)
+@dataclass(frozen=True)
+class StepSettings:
+    """What one step reads of the flags (StepSettings.of(cfg)), and the autocast precision."""
+
+    num_generations: int  # K
+    sample_ratio: int  # sample batch / backprop minibatch
+    mu: int  # passes over the sample batch
+    clip_eps: float
+    beta: float
+    loss_type: str  # LOSS_TYPES
+    scale_rewards: str  # SCALE_REWARDS
+    credit: str  # sequence | segment
+    is_cap: float
+    max_new_tokens: int
+    temperature: float
+    top_p: float
+    recall: str  # free | copy
+    dynamic_sampling: str  # off | total | recall
+    max_draws: int
+    max_grad_norm: float
+    micro_batch_size: int  # 0: the whole minibatch at once
+    share_prompts: bool
+    gradient_checkpointing: bool
+    autocast_dtype: torch.dtype | None = None
+
+    @classmethod
+    def of(cls, cfg, autocast_dtype=None) -> StepSettings:
+        names = [f.name for f in dataclasses.fields(cls) if f.name != "autocast_dtype"]
+        return cls(**{name: getattr(cfg, name) for name in names}, autocast_dtype=autocast_dtype)
+
+
+@dataclass
+class Models:
+    """The step's models: `policy` samples and holds the weights; `train_model` is its DDP or FSDP
+    wrapper (default: the policy), whose backward all-reduces; `ref_model` the frozen pi_ref, None
+    at beta = 0."""
+
+    policy: torch.nn.Module
+    tokenizer: object
+    optimizer: torch.optim.Optimizer
+    ref_model: torch.nn.Module | None = None
+    train_model: torch.nn.Module | None = None
+
+    def __post_init__(self):
+        self.train_model = self.policy if self.train_model is None else self.train_model
+
+
+def grpo_step(models: Models, records, prompts, settings: StepSettings, reward_fn=None, draw_more=None):
+    """One GRPO step on this rank's prompts; `reward_fn` defaults to reward.compute_rewards and
+    `draw_more()` gives dynamic sampling fresh prompts. -> StepStats (srt/probe.py)."""
+    rollout = sample_batch(models, records, prompts, settings, reward_fn or compute_rewards, draw_more)
+    started = time.perf_counter()
+    experience = make_experience(models, rollout, settings)
+    updates = update(models, experience, settings)
+    return step_stats(rollout, experience, updates, settings, train_s=time.perf_counter() - started)
 
 
 # The rollout: K completions of each prompt, scored (Eqs. (4)-(7)).
 def sample_batch(
-    policy, tokenizer, records, prompts, cfg, reward_fn, autocast_dtype, draw_more=None
+    models: Models, records, prompts, settings: StepSettings, reward_fn, draw_more=None
 ) -> Rollout:
     """This rank's sample batch of len(prompts) groups. With --dynamic-sampling total (DAPO), groups whose
     K rewards are all equal add nothing to the gradient; with --dynamic-sampling recall, groups whose
     recall parts are all equal carry no recall signal. Fresh prompts are drawn in their place, at most
     --max-draws sample batches a step, and what stays uninformative fills the rest. Every rank draws
     as often as the others, so the prompt stream and the DDP all-reduces stay in step."""
-    K, device, key = cfg.num_generations, next(policy.parameters()).device, cfg.dynamic_sampling
-    draws = [sample_groups(policy, tokenizer, records, prompts, cfg, reward_fn, autocast_dtype)]
+    K, key = settings.num_generations, settings.dynamic_sampling
+    device = next(models.policy.parameters()).device
+    draws = [sample_groups(models, records, prompts, settings, reward_fn)]
 
     def informative_groups():
         return [
@@ -336,10 +342,10 @@ def sample_batch(
     while (
         key != "off"
         and draw_more is not None
-        and len(draws) < cfg.max_draws
+        and len(draws) < settings.max_draws
         and all_ranks_any(len(informative_groups()) < len(prompts), device)
     ):
-        draws.append(sample_groups(policy, tokenizer, *draw_more(), cfg, reward_fn, autocast_dtype))
+        draws.append(sample_groups(models, *draw_more(), settings, reward_fn))
     if key == "off":
         picks = [(0, g) for g in range(len(prompts))]
     else:
@@ -347,36 +353,36 @@ def sample_batch(
         informative = informative_groups()
         picks = (informative + [p for p in everything if p not in informative])[: len(prompts)]
     scores = [s for draw in draws for s in draw.scores]
-    batch = Rollout.join(draws, picks, tokenizer.pad_token_id)
-    batch.draws, batch.groups_drawn = len(draws), len(scores) // K
-    batch.generate_s = sum(d.generate_s for d in draws)
-    batch.score_s = sum(d.score_s for d in draws)
-    batch.groups_all_equal = sum(constant_groups(scores, K))
-    batch.groups_recall_constant = sum(constant_groups(scores, K, "recall"))
-    return batch
+    return Rollout.join(
+        draws,
+        picks,
+        models.tokenizer.pad_token_id,
+        groups_all_equal=sum(constant_groups(scores, K)),
+        groups_recall_constant=sum(constant_groups(scores, K, "recall")),
+    )
 
 
-def sample_groups(policy, tokenizer, records, prompts, cfg, reward_fn, autocast_dtype) -> Rollout:
+def sample_groups(models: Models, records, prompts, settings: StepSettings, reward_fn) -> Rollout:
     """K completions per prompt from the policy in one batched generate (srt/decode.py's loop: each
     prompt prefilled once for its K rows; on a bf16 copy of the policy where the hardware has bf16
     units, under FSDP on the gathered bf16 weights), scored with the verifiable reward
     R = format + recall + answer (Eqs. (4)-(7))."""
     t0 = time.perf_counter()
     # FSDP: gathered once for the whole batch, decoded as a plain module, freed after (srt/distributed.py)
-    with full_weights(policy):
+    with full_weights(models.policy):
         out = generate(
-            policy,
-            tokenizer,
+            models.policy,
+            models.tokenizer,
             prompts,
-            num_generations=cfg.num_generations,
-            max_new_tokens=cfg.max_new_tokens,
-            temperature=cfg.temperature,
-            top_p=cfg.top_p,
-            autocast_dtype=autocast_dtype,
-            recall=getattr(cfg, "recall", "free"),
+            num_generations=settings.num_generations,
+            max_new_tokens=settings.max_new_tokens,
+            temperature=settings.temperature,
+            top_p=settings.top_p,
+            autocast_dtype=settings.autocast_dtype,
+            recall=settings.recall,
         )
     t1 = time.perf_counter()
-    examples = [record for record in records for _ in range(cfg.num_generations)]
+    examples = [record for record in records for _ in range(settings.num_generations)]
     scores = reward_fn(out["texts"], examples)
     return Rollout(
         prompt_ids=out["prompt_ids"],
@@ -388,7 +394,8 @@ def sample_groups(policy, tokenizer, records, prompts, cfg, reward_fn, autocast_
         texts=out["texts"],
         records=examples,
         scores=scores,
-        num_generations=cfg.num_generations,
+        num_generations=settings.num_generations,
+        groups_drawn=len(prompts),
         generate_s=t1 - t0,
         score_s=time.perf_counter() - t1,
     )
@@ -400,110 +407,98 @@ def constant_groups(scores, K, key="total") -> list[bool]:
     return [len(set(values[g : g + K])) == 1 for g in range(0, len(values), K)]
 
 
-# Eq. (8) over the sample batch, then Eq. (9)'s update.
-def rollout_advantages(rollout: Rollout, tokenizer, cfg, device) -> torch.Tensor:
-    """Eq. (8) for every completion of the sample batch, scaled by --scale-rewards: [B] (one A~ per
-    completion, --credit sequence, the paper), or [B, C] (--credit segment, not in the paper: Eq. (4)
-    pays a lucky answer for a wrong recall, so here the think tokens take the advantage of format +
-    recall and the answer tokens that of format + answer)."""
+# The experience: Eq. (8) over the sample batch, and everything else Eq. (9) reads, filled once.
+@dataclass
+class Experience:
+    """One sample batch as Eq. (9) reads it, [B, C] per token (tiny-grpo's Experience), filled once
+    by make_experience before the first update and never changed after. experience[rows] is the
+    same record for some rows: what one micro-batch's loss reads."""
+
+    input_ids: torch.Tensor  # [B, P + C] prompt + completion, what a forward reads
+    attention_mask: torch.Tensor  # [B, P + C]
+    policy_mask: torch.Tensor  # [B, C] 1 where the policy sampled the token: the only tokens in the loss
+    advantages: torch.Tensor  # [B, C] A~ of Eq. (8) on each token (one per completion, or per segment)
+    old_logprobs: torch.Tensor  # [B, C] log pi_old, the policy before the step (0 where masked)
+    ref_logprobs: torch.Tensor | None  # [B, C] log pi_ref, the SFT model (None at beta = 0)
+    is_weights: torch.Tensor  # [B, C] min(pi_old / pi_sampler, --is-cap), 1 where not corrected
+    loss_weights: torch.Tensor  # [B, C] Eq. (9)'s normalisation in its minibatch (loss_weights)
+    minibatches: tuple  # the rows of each backprop minibatch (--sample-ratio)
+
+    def __getitem__(self, rows) -> Experience:
+        def take(tensor):
+            return None if tensor is None else tensor[rows]
+
+        tensors = {
+            f.name: take(getattr(self, f.name)) for f in dataclasses.fields(self) if f.name != "minibatches"
+        }
+        return Experience(**tensors, minibatches=())
+
+
+def make_experience(models: Models, rollout: Rollout, settings: StepSettings) -> Experience:
+    """Fill the step's Experience: Eq. (8)'s advantages, then pi_old and pi_ref on every sampled token
+    in one no-grad pass before the first update, the one place pi_old is filled. The pass is the
+    loss's own forward (token_logprobs_of: the same micro-batches, train mode; gradient checkpointing
+    runs only in the loss), so that before any update pi_theta / pi_old is 1 to the last bit."""
+    device = next(models.policy.parameters()).device
+    input_ids, attention_mask = rollout.sequences(device)
+    policy_mask = rollout.policy_mask.to(device).float()
+    sampled, rows = policy_mask > 0, len(policy_mask)
+    advantages = rollout_advantages(rollout, models.tokenizer, settings, device)
+    logprobs_of = token_logprobs_of(models, input_ids, attention_mask, policy_mask.shape[1], settings)
+    minibatches = torch.arange(rows, device=device).tensor_split(settings.sample_ratio)
+    parts = [part for rows in minibatches for part in micro_batches(rows, settings.micro_batch_size)]
+    models.policy.train()  # the loss's mode (dropout is zeroed in stage 2)
+    with torch.no_grad():
+        old = torch.cat([logprobs_of(models.policy, part).logprobs for part in parts])
+        ref = None
+        if settings.beta > 0 and models.ref_model is not None:
+            ref = torch.where(
+                sampled, torch.cat([logprobs_of(models.ref_model, p).logprobs for p in parts]), 0.0
+            )
+    old = torch.where(sampled, old, 0.0)
+    sampler = None if rollout.sampler_logprobs is None else rollout.sampler_logprobs.to(device)
+    is_weights = truncated_is_weights(old, sampler, settings.is_cap)
+    weights = torch.zeros_like(policy_mask)
+    for minibatch in minibatches:
+        tokens = all_ranks_tokens(policy_mask[minibatch]) if settings.loss_type == "dapo" else None
+        weights[minibatch] = loss_weights(
+            policy_mask[minibatch], settings.loss_type, settings.max_new_tokens, tokens, world_size()
+        )
+    return Experience(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        policy_mask=policy_mask,
+        advantages=advantages.expand_as(policy_mask),
+        old_logprobs=old,
+        ref_logprobs=ref,
+        is_weights=torch.ones_like(old) if is_weights is None else torch.where(sampled, is_weights, 1.0),
+        loss_weights=weights,
+        minibatches=minibatches,
+    )
+
+
+def rollout_advantages(rollout: Rollout, tokenizer, settings: StepSettings, device) -> torch.Tensor:
+    """Eq. (8) for every completion of the sample batch, scaled by --scale-rewards: [B, 1] (one A~
+    per completion, --credit sequence, the paper), or [B, C] (--credit segment, not in the paper:
+    Eq. (4) pays a lucky answer for a wrong recall, so here the think tokens take the advantage of
+    format + recall and the answer tokens that of format + answer)."""
 
     def advantages_of(*components):
         rewards = rollout.rewards(*components)
         batch = None
-        if cfg.scale_rewards == "batch":  # the whole step's rewards: every rank's groups
-            world_size = dist.get_world_size() if dist.is_initialized() else 1
-            batch = torch.tensor(sum(gather_objects(rewards.view(-1).tolist(), world_size), []))
-        return group_advantages(rewards, scale=cfg.scale_rewards, batch_rewards=batch)
+        if settings.scale_rewards == "batch":  # the whole step's rewards: every rank's groups
+            batch = torch.tensor(sum(gather_objects(rewards.view(-1).tolist(), world_size()), []))
+        return (
+            group_advantages(rewards, scale=settings.scale_rewards, batch_rewards=batch)
+            .view(-1, 1)
+            .to(device)
+        )
 
-    if cfg.credit == "sequence":
-        return advantages_of("total").view(-1).to(device)
+    if settings.credit == "sequence":
+        return advantages_of("total")
     columns = torch.arange(rollout.completion_ids.shape[1])
     in_think = (columns < think_lengths(tokenizer, rollout.completion_ids).unsqueeze(1)).to(device)
-    think_advantage = advantages_of("format", "recall").view(-1, 1).to(device)
-    answer_advantage = advantages_of("format", "answer").view(-1, 1).to(device)
-    return torch.where(in_think, think_advantage, answer_advantage)
-
-
-def update(
-    policy, ref_model, optimizer, rollout: Rollout, advantages, cfg, train_model=None, autocast_dtype=None
-):
-    """Eq. (9) on one rollout: `mu` passes over its backprop minibatches (§4.1: sample / backprop =
-    4), one AdamW step each. Every rank has as many rows, so as many minibatches, which DDP needs
-    (one all-reduce per backward). -> the statistics of the updates."""
-    started, train_model = time.perf_counter(), policy if train_model is None else train_model
-    device = next(policy.parameters()).device
-    logprobs_of = token_logprobs_of(policy, train_model, rollout, cfg, autocast_dtype)
-    policy_mask = rollout.policy_mask.to(device)
-    sampler = None if rollout.sampler_logprobs is None else rollout.sampler_logprobs.to(device)
-    minibatches = torch.arange(len(policy_mask), device=device).tensor_split(
-        min(cfg.sample_ratio, len(policy_mask))
-    )
-    policy.train()  # the loss's mode, for pi_old too (the models have no dropout)
-    old_logprobs, ref_logprobs = old_and_ref_logprobs(policy, ref_model, logprobs_of, minibatches, cfg)
-
-    updates, entropies, skipped = [], [], 0
-    for epoch in range(cfg.mu):
-        for rows in minibatches:
-            optimizer.zero_grad(set_to_none=True)
-            parts = micro_batches(rows, cfg.micro_batch_size)
-            tokens = policy_mask[rows].sum().clamp(min=1).item()  # Eq. (9)'s tokens: the policy's
-            batch_tokens = all_ranks_tokens(policy_mask[rows]) if cfg.loss_type == "dapo" else None
-            totals = dict.fromkeys(("loss", "kl", "clip_fraction", "ratio", "entropy_sum"), 0.0)
-            for i, part in enumerate(parts):
-                with accumulate(train_model, sync=i == len(parts) - 1):  # DDP: all-reduce after the last
-                    new = logprobs_of(train_model, part, with_entropy=epoch == 0)
-                    loss, loss_stats = grpo_loss(
-                        logprobs=new.logprobs,
-                        old_logprobs=old_logprobs[part],
-                        ref_logprobs=None if ref_logprobs is None else ref_logprobs[part],
-                        advantages=advantages[part],
-                        mask=policy_mask[part],
-                        clip_eps=cfg.clip_eps,
-                        beta=cfg.beta,
-                        loss_type=cfg.loss_type,
-                        is_weights=truncated_is_weights(
-                            old_logprobs[part], None if sampler is None else sampler[part], cfg.is_cap
-                        ),
-                        num_tokens=batch_tokens,
-                        max_completion_length=cfg.max_new_tokens,
-                    )
-                    weight = micro_batch_weight(part, rows, cfg.loss_type)
-                    (loss * weight).backward()  # every rank, even a bad loss: DDP/FSDP need all ranks
-                add_micro_batch(
-                    totals, loss.item() * weight, loss_stats, new.entropy, policy_mask[part], tokens
-                )
-            if epoch == 0:
-                entropies.append(totals["entropy_sum"] / tokens)
-            grad_norm = clip_grad_norm(policy.parameters(), cfg.max_grad_norm).item()
-            # A non-finite loss or gradient must never reach the weights (nor AdamW's moments).
-            if all_ranks_any(not (math.isfinite(totals["loss"]) and math.isfinite(grad_norm)), device):
-                optimizer.zero_grad(set_to_none=True)
-                skipped += 1
-                continue
-            optimizer.step()
-            updates.append(dict(totals, grad_norm=grad_norm))
-    optimizer.zero_grad(set_to_none=True)
-    policy.eval()
-    return dict(
-        updates=updates,
-        entropies=entropies,
-        skipped=skipped,
-        train_s=time.perf_counter() - started,
-        **sampler_mismatch(old_logprobs, sampler, policy_mask, cfg.is_cap),
-    )
-
-
-def old_and_ref_logprobs(policy, ref_model, logprobs_of, minibatches, cfg):
-    """pi_old and pi_ref on every sampled token, [B, C] each, in one no-grad pass before the first
-    update: the one place pi_old is filled. The same path as the loss's forward (the same function,
-    micro-batches and train mode; gradient checkpointing runs only there), so that before any
-    update pi_theta / pi_old is 1 to the last bit. pi_ref is None at beta = 0."""
-    parts = [part for rows in minibatches for part in micro_batches(rows, cfg.micro_batch_size)]
-    use_ref = cfg.beta > 0 and ref_model is not None
-    with torch.no_grad():
-        old = torch.cat([logprobs_of(policy, part).logprobs for part in parts])
-        ref = torch.cat([logprobs_of(ref_model, part).logprobs for part in parts]) if use_ref else None
-    return old, ref
+    return torch.where(in_think, advantages_of("format", "recall"), advantages_of("format", "answer"))
 
 
 class TokenLogprobs(NamedTuple):
@@ -511,28 +506,32 @@ class TokenLogprobs(NamedTuple):
     entropy: torch.Tensor | None  # [R, C] entropy of pi at each position, or None
 
 
-def token_logprobs_of(policy, train_model, rollout: Rollout, cfg, autocast_dtype):
+def token_logprobs_of(models: Models, input_ids, attention_mask, completion_length, settings: StepSettings):
     """-> logprobs_of(model, rows, with_entropy=False) -> TokenLogprobs of the completion tokens of
     `rows` (one micro-batch) in one forward. One path for pi_old, pi_theta and pi_ref: each distinct
-    prompt runs once for its K rows (modeling.completion_logprobs) unless a wrapper (DDP, FSDP) or
+    prompt runs once for its K rows (srt/logprobs.py completion_logprobs) unless a wrapper (DDP, FSDP) or
     gradient checkpointing allows only one module call per backward. Suppressed tokens are never
     sampled (srt/decode.py), so they are left out of pi too."""
-    device = next(policy.parameters()).device
-    input_ids, attention_mask = rollout.sequences(device)
+    policy = models.policy
     sharded = any(hasattr(p, "to_local") for p in policy.parameters())
-    share = cfg.share_prompts and not sharded and train_model is policy and not cfg.gradient_checkpointing
+    share = (
+        settings.share_prompts
+        and not sharded
+        and models.train_model is policy
+        and not settings.gradient_checkpointing
+    )
     suppress = policy.generation_config.suppress_tokens
-    suppress = torch.tensor(suppress, device=device) if suppress else None
+    suppress = torch.tensor(suppress, device=input_ids.device) if suppress else None
 
     def logprobs_of(model, rows, with_entropy=False) -> TokenLogprobs:
-        with autocast(device, autocast_dtype):
+        with autocast(input_ids.device, settings.autocast_dtype):
             return TokenLogprobs(
                 *completion_logprobs(
                     model,
                     input_ids[rows],
                     attention_mask[rows],
-                    completion_length=rollout.completion_ids.shape[1],
-                    temperature=cfg.temperature,
+                    completion_length=completion_length,
+                    temperature=settings.temperature,
                     with_entropy=with_entropy,
                     share_prompts=share,
                     suppress=suppress,
@@ -540,6 +539,23 @@ def token_logprobs_of(policy, train_model, rollout: Rollout, cfg, autocast_dtype
             )
 
     return logprobs_of
+
+
+def experience_loss(models: Models, experience: Experience, settings: StepSettings):
+    """Eq. (9) on the whole experience at the policy's weights now, no step taken: what a further pass
+    over the record would compute (--explain prints it). -> (loss, TokenTerms, log pi_theta [B, C])."""
+    logprobs_of = token_logprobs_of(
+        models, experience.input_ids, experience.attention_mask, experience.policy_mask.shape[1], settings
+    )
+    models.policy.train()
+    with torch.no_grad():
+        logprobs = torch.cat(
+            [logprobs_of(models.policy, part).logprobs for rows in experience.minibatches
+             for part in micro_batches(rows, settings.micro_batch_size)]
+        )  # fmt: skip
+        loss, terms = grpo_loss(logprobs, experience, settings.clip_eps, settings.beta)
+    models.policy.eval()
+    return loss.item(), terms, logprobs
 
 
 def sampler_mismatch(old_logprobs, sampler_logprobs, policy_mask, cap: float) -> dict:
@@ -552,13 +568,12 @@ def sampler_mismatch(old_logprobs, sampler_logprobs, policy_mask, cap: float) ->
     sampled = policy_mask.bool()  # in fp64: the fp32 gap is ~1e-7, and k3 of it rounds below 0 in fp32
     old_logprobs, sampler_logprobs = old_logprobs.double(), sampler_logprobs.double()
     log_ratio = (old_logprobs - sampler_logprobs)[sampled]
-    capped = (log_ratio > math.log(cap)).float().mean().item() if cap > 0 and len(log_ratio) else 0.0
+    if not len(log_ratio):
+        return dict(sampler_log_ratio=0.0, sampler_kl=0.0, is_capped_fraction=0.0)
     return dict(
-        sampler_log_ratio=log_ratio.mean().item() if len(log_ratio) else 0.0,
-        sampler_kl=k3_kl(sampler_logprobs[sampled], old_logprobs[sampled]).mean().item()
-        if len(log_ratio)
-        else 0.0,
-        is_capped_fraction=capped,
+        sampler_log_ratio=log_ratio.mean().item(),
+        sampler_kl=k3_kl(sampler_logprobs[sampled], old_logprobs[sampled]).mean().item(),
+        is_capped_fraction=(log_ratio > math.log(cap)).float().mean().item() if cap > 0 else 0.0,
     )
 
 
@@ -567,65 +582,122 @@ def micro_batches(rows: torch.Tensor, size: int) -> tuple[torch.Tensor, ...]:
     return rows.split(size or len(rows))
 
 
-def micro_batch_weight(part, rows, loss_type: str) -> float:
-    """Each micro-batch's share of its minibatch, so that the summed gradient is the one of the whole
-    minibatch at once: grpo and dr_grpo average over completions, by the micro-batch's share of them;
-    dapo's loss already divides by every rank's tokens, so its weight is the number of ranks, which
-    DDP's and FSDP's averaging of the gradients over ranks undoes."""
-    if loss_type == "dapo":
-        return float(dist.get_world_size()) if dist.is_initialized() else 1.0
-    return len(part) / len(rows)
+def world_size() -> int:
+    return dist.get_world_size() if dist.is_initialized() else 1
 
 
 def all_ranks_tokens(policy_mask) -> torch.Tensor:
-    """The policy tokens of a minibatch summed over every rank: dapo's normaliser, one number for the
-    whole batch (a rank's own count would weigh a token of a short rank more)."""
+    """The policy tokens of a minibatch summed over every rank: dapo's N, one number for the whole
+    batch (a rank's own count would weigh a token of a short rank more)."""
     tokens = policy_mask.sum().float()
     if dist.is_initialized():
         dist.all_reduce(tokens)
     return tokens.clamp(min=1)
 
 
-def add_micro_batch(totals: dict, weighted_loss, loss_stats, entropy, policy_mask, tokens) -> None:
-    """Fold one micro-batch into its minibatch's totals: the loss by its Eq. (9) weight, the token
-    means (KL, clip fraction, ratio) by its share of the minibatch's policy tokens, the entropy summed."""
-    totals["loss"] += weighted_loss
-    for key, value in loss_stats.items():
-        totals[key] += value * policy_mask.sum().item() / tokens
-    if entropy is not None:
-        totals["entropy_sum"] += torch.where(policy_mask > 0, entropy, 0.0).sum().item()
+# The update: Eq. (9) on the experience, one AdamW step a minibatch.
+class UpdateStats(NamedTuple):
+    """One optimizer step's statistics: the minibatch's loss, and token means over its policy tokens."""
+
+    loss: float
+    kl: float
+    clip_fraction: float
+    ratio: float
+    entropy: float  # NaN after the first pass (--mu): computed with the first forward only
+    grad_norm: float
 
 
-def step_result(rollout: Rollout, stats: dict) -> dict:
-    """What a step reports: its samples and scores, the mean of each update's statistics, the
+def update(models: Models, experience: Experience, settings: StepSettings) -> list[UpdateStats]:
+    """Eq. (9) on one experience: `mu` passes over its backprop minibatches (§4.1: sample / backprop =
+    4), one AdamW step each; a step whose loss or gradient is not finite is skipped (None in the
+    list), on every rank alike. Every rank has as many rows, so as many minibatches, which DDP needs
+    (one all-reduce per backward)."""
+    policy, train_model, optimizer = models.policy, models.train_model, models.optimizer
+    device = experience.input_ids.device
+    logprobs_of = token_logprobs_of(
+        models, experience.input_ids, experience.attention_mask, experience.policy_mask.shape[1], settings
+    )
+    policy.train()
+    updates = []
+    for epoch in range(settings.mu):
+        for rows in experience.minibatches:
+            optimizer.zero_grad(set_to_none=True)
+            parts = micro_batches(rows, settings.micro_batch_size)
+            sums = torch.zeros(
+                5, dtype=torch.float64
+            )  # loss, then kl, clipped, ratio, entropy summed over tokens
+            for i, part in enumerate(parts):
+                with accumulate(train_model, sync=i == len(parts) - 1):  # DDP: all-reduce after the last
+                    new = logprobs_of(train_model, part, with_entropy=epoch == 0)
+                    loss, terms = grpo_loss(new.logprobs, experience[part], settings.clip_eps, settings.beta)
+                    loss.backward()  # every rank, even a bad loss: DDP/FSDP need all ranks
+                sums += token_sums(loss, terms, new.entropy, experience.policy_mask[part])
+            grad_norm = clip_grad_norm(policy.parameters(), settings.max_grad_norm).item()
+            # A non-finite loss or gradient must never reach the weights (nor AdamW's moments).
+            if all_ranks_any(not (math.isfinite(sums[0].item()) and math.isfinite(grad_norm)), device):
+                optimizer.zero_grad(set_to_none=True)
+                updates.append(None)
+                continue
+            optimizer.step()
+            tokens = experience.policy_mask[rows].sum().clamp(min=1).item()
+            loss_sum, *token_means = sums.tolist()
+            entropy = token_means[3] / tokens if epoch == 0 else float("nan")
+            updates.append(UpdateStats(loss_sum, *(x / tokens for x in token_means[:3]), entropy, grad_norm))
+    optimizer.zero_grad(set_to_none=True)
+    policy.eval()
+    return updates
+
+
+def token_sums(loss, terms: TokenTerms, entropy, policy_mask) -> torch.Tensor:
+    """One micro-batch's loss and its sums of KL, clipped tokens, ratio and entropy over its policy
+    tokens: the update divides the minibatch's sums by its tokens."""
+    sampled = policy_mask > 0
+
+    def total(x):
+        return torch.where(sampled, x.double(), 0.0).sum()
+
+    entropy = torch.zeros(()) if entropy is None else total(entropy.detach())
+    return torch.stack(
+        [loss.detach().double(), total(terms.kl), total(terms.clipped), total(terms.ratio), entropy.double()]
+    ).cpu()
+
+
+def step_stats(rollout: Rollout, experience: Experience, updates: list, settings: StepSettings, train_s=0.0):
+    """What a step reports: its samples and scores, the mean of its updates' statistics, the
     sampler's mismatch, lengths, timings."""
-    updates, lengths = stats["updates"], rollout.completion_mask.sum(1).float()
+    done = [u for u in updates if u is not None]
+    lengths = rollout.completion_mask.sum(1).float()
     copied = (rollout.completion_mask - rollout.policy_mask).sum(1).float()  # --recall copy's tokens
 
-    def mean_over_updates(key):
-        return float(np.mean([update[key] for update in updates])) if updates else float("nan")
+    def mean_over_updates(name):  # entropy is NaN after the first pass
+        values = [getattr(u, name) for u in done if not math.isnan(getattr(u, name))]
+        return float(np.mean(values)) if values else float("nan")
 
-    return {
-        "scores": rollout.scores,
-        "texts": rollout.texts,
-        "records": rollout.records,
-        **{key: mean_over_updates(key) for key in ("loss", "grad_norm", "kl", "clip_fraction", "ratio")},
-        "entropy": float(np.mean(stats["entropies"])) if stats["entropies"] else float("nan"),
-        **{key: stats[key] for key in ("sampler_log_ratio", "sampler_kl", "is_capped_fraction")},
-        "completion_length": lengths.mean().item(),
-        "copied_length": copied.mean().item(),
-        "completion_tokens": int(lengths.sum().item()),
-        "sequence_tokens": int(rollout.prompt_mask.sum().item() + rollout.completion_mask.sum().item()),
-        "skipped_updates": stats["skipped"],
-        "updates": len(updates),
-        "generate_s": rollout.generate_s,
-        "score_s": rollout.score_s,
-        "train_s": stats["train_s"],
-        "draws": rollout.draws,
-        "groups_drawn": rollout.groups_drawn,
-        "groups_all_equal": rollout.groups_all_equal,
-        "groups_recall_constant": rollout.groups_recall_constant,
-    }
+    sampler = (
+        None
+        if rollout.sampler_logprobs is None
+        else rollout.sampler_logprobs.to(experience.old_logprobs.device)
+    )
+    return StepStats(
+        scores=rollout.scores,
+        texts=rollout.texts,
+        records=rollout.records,
+        **{name: mean_over_updates(name) for name in UpdateStats._fields},
+        **sampler_mismatch(experience.old_logprobs, sampler, experience.policy_mask, settings.is_cap),
+        completion_length=lengths.mean().item(),
+        copied_length=copied.mean().item(),
+        completion_tokens=int(lengths.sum().item()),
+        sequence_tokens=int(rollout.prompt_mask.sum().item() + rollout.completion_mask.sum().item()),
+        skipped_updates=len(updates) - len(done),
+        updates=len(done),
+        generate_s=rollout.generate_s,
+        score_s=rollout.score_s,
+        train_s=train_s,
+        draws=rollout.draws,
+        groups_drawn=rollout.groups_drawn,
+        groups_all_equal=rollout.groups_all_equal,
+        groups_recall_constant=rollout.groups_recall_constant,
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -637,8 +709,7 @@ def step_result(rollout: Rollout, stats: dict) -> dict:
 PRESETS = {
     # §4.1 where the paper gives a value (the defaults: lr 3e-7, K = 8, ratio 4, AdamW, KL to the SFT
     # policy); the rest is ours, sized for 8 x A100-80GB with --fsdp (memory_plan.py: about 50 GB per GPU).
-    "paper": dict(num_generations=8, sample_ratio=4, beta=0.04, clip_eps=0.2, mu=1,
-                  prompts_per_step=8, max_new_tokens=1024, max_prompt_length=4096, warmup_steps=10,
+    "paper": dict(prompts_per_step=8, max_new_tokens=1024, max_prompt_length=4096, warmup_steps=10,
                   max_steps=1000, save_every=50, sample_every=10, gradient_checkpointing=True,
                   micro_batch_size=2),
     # `make table2`: SmolLM2-135M after SFT on a 2-core CPU: 12 steps of one group of K = 4, two AdamW
@@ -754,16 +825,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--loss-type",
         choices=LOSS_TYPES,
         default="grpo",
-        help="the loss's normalisation (grpo_loss): grpo, Eq. (9), each completion's token mean, then the "
-        "group's; dapo, one mean over every token of the batch, all ranks; dr_grpo, the sum over tokens "
-        "divided by completions x --max-new-tokens",
-    )
-    add(
-        "--loss-norm",
-        choices=sorted(LOSS_NORM_NAMES),
-        dest="loss_type",
-        action=FormerName,
-        help="the former name of --loss-type: seq is grpo, token is dapo",
+        help="Eq. (9)'s normalisation, one weight per token (loss_weights): "
+        + "; ".join(f"{name}: {weight}" for name, weight in LOSS_TYPES.items()),
     )
     add(
         "--scale-rewards",
@@ -817,16 +880,6 @@ def build_parser() -> argparse.ArgumentParser:
     return harness.finish_parser(p, scale)
 
 
-LOSS_NORM_NAMES = {"seq": "grpo", "token": "dapo"}
-
-
-class FormerName(argparse.Action):
-    """--loss-norm seq|token, kept for old commands: stored as the --loss-type it now is."""
-
-    def __call__(self, parser, namespace, value, option_string=None):
-        setattr(namespace, self.dest, LOSS_NORM_NAMES[value])
-
-
 def parse_args(argv=None) -> argparse.Namespace:
     cfg = parse_config(build_parser(), PRESETS, argv)
     if cfg.scale_rewards is None:  # Dr. GRPO drops the std of Eq. (8) along with the length normaliser
@@ -839,6 +892,14 @@ def parse_args(argv=None) -> argparse.Namespace:
         f"--top-p {cfg.top_p}: stage 2 samples from the full softmax(logits / T), whose log-probs "
         "the ratio and KL of Eq. (9) use; a nucleus would bias both (use 1.0)",
     )
+    # A sample batch of K x --prompts-per-step rows splits into at most that many minibatches: the
+    # ratio the run uses is the one config.json records (said in a line when it was asked for).
+    rows = cfg.num_generations * cfg.prompts_per_step
+    if cfg.sample_ratio > rows:
+        if cfg.sample_ratio != build_parser().get_default("sample_ratio"):
+            note = f"--sample-ratio {cfg.sample_ratio} of {rows} rows (-K x --prompts-per-step)"
+            print(f"note: {note} is {rows} minibatches of one row: --sample-ratio {rows}", file=sys.stderr)
+        cfg.sample_ratio = rows
     require(cfg.is_cap == 0 or cfg.is_cap >= 1, f"--is-cap {cfg.is_cap}: 0 (off) or a cap of at least 1")
     require(
         not (cfg.explain and cfg.placebo),
@@ -880,8 +941,6 @@ def train(cfg, reward_fn=None, step_fn=None) -> dict:
     `step_fn`, what runs one step, to grpo_step (bench/grpo_workers.py passes a timed one)."""
     step_fn = step_fn or grpo_step
     run = harness.Run(cfg, "stage2_grpo.py", build_parser(), reserve_s=SAVE_MARGIN_S)  # srt/run.py
-    rank, world_size, device, main_process = run.rank, run.world_size, run.device, run.main_process
-    out, budget = run.out, run.budget
     reward_fn = reward_fn or functools.partial(
         compute_rewards, answer_reward=cfg.answer_reward, answer_gate=cfg.answer_gate
     )
@@ -892,144 +951,167 @@ def train(cfg, reward_fn=None, step_fn=None) -> dict:
         if cfg.placebo
         else reward_fn
     )
-    # --train-turns dependent: H* chooses which turns train (in each file, before the mix), never
-    # what a prompt shows
-    keep = (lambda r: bool(r["recall"])) if cfg.train_turns == "dependent" else None
-    records = read_mixture(cfg.data, cfg.seed, keep, note=f" (--train-turns {cfg.train_turns})")
-    run.record_data()
-    eval_records = (
-        pick_eval_records(read_jsonl(cfg.eval_data), cfg.eval_limit)
-        if cfg.eval_data and cfg.eval_limit > 0
-        else None
-    )
+    records, eval_records = read_records(run, cfg)
     done = run.finished(cfg.max_steps, also=["eval_after.json"] if eval_records else [])
     if done:
         return done
+    models = load_models(run, cfg)
+    settings = StepSettings.of(cfg, run.autocast_dtype)
+    stream = PromptStream(
+        records, models.tokenizer, cfg.max_prompt_length, cfg.seed, run.rank, run.world_size
+    )
+    seed_everything(cfg.seed + run.rank)  # each rank samples its own completions
+    state = run.resume()
+    if state:
+        stream.load_state_dict(state["stream"])
+    logs = {name: run.log(f"{name}.jsonl") for name in ("metrics", "samples", "probe")}
+    run.write_config()
 
-    # The policy (fp32 master weights, bf16 autocast where the hardware has it) and the frozen
-    # reference pi_ref = the SFT model we start from, even when resuming. Under FSDP both load on
-    # the CPU and each rank moves only its shards to its GPU; pi_ref, which never trains, in bf16.
+    def run_eval(step, name=None):  # srt/probe.py: each rank a slice, rank 0 logs and plots
+        return probe_and_log(
+            run,
+            models.policy,
+            models.tokenizer,
+            eval_records,
+            cfg,
+            reward_fn,
+            step,
+            logs["metrics"],
+            logs["probe"],
+            name,
+        )
+
+    if eval_records and run.start_step == 0:
+        t = time.perf_counter()
+        run_eval(0, "eval_before.json")
+        run.budget.reserve_s += time.perf_counter() - t  # the final evaluation takes about as long
+    elif eval_records and (run.out / "eval_before.json").exists():
+        run.budget.reserve_s += json.loads((run.out / "eval_before.json").read_text()).get("seconds") or 0.0
+
+    step = run.start_step
+    progress = tqdm(total=cfg.max_steps, initial=step, desc="grpo", disable=not run.main_process)
+    while run.keep_going(step, cfg.max_steps):
+        step += 1
+        lr = warmup_lr(step, cfg.lr, cfg.warmup_steps)
+        for group in models.optimizer.param_groups:
+            group["lr"] = lr
+        t = time.perf_counter()
+        records_of_step, prompts_of_step = draw_prompts(stream, cfg.prompts_per_step)
+        draw_more = functools.partial(draw_prompts, stream, cfg.prompts_per_step)
+        result = step_fn(models, records_of_step, prompts_of_step, settings, step_reward_fn, draw_more)
+        step_s = time.perf_counter() - t
+        run.budget.record_step(step_s)
+        log_step(run, cfg, logs, progress, step, result, step_s, lr=lr, stream=stream)
+        if cfg.save_every and step % cfg.save_every == 0 and step < cfg.max_steps:
+            run.save(step, stream=stream.state_dict())
+        if eval_records and cfg.probe_every and step % cfg.probe_every == 0 and step < cfg.max_steps:
+            run_eval(step)
+    progress.close()
+    run.save(step, stream=stream.state_dict())
+    run.save_final()  # save_pretrained form, also under FSDP
+    run.warn_if_stopped_early(step, cfg.max_steps)
+    if eval_records:
+        run_eval(step, "eval_after.json")
+    return finish(run, cfg, models.policy, step)
+
+
+def read_records(run, cfg):
+    """-> (the training records, the probe's records or None). --train-turns dependent: H* chooses
+    which turns train (in each file, before the mix), never what a prompt shows."""
+    keep = (lambda r: bool(r["recall"])) if cfg.train_turns == "dependent" else None
+    records = read_mixture(cfg.data, cfg.seed, keep, note=f" (--train-turns {cfg.train_turns})")
+    run.record_data()
+    if not (cfg.eval_data and cfg.eval_limit > 0):
+        return records, None
+    return records, pick_eval_records(read_jsonl(cfg.eval_data), cfg.eval_limit)
+
+
+def load_models(run, cfg) -> Models:
+    """The policy (fp32 master weights, bf16 autocast where the hardware has it), its wrapper and
+    AdamW, and the frozen reference pi_ref = the SFT model we start from, even when resuming. Under
+    FSDP both load on the CPU and each rank moves only its shards to its GPU; pi_ref, which never
+    trains, in bf16. Rollouts sample from a bf16 copy of the policy where the hardware has bf16
+    units (srt/decode.py), refreshed after every optimizer step; the loss and the fp32 master
+    weights are untouched."""
     policy, tokenizer = run.load_model("grpo")
     ref_model = None
     if cfg.beta > 0:
         ref_dtype = "bfloat16" if cfg.fsdp and run.autocast_dtype == torch.bfloat16 else cfg.dtype
         ref_model, _ = run.load_model("grpo", name=cfg.model, dtype=ref_dtype)
         ref_model.eval().requires_grad_(False)
-    if cfg.fsdp and ref_model is not None:  # pi_ref never trains: sharded, without a wrapper
-        ref_model = shard_model(ref_model, device)
+        if cfg.fsdp:  # pi_ref never trains: sharded, without a wrapper
+            ref_model = shard_model(ref_model, run.device)
     policy, train_model, optimizer = run.prepare(policy, tokenizer)
-    autocast_dtype = run.autocast_dtype
-    # Rollouts sample from a bf16 copy of the policy where the hardware has bf16 units (srt/decode.py),
-    # refreshed after each optimizer step; the loss and the fp32 master weights are untouched.
-    follow_optimizer(policy, optimizer)
-    stream = PromptStream(records, tokenizer, cfg.max_prompt_length, cfg.seed, rank, world_size)
-    seed_everything(cfg.seed + rank)  # each rank samples its own completions
-    state = run.resume()
-    if state:
-        stream.load_state_dict(state["stream"])
-    start_step = run.start_step
-    metrics, samples, probes = run.log("metrics.jsonl"), run.log("samples.jsonl"), run.log("probe.jsonl")
-    run.write_config()
+    return Models(policy, tokenizer, optimizer, ref_model=ref_model, train_model=train_model)
 
-    def run_eval(step, name=None):  # srt/probe.py: each rank a slice, rank 0 logs and plots
-        return probe_and_log(
-            run, policy, tokenizer, eval_records, cfg, reward_fn, step, metrics, probes, name
+
+def log_step(run, cfg, logs, progress, step, result: StepStats, step_s, **extra) -> None:
+    """Every rank's statistics, gathered; rank 0 writes the metrics line, the step's samples and
+    the progress bar."""
+    all_results = gather_objects(result.without_samples(), run.world_size)
+    if run.main_process:
+        stream = extra.pop("stream")
+        line = step_metrics(
+            step,
+            all_results,
+            step_s,
+            **extra,
+            skipped_prompts=stream.skipped,
+            gold_turns_cut=stream.gold_cut,
+            peak_gpu_gb=peak_gpu_gb(run.device),
         )
-
-    if eval_records and start_step == 0:
-        t = time.perf_counter()
-        run_eval(0, "eval_before.json")
-        budget.reserve_s += time.perf_counter() - t  # the final evaluation takes about as long
-    elif eval_records and (out / "eval_before.json").exists():
-        budget.reserve_s += json.loads((out / "eval_before.json").read_text()).get("seconds") or 0.0
-
-    def save(step):
-        run.save(step, stream=stream.state_dict())
-
-    step = start_step
-    progress = tqdm(total=cfg.max_steps, initial=start_step, desc="grpo", disable=not main_process)
-    while run.keep_going(step, cfg.max_steps):
-        step += 1
-        lr = warmup_lr(step, cfg.lr, cfg.warmup_steps)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-        t = time.perf_counter()
-        records_of_step, prompts_of_step = draw_prompts(stream, cfg.prompts_per_step)
-        result = step_fn(
-            policy,
-            ref_model,
-            tokenizer,
-            optimizer,
-            records_of_step,
-            prompts_of_step,
-            cfg,
-            reward_fn=step_reward_fn,
-            train_model=train_model,
-            autocast_dtype=autocast_dtype,
-            draw_more=functools.partial(draw_prompts, stream, cfg.prompts_per_step),
-        )
-        step_s = time.perf_counter() - t
-        budget.record_step(step_s)
-
-        # Every rank's completions and statistics, logged by rank 0.
-        all_results = gather_objects(
-            {k: v for k, v in result.items() if k not in ("texts", "records")}, world_size
-        )
-        if main_process:
-            line = step_metrics(
-                step,
-                all_results,
-                step_s,
-                lr=lr,
-                skipped_prompts=stream.skipped,
-                gold_turns_cut=stream.gold_cut,
-                peak_gpu_gb=peak_gpu_gb(device),
+        logs["metrics"].append({k: finite_or_none(v) for k, v in line.items()})
+        if result.skipped_updates:
+            tqdm.write(
+                f"step {step}: skipped {result.skipped_updates} update(s) with a non-finite "
+                f"loss or gradient; the weights are unchanged by them"
             )
-            metrics.append({k: finite_or_none(v) for k, v in line.items()})
-            if result["skipped_updates"]:
-                tqdm.write(
-                    f"step {step}: skipped {result['skipped_updates']} update(s) with a non-finite "
-                    f"loss or gradient; the weights are unchanged by them"
-                )
-            if cfg.sample_every and step % cfg.sample_every == 0:
-                samples.append(*sample_lines(step, result, cfg.num_generations))
-            progress.set_postfix(
-                reward=f"{line.get('reward_total_mean', float('nan')):.3f}",
-                kl=f"{line['kl']:.4f}",
-                len=f"{line['completion_length']:.0f}",
-            )
-        progress.update(1)
-        if cfg.save_every and step % cfg.save_every == 0 and step < cfg.max_steps:
-            save(step)
-        if eval_records and cfg.probe_every and step % cfg.probe_every == 0 and step < cfg.max_steps:
-            run_eval(step)
-    progress.close()
+        if cfg.sample_every and step % cfg.sample_every == 0:
+            logs["samples"].append(*sample_lines(step, result, cfg.num_generations))
+        progress.set_postfix(
+            reward=f"{line.get('reward_total_mean', float('nan')):.3f}",
+            kl=f"{line['kl']:.4f}",
+            len=f"{line['completion_length']:.0f}",
+        )
+    progress.update(1)
 
-    save(step)
-    run.save_final()  # save_pretrained form, also under FSDP
-    run.warn_if_stopped_early(step, cfg.max_steps)
-    if eval_records:
-        run_eval(step, "eval_after.json")
-    digests = gather_objects(parameter_digest(policy), world_size)  # DDP ranks must agree bit for bit
+
+def finish(run, cfg, policy, step) -> dict:
+    """summary.json: steps, why the run stopped, and whether the DDP ranks agree bit for bit."""
+    digests = gather_objects(parameter_digest(policy), run.world_size)
     summary = {
         "steps": step,
         "stop_reason": "max_steps" if step >= cfg.max_steps else "time_budget",
-        "seconds": budget.elapsed_s(),
-        "world_size": world_size,
-        "ranks_in_sync": None if cfg.fsdp else len(set(digests)) == 1,
-    }  # FSDP ranks hold different shards
+        "seconds": run.budget.elapsed_s(),
+        "world_size": run.world_size,
+        "ranks_in_sync": None if cfg.fsdp else len(set(digests)) == 1,  # FSDP ranks hold different shards
+    }
     run.write_summary(summary)
-    if main_process:
-        print(f"done: {step} steps ({summary['stop_reason']}); model in {out / 'final'}", flush=True)
+    if run.main_process:
+        print(f"done: {step} steps ({summary['stop_reason']}); model in {run.out / 'final'}", flush=True)
     run.barrier()
     return summary
 
 
 def main(argv=None) -> None:
     cfg = parse_args(argv)
-    harness.main(
-        cfg, "grpo", (lambda cfg: grpo_explain.explain(cfg, sys.modules[__name__])) if cfg.explain else train
+    harness.main(cfg, "grpo", explain if cfg.explain else train)
+
+
+def explain(cfg, reward_fn=None, print_fn=print) -> dict:
+    """--explain: one step on one group, every quantity printed (srt/grpo_explain.py, which is handed
+    this script's step: the package imports no script)."""
+    step = grpo_explain.GRPOStep(
+        settings_of=StepSettings.of,
+        models=Models,
+        sample_batch=sample_batch,
+        make_experience=make_experience,
+        update=update,
+        experience_loss=experience_loss,
+        loss_types=LOSS_TYPES,
+        compute_rewards=compute_rewards,
     )
+    return grpo_explain.explain(cfg, step, reward_fn, print_fn)
 
 
 if __name__ == "__main__":

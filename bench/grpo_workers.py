@@ -355,7 +355,7 @@ def run_ours(spec: dict, run: dict) -> int:
 
     def marked_grpo_step(*args, **kwargs):
         bound = signature.bind(*args, **kwargs).arguments
-        roles["ref"] = bound.get("ref_model")
+        roles["ref"] = bound["models"].ref_model
         instruments.sync()
         t0 = time.perf_counter()
         result = grpo_step(*args, **kwargs)

@@ -124,7 +124,6 @@ def rollout_part(args, model, tokenizer, records):
 
     import stage2_grpo
     from srt.rollouts import PromptStream
-    from stage2_grpo import sample_groups
 
     argv = ["--preset", args.preset, "--model", args.model, "--dtype", "float32"]
     argv += ["--max-new-tokens", str(args.max_new_tokens), "--seed", str(args.seed)]
@@ -141,7 +140,9 @@ def rollout_part(args, model, tokenizer, records):
         (record, prompt), *_ = pairs[rep]
         torch.manual_seed(args.seed + rep)
         start = time.perf_counter()
-        rollout = sample_groups(model, tokenizer, [record], [prompt], cfg, no_reward, autocast_of(side))
+        models = stage2_grpo.Models(model, tokenizer, optimizer=None)
+        settings = stage2_grpo.StepSettings.of(cfg, autocast_of(side))
+        rollout = stage2_grpo.sample_groups(models, [record], [prompt], settings, no_reward)
         return time.perf_counter() - start, int(rollout.completion_mask.sum())
 
     return alternate(args.repeats, run), f"K = {cfg.num_generations}, 1 prompt, T = {cfg.temperature}"

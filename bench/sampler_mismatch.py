@@ -89,7 +89,6 @@ def measure(sampler: str, args, records) -> dict:
     from reward import compute_rewards
     from srt.modeling import _fix_tokenizer, load_model_and_tokenizer
     from srt.rollouts import PromptStream
-    from stage2_grpo import sample_batch
 
     policy, tokenizer = load_model_and_tokenizer(args.model, dtype="float32")
     if args.random_layers:
@@ -103,16 +102,19 @@ def measure(sampler: str, args, records) -> dict:
          "--max-new-tokens", str(args.max_new_tokens), "--max-prompt-length", str(args.max_prompt_length),
          "--sample-ratio", "2", "--beta", "0", "--lr", str(args.lr), "--seed", str(args.seed)]
     )  # fmt: skip
-    optimizer = torch.optim.AdamW(policy.parameters(), lr=args.lr)
+    models = g.Models(policy, tokenizer, torch.optim.AdamW(policy.parameters(), lr=args.lr))
+    settings = g.StepSettings.of(cfg, autocast_dtype)
     stream = PromptStream(records, tokenizer, args.max_prompt_length, args.seed)
     torch.manual_seed(args.seed)
     gaps, entropies, logged, seconds = [], [], [], 0.0
     for _ in range(args.steps):
         pairs = stream.next_batch(args.prompts_per_step)
         start = time.perf_counter()
-        rollout = sample_batch(policy, tokenizer, [r for r, _ in pairs], [p for _, p in pairs], cfg,
-                               compute_rewards, autocast_dtype)  # fmt: skip
-        logprobs_of = g.token_logprobs_of(policy, policy, rollout, cfg, autocast_dtype)
+        rollout = g.sample_batch(
+            models, [r for r, _ in pairs], [p for _, p in pairs], settings, compute_rewards
+        )
+        width = rollout.completion_ids.shape[1]
+        logprobs_of = g.token_logprobs_of(models, *rollout.sequences("cpu"), width, settings)
         policy.train()
         with torch.no_grad():
             rows = torch.arange(len(rollout.texts))
@@ -120,9 +122,11 @@ def measure(sampler: str, args, records) -> dict:
         sampled = rollout.policy_mask.bool()
         gaps.append((old - rollout.sampler_logprobs)[sampled])
         entropies.append(entropy[sampled])
-        advantages = g.rollout_advantages(rollout, tokenizer, cfg, "cpu")
-        stats = g.update(policy, None, optimizer, rollout, advantages, cfg, autocast_dtype=autocast_dtype)
-        logged.append({k: stats[k] for k in ("sampler_log_ratio", "sampler_kl", "is_capped_fraction")})
+        experience = g.make_experience(models, rollout, settings)
+        stats = g.step_stats(rollout, experience, g.update(models, experience, settings), settings)
+        logged.append(
+            {k: getattr(stats, k) for k in ("sampler_log_ratio", "sampler_kl", "is_capped_fraction")}
+        )
         seconds += time.perf_counter() - start
     gap = torch.cat(gaps).double()
     ratio = gap.exp()

@@ -2,17 +2,18 @@
 student would compute it by hand (docs/grpo-step.md is its output, with commentary), and drawn as a
 page (srt/step_page.py).
 
-The package imports no script, so the script hands its own algorithm in as `grpo` (its module, or
-any object with the same names): the step is `grpo.grpo_step`, the advantages `grpo.group_advantages`
-and `grpo.rollout_advantages`, the log-probs `grpo.token_logprobs_of`, and Eq. (9) after the update is
-`grpo.grpo_loss` itself, called with the arguments the update gives it (truncated importance weights
-included), so that the page a student studies is the loss that trains. Only the one token written
-out is done by hand, and its last line is grpo_loss's own term for that token."""
+The package imports no script, so the script hands its step in (GRPOStep): its sampling, the
+Experience record it fills before the update (advantages, pi_old, pi_ref, importance and
+normalisation weights), its update, and Eq. (9) on that record after the update. This module prints
+what those return and computes nothing of its own; only the one token written out is done by hand,
+and its last line is grpo_loss's own term for that token."""
 
 from __future__ import annotations
 
 import functools
 import os
+from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -24,12 +25,19 @@ from srt.rollouts import PromptStream
 from srt.step_page import write_step_page
 from srt.training import adamw, seed_everything, warmup_lr
 
-# How each --loss-type averages Eq. (9)'s token terms (grpo_loss), and so a token's weight in it.
-LOSS_TYPES = {
-    "grpo": "each completion's token mean, then their mean over the K (Eq. (9))",
-    "dapo": "one mean over every policy token of the group",
-    "dr_grpo": "the sum over every policy token, divided by K times --max-new-tokens",
-}
+
+@dataclass(frozen=True)
+class GRPOStep:
+    """stage2_grpo.py's own step, as --explain calls it (see the script for each)."""
+
+    settings_of: Callable  # StepSettings.of(cfg, autocast_dtype)
+    models: Callable  # Models(policy, tokenizer, optimizer, ref_model)
+    sample_batch: Callable  # the rollout, Eqs. (4)-(7)
+    make_experience: Callable  # Eq. (8), pi_old, pi_ref and the weights, filled once
+    update: Callable  # Eq. (9), one AdamW step a minibatch
+    experience_loss: Callable  # Eq. (9) on the record at the weights now: (loss, TokenTerms, log pi_theta)
+    loss_types: dict  # --loss-type -> its normalisation weight, written out
+    compute_rewards: Callable  # reward.py
 
 
 def add_flags(group) -> None:
@@ -53,17 +61,6 @@ def add_flags(group) -> None:
         metavar="PATH",
         help="--explain: the step as a self-contained page, tokens shaded by their ratio (srt/step_page.py)",
     )
-
-
-def token_weight_formula(loss_type: str, mask, k: int, max_new_tokens: int) -> str:
-    """A token of completion k's weight in the normalisation (grpo_loss's terms["weight"]), written
-    with its numbers: 1 / (|o_k| K) under --loss-type grpo, 1 / N (the group's policy tokens) under
-    dapo, 1 / (K L) with L = --max-new-tokens under dr_grpo."""
-    if loss_type == "grpo":
-        return f"1 / (|o_k| K) = 1 / ({int(mask[k].sum().item())} * {len(mask)})"
-    if loss_type == "dapo":
-        return f"1 / N = 1 / {int(mask.sum().item())}"
-    return f"1 / (K L) = 1 / ({len(mask)} * {max_new_tokens})"
 
 
 def shorten(text: str, width: int = 70) -> str:
@@ -118,18 +115,67 @@ def worked_token(ratio, advantages, clipped, mask) -> tuple[int, int, str]:
     return k, t, why
 
 
-def explain(cfg, grpo, reward_fn=None, print_fn=print) -> dict:
-    """Run one GRPO step (grpo.grpo_step) on one group of K completions (one process), print Eqs.
-    (4)-(9) for it and write its page (srt/step_page.py) to --explain-html. `grpo` is stage2_grpo.py's
-    module (see the module docstring for the names it reads); `reward_fn` defaults to its
-    compute_rewards with --answer-reward and --answer-gate. -> {"rewards": [K], "advantages": [K],
-    "after": [per-completion token means of Eq. (9)'s terms], "loss" (grpo_loss's, after the update),
-    "tries", "differs", "texts": [K], "tokens": [K per-token dicts: text, new / old / ref log-probs,
-    ratio, is_weight, kl, clipped, objective, weight, policy_mask], "worked": the one token written
-    out, "html": the page's path}."""
+def explain(cfg, step: GRPOStep, reward_fn=None, print_fn=print) -> dict:
+    """Run one GRPO step of stage2_grpo.py on one group of K completions (one process), print Eqs.
+    (4)-(9) for it and write its page (srt/step_page.py) to --explain-html. `reward_fn` defaults to
+    the script's compute_rewards with --answer-reward and --answer-gate. -> {"rewards": [K],
+    "advantages": [K], "after": [per-completion token means of Eq. (9)'s terms], "loss" (Eq. (9) on
+    the record after the update), "tries", "differs", "texts": [K], "tokens": [K per-token dicts:
+    text, new / old / ref log-probs, ratio, is_weight, kl, clipped, objective, weight, policy_mask],
+    "worked": the one token written out, "html": the page's path}."""
     reward_fn = reward_fn or functools.partial(
-        grpo.compute_rewards, answer_reward=cfg.answer_reward, answer_gate=cfg.answer_gate
+        step.compute_rewards, answer_reward=cfg.answer_reward, answer_gate=cfg.answer_gate
     )
+    models, settings, stream, lr = load_step(cfg, step)
+    print_fn(
+        f"One GRPO step on one group: K = {cfg.num_generations}, model {cfg.model}, lr {lr:g} (step 1 of "
+        f"the warm-up), beta {cfg.beta}, clip eps {cfg.clip_eps}, temperature {cfg.temperature}, answer "
+        f"reward {cfg.answer_reward}"
+    )
+    rollout, record, tries, differs = sample_a_group_that_differs(
+        cfg, step, models, settings, stream, reward_fn, print_fn
+    )
+    print_rewards(record, rollout, print_fn)
+    experience = step.make_experience(models, rollout, settings)  # the record the update reads
+    rewards, advantages = print_advantages(cfg, rollout, experience, print_fn)
+    updates = [u for u in step.update(models, experience, settings) if u is not None]
+    update = {
+        "loss": sum(u.loss for u in updates) / max(len(updates), 1),
+        "grad_norm": sum(u.grad_norm for u in updates) / max(len(updates), 1),
+        "updates": len(updates),
+    }
+    print_fn(
+        f"\nThe update: {cfg.num_generations} completions in {len(experience.minibatches)} minibatch(es) "
+        f"(--sample-ratio), mu = {cfg.mu} pass(es): {update['updates']} AdamW step(s), mean loss "
+        f"{update['loss']:.6f}, mean gradient norm {update['grad_norm']:.4f} (clipped at {cfg.max_grad_norm})"
+    )
+    loss, terms, new_logprobs = step.experience_loss(models, experience, settings)
+    after = print_after(cfg, step, experience, terms, loss, print_fn)
+    per_token = token_rows(models.tokenizer, rollout, experience, terms, new_logprobs)
+    worked = print_worked_token(cfg, step, rollout, experience, terms, new_logprobs, per_token, print_fn)
+    page = write_step_page(
+        cfg.explain_html,
+        page_of(cfg, lr, record, rollout, rewards, advantages, per_token, tries, differs, update),
+    )
+    print_fn(f"\nThe step as a page (each token shaded by its ratio, the K completions side by side): {page}")
+    return {
+        "rewards": rewards.tolist(),
+        "advantages": advantages.tolist(),
+        "after": after,
+        "loss": loss,
+        "tries": tries,
+        "differs": differs,
+        "texts": list(rollout.texts),
+        "tokens": per_token,
+        "worked": worked,
+        "html": page,
+    }
+
+
+def load_step(cfg, step: GRPOStep):
+    """The policy, pi_ref (--model, frozen), AdamW at the first warm-up step's lr, the step's
+    settings, and a prompt stream over the turns that need recall (§3), so that every term of Eq. (4)
+    has something to say. -> (models, settings, stream, lr)."""
     cfg.prompts_per_step, cfg.world_size = 1, 1
     _, _, _, device = setup_distributed()
     seed_everything(cfg.seed)
@@ -139,40 +185,42 @@ def explain(cfg, grpo, reward_fn=None, print_fn=print) -> dict:
     ref_model, _ = load_model_and_tokenizer(cfg.model, dtype=cfg.dtype, device=device)
     ref_model.eval().requires_grad_(False)
     optimizer = adamw(policy.parameters(), cfg.lr, cfg.weight_decay)
-    # Turns that need recall (§3), so that every term of Eq. (4) has something to say.
-    records = read_mixture(cfg.data, cfg.seed)
-    records = [r for r in records if r["recall"]] or records
-    stream = PromptStream(records, tokenizer, cfg.max_prompt_length, cfg.seed)
-    K, eps, beta = cfg.num_generations, cfg.clip_eps, cfg.beta
     lr = warmup_lr(1, cfg.lr, cfg.warmup_steps)
     for group in optimizer.param_groups:
         group["lr"] = lr
+    records = read_mixture(cfg.data, cfg.seed)
+    records = [r for r in records if r["recall"]] or records
+    stream = PromptStream(records, tokenizer, cfg.max_prompt_length, cfg.seed)
+    models = step.models(policy, tokenizer, optimizer, ref_model=ref_model)
+    return models, step.settings_of(cfg, autocast_dtype), stream, lr
 
-    print_fn(
-        f"One GRPO step on one group: K = {K}, model {cfg.model}, lr {lr:g} (step 1 of the warm-up), "
-        f"beta {beta}, clip eps {eps}, temperature {cfg.temperature}, answer reward {cfg.answer_reward}"
-    )
 
-    # Eqs. (4)-(7): sample K completions from pi_old and score each. Eq. (8) gives a group whose K
-    # rewards are all equal advantage 0 on every token, a step in which nothing moves; so take the
-    # stream's next prompt until a group differs, as --dynamic-sampling total does during training.
+def sample_a_group_that_differs(cfg, step: GRPOStep, models, settings, stream, reward_fn, print_fn):
+    """Eqs. (4)-(7): sample K completions from pi_old and score each. Eq. (8) gives a group whose K
+    rewards are all equal advantage 0 on every token, a step in which nothing moves; so take the
+    stream's next prompt until a group differs, as --dynamic-sampling total does during training.
+    -> (rollout, record, tries, differs)."""
     for tries in range(1, cfg.explain_tries + 1):
         record, prompt = stream.next_batch(1)[0]
-        rollout = grpo.sample_batch(policy, tokenizer, [record], [prompt], cfg, reward_fn, autocast_dtype)
+        rollout = step.sample_batch(models, [record], [prompt], settings, reward_fn)
         totals = rollout.rewards("total")[0]
         differs = not bool((totals == totals[0]).all())  # group_advantages' test for a zero group
         if differs:
-            break
+            return rollout, record, tries, differs
         print_fn(
-            f"record {record['id']}: all {K} rewards equal (R = {totals[0].item():.4f}): zero advantages, "
-            "nothing to learn; "
+            f"record {record['id']}: all {cfg.num_generations} rewards equal (R = {totals[0].item():.4f}): "
+            "zero advantages, nothing to learn; "
             + ("trying the next prompt" if tries < cfg.explain_tries else "that was the last try")
         )
-    if not differs:
-        print_fn(
-            f"None of the {tries} groups sampled (--explain-tries {cfg.explain_tries}) has rewards that "
-            "differ: the last one is explained anyway, and it teaches nothing (every advantage is 0)."
-        )
+    print_fn(
+        f"None of the {tries} groups sampled (--explain-tries {cfg.explain_tries}) has rewards that "
+        "differ: the last one is explained anyway, and it teaches nothing (every advantage is 0)."
+    )
+    return rollout, record, tries, differs
+
+
+def print_rewards(record, rollout, print_fn) -> None:
+    """The prompt, its gold (the reward's, never the prompt's), and Eqs. (4)-(7) per completion."""
     print_fn(
         f"\nThe prompt: record {record['id']}, {len(record['history'])} utterances of history, "
         f"query Q{record['query_turn']}: {record['query']!r}"
@@ -180,102 +228,54 @@ def explain(cfg, grpo, reward_fn=None, print_fn=print) -> dict:
     print_fn(
         f"H* = {record['recall']}, A* = {record['answer']!r} (the reward's answer key; never in the prompt)"
     )
-    scores = rollout.scores
     print_fn("\nEqs. (4)-(7): R = format + recall + answer for each completion")
     print_fn(f"{'k':>2}  {'format':>6}  {'recall':>7}  {'answer':>7}  {'R':>7}  completion (shortened)")
-    for k, (score, text) in enumerate(zip(scores, rollout.texts), 1):
+    for k, (score, text) in enumerate(zip(rollout.scores, rollout.texts), 1):
         print_fn(
             f"{k:>2}  {score['format']:>6.2f}  {score['recall']:>7.4f}  {score['answer']:>7.4f}  "
             f"{score['total']:>7.4f}  {shorten(text)!r}"
         )
 
-    # Eq. (8): the group's mean and population std, and each completion's advantage.
+
+def print_advantages(cfg, rollout, experience, print_fn):
+    """Eq. (8): the group's mean and population std, and each completion's advantage as the record
+    holds it. -> (rewards [K], advantages [K])."""
     rewards = rollout.rewards("total")[0]
     mean, std = rewards.mean().item(), rewards.std(unbiased=False).item()
-    advantages = grpo.group_advantages(rewards.view(1, K), scale=cfg.scale_rewards)[0]
+    advantages = experience.advantages[:, 0].detach().cpu()  # its first token's: one per completion
     print_fn(f"\nEq. (8): mean R = {mean:.4f}, std R = {std:.4f} (population: divide by K)")
     # --scale-rewards none (Dr. GRPO) keeps R - mean; batch is group here: one group is the batch
     formula = "A~ = R - mean (no std)" if cfg.scale_rewards == "none" else "A~ = (R - mean) / (std + 1e-8)"
     print_fn(f"{'k':>2}  {'R - mean':>9}  {formula:>31}")
-    for k in range(K):
+    for k in range(len(rewards)):
         print_fn(f"{k + 1:>2}  {rewards[k].item() - mean:>9.4f}  {advantages[k].item():>31.4f}")
     if cfg.credit == "segment":
         print_fn(
             "(--credit segment: the think tokens take the advantage of format + recall, the answer "
-            "tokens that of format + answer; the table shows Eq. (8) on R)"
+            "tokens that of format + answer; the table shows the first token's, the think block's)"
         )
+    return rewards, advantages
 
-    # pi_old (the policy before the step) and pi_ref (--model, frozen) on the sampled tokens.
-    rows = torch.arange(K, device=device)
-    logprobs_of = grpo.token_logprobs_of(policy, policy, rollout, cfg, autocast_dtype)  # the update's path
-    policy.train()
-    with torch.no_grad():
-        old_logprobs, ref_logprobs = logprobs_of(policy, rows).logprobs, logprobs_of(ref_model, rows).logprobs
 
-    # The update of grpo_step, on these samples.
-    result = grpo.grpo_step(
-        policy,
-        ref_model,
-        tokenizer,
-        optimizer,
-        [record],
-        [prompt],
-        cfg,
-        reward_fn=reward_fn,
-        autocast_dtype=autocast_dtype,
-        batch=rollout,
-    )
-    minibatches = min(cfg.sample_ratio, K)
-    print_fn(
-        f"\nThe update: {K} completions in {minibatches} minibatch(es) (--sample-ratio), mu = {cfg.mu} "
-        f"pass(es): {result['updates']} AdamW step(s), mean loss {result['loss']:.6f}, "
-        f"mean gradient norm {result['grad_norm']:.4f} (clipped at {cfg.max_grad_norm})"
-    )
-
-    # Eq. (9) after the update, what a further pass over these samples computes: grpo_loss with the
-    # arguments the update gives it (its advantages, --clip-eps, --beta, --loss-type and the truncated
-    # importance weights), on the group at once.
-    policy.train()
-    with torch.no_grad():
-        new_logprobs = logprobs_of(policy, rows).logprobs
-    policy.eval()
-    mask = rollout.policy_mask.to(device).float()
-    sampler = None if rollout.sampler_logprobs is None else rollout.sampler_logprobs.to(device)
-    is_weights = grpo.truncated_is_weights(old_logprobs, sampler, cfg.is_cap)
-    token_advantages = grpo.rollout_advantages(rollout, tokenizer, cfg, device)
-    with torch.no_grad():
-        loss, _, terms = grpo.grpo_loss(
-            logprobs=new_logprobs,
-            old_logprobs=old_logprobs,
-            ref_logprobs=ref_logprobs,
-            advantages=token_advantages,
-            mask=mask,
-            clip_eps=eps,
-            beta=beta,
-            loss_type=cfg.loss_type,
-            max_completion_length=cfg.max_new_tokens,
-            is_weights=is_weights,
-            return_terms=True,
-        )
-    loss = loss.item()
-    ratio, clipped, kl = terms["ratio"], terms["clipped"], terms["kl"]
-    # w * min(r A~, clip(r) A~): grpo_loss's term before its KL, for the table's surrogate column
-    surrogate = terms["objective"] + beta * kl
-    share = (terms["objective"] * terms["weight"]).sum(1)  # each completion's part of -loss
+def print_after(cfg, step: GRPOStep, experience, terms, loss, print_fn) -> list[dict]:
+    """Eq. (9) after the update, per completion: the token means of its terms, and its part of
+    -loss, sum_t weight * term, with the record's own weights. -> one dict a completion."""
+    mask = experience.policy_mask
     tokens = mask.sum(1).clamp(min=1)
+    surrogate = terms.objective + cfg.beta * terms.kl  # w * min(r A~, clip(r) A~), before the KL
 
     def token_means(x):  # over each completion's policy tokens, the tokens Eq. (9) averages
         return (torch.where(mask > 0, x.float(), 0.0).sum(1) / tokens).tolist()
 
     means = {
-        "ratio": token_means(ratio),
-        "clip_fraction": token_means(clipped),
-        "is_weight": token_means(terms["is_weight"]),
-        "kl": token_means(kl),
+        "ratio": token_means(terms.ratio),
+        "clip_fraction": token_means(terms.clipped),
+        "is_weight": token_means(experience.is_weights),
+        "kl": token_means(terms.kl),
         "surrogate": token_means(surrogate),
-        "objective": token_means(terms["objective"]),
+        "objective": token_means(terms.objective),
     }
-    after = []
+    share = (terms.objective * experience.loss_weights).sum(1)  # each completion's part of -loss
     print_fn(
         "\nEq. (9) after the update, per completion (token means of grpo_loss's terms; w = "
         f"min(pi_old / pi_sampler, {cfg.is_cap:g}), the truncated importance weight; surrogate = "
@@ -286,9 +286,10 @@ def explain(cfg, grpo, reward_fn=None, print_fn=print) -> dict:
         f"{'k':>2}  {'tokens':>6}  {'mean r':>9}  {'clipped':>7}  {'mean w':>9}  {'k3 KL':>9}  "
         f"{'surrogate':>10}  {'beta*KL':>9}  {'KL share':>8}  {'of -loss':>10}"
     )
-    for k in range(K):
+    after = []
+    for k in range(len(mask)):
         row = {"tokens": int(mask[k].sum().item()), **{name: values[k] for name, values in means.items()}}
-        row["kl_term"] = beta * row["kl"]
+        row["kl_term"] = cfg.beta * row["kl"]
         row["kl_share"] = row["kl_term"] / (abs(row["surrogate"]) + row["kl_term"] or 1.0)
         row["of_loss"] = share[k].item()
         after.append(row)
@@ -298,76 +299,66 @@ def explain(cfg, grpo, reward_fn=None, print_fn=print) -> dict:
             f"{row['kl_term']:>9.2e}  {row['kl_share']:>8.1%}  {row['of_loss']:>10.6f}"
         )
     print_fn(
-        f"Eq. (9) on this group now, grpo_loss (--loss-type {cfg.loss_type}: {LOSS_TYPES[cfg.loss_type]}) "
-        f"= -sum of the last column = {loss:.6f}"
+        f"Eq. (9) on this group now, grpo_loss over the record's {len(experience.minibatches)} minibatch(es) "
+        f"(--loss-type {cfg.loss_type}) = -sum of the last column = {loss:.6f}"
     )
-    print_fn(f"Each token's weight under --loss-type {cfg.loss_type} (--scale-rewards {cfg.scale_rewards}):")
-    for k in range(K):
-        weight = terms["weight"][k][mask[k] > 0]
-        shown = f"{weight[0].item():.6g}" if len(weight) else "(no policy token)"
-        formula = token_weight_formula(cfg.loss_type, mask, k, cfg.max_new_tokens)
-        print_fn(f"  completion {k + 1}: {formula} = {shown}")
+    print_fn(f"Each token's weight under --loss-type {cfg.loss_type} (--scale-rewards {cfg.scale_rewards}), "
+             f"{step.loss_types[cfg.loss_type]}:")  # fmt: skip
+    for k in range(len(mask)):
+        weight = experience.loss_weights[k][mask[k] > 0]
+        shown = (
+            f"{weight[0].item():.6g} = 1 / {1 / weight[0].item():.6g}" if len(weight) else "(no policy token)"
+        )
+        print_fn(f"  completion {k + 1}: w = {shown}")
+    return after
 
-    # Every token of every completion, as the page shows it: the pieces join to the reward's text.
-    lengths = rollout.completion_mask.sum(1).tolist()
+
+def token_rows(tokenizer, rollout, experience, terms, new_logprobs) -> list[dict]:
+    """Every token of every completion, as the page shows it: the pieces join to the reward's text,
+    each with the record's and the loss's numbers."""
     per_token = []
-    for k, n in enumerate(lengths):
+    ref = experience.ref_logprobs
+    for k, n in enumerate(rollout.completion_mask.sum(1).tolist()):
         pieces, marks = token_pieces(tokenizer, rollout.completion_ids[k, :n].tolist())
         per_token.append(
             {
                 "text": pieces,
                 "marks": marks,
                 "new_logprobs": new_logprobs[k, :n].tolist(),
-                "old_logprobs": old_logprobs[k, :n].tolist(),
-                "ref_logprobs": ref_logprobs[k, :n].tolist(),
-                "ratio": ratio[k, :n].tolist(),
-                "is_weight": terms["is_weight"][k, :n].tolist(),
-                "kl": kl[k, :n].tolist(),
-                "clipped": clipped[k, :n].tolist(),
-                "objective": terms["objective"][k, :n].tolist(),
-                "weight": terms["weight"][k, :n].tolist(),
+                "old_logprobs": experience.old_logprobs[k, :n].tolist(),
+                "ref_logprobs": [None] * n if ref is None else ref[k, :n].tolist(),
+                "ratio": terms.ratio[k, :n].tolist(),
+                "is_weight": experience.is_weights[k, :n].tolist(),
+                "kl": terms.kl[k, :n].tolist(),
+                "clipped": terms.clipped[k, :n].tolist(),
+                "objective": terms.objective[k, :n].tolist(),
+                "weight": experience.loss_weights[k, :n].tolist(),
                 "policy_mask": [int(x) for x in rollout.policy_mask[k, :n].tolist()],
             }
         )
+    return per_token
 
-    # Eq. (9) for one token, by hand from grpo_loss's ratio, weight and KL: the min() of the clipped
-    # surrogate, and the token's term, which is grpo_loss's own.
-    A = token_advantages.unsqueeze(1) if token_advantages.dim() == 1 else token_advantages
-    k, t, why = worked_token(ratio, A, clipped, mask)
-    at, r, a = (k, t), ratio[k, t], A[k, t] if A.shape[1] > 1 else A[k, 0]
-    clip_r = torch.clamp(r, 1 - eps, 1 + eps)
-    worked = {
-        "k": k + 1,
-        "t": t + 1,
-        "new": new_logprobs[at].item(),
-        "old": old_logprobs[at].item(),
-        "ref": ref_logprobs[at].item(),
-        "sampler": None if sampler is None else sampler[at].item(),
-        "log_ratio": (new_logprobs - old_logprobs)[at].item(),
-        "ratio": r.item(),
-        "advantage": a.item(),
-        "unclipped": (r * a).item(),
-        "clip_ratio": clip_r.item(),
-        "clipped_term": (clip_r * a).item(),
-        "surrogate": torch.min(r * a, clip_r * a).item(),
-        "clipped": bool(clipped[at].item()),
-        "is_weight": terms["is_weight"][at].item(),
-        "ref_minus_new": (ref_logprobs - new_logprobs)[at].item(),
-        "kl": kl[at].item(),
-        "term": terms["objective"][at].item(),
-        "weight": terms["weight"][at].item(),
-    }
-    w = worked
+
+def print_worked_token(
+    cfg, step: GRPOStep, rollout, experience, terms, new_logprobs, per_token, print_fn
+) -> dict:
+    """Eq. (9) for one token, by hand from grpo_loss's ratio and KL and the record's weights: the
+    min() of the clipped surrogate, and the token's term, which is grpo_loss's own."""
+    eps, beta = cfg.clip_eps, cfg.beta
+    k, t, why = worked_token(terms.ratio, experience.advantages, terms.clipped, experience.policy_mask)
+    w = worked_numbers(eps, rollout, experience, terms, new_logprobs, (k, t))
+    ref, sampler = experience.ref_logprobs, rollout.sampler_logprobs
     print_fn(
-        f"\nEq. (9) for one token, written out: completion {w['k']}, token {w['t']} of {lengths[k]}, "
-        f"{per_token[k]['text'][t]!r} ({why})"
+        f"\nEq. (9) for one token, written out: completion {w['k']}, token {w['t']} of "
+        f"{len(per_token[k]['text'])}, {per_token[k]['text'][t]!r} ({why})"
     )
+    ref_text = "not computed (beta 0)" if ref is None else f"{w['ref']:.9g}"
     print_fn(
         f"  log pi_theta = {w['new']:.9g} (after the update), log pi_old = {w['old']:.9g} (before it), "
-        f"log pi_ref = {w['ref']:.9g}"
+        f"log pi_ref = {ref_text}"
     )
     print_fn(f"  r = exp(log pi_theta - log pi_old) = exp({w['log_ratio']:.9g}) = {w['ratio']:.9g}")
-    whose = "this token's segment" if A.shape[1] > 1 else f"completion {w['k']}'s"
+    whose = "this token's segment" if cfg.credit == "segment" else f"completion {w['k']}'s"
     print_fn(f"  A~ = {w['advantage']:.9g} ({whose} advantage, Eq. (8))")
     print_fn(f"  r * A~ = {w['unclipped']:.9g}")
     print_fn(
@@ -383,7 +374,7 @@ def explain(cfg, grpo, reward_fn=None, print_fn=print) -> dict:
             else "not clipped, min() is r * A~ and the gradient flows through r"
         )
     )
-    if is_weights is None:
+    if sampler is None or cfg.is_cap == 0:
         print_fn(f"  w = 1: no importance weight (--is-cap {cfg.is_cap:g}, or no sampler log-probs)")
     else:  # the tokens came from pi_sampler; Eq. (9)'s expectation is over pi_old
         print_fn(
@@ -391,28 +382,63 @@ def explain(cfg, grpo, reward_fn=None, print_fn=print) -> dict:
             f"{cfg.is_cap:g}) = {w['is_weight']:.9g} (--is-cap; log pi_sampler = {w['sampler']:.9g}, 1 up to "
             "rounding where the sampler is the policy)"
         )
-    print_fn(
-        f"  k3 KL = exp(d) - d - 1, d = log pi_ref - log pi_theta = {w['ref_minus_new']:.9g}: "
-        f"KL = {w['kl']:.9g}"
-    )
+    if ref is not None:
+        print_fn(
+            f"  k3 KL = exp(d) - d - 1, d = log pi_ref - log pi_theta = {w['ref_minus_new']:.9g}: "
+            f"KL = {w['kl']:.9g}"
+        )
     print_fn(
         f"  its term of Eq. (9): w * min(...) - beta * KL = {w['is_weight']:.9g} * {w['surrogate']:.9g} - "
         f"{beta:g} * {w['kl']:.9g} = {w['term']:.9g}"
     )
     print_fn(
         f"  its weight in the normalisation (--loss-type {cfg.loss_type}): "
-        f"{token_weight_formula(cfg.loss_type, mask, k, cfg.max_new_tokens)} = {w['weight']:.9g}; "
+        f"{step.loss_types[cfg.loss_type]}; here {w['weight']:.9g}; "
         f"term * weight = {w['term'] * w['weight']:.9g}, its part of -loss"
     )
+    return w
 
-    step = {
+
+def worked_numbers(eps, rollout, experience, terms, new_logprobs, at) -> dict:
+    """Every number of the token written out: the record's, grpo_loss's, and the steps of the
+    clipped surrogate between them."""
+    r, a = terms.ratio[at], experience.advantages[at]
+    clip_r = torch.clamp(r, 1 - eps, 1 + eps)
+    ref, sampler = experience.ref_logprobs, rollout.sampler_logprobs
+    return {
+        "k": at[0] + 1,
+        "t": at[1] + 1,
+        "new": new_logprobs[at].item(),
+        "old": experience.old_logprobs[at].item(),
+        "ref": None if ref is None else ref[at].item(),
+        "sampler": None if sampler is None else sampler[at].item(),
+        "log_ratio": (new_logprobs - experience.old_logprobs)[at].item(),
+        "ratio": r.item(),
+        "advantage": a.item(),
+        "unclipped": (r * a).item(),
+        "clip_ratio": clip_r.item(),
+        "clipped_term": (clip_r * a).item(),
+        "surrogate": torch.min(r * a, clip_r * a).item(),
+        "clipped": bool(terms.clipped[at].item()),
+        "is_weight": experience.is_weights[at].item(),
+        "ref_minus_new": None if ref is None else (ref - new_logprobs)[at].item(),
+        "kl": terms.kl[at].item(),
+        "term": terms.objective[at].item(),
+        "weight": experience.loss_weights[at].item(),
+    }
+
+
+def page_of(cfg, lr, record, rollout, rewards, advantages, per_token, tries, differs, update) -> dict:
+    """What srt/step_page.py draws."""
+    K = cfg.num_generations
+    return {
         "title": f"One GRPO step on one group of K = {K}: {cfg.model}",
         "settings": [
             ("model", cfg.model),
             ("K", K),
             ("lr", f"{lr:g} (step 1 of the warm-up)"),
-            ("beta", beta),
-            ("clip eps", eps),
+            ("beta", cfg.beta),
+            ("clip eps", cfg.clip_eps),
             ("loss type", cfg.loss_type),
             ("scale rewards", cfg.scale_rewards),
             ("is cap", cfg.is_cap),
@@ -432,15 +458,15 @@ def explain(cfg, grpo, reward_fn=None, print_fn=print) -> dict:
         },
         "tries": tries,
         "differs": differs,
-        "clip_eps": eps,
-        "beta": beta,
-        "mean": mean,
-        "std": std,
-        "update": {"loss": result["loss"], "grad_norm": result["grad_norm"], "updates": result["updates"]},
+        "clip_eps": cfg.clip_eps,
+        "beta": cfg.beta,
+        "mean": rewards.mean().item(),
+        "std": rewards.std(unbiased=False).item(),
+        "update": update,
         "completions": [
             {
                 "k": k + 1,
-                **{key: float(scores[k][key]) for key in ("format", "recall", "answer", "total")},
+                **{key: float(rollout.scores[k][key]) for key in ("format", "recall", "answer", "total")},
                 "advantage": advantages[k].item(),
                 "tokens": per_token[k]["text"],
                 "marks": per_token[k]["marks"],
@@ -451,18 +477,4 @@ def explain(cfg, grpo, reward_fn=None, print_fn=print) -> dict:
             }
             for k in range(K)
         ],
-    }
-    page = write_step_page(cfg.explain_html, step)
-    print_fn(f"\nThe step as a page (each token shaded by its ratio, the K completions side by side): {page}")
-    return {
-        "rewards": rewards.tolist(),
-        "advantages": advantages.tolist(),
-        "after": after,
-        "loss": loss,
-        "tries": tries,
-        "differs": differs,
-        "texts": list(rollout.texts),
-        "tokens": per_token,
-        "worked": worked,
-        "html": page,
     }

@@ -10,6 +10,7 @@ import math
 import random
 import sys
 import time
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 import numpy as np
@@ -111,48 +112,69 @@ def reward_metrics(scores) -> dict:
     return metrics
 
 
-def step_metrics(step, results, step_s, **extra) -> dict:
-    """One metrics.jsonl line from every rank's grpo_step result: the reward components over all
-    completions, the loss statistics averaged over ranks, throughput, and the share of groups whose
-    rewards were all equal (no gradient) or whose recall part was constant."""
+def over_ranks(how: str, default=float("nan")):
+    """A StepStats field and how step_metrics merges the ranks' values of it: mean, sum or first
+    (the same on every rank)."""
+    return field(default=default, metadata={"over_ranks": how})
 
-    def mean_over_ranks(key):
-        return float(np.nanmean([r[key] for r in results]))
 
-    def sum_over_ranks(key):
-        return sum(r[key] for r in results)
+@dataclass
+class StepStats:
+    """What one GRPO step reports (stage2_grpo.grpo_step), one per rank: its samples with their
+    reward terms, and its statistics, each field saying how metrics.jsonl merges the ranks."""
 
+    scores: list  # each completion's reward terms, Eqs. (4)-(7)
+    texts: list  # the completions
+    records: list  # each completion's record
+    loss: float = over_ranks("mean")  # Eq. (9), mean over the step's optimizer steps
+    kl: float = over_ranks("mean")  # token mean of k3 to pi_ref
+    clip_fraction: float = over_ranks("mean")  # share of tokens whose ratio the clip held
+    ratio: float = over_ranks("mean")  # token mean of pi_theta / pi_old
+    entropy: float = over_ranks("mean")  # token mean, first pass
+    grad_norm: float = over_ranks("mean")  # before clipping
+    sampler_log_ratio: float = over_ranks("mean")  # log pi_old - log pi_sampler
+    sampler_kl: float = over_ranks("mean")
+    is_capped_fraction: float = over_ranks("mean")  # tokens whose importance weight the cap held
+    completion_length: float = over_ranks("mean")  # tokens a completion
+    copied_length: float = over_ranks("mean")  # of which --recall copy wrote
+    generate_s: float = over_ranks("mean")
+    score_s: float = over_ranks("mean")
+    train_s: float = over_ranks("mean")
+    draws: float = over_ranks("mean")  # sample batches drawn (--dynamic-sampling)
+    skipped_updates: int = over_ranks("sum", 0)  # non-finite loss or gradient
+    updates: int = over_ranks("first", 0)  # optimizer steps taken
+    completion_tokens: int = over_ranks("sum", 0)
+    sequence_tokens: int = over_ranks("sum", 0)
+    groups_drawn: int = over_ranks("sum", 0)
+    groups_all_equal: int = over_ranks("sum", 0)  # advantage 0 (Eq. (8))
+    groups_recall_constant: int = over_ranks("sum", 0)
+
+    def without_samples(self) -> StepStats:
+        """The statistics alone, what the ranks gather (the texts stay on their rank)."""
+        return replace(self, texts=[], records=[])
+
+
+def step_metrics(step, results: list[StepStats], step_s, **extra) -> dict:
+    """One metrics.jsonl line from every rank's StepStats: the reward components over all
+    completions, each field merged as it says, throughput, and the share of groups whose rewards
+    were all equal (no gradient) or whose recall part was constant."""
+    line = {"step": step, **reward_metrics([s for r in results for s in r.scores])}
+    for stat in fields(StepStats):
+        values = [getattr(r, stat.name) for r in results]
+        how = stat.metadata.get("over_ranks")
+        if how == "mean":
+            line[stat.name] = float(np.nanmean(values)) if not all(map(math.isnan, values)) else float("nan")
+        elif how == "sum":
+            line[stat.name] = sum(values)
+        elif how == "first":
+            line[stat.name] = values[0]
+    generate_s = max(line["generate_s"], 1e-9)
     return {
-        "step": step,
-        **reward_metrics([s for r in results for s in r["scores"]]),
-        **{
-            k: mean_over_ranks(k)
-            for k in (
-                "kl",
-                "clip_fraction",
-                "ratio",
-                "entropy",
-                "loss",
-                "grad_norm",
-                "completion_length",
-                "copied_length",
-                "generate_s",
-                "score_s",
-                "train_s",
-                "draws",
-                "sampler_log_ratio",
-                "sampler_kl",
-                "is_capped_fraction",
-            )
-        },
-        "skipped_updates": sum_over_ranks("skipped_updates"),
-        "updates": results[0]["updates"],
-        "tokens_per_s": sum_over_ranks("sequence_tokens") / step_s,
-        "generated_tokens_per_s": sum_over_ranks("completion_tokens")
-        / max(mean_over_ranks("generate_s"), 1e-9),
-        "groups_all_equal_share": sum_over_ranks("groups_all_equal") / sum_over_ranks("groups_drawn"),
-        "groups_recall_constant_share": sum_over_ranks("groups_recall_constant")
-        / sum_over_ranks("groups_drawn"),
+        **line,
+        "tokens_per_s": line["sequence_tokens"] / step_s,
+        "generated_tokens_per_s": line["completion_tokens"] / generate_s,
+        "groups_all_equal_share": line["groups_all_equal"] / line["groups_drawn"],
+        "groups_recall_constant_share": line["groups_recall_constant"] / line["groups_drawn"],
         "step_s": step_s,
         **extra,
     }
@@ -163,14 +185,14 @@ def sample_lines(step, result, K) -> list[dict]:
     reward prefers."""
 
     def total(i):  # NaN (a broken reward) sorts lowest
-        value = float(result["scores"][i]["total"])
+        value = float(result.scores[i]["total"])
         return value if math.isfinite(value) else -math.inf
 
-    group = sorted(range(min(K, len(result["texts"]))), key=total)
+    group = sorted(range(min(K, len(result.texts))), key=total)
     picks = dict.fromkeys([group[-1], group[0]]) if group else {}
     lines = []
     for i in picks:
-        record, score = result["records"][i], result["scores"][i]
+        record, score = result.records[i], result.scores[i]
         lines.append(
             {
                 "step": step,
@@ -178,7 +200,7 @@ def sample_lines(step, result, K) -> list[dict]:
                 "query": record["query"],
                 "gold_recall": record["recall"],
                 "gold_answer": record["answer"],
-                "completion": result["texts"][i],
+                "completion": result.texts[i],
                 **{k: finite_or_none(v) for k, v in score.items() if isinstance(v, (int, float, str, list))},
             }
         )

@@ -44,7 +44,7 @@ class Rollout:
     scores: list[dict]  # each row's reward terms, Eqs. (4)-(7): total, format, recall, answer, ...
     num_generations: int  # K, the group size
     draws: int = 1  # sample batches drawn (dynamic sampling)
-    groups_drawn: int = 0
+    groups_drawn: int = 0  # groups sampled, kept or not
     groups_all_equal: int = 0  # groups whose K totals were equal: advantage 0 (Eq. (8))
     groups_recall_constant: int = 0  # groups whose K recall parts were equal
     generate_s: float = 0.0
@@ -72,9 +72,12 @@ class Rollout:
         return input_ids, attention_mask
 
     @classmethod
-    def join(cls, draws: list[Rollout], picks, pad_id) -> Rollout:
+    def join(
+        cls, draws: list[Rollout], picks, pad_id, groups_all_equal=0, groups_recall_constant=0
+    ) -> Rollout:
         """The groups `picks` = [(draw, group), ...] of several sample batches as one batch: prompts
-        left padded, completions right padded (masks 0) to the widest of them."""
+        left padded, completions right padded (masks 0) to the widest of them; the counts and
+        timings of every draw, kept or not."""
         K = draws[0].num_generations
         rows = [(d, g * K + k) for d, g in picks for k in range(K)]
         tensors = {}
@@ -92,7 +95,17 @@ class Rollout:
             each = [padded(d) for d in draws]  # each draw padded once, then its chosen rows taken
             tensors[key] = torch.stack([each[d][r] for d, r in rows])
         lists = {key: [getattr(draws[d], key)[r] for d, r in rows] for key in ("texts", "records", "scores")}
-        return cls(**tensors, **lists, num_generations=K)
+        return cls(
+            **tensors,
+            **lists,
+            num_generations=K,
+            draws=len(draws),
+            groups_drawn=sum(d.groups_drawn for d in draws),
+            groups_all_equal=groups_all_equal,
+            groups_recall_constant=groups_recall_constant,
+            generate_s=sum(d.generate_s for d in draws),
+            score_s=sum(d.score_s for d in draws),
+        )
 
 
 def think_lengths(tokenizer, completion_ids, marker="</think>") -> torch.Tensor:

@@ -14,11 +14,11 @@ from html.parser import HTMLParser
 import numpy as np
 import pytest
 import torch
+from grpo_records import hand_experience
 from records import hand_record
 from test_stage2 import varied_reward
 
 import stage2_grpo as g
-from srt import grpo_explain
 from srt.data_io import write_jsonl
 from srt.step_page import render_step_page, write_step_page
 
@@ -50,7 +50,7 @@ def run_explain(tmp_path, reward_fn, *extra):
                         "--sample-ratio", "2", "--lr", "1e-2", "--dtype", "float32",
                         "--explain-html", str(page), *extra])  # fmt: skip
     printed = []
-    result = grpo_explain.explain(cfg, g, reward_fn=reward_fn, print_fn=printed.append)
+    result = g.explain(cfg, reward_fn=reward_fn, print_fn=printed.append)
     return result, "\n".join(printed), page, cfg
 
 
@@ -232,17 +232,25 @@ def test_the_printed_eq9_is_grpo_loss_with_its_importance_weights(tmp_path, monk
     new, old, ref = padded("new_logprobs"), padded("old_logprobs"), padded("ref_logprobs")
     advantages = torch.tensor(result["advantages"])
     is_weights = g.truncated_is_weights(old, rollout.sampler_logprobs, cfg.is_cap)
-    settings = dict(clip_eps=cfg.clip_eps, beta=cfg.beta, max_completion_length=cfg.max_new_tokens)
-    loss, _ = g.grpo_loss(
-        new, old, ref, advantages, mask, loss_type=loss_type, is_weights=is_weights, **settings
-    )
-    unweighted, _ = g.grpo_loss(new, old, ref, advantages, mask, loss_type=loss_type, **settings)
-    assert abs(unweighted.item() - loss.item()) > 1e-3  # the weights matter here: w left out would show
+    halves = (slice(0, K // 2), slice(K // 2, K))  # --sample-ratio 2: the update's two minibatches
+
+    def loss_of(loss_type, weights):
+        """Eq. (9) over the two minibatches, each normalised by the one table (loss_weights)."""
+        total = 0.0
+        for rows in halves:
+            record = hand_experience(old[rows], ref[rows], advantages[rows], mask[rows], loss_type,
+                                     is_weights=None if weights is None else weights[rows],
+                                     max_new_tokens=cfg.max_new_tokens)  # fmt: skip
+            total += g.grpo_loss(new[rows], record, cfg.clip_eps, cfg.beta)[0].item()
+        return total
+
+    loss = loss_of(loss_type, is_weights)
+    assert abs(loss_of(loss_type, None) - loss) > 1e-3  # the weights matter here: w left out would show
     other_type = {"grpo": "dapo", "dapo": "grpo", "dr_grpo": "grpo"}[loss_type]
-    other, _ = g.grpo_loss(
-        new, old, ref, advantages, mask, loss_type=other_type, is_weights=is_weights, **settings
-    )
-    assert abs(other.item() - loss.item()) > 1e-3  # and so does the normalisation
+    assert abs(loss_of(other_type, is_weights) - loss) > 1e-3  # and so does the normalisation
+    # the printed weights are loss_weights' own, minibatch by minibatch
+    table = torch.cat([g.loss_weights(mask[rows], loss_type, cfg.max_new_tokens) for rows in halves])
+    assert padded("weight").tolist() == [pytest.approx(row, rel=1e-6) for row in table.tolist()]
 
     reported_w = padded("is_weight")[mask > 0]
     assert reported_w.tolist() == pytest.approx(is_weights[mask > 0].tolist(), rel=1e-6)
@@ -250,13 +258,13 @@ def test_the_printed_eq9_is_grpo_loss_with_its_importance_weights(tmp_path, monk
     summed = sum(
         o * w for row in result["tokens"] for o, w in zip(row["objective"], row["weight"], strict=True)
     )
-    assert summed == pytest.approx(-loss.item(), rel=1e-5, abs=1e-7)
-    assert sum(row["of_loss"] for row in result["after"]) == pytest.approx(-loss.item(), rel=1e-5, abs=1e-7)
-    assert result["loss"] == pytest.approx(loss.item(), rel=1e-6, abs=1e-9)
+    assert summed == pytest.approx(-loss, rel=1e-5, abs=1e-7)
+    assert sum(row["of_loss"] for row in result["after"]) == pytest.approx(-loss, rel=1e-5, abs=1e-7)
+    assert result["loss"] == pytest.approx(loss, rel=1e-6, abs=1e-9)
     (line,) = [line for line in text.splitlines() if line.startswith("Eq. (9) on this group now")]
     assert f"--loss-type {loss_type}" in line
     printed = float(re.fullmatch(rf".*= {NUMBER}", line).group(1))  # 6 decimals
-    assert printed == pytest.approx(loss.item(), abs=5e-7)
+    assert printed == pytest.approx(loss, abs=5e-7)
     # the one token written out: its weight as the normalisation gives it
     worked, rows = result["worked"], result["tokens"][result["worked"]["k"] - 1]
     assert worked["weight"] == rows["weight"][worked["t"] - 1] > 0

@@ -31,6 +31,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from grpo_records import run_step
 from records import hand_record
 from safetensors.torch import load_file
 
@@ -89,10 +90,11 @@ ref.requires_grad_(False)
 policy = distributed.shard_model(policy, torch.device("cpu"))
 ref = distributed.shard_model(ref, torch.device("cpu"))
 optimizer = recording(torch.optim.SGD)(policy.parameters(), lr=cfg.lr)  # SGD: see the test
-result = g.grpo_step(policy, ref, tok, optimizer, [None], [PROMPTS[rank]], cfg, reward_fn=toy_reward)
+models = g.Models(policy, tok, optimizer, ref_model=ref)
+result = g.grpo_step(models, [None], [PROMPTS[rank]], g.StepSettings.of(cfg), toy_reward)
 grads = {f"{i}.{k}": v for i in range(len(optimizer.gradients))
          for k, v in step_gradients(optimizer, policy, i).items()}
-stats = g.gather_objects({k: result[k] for k in ("loss", "kl", "updates", "grad_norm")}, 2)
+stats = g.gather_objects({k: getattr(result, k) for k in ("loss", "kl", "updates", "grad_norm")}, 2)
 if rank == 0:
     save_file(grads, tmp / "grpo_grads.safetensors")
 # What pi_ref holds on this rank after grpo_step's no-grad forwards: a DTensor's local shard, or the
@@ -513,11 +515,11 @@ def test_fsdp_grpo_step_equals_one_process_on_fixed_rollouts(fsdp_run, monkeypat
     # AdamW at 1e-2 (ratios off 1, some clipped), so the second pass is a real off-policy one.
     recording, step_gradients = gradient_tools()
     optimizer = recording(torch.optim.SGD)(policy.parameters(), lr=cfg.lr)
-    single = g.grpo_step(
+    single = run_step(
         policy, ref, tok, optimizer, [None, None], rollouts["PROMPTS"], cfg, reward_fn=rollouts["toy_reward"]
     )
-    assert single["updates"] == 2 and [r["updates"] for r in result["grpo_stats"]] == [2, 2]
-    assert single["clip_fraction"] > 0.1 and abs(single["ratio"] - 1) > 1e-2  # the 2nd pass is off-policy
+    assert single.updates == 2 and [r["updates"] for r in result["grpo_stats"]] == [2, 2]
+    assert single.clip_fraction > 0.1 and abs(single.ratio - 1) > 1e-2  # the 2nd pass is off-policy
     fsdp_grads = load_file(tmp / "grpo_grads.safetensors")
     for step in range(2):  # the 1st pass on pi_old = pi_theta; the 2nd on old log-probs, after a step
         prefix = f"{step}."
@@ -525,10 +527,10 @@ def test_fsdp_grpo_step_equals_one_process_on_fixed_rollouts(fsdp_run, monkeypat
         assert_same_gradients(fsdp, step_gradients(optimizer, policy, step), f"GRPO update {step + 1}")
     # The global loss and KL are the means of the ranks' (equal numbers of completions each); the
     # gradient norm (before clipping, mean of the 2 updates) is the global one on every rank.
-    assert sum(r["loss"] for r in result["grpo_stats"]) / 2 == pytest.approx(single["loss"], abs=1e-5)
-    assert sum(r["kl"] for r in result["grpo_stats"]) / 2 == pytest.approx(single["kl"], rel=1e-3, abs=1e-9)
+    assert sum(r["loss"] for r in result["grpo_stats"]) / 2 == pytest.approx(single.loss, abs=1e-5)
+    assert sum(r["kl"] for r in result["grpo_stats"]) / 2 == pytest.approx(single.kl, rel=1e-3, abs=1e-9)
     for r in result["grpo_stats"]:
-        assert r["grad_norm"] == pytest.approx(single["grad_norm"], rel=GRAD_RTOL)
+        assert r["grad_norm"] == pytest.approx(single.grad_norm, rel=GRAD_RTOL)
 
 
 def test_frozen_pi_ref_reshards_its_root_after_a_forward_as_the_plan_budgets(fsdp_run, tiny):
@@ -672,7 +674,7 @@ def test_micro_batched_grpo_step_equals_the_unbatched_one(monkeypatch, loss_type
         # SGD: the update is the gradient itself. (AdamW divides by sqrt(v), which turns float
         # rounding on coordinates whose gradient is near 0 into visible differences.)
         optimizer = torch.optim.SGD(policy.parameters(), lr=1.0)
-        result = g.grpo_step(
+        result = run_step(
             policy,
             ref,
             tok,
@@ -689,7 +691,7 @@ def test_micro_batched_grpo_step_equals_the_unbatched_one(monkeypatch, loss_type
         assert (unbatched[name] - initial[name]).abs().max() > 1e-4, name
         torch.testing.assert_close(batched[name], unbatched[name], rtol=0, atol=1e-6, msg=name)
     for key in ("loss", "grad_norm", "kl", "entropy", "ratio"):
-        assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-7), key
+        assert getattr(b, key) == pytest.approx(getattr(a, key), rel=1e-4, abs=1e-7), key
 
 
 def test_chunked_logprobs_equal_the_plain_ones_with_their_gradient():

@@ -11,11 +11,14 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from grpo_records import hand_experience, hand_loss, run_step
 from test_fsdp import fixed_rollouts
+from test_rollout import sharp_tiny
 from test_stage2 import config
 
 import stage2_grpo as g
 from srt.modeling import load_model_and_tokenizer
+from srt.rollouts import Rollout
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -33,7 +36,7 @@ def test_a_masked_minus_inf_or_overflowing_logprob_leaves_the_gradient_finite(lo
     for masked, ref_there in ((-math.inf, -math.inf), (-100.0, 0.0)):
         logprobs = torch.tensor([[-1.0, -2.0, masked]], requires_grad=True)
         ref = torch.tensor([[-1.0, -2.0, ref_there]])
-        loss, stats = g.grpo_loss(
+        loss, stats = hand_loss(
             logprobs,
             logprobs.detach(),
             ref,
@@ -59,7 +62,7 @@ def test_an_update_whose_padding_is_a_suppressed_token_skips_nothing(monkeypatch
     policy.generation_config.suppress_tokens = [tokenizer.pad_token_id]
     cfg = config("-K", "4", "--sample-ratio", "2", "--mu", "2", "--beta", "0.04", "--lr", "1e-3")
     before = [p.detach().clone() for p in policy.parameters()]
-    result = g.grpo_step(
+    result = run_step(
         policy,
         ref,
         tokenizer,
@@ -69,8 +72,8 @@ def test_an_update_whose_padding_is_a_suppressed_token_skips_nothing(monkeypatch
         cfg,
         reward_fn=rollouts["toy_reward"],
     )
-    assert (result["skipped_updates"], result["updates"]) == (0, 4)  # 2 minibatches x mu = 2
-    assert math.isfinite(result["loss"]) and math.isfinite(result["grad_norm"])
+    assert (result.skipped_updates, result.updates) == (0, 4)  # 2 minibatches x mu = 2
+    assert math.isfinite(result.loss) and math.isfinite(result.grad_norm)
     assert any(not torch.equal(b, p) for b, p in zip(before, policy.parameters()))
 
 
@@ -85,13 +88,13 @@ def test_the_importance_weight_multiplies_the_surrogate_and_never_the_kl():
     k3 = [0.5 - math.log(0.5) - 1, 2.0 - math.log(2.0) - 1]  # r - log r - 1, r = pi_ref / pi
     weights = torch.full((1, 2), 2.0)
     for is_weights in (None, weights):
-        loss, stats = g.grpo_loss(
+        loss, stats = hand_loss(
             logprobs, logprobs, ref, torch.zeros(1), torch.ones(1, 2), beta=0.5, is_weights=is_weights
         )
         assert loss.item() == pytest.approx(0.5 * sum(k3) / 2, rel=1e-6)
         assert stats["kl"] == pytest.approx(sum(k3) / 2, rel=1e-6)
     # and it does weigh the surrogate: A = 1 on policy, w = 2 -> loss -2 (plus the same KL)
-    loss, _ = g.grpo_loss(
+    loss, _ = hand_loss(
         logprobs, logprobs, ref, torch.ones(1), torch.ones(1, 2), beta=0.5, is_weights=weights
     )
     assert loss.item() == pytest.approx(-2.0 + 0.5 * sum(k3) / 2, rel=1e-6)
@@ -107,9 +110,9 @@ def test_dr_grpo_divides_by_completions_times_the_maximum_length():
     mask = torch.tensor([[1, 0, 0], [1, 1, 1]])
     for L, want in ((None, 1 / 3), (10, 1 / 10)):
         logprobs = torch.zeros(2, 3, requires_grad=True)
-        loss, _ = g.grpo_loss(
+        loss, _ = hand_loss(
             logprobs, logprobs.detach(), None, torch.tensor([1.0, -1.0]), mask, beta=0.0,
-            loss_type="dr_grpo", max_completion_length=L,
+            loss_type="dr_grpo", max_new_tokens=L,
         )  # fmt: skip
         loss.backward()
         assert loss.item() == pytest.approx(want)
@@ -136,12 +139,10 @@ def test_scale_rewards_group_batch_none_by_hand():
         assert torch.equal(g.group_advantages(torch.full((1, 4), 0.3), scale=scale), torch.zeros(1, 4))
 
 
-def test_the_flags_name_the_family_and_the_former_names_still_work():
+def test_the_flags_name_the_family():
     assert (config().loss_type, config().scale_rewards) == ("grpo", "group")  # the paper: Eq. (8), (9)
     assert config("--loss-type", "dr_grpo").scale_rewards == "none"  # Dr. GRPO: no std
     assert config("--loss-type", "dr_grpo", "--scale-rewards", "batch").scale_rewards == "batch"
-    assert config("--loss-norm", "token").loss_type == "dapo"
-    assert config("--loss-norm", "seq").loss_type == "grpo"
     assert {"loss_type", "scale_rewards"} <= set(g.RESUME_MUST_MATCH)
     help_text = g.build_parser().format_help()
     assert (
@@ -165,9 +166,9 @@ EXPECTED_WEIGHTS = {
 def token_gradients(lengths, loss_type, offset=0):
     """Each token's weight in the step's objective, measured as update() makes it: the completions of
     `lengths` read shared weights theta (one per token of the whole batch, SHORT + LONG of them, this
-    rank's from `offset`), their log-probs are theta with -inf on the padding, grpo_loss takes the
-    all-ranks token count, the loss is scaled by the micro-batch weight, and on several ranks the
-    gradients are averaged as DDP does. -> -d loss / d theta, the weight of each token (A = 1)."""
+    rank's from `offset`), their log-probs are theta with -inf on the padding, the loss weights take
+    the all-ranks token count and the world size, and on several ranks the gradients are averaged as
+    DDP does. -> -d loss / d theta, the weight of each token (A = 1)."""
     theta = torch.zeros(SHORT + LONG, requires_grad=True)
     rows, start = [], offset
     for n in lengths:
@@ -175,8 +176,7 @@ def token_gradients(lengths, loss_type, offset=0):
         start += n
     logprobs = torch.stack(rows)
     mask = (logprobs > -math.inf).float()
-    everything = torch.arange(len(lengths))
-    loss, _ = g.grpo_loss(
+    loss, _ = hand_loss(
         logprobs,
         logprobs.detach(),
         None,
@@ -184,10 +184,11 @@ def token_gradients(lengths, loss_type, offset=0):
         mask,
         beta=0.0,
         loss_type=loss_type,
-        num_tokens=g.all_ranks_tokens(mask) if loss_type == "dapo" else None,
-        max_completion_length=MAX_LENGTH,
+        all_rank_tokens=g.all_ranks_tokens(mask) if loss_type == "dapo" else None,
+        world_size=g.world_size(),
+        max_new_tokens=MAX_LENGTH,
     )
-    (loss * g.micro_batch_weight(everything, everything, loss_type)).backward()
+    loss.backward()
     grad = theta.grad
     if dist.is_initialized():  # DDP / FSDP: the gradients' mean over ranks
         dist.all_reduce(grad)
@@ -293,7 +294,7 @@ def test_one_grpo_step_walks_through_at_most_five_files_of_its_own():
     sys.setprofile(profile)
     try:
         optimizer = torch.optim.SGD(policy.parameters(), lr=1e-3)
-        g.grpo_step(policy, policy, tokenizer, optimizer, [make_record(0)], ["Hello"], cfg)
+        run_step(policy, policy, tokenizer, optimizer, [make_record(0)], ["Hello"], cfg)
     finally:
         sys.setprofile(None)
     walk = {name for name, depth in entered.items() if depth <= 1}
@@ -301,3 +302,153 @@ def test_one_grpo_step_walks_through_at_most_five_files_of_its_own():
     # The one callback: the sampler's hook marking its bf16 copy stale after the optimizer's step.
     assert hooks == {"srt/decode.py"}
     assert entered["srt/decode.py"] == 2  # the sampler: modeling.generate's one call below the step
+
+
+# ---------------------------------------------------------------------------------------------
+# Eq. (9)'s normalisation is written once: loss_weights
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("loss_type", g.LOSS_TYPES)
+def test_the_loss_is_minus_the_weighted_sum_of_its_terms_with_the_one_table_of_weights(loss_type):
+    """Random off-policy log-probs, a KL, importance weights and completions of 5, 2 and 0 policy
+    tokens: grpo_loss is -sum(loss_weights * objective) to float rounding (1e-6 relative: a sum of
+    15 float32 products), and the weights are the table's: grpo 1/(|o_i| G) (a row sums to 1/G, the
+    empty row to 0), dapo 1/N (the batch sums to 1), dr_grpo 1/(G L)."""
+    torch.manual_seed(0)
+    mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 0, 0, 0], [0, 0, 0, 0, 0]])
+    logprobs, old, ref = -torch.rand(3, 5) * 2, -torch.rand(3, 5) * 2, -torch.rand(3, 5) * 2
+    record = hand_experience(old, ref, torch.tensor([1.0, -0.5, 2.0]), mask, loss_type, max_new_tokens=8,
+                             is_weights=torch.rand(3, 5) + 0.5)  # fmt: skip
+    loss, terms = g.grpo_loss(logprobs, record, clip_eps=0.2, beta=0.1)
+    assert loss.item() == pytest.approx(-(record.loss_weights * terms.objective).sum().item(), rel=1e-6)
+    weights = record.loss_weights
+    assert (weights[mask == 0] == 0).all()
+    if loss_type == "grpo":
+        assert weights.sum(1).tolist() == pytest.approx([1 / 3, 1 / 3, 0.0])
+        assert weights[1, 0].item() == pytest.approx(1 / (2 * 3))
+    elif loss_type == "dapo":
+        assert weights[mask > 0].tolist() == pytest.approx([1 / 7] * 7)
+    else:
+        assert weights[mask > 0].tolist() == pytest.approx([1 / (3 * 8)] * 7)
+    assert set(g.LOSS_TYPES) == {"grpo", "dapo", "dr_grpo"}
+    with pytest.raises(ValueError, match="unknown loss_type"):
+        g.loss_weights(mask, "token", 8)
+
+
+# ---------------------------------------------------------------------------------------------
+# --scale-rewards batch: the group's mean, the whole step's std, every rank's groups
+# ---------------------------------------------------------------------------------------------
+BATCH_GROUPS = [[1.0, 2.0, 3.0], [4.0, 4.0, 7.0]]  # group means 2 and 5; the batch's 3.5
+BATCH_STD = math.sqrt(21.5 / 6)  # population std of all six rewards
+
+
+def batch_scaled(rows):
+    """A~ of --scale-rewards batch by hand: each group's own mean, the std of all six."""
+    return [[(r - sum(row) / len(row)) / BATCH_STD for r in row] for row in rows]
+
+
+def test_batch_scaling_centres_each_group_on_its_own_mean():
+    """Groups of different means: a batch scaling that subtracted the batch's mean (3.5) instead
+    of each group's would give the first group all-negative advantages."""
+    advantages = g.group_advantages(torch.tensor(BATCH_GROUPS), scale="batch")
+    assert advantages.tolist() == [pytest.approx(row, rel=1e-6) for row in batch_scaled(BATCH_GROUPS)]
+    assert advantages.sum(1).tolist() == pytest.approx([0.0, 0.0], abs=1e-6)
+
+
+def scored_rollout(rows):
+    """A Rollout whose only content is its rewards: groups of K = 3, sequence credit."""
+    scores = [{"total": r} for row in rows for r in row]
+    empty = torch.zeros(len(scores), 1, dtype=torch.long)
+    return Rollout(empty, empty, empty, empty, empty, None, [""] * len(scores), [{}] * len(scores), scores, 3)
+
+
+def batch_scaling_worker(rank, init_file, results):
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
+    try:
+        settings = g.StepSettings.of(config("--scale-rewards", "batch", "-K", "3"))
+        advantages = g.rollout_advantages(scored_rollout([BATCH_GROUPS[rank]]), None, settings, "cpu")
+        results[rank] = advantages.view(-1).tolist()
+    finally:
+        dist.destroy_process_group()
+
+
+def test_batch_scaling_reads_every_ranks_rewards_under_gloo():
+    """Rank 0 holds the group [1, 2, 3], rank 1 [4, 4, 7]: each rank's advantages divide by the std
+    of all six, as one process holding both gets; a rank's own std (sqrt(2/3) and sqrt(2)) would
+    give other numbers."""
+    one_process = g.rollout_advantages(
+        scored_rollout(BATCH_GROUPS),
+        None,
+        g.StepSettings.of(config("--scale-rewards", "batch", "-K", "3")),
+        "cpu",
+    )
+    assert one_process.view(2, 3).tolist() == [pytest.approx(r, rel=1e-6) for r in batch_scaled(BATCH_GROUPS)]
+    with tempfile.TemporaryDirectory() as folder:
+        results = mp.Manager().dict()
+        mp.spawn(batch_scaling_worker, args=(os.path.join(folder, "init"), results), nprocs=2, join=True)
+        for rank in (0, 1):
+            assert results[rank] == pytest.approx(batch_scaled(BATCH_GROUPS)[rank], rel=1e-6), rank
+
+
+# ---------------------------------------------------------------------------------------------
+# The experience: pi_old on the loss's own micro-batches, weights per minibatch, filled once
+# ---------------------------------------------------------------------------------------------
+def experience_and_updates(monkeypatch, *flags, lr=0.0, autocast_dtype=None):
+    """A step on fixed rollouts (two prompts, K = 4, completions of different lengths) -> (the
+    Experience, the UpdateStats, every completion_logprobs call as (grad enabled, rows))."""
+    rollouts = fixed_rollouts()
+    monkeypatch.setattr(g, "generate", rollouts["fixed_generate"])
+    calls, real = [], g.completion_logprobs
+
+    def counting(model, input_ids, *args, **kwargs):
+        calls.append((torch.is_grad_enabled(), len(input_ids)))
+        return real(model, input_ids, *args, **kwargs)
+
+    monkeypatch.setattr(g, "completion_logprobs", counting)
+    policy, tokenizer = sharp_tiny()
+    models = g.Models(policy, tokenizer, torch.optim.SGD(policy.parameters(), lr=lr))
+    settings = g.StepSettings.of(
+        config("-K", "4", "--max-new-tokens", "5", "--beta", "0", *flags), autocast_dtype
+    )
+    rollout = g.sample_batch(models, [None, None], rollouts["PROMPTS"], settings, rollouts["toy_reward"])
+    experience = g.make_experience(models, rollout, settings)
+    return experience, g.update(models, experience, settings), calls
+
+
+@pytest.mark.parametrize("micro", ["1", "2", "3"])
+def test_pi_old_is_scored_on_the_micro_batches_the_loss_reads_and_is_exact_under_bf16(monkeypatch, micro):
+    """bf16 autocast, each prompt shared by its K rows: the no-grad pass that fills pi_old must read
+    the rows in the very micro-batches the first update's forward reads (a pass over the whole
+    minibatch computes other bf16 roundings: a first ratio of 1.0005, and pi_old off by up to 0.04
+    nats), so that the first update's ratio is exactly 1 and nothing is clipped."""
+    experience, updates, calls = experience_and_updates(
+        monkeypatch, "--sample-ratio", "1", "--micro-batch-size", micro, autocast_dtype=torch.bfloat16
+    )
+    old_pass = [rows for grad, rows in calls if not grad]
+    loss_pass = [rows for grad, rows in calls if grad]
+    assert old_pass == loss_pass == [len(part) for part in torch.arange(8).split(int(micro))]
+    assert updates[0].ratio == 1.0 and updates[0].clip_fraction == 0.0
+
+
+@pytest.mark.parametrize("loss_type", g.LOSS_TYPES)
+def test_the_loss_weights_normalise_each_backprop_minibatch_not_the_sample_batch(monkeypatch, loss_type):
+    """--sample-ratio 2, micro-batches of 1: each minibatch's weights make its own Eq. (9) (grpo and
+    dapo sum to 1 over it, dr_grpo to its tokens / (G L)), whatever micro-batches compute it.
+    Counting the whole sample batch's tokens for dapo would halve each minibatch's step; weights
+    normalised per micro-batch would multiply it by the number of micro-batches."""
+    experience, updates, _ = experience_and_updates(
+        monkeypatch, "--sample-ratio", "2", "--micro-batch-size", "1", "--loss-type", loss_type
+    )
+    assert [len(rows) for rows in experience.minibatches] == [4, 4] and len(updates) == 2
+    for rows in experience.minibatches:
+        total = experience.loss_weights[rows].sum().item()
+        tokens = experience.policy_mask[rows].sum().item()
+        assert total == pytest.approx({"grpo": 1.0, "dapo": 1.0, "dr_grpo": tokens / (4 * 5)}[loss_type])
+
+
+def test_pi_old_is_filled_once_so_a_second_pass_is_off_policy(monkeypatch):
+    """--mu 2 over one minibatch with a real learning rate: the second pass compares pi_theta, moved
+    by the first step, with pi_old from before the step. A pi_old scored again at each pass would
+    give the second pass a ratio of exactly 1."""
+    _, updates, calls = experience_and_updates(monkeypatch, "--sample-ratio", "1", "--mu", "2", lr=0.5)
+    assert [u.ratio for u in updates][0] == 1.0 and abs(updates[1].ratio - 1.0) > 1e-4
+    assert sum(not grad for grad, _ in calls) == 1  # one no-grad pass: pi_old (beta 0: no pi_ref)

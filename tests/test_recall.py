@@ -7,6 +7,7 @@ import random
 
 import pytest
 import torch
+from grpo_records import sample, step_on
 from records import hand_record
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
@@ -17,7 +18,6 @@ from srt import decode, modeling
 from srt.modeling import load_model_and_tokenizer
 from srt.prompt import fit_prompt, his_tag, render_prompt
 from srt.recall import CopyRule, copied_spans, prompt_history, tail_ids
-from stage2_grpo import sample_batch
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -180,25 +180,32 @@ def test_a_grpo_step_in_copy_mode_trains_on_the_policys_tokens_only(monkeypatch)
     records = [hand_record(i, 4, ("A1",), pruned_extra=()) for i in range(2)]
     prompts = [render_prompt(tokenizer, r) for r in records]
     cfg = g.parse_args(["--model", "tiny-random", "--dtype", "float32", "-K", "2", "--max-new-tokens", "30",
-                        "--sample-ratio", "1", "--recall", "copy", "--loss-norm", "token"])  # fmt: skip
+                        "--sample-ratio", "1", "--recall", "copy", "--loss-type", "dapo"])  # fmt: skip
     scripted(monkeypatch, tokenizer("<think>\n<HIS>A1:", add_special_tokens=False).input_ids)
     torch.manual_seed(0)
 
     def reward(completions, examples):
         return [{"total": float(i), "format": 0.0, "recall": 0.0} for i in range(len(completions))]
 
-    rollout = sample_batch(policy, tokenizer, records, prompts, cfg, reward, None)
+    rollout = sample(policy, tokenizer, records, prompts, cfg, reward)
     copied = rollout.completion_mask - rollout.policy_mask
     assert (copied.sum(1) > 0).all() and (copied >= 0).all()
     seen = []
     real_loss = g.grpo_loss
-    monkeypatch.setattr(g, "grpo_loss", lambda **k: seen.append(k["mask"].clone()) or real_loss(**k))
-    advantages = g.rollout_advantages(rollout, tokenizer, cfg, "cpu")
-    stats = g.update(policy, None, torch.optim.SGD(policy.parameters(), lr=0.1), rollout, advantages, cfg)
-    assert torch.equal(seen[0], rollout.policy_mask) and len(stats["updates"]) == 1
-    assert all(v == v for v in stats["updates"][0].values())  # finite
-    result = g.step_result(rollout, stats)
-    assert result["copied_length"] == pytest.approx(copied.sum(1).float().mean().item())
+    monkeypatch.setattr(
+        g,
+        "grpo_loss",
+        lambda logprobs, part, *a: seen.append(part.policy_mask.clone()) or real_loss(logprobs, part, *a),
+    )
+    experience, updates, result = step_on(
+        rollout, policy, tokenizer, torch.optim.SGD(policy.parameters(), lr=0.1), cfg
+    )
+    assert torch.equal(seen[0], rollout.policy_mask.float()) and len(updates) == 1
+    assert all(v == v for v in updates[0])  # finite
+    # dapo's N: the policy's tokens, not the copied ones
+    assert experience.loss_weights.sum().item() == pytest.approx(1.0)
+    assert (experience.loss_weights[copied > 0] == 0).all()
+    assert result.copied_length == pytest.approx(copied.sum(1).float().mean().item())
 
 
 def test_the_colon_of_a_tag_ends_a_step_and_the_program_copies_in_the_next(tiny, monkeypatch):

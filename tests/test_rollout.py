@@ -8,6 +8,7 @@ import math
 
 import pytest
 import torch
+from grpo_records import hand_loss, run_step, sample, step_on
 from records import hand_record
 
 import stage2_grpo as g
@@ -16,7 +17,6 @@ from srt.data_io import write_jsonl
 from srt.modeling import enable_activation_checkpointing, load_model_and_tokenizer
 from srt.rollouts import Rollout, think_lengths
 from srt.training import adamw
-from stage2_grpo import sample_batch
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -44,7 +44,7 @@ def sharp_tiny():
 def rollout_of(model, tokenizer, cfg):
     records = [hand_record(i, 3, ("A1",), pruned_extra=()) for i in range(len(PROMPTS))]
     torch.manual_seed(0)
-    return sample_batch(model, tokenizer, records, PROMPTS, cfg, varied_reward, None)
+    return sample(model, tokenizer, records, PROMPTS, cfg, varied_reward)
 
 
 def forward_logprobs(model, rollout, temperature=1.0):
@@ -89,7 +89,7 @@ def test_a_bf16_sampler_reports_its_own_logprobs_not_the_trainers():
     cfg = config("-K", "4", "--max-new-tokens", "8")
     records = [hand_record(i, 3, ("A1",), pruned_extra=()) for i in range(len(PROMPTS))]
     torch.manual_seed(0)
-    rollout = sample_batch(model, tokenizer, records, PROMPTS, cfg, varied_reward, torch.bfloat16)
+    rollout = sample(model, tokenizer, records, PROMPTS, cfg, varied_reward, torch.bfloat16)
     mask = rollout.completion_mask.bool()
     copy = decode.sampling_model(model, torch.bfloat16)
     assert copy is not model and next(copy.parameters()).dtype == torch.bfloat16
@@ -131,7 +131,7 @@ def test_a_masked_token_changes_neither_the_loss_nor_its_gradient_but_later_toke
     rollout.policy_mask[row, planted] = 0  # as if the program, not the policy, wrote this token
 
     # Eq. (9) on leaf log-probs: the planted token gets no gradient, and the normalisation counts only
-    # the policy's tokens (hand value for --loss-norm token: minus the mean of A over them).
+    # the policy's tokens (hand value for --loss-type dapo: minus the mean of A over them).
     logprobs = forward_logprobs(model, rollout).requires_grad_(True)
     advantages = torch.arange(4.0) - 1.5
     for loss_type in ("grpo", "dapo"):
@@ -139,7 +139,7 @@ def test_a_masked_token_changes_neither_the_loss_nor_its_gradient_but_later_toke
         weights = torch.ones_like(logprobs).index_put_(
             (torch.tensor(row), torch.tensor(planted)), torch.tensor(50.0)
         )
-        loss, stats = g.grpo_loss(
+        loss, stats = hand_loss(
             logprobs, logprobs.detach(), logprobs.detach() - 3.0, advantages, rollout.policy_mask,
             beta=0.0, loss_type=loss_type, is_weights=weights,
         )  # fmt: skip
@@ -168,13 +168,8 @@ def test_a_masked_token_changes_neither_the_loss_nor_its_gradient_but_later_toke
         )
         record.sampler_logprobs[row, planted] = sampler_value
         optimizer = Recording(policy.parameters(), lr=0.0)
-        g.update(
-            policy,
-            None,
-            optimizer,
-            record,
-            advantages,
-            config("-K", "2", "--sample-ratio", "1", "--beta", "0.1"),
+        step_on(
+            record, policy, tokenizer, optimizer, config("-K", "2", "--sample-ratio", "1", "--beta", "0.1")
         )
         return optimizer.gradients
 
@@ -222,8 +217,8 @@ def test_is_weight_makes_the_gradient_the_on_policy_one_in_expectation_and_the_c
         logprobs = logits.log_softmax(0)[draws][:, None]
         sampler = q.log()[draws][:, None]
         weights = g.truncated_is_weights(logprobs, sampler, cap)
-        loss, _ = g.grpo_loss(logprobs, logprobs.detach(), None, A[draws], torch.ones(N, 1), beta=0.0,
-                              loss_type="dapo", is_weights=weights)  # fmt: skip
+        loss, _ = hand_loss(logprobs, logprobs.detach(), None, A[draws], torch.ones(N, 1), beta=0.0,
+                            loss_type="dapo", is_weights=weights)  # fmt: skip
         loss.backward()
         w = torch.ones(N, dtype=torch.float64) if weights is None else weights[:, 0].detach()
         per_draw = -(w * A[draws])[:, None] * grad_log_p[draws]
@@ -250,13 +245,13 @@ def test_mismatch_metrics_are_about_zero_on_an_fp32_cpu_and_reach_metrics_jsonl(
     cfg = config("-K", "4", "--max-new-tokens", "6", "--sample-ratio", "2")
     records = [hand_record(i, 3, ("A1",), pruned_extra=()) for i in range(2)]
     torch.manual_seed(0)
-    result = g.grpo_step(policy, None, tokenizer, torch.optim.AdamW(policy.parameters(), lr=1e-3), records,
+    result = run_step(policy, None, tokenizer, torch.optim.AdamW(policy.parameters(), lr=1e-3), records,
                          PROMPTS, cfg, reward_fn=varied_reward)  # fmt: skip
-    assert abs(result["sampler_log_ratio"]) < 1e-4 and 0 <= result["sampler_kl"] < 1e-8
-    assert result["is_capped_fraction"] == 0.0
+    assert abs(result.sampler_log_ratio) < 1e-4 and 0 <= result.sampler_kl < 1e-8
+    assert result.is_capped_fraction == 0.0
     from srt.probe import step_metrics
 
-    line = step_metrics(1, [{k: v for k, v in result.items() if k not in ("texts", "records")}], 1.0)
+    line = step_metrics(1, [result.without_samples()], 1.0)
     assert {"sampler_log_ratio", "sampler_kl", "is_capped_fraction"} <= set(line)
 
 
@@ -289,15 +284,14 @@ def test_pi_old_equals_pi_theta_before_any_update_under_checkpointing_and_autoca
                  "--gradient-checkpointing", "--share-prompts")  # fmt: skip
     records = [hand_record(i, 3, ("A1",), pruned_extra=()) for i in range(2)]
     torch.manual_seed(0)
-    rollout = sample_batch(policy, tokenizer, records, PROMPTS, cfg, varied_reward, torch.bfloat16)
-    advantages = g.rollout_advantages(rollout, tokenizer, cfg, "cpu")
-    stats = g.update(policy, None, torch.optim.SGD(policy.parameters(), lr=0.0), rollout, advantages, cfg,
-                     autocast_dtype=torch.bfloat16)  # fmt: skip
-    assert len(stats["updates"]) == 4
-    for update in stats["updates"]:
-        assert update["ratio"] == 1.0 and update["clip_fraction"] == 0.0, update
+    rollout = sample(policy, tokenizer, records, PROMPTS, cfg, varied_reward, torch.bfloat16)
+    _, updates, stats = step_on(rollout, policy, tokenizer, torch.optim.SGD(policy.parameters(), lr=0.0), cfg,
+                                autocast_dtype=torch.bfloat16)  # fmt: skip
+    assert len(updates) == 4
+    for update in updates:
+        assert update.ratio == 1.0 and update.clip_fraction == 0.0, update
     # and the bf16 sampler's gap is there to be logged
-    assert stats["sampler_kl"] > 0
+    assert stats.sampler_kl > 0
 
 
 def test_pi_old_leaves_the_suppressed_tokens_out_of_its_softmax_as_the_sampler_does():
@@ -318,10 +312,9 @@ def test_pi_old_leaves_the_suppressed_tokens_out_of_its_softmax_as_the_sampler_d
     assert not torch.isin(rollout.completion_ids[mask], torch.tensor(suppressed)).any()  # never drawn
     whole_vocabulary = forward_logprobs(model, rollout)[mask]
     assert (rollout.sampler_logprobs[mask] - whole_vocabulary).mean() > 0.3  # nats a token (measured 0.74)
-    result = g.grpo_step(model, None, tokenizer, torch.optim.SGD(model.parameters(), lr=0.0), None, None, cfg,
-                         reward_fn=varied_reward, batch=rollout)  # fmt: skip
-    assert result["updates"] == 2
-    assert abs(result["sampler_log_ratio"]) < 1e-4 and 0 <= result["sampler_kl"] < 1e-8, result
+    _, _, result = step_on(rollout, model, tokenizer, torch.optim.SGD(model.parameters(), lr=0.0), cfg)
+    assert result.updates == 2
+    assert abs(result.sampler_log_ratio) < 1e-4 and 0 <= result.sampler_kl < 1e-8, result
 
 
 def test_the_bf16_sampling_copy_is_fresh_after_any_optimizers_step(monkeypatch):
@@ -349,9 +342,9 @@ def test_the_bf16_sampling_copy_is_fresh_after_any_optimizers_step(monkeypatch):
     before = copy.deepcopy(policy.state_dict())
     torch.manual_seed(0)
     for _ in range(2):
-        result = g.grpo_step(policy, None, tokenizer, optimizer, records, PROMPTS, cfg,
+        result = run_step(policy, None, tokenizer, optimizer, records, PROMPTS, cfg,
                              reward_fn=varied_reward, autocast_dtype=torch.bfloat16)  # fmt: skip
-        assert result["updates"] == 2 and result["skipped_updates"] == 0
+        assert result.updates == 2 and result.skipped_updates == 0
     after = policy.state_dict()
     assert any(not torch.equal(after[k], before[k]) for k in before)  # the steps moved the weights
     assert fresh == [True, True]
@@ -372,12 +365,12 @@ def test_dropout_of_a_checkpoint_is_zeroed_so_pi_old_is_pi_theta_before_an_updat
     write_jsonl(data, [hand_record(i, 3, ("A1",), pruned_extra=()) for i in range(2)])
     seen = {}
 
-    def frozen_step(policy, ref_model, tokenizer, optimizer, *args, **kwargs):
+    def frozen_step(models, *args):
+        policy = models.policy
         seen["rates"] = {m.attention_dropout for m in policy.modules() if hasattr(m, "attention_dropout")}
         seen["config"] = policy.config.attention_dropout
-        seen["result"] = g.grpo_step(
-            policy, ref_model, tokenizer, torch.optim.SGD(policy.parameters(), lr=0.0), *args, **kwargs
-        )
+        models = g.Models(policy, models.tokenizer, torch.optim.SGD(policy.parameters(), lr=0.0))
+        seen["result"] = g.grpo_step(models, *args)
         return seen["result"]
 
     flags = ["--model", str(tmp_path / "dropout"), "--data", str(data), "--out", str(tmp_path / "run"),
@@ -387,7 +380,7 @@ def test_dropout_of_a_checkpoint_is_zeroed_so_pi_old_is_pi_theta_before_an_updat
     g.train(g.parse_args(flags), reward_fn=varied_reward, step_fn=frozen_step)
     assert "dropout set to 0 (config.attention_dropout=0.1" in capsys.readouterr().out
     assert seen["rates"] == {0.0} and seen["config"] == 0.0
-    assert seen["result"]["updates"] == 4 and seen["result"]["ratio"] == 1.0, seen["result"]
+    assert seen["result"].updates == 4 and seen["result"].ratio == 1.0, seen["result"]
 
 
 def test_zero_dropout_finds_every_kind_of_dropout_setting():

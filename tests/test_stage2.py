@@ -12,12 +12,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from grpo_records import hand_loss, run_step
 from records import hand_record
 from safetensors.torch import load_file
 
 import stage2_grpo as g
 from reward import compute_rewards
-from srt import grpo_explain, modeling
+from srt import modeling
 from srt.data_io import DataError, read_jsonl, write_jsonl
 from srt.modeling import load_model_and_tokenizer
 from srt.probe import evaluate_policy, pick_eval_records, sample_lines
@@ -109,15 +110,15 @@ def test_placebo_trains_on_rewards_shuffled_within_each_group(tmp_path, monkeypa
     def reward_of_text(completions, examples):
         return [{"total": float(hash(text) % 1000), "format": 0.0, "text": text} for text in completions]
 
-    real_update = g.update
+    real_experience = g.make_experience
     for placebo in (False, True):
         rollouts = []
 
-        def recording(policy, ref_model, optimizer, rollout, *args, **kwargs):
+        def recording(models, rollout, settings):
             rollouts.append(rollout)
-            return real_update(policy, ref_model, optimizer, rollout, *args, **kwargs)
+            return real_experience(models, rollout, settings)
 
-        monkeypatch.setattr(g, "update", recording)
+        monkeypatch.setattr(g, "make_experience", recording)
         out = tmp_path / f"placebo-{placebo}"
         g.train(
             g.parse_args(common + ["--out", str(out)] + ["--placebo"] * placebo), reward_fn=reward_of_text
@@ -142,11 +143,11 @@ def test_loss_on_policy_is_minus_mean_advantage():
     mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 0, 0, 0], [1, 1, 1, 0, 0]])
     advantages = torch.tensor([1.5, -0.5, -1.0])
     for beta in (0.0, 0.04):  # the reference equals the policy: KL 0
-        loss, stats = g.grpo_loss(logprobs, logprobs.clone(), logprobs.clone(), advantages, mask, beta=beta)
+        loss, stats = hand_loss(logprobs, logprobs.clone(), logprobs.clone(), advantages, mask, beta=beta)
         assert loss.item() == pytest.approx(-advantages.mean().item(), abs=1e-6)
         assert stats["kl"] == 0.0 and stats["clip_fraction"] == 0.0 and stats["ratio"] == pytest.approx(1.0)
     # token normalisation weighs each completion by its length: -(5*1.5 - 2*0.5 - 3*1.0) / 10
-    loss, _ = g.grpo_loss(logprobs, logprobs.clone(), None, advantages, mask, beta=0.0, loss_type="dapo")
+    loss, _ = hand_loss(logprobs, logprobs.clone(), None, advantages, mask, beta=0.0, loss_type="dapo")
     assert loss.item() == pytest.approx(-0.35, abs=1e-6)
 
 
@@ -155,7 +156,7 @@ def test_clipping_engages_exactly_outside_the_interval_in_the_right_direction():
     logprobs = torch.log(ratios).repeat(2, 1).requires_grad_(True)  # old log-probs 0: r = exp(logp)
     advantages = torch.tensor([1.0, -1.0])
     mask = torch.ones(2, 7)
-    loss, stats = g.grpo_loss(logprobs, torch.zeros(2, 7), None, advantages, mask, clip_eps=0.2, beta=0.0)
+    loss, stats = hand_loss(logprobs, torch.zeros(2, 7), None, advantages, mask, clip_eps=0.2, beta=0.0)
     # A > 0: min(r, clip(r)) -> r below 1.2, 1.2 above.  A < 0: min(-r, -clip(r)) -> -0.8 below 0.8, -r above.
     positive = [0.5, 0.79, 0.81, 1.0, 1.19, 1.2, 1.2]
     negative = [-0.8, -0.8, -0.81, -1.0, -1.19, -1.21, -1.5]
@@ -176,7 +177,7 @@ def test_seq_and_token_normalisation_differ_on_unequal_lengths():
     def run(loss_type):
         logprobs = torch.zeros(2, 3, requires_grad=True)
         mask = torch.tensor([[1, 0, 0], [1, 1, 1]])  # |o_1| = 1, |o_2| = 3
-        loss, _ = g.grpo_loss(
+        loss, _ = hand_loss(
             logprobs, logprobs.detach(), None, torch.tensor([1.0, -1.0]), mask, beta=0.0, loss_type=loss_type
         )
         loss.backward()
@@ -195,7 +196,7 @@ def test_kl_term_enters_with_beta():
     ref = torch.log(torch.tensor([[0.5, 2.0]]))  # k3 = r - log r - 1 with r = pi_ref / pi
     k3 = torch.tensor([0.5 - math.log(0.5) - 1, 2.0 - math.log(2.0) - 1])
     assert torch.allclose(g.k3_kl(logprobs, ref)[0], k3)
-    loss, stats = g.grpo_loss(logprobs, logprobs, ref, torch.zeros(1), torch.ones(1, 2), beta=0.1)
+    loss, stats = hand_loss(logprobs, logprobs, ref, torch.zeros(1), torch.ones(1, 2), beta=0.1)
     assert loss.item() == pytest.approx(0.1 * k3.mean().item(), abs=1e-7)
     assert stats["kl"] == pytest.approx(k3.mean().item(), abs=1e-7)
 
@@ -457,8 +458,8 @@ def test_grpo_step_raises_reward_on_a_toy_task():
     optimizer = torch.optim.AdamW(policy.parameters(), lr=cfg.lr, weight_decay=0.0)
     before = mean_reward()
     for _ in range(8):
-        result = g.grpo_step(policy, None, tokenizer, optimizer, records, prompts, cfg, reward_fn=reward_fn)
-        assert result["updates"] == 1 and result["skipped_updates"] == 0
+        result = run_step(policy, None, tokenizer, optimizer, records, prompts, cfg, reward_fn=reward_fn)
+        assert result.updates == 1 and result.skipped_updates == 0
     after = mean_reward()
     assert after > before + 0.15, (before, after)
 
@@ -477,10 +478,8 @@ def test_only_the_first_minibatch_is_on_policy():
             "-K", "4", "--max-new-tokens", "6", "--sample-ratio", ratio, "--beta", "0", "--clip-eps", "10"
         )
         torch.manual_seed(0)
-        result = g.grpo_step(
-            policy, None, tokenizer, optimizer, records, prompts, cfg, reward_fn=length_reward
-        )
-        ratios[ratio] = result["ratio"], result["updates"]
+        result = run_step(policy, None, tokenizer, optimizer, records, prompts, cfg, reward_fn=length_reward)
+        ratios[ratio] = result.ratio, result.updates
     assert ratios["1"] == (1.0, 1)
     mean_ratio, updates = ratios["2"]
     assert updates == 2 and abs(mean_ratio - 1.0) > 1e-4  # (1 + r_2) / 2 with r_2 off-policy
@@ -526,7 +525,7 @@ def test_dynamic_sampling_replaces_groups_whose_rewards_are_all_equal():
             "3",
         )
         torch.manual_seed(0)
-        result = g.grpo_step(
+        result = run_step(
             policy,
             None,
             tokenizer,
@@ -537,9 +536,9 @@ def test_dynamic_sampling_replaces_groups_whose_rewards_are_all_equal():
             reward_fn=reward,
             draw_more=lambda: queue.pop(0),
         )
-        assert result["draws"] == expected_draws and result["groups_drawn"] == expected_draws, mode
-        assert result["groups_all_equal"] == (first is flat) and result["groups_recall_constant"] == 1, mode
-        assert {r["id"] for r in result["records"]} == {kept["id"]}, mode
+        assert result.draws == expected_draws and result.groups_drawn == expected_draws, mode
+        assert result.groups_all_equal == (first is flat) and result.groups_recall_constant == 1, mode
+        assert {r["id"] for r in result.records} == {kept["id"]}, mode
     # Bounded: a stream of flat prompts only stops after --max-draws and keeps a flat group.
     queue = [([flat], ["Hello"])] * 5
     cfg = config(
@@ -556,7 +555,7 @@ def test_dynamic_sampling_replaces_groups_whose_rewards_are_all_equal():
         "--max-draws",
         "3",
     )
-    result = g.grpo_step(
+    result = run_step(
         policy,
         None,
         tokenizer,
@@ -567,7 +566,7 @@ def test_dynamic_sampling_replaces_groups_whose_rewards_are_all_equal():
         reward_fn=reward,
         draw_more=lambda: queue.pop(0),
     )
-    assert result["draws"] == 3 and len(queue) == 3 and result["groups_all_equal"] == 3
+    assert result.draws == 3 and len(queue) == 3 and result.groups_all_equal == 3
 
 
 def test_per_token_advantages_enter_the_loss_token_by_token():
@@ -577,7 +576,7 @@ def test_per_token_advantages_enter_the_loss_token_by_token():
     logprobs = torch.zeros(2, 3, requires_grad=True)
     advantages = torch.tensor([[1.0, -1.0, -1.0], [2.0, 2.0, 0.0]])
     mask = torch.tensor([[1, 1, 1], [1, 1, 0]])
-    loss, _ = g.grpo_loss(logprobs, logprobs.detach(), None, advantages, mask, beta=0.0)
+    loss, _ = hand_loss(logprobs, logprobs.detach(), None, advantages, mask, beta=0.0)
     assert loss.item() == pytest.approx(-((1 - 1 - 1) / 3 + (2 + 2) / 2) / 2, abs=1e-6)
     loss.backward()
     assert logprobs.grad[0, 0] < 0 < logprobs.grad[0, 1] and logprobs.grad[1, 2] == 0  # descent raises A > 0
@@ -616,7 +615,7 @@ def test_segment_credit_pays_the_recall_tokens_for_the_recall_and_the_answer_tok
     monkeypatch.setattr(
         g,
         "grpo_loss",
-        lambda **k: seen.append(k["advantages"].clone()) or real_loss(**k),
+        lambda logprobs, part, *a: seen.append(part.advantages.clone()) or real_loss(logprobs, part, *a),
     )
     monkeypatch.setattr(g, "think_lengths", lambda tok, ids: torch.tensor([1, 2, 0, ids.shape[1]]))
     for credit in ("sequence", "segment"):
@@ -625,7 +624,7 @@ def test_segment_credit_pays_the_recall_tokens_for_the_recall_and_the_answer_tok
             "-K", "4", "--max-new-tokens", "6", "--sample-ratio", "1", "--beta", "0", "--credit", credit
         )
         torch.manual_seed(0)
-        g.grpo_step(
+        run_step(
             policy,
             None,
             tokenizer,
@@ -637,7 +636,7 @@ def test_segment_credit_pays_the_recall_tokens_for_the_recall_and_the_answer_tok
         )
         (advantages,) = seen
         if credit == "sequence":
-            assert torch.equal(advantages, torch.zeros(4))
+            assert torch.equal(advantages, torch.zeros_like(advantages))
             continue
         C, high, low = advantages.shape[1], math.sqrt(3), 1 / math.sqrt(3)
         expected = torch.tensor(
@@ -659,10 +658,10 @@ def test_non_finite_loss_is_skipped_and_leaves_weights_unchanged(tiny):
 
     cfg = config("-K", "4", "--max-new-tokens", "4", "--sample-ratio", "2", "--mu", "2")
     torch.manual_seed(0)
-    result = g.grpo_step(
+    result = run_step(
         policy, ref, tokenizer, optimizer, [make_record(0)], ["Hello"], cfg, reward_fn=nan_reward
     )
-    assert result["skipped_updates"] == 4 and result["updates"] == 0  # 2 minibatches x mu 2
+    assert result.skipped_updates == 4 and result.updates == 0  # 2 minibatches x mu 2
     assert all(torch.equal(before[k], v) for k, v in policy.state_dict().items())
     assert not optimizer.state  # AdamW's moments untouched too
     assert all(p.grad is None for p in policy.parameters())
@@ -1088,7 +1087,7 @@ def test_explain_prints_advantages_that_follow_eq8_from_the_printed_rewards(tmp_
     cfg = g.parse_args(["--model", "tiny-random", "--data", str(data), "-K", "4", "--max-new-tokens", "12",
                         "--sample-ratio", "2", "--lr", "1e-2", "--dtype", "float32",
                         "--explain-html", str(tmp_path / "step.html")])  # fmt: skip
-    result = grpo_explain.explain(cfg, g, reward_fn=varied_reward, print_fn=printed.append)
+    result = g.explain(cfg, reward_fn=varied_reward, print_fn=printed.append)
     text = "\n".join(printed)
     lines = text.splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("Eqs. (4)-(7)")) + 2
