@@ -135,8 +135,12 @@ def test_scale_rewards_group_batch_none_by_hand():
     # another rank's groups enter the batch std
     wider = g.group_advantages(rewards, scale="batch", batch_rewards=torch.tensor([1, 2, 3, 0, 0, 6, 2, 2.0]))
     assert wider[0, 0].item() == pytest.approx(-1 / math.sqrt(26 / 8), rel=1e-6)
-    for scale in g.SCALE_REWARDS:  # an all-equal group stays exactly 0 under each
-        assert torch.equal(g.group_advantages(torch.full((1, 4), 0.3), scale=scale), torch.zeros(1, 4))
+    # An all-equal group stays exactly 0 under each: its float64 mean (Rollout.rewards) can miss by an ulp
+    # (three 0.1s average to 0.10000000000000002), and that ulp over 1e-8 would be 1e-9, not 0.
+    for scale in g.SCALE_REWARDS:
+        for value, K in ((0.3, 4), (0.1, 3), (2.2, 7), (0.7, 3)):
+            flat = g.group_advantages(torch.full((1, K), value, dtype=torch.float64), scale=scale)
+            assert torch.equal(flat, torch.zeros(1, K)), (scale, value, K)
 
 
 def test_the_flags_name_the_family():
