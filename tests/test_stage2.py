@@ -1128,3 +1128,13 @@ def test_every_numeric_flag_is_range_checked_with_one_line_naming_it(capsys):
         assert "argument --lr: must be >= 0.0, got -1.0" in capsys.readouterr().err
     finally:
         del g.PRESETS["broken"]
+
+
+def test_a_sample_ratio_above_the_rows_is_the_rows_in_the_config_and_said(capsys):
+    """-K 2, one prompt: a sample batch of 2 rows makes at most 2 minibatches. The ratio the run
+    uses is the one config.json records (it once said 8 and trained with 2), and an explicit
+    --sample-ratio that changes says so in one line."""
+    assert g.parse_args(["-K", "2", "--sample-ratio", "8"]).sample_ratio == 2
+    assert "--sample-ratio 8 of 2 rows" in capsys.readouterr().err
+    assert g.parse_args(["-K", "2", "--prompts-per-step", "3"]).sample_ratio == 4  # 6 rows: as asked
+    assert g.parse_args(["-K", "2"]).sample_ratio == 2 and capsys.readouterr().err == ""  # the default
