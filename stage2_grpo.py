@@ -509,7 +509,7 @@ class TokenLogprobs(NamedTuple):
 def token_logprobs_of(models: Models, input_ids, attention_mask, completion_length, settings: StepSettings):
     """-> logprobs_of(model, rows, with_entropy=False) -> TokenLogprobs of the completion tokens of
     `rows` (one micro-batch) in one forward. One path for pi_old, pi_theta and pi_ref: each distinct
-    prompt runs once for its K rows (srt/logprobs.py completion_logprobs) unless a wrapper (DDP, FSDP) or
+    prompt runs once for its K rows (srt/modeling.py completion_logprobs) unless a wrapper (DDP, FSDP) or
     gradient checkpointing allows only one module call per backward. Suppressed tokens are never
     sampled (srt/decode.py), so they are left out of pi too."""
     policy = models.policy
