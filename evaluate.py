@@ -61,7 +61,7 @@ import torch
 
 import cuemem
 import reward
-from srt import locomo_eval, modeling, report
+from srt import generation, locomo_eval, report
 from srt.attention import attention_analysis
 from srt.completion import is_valid_format
 from srt.config import (
@@ -78,6 +78,12 @@ from srt.config import (
 )
 from srt.data.teacher import ChatClient
 from srt.data_io import BUCKETS, DataError, atomic_write_text, bucket_of, files_sha256, read_jsonl, read_lines
+from srt.embedder import embed, load_embedder
+from srt.loading import (
+    check_model_name,
+    load_model_and_tokenizer,
+    model_fingerprint,  # the sha256 naming a variant's weights (a checkpoint's files' bytes)
+)
 from srt.metrics import (
     SELF_RECALL_METHODS,
     accuracy,
@@ -94,17 +100,8 @@ from srt.metrics import (
     states_several_candidates,
     tag_labels,
 )
-from srt.modeling import (
-    check_model_name,
-    device_flag,
-    embed,
-    load_embedder,
-    load_model_and_tokenizer,
-    model_fingerprint,  # the sha256 naming a variant's weights (a checkpoint's files' bytes)
-    render_chat,
-    resolve_dtype,
-)
-from srt.prompt import SRT_SYSTEM_PROMPT, build_messages, format_history, format_target
+from srt.precision import device_flag, resolve_dtype
+from srt.prompt import SRT_SYSTEM_PROMPT, build_messages, format_history, format_target, render_chat
 from srt.recall import RECALL_MODES
 
 METHODS = ("full", "recency", "rag", "srt-p", "srt", "cuemem")
@@ -384,7 +381,7 @@ def method_input(method: str, record: dict, options: dict, state=None) -> tuple[
     """-> (chat messages, recalled labels). The recalled set of rag, recency and cuemem is what
     they selected; srt and srt-p recall by writing <HIS> tags (parsed later); full recalls nothing
     (its recall metrics are null). `state` is offline_state's result (built here when None). The
-    messages go through the model's own chat template (modeling.render_chat). The "history": "none"
+    messages go through the model's own chat template (prompt.render_chat). The "history": "none"
     option (Table 2's "No history" floor) empties the history every method sees."""
     if options.get("history") == "none":
         record = {**record, "history": []}
@@ -427,7 +424,7 @@ def system_prompt_of(method: str, options: dict) -> str:
 
 
 # --------------------------------------------------------------------------------------------
-# Generation: greedy, batched (modeling.generate: left padding, stops at <|im_end|> / eos)
+# Generation: greedy, batched (generation.generate: left padding, stops at <|im_end|> / eos)
 # --------------------------------------------------------------------------------------------
 def direct_answer_done(text: str) -> bool:
     """A direct method is asked for one line: its generation ends once that line is complete, as
@@ -446,7 +443,7 @@ def generate_batch(
     (srt/recall.py; expanded: the labels it expanded); truncated: the completion reached
     max_new_tokens without either."""
     stop_when = direct_answer_done if one_line else None
-    out = modeling.generate(
+    out = generation.generate(
         model,
         tokenizer,
         prompts,
@@ -456,7 +453,7 @@ def generate_batch(
         stop_when=stop_when,
         recall=recall,
     )
-    stops = torch.tensor(modeling.stop_token_ids(model, tokenizer), device=out["completion_ids"].device)
+    stops = torch.tensor(generation.stop_token_ids(model, tokenizer), device=out["completion_ids"].device)
     rows = []
     for i, (text, n_in, n_out) in enumerate(zip(out["texts"], out["input_tokens"], out["generated_tokens"])):
         stopped = bool(torch.isin(out["completion_ids"][i, :n_out], stops).any()) or (

@@ -83,8 +83,8 @@ from srt.completion import (
 )
 from srt.config import at_least, claim_out, interruptible, parse_config, write_config
 from srt.data_io import DataError, decode_utf8, read_jsonl, read_lines, write_json, write_jsonl
+from srt.embedder import embed
 from srt.metrics import extra_values, jaccard, keys_affirmed
-from srt.modeling import embed
 from srt.prompt import format_target
 from srt.reward_gallery import gallery_page, gallery_scores, gallery_table
 
@@ -182,7 +182,7 @@ def key_reward(answer: str | None, keys: list[str], reference: str) -> tuple[flo
 
 
 def answer_cosines(answers: list[str | None], references: list[str]) -> list[float]:
-    """Eq. (7): cos(v_A, v_A*) with all-MiniLM-L6-v2 (modeling.embed: unit-norm rows, so a dot
+    """Eq. (7): cos(v_A, v_A*) with all-MiniLM-L6-v2 (embedder.embed: unit-norm rows, so a dot
     product), in one embedding call. A missing answer gets the minimum, -1, and is not embedded."""
     rewards = [-1.0] * len(answers)
     present = [i for i, a in enumerate(answers) if a is not None]

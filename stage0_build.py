@@ -13,7 +13,7 @@ reader and checks in srt/data_io.py. The sources live in srt/data/: synthetic.py
 generator, one module per domain beside it) and corpora.py (LoCoMo, CoQA, MultiWOZ, DailyDialog,
 ReDial, MG-ShopDial, chit-chat, our JSONL); the LLM teachers of §3.2 (hf:MODEL, api:MODEL) and the
 answer-key-free grounding check in srt/data/teacher.py; the sentence embedder of Eq. (2) in
-srt/modeling.py. The prompt and the SFT target that later stages render from a record live in
+srt/embedder.py. The prompt and the SFT target that later stages render from a record live in
 srt/prompt.py.
 
 Run `python stage0_build.py --help`.
@@ -58,7 +58,8 @@ from srt.data.synthetic import generate_synthetic
 from srt.data.synthetic_common import keys_outside_recall
 from srt.data.teacher import gold_is_complete, grounded, make_teacher
 from srt.data_io import BUCKETS, bucket_of, write_json, write_jsonl
-from srt.modeling import device_flag, embed
+from srt.embedder import embed
+from srt.precision import device_flag
 from srt.prompt import format_target, his_tag
 
 

@@ -62,14 +62,9 @@ from srt.config import (
 )
 from srt.data_io import DataError, read_jsonl, read_mixture, write_json
 from srt.distributed import accumulate, clip_grad_norm, full_weights
-from srt.modeling import (
-    end_of_turn_id,
-    generate,
-    load_model_and_tokenizer,  # noqa: F401  (tests and bench/ build models through the script)
-    peak_gpu_gb,
-    resolve_dtype,
-    target_logprobs,
-)
+from srt.generation import generate, target_logprobs
+from srt.loading import end_of_turn_id
+from srt.precision import peak_gpu_gb, resolve_dtype
 from srt.prompt import fit_history, format_target
 from srt.recall import RECALL_MODES, copied_spans
 from srt.run import (

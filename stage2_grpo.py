@@ -97,13 +97,9 @@ from srt.distributed import (
     gather_objects,
     shard_model,
 )
-from srt.modeling import (
-    autocast,
-    completion_logprobs,
-    generate,
-    parameter_digest,
-    peak_gpu_gb,
-)
+from srt.generation import completion_logprobs, generate
+from srt.loading import parameter_digest
+from srt.precision import peak_gpu_gb
 from srt.probe import (
     StepStats,
     add_probe_flags,
@@ -509,7 +505,7 @@ class TokenLogprobs(NamedTuple):
 def token_logprobs_of(models: Models, input_ids, attention_mask, completion_length, settings: StepSettings):
     """-> logprobs_of(model, rows, with_entropy=False) -> TokenLogprobs of the completion tokens of
     `rows` (one micro-batch) in one forward. One path for pi_old, pi_theta and pi_ref: each distinct
-    prompt runs once for its K rows (srt/modeling.py completion_logprobs) unless a wrapper (DDP, FSDP) or
+    prompt runs once for its K rows (srt/generation.py completion_logprobs) unless a wrapper (DDP, FSDP) or
     gradient checkpointing allows only one module call per backward. Suppressed tokens are never
     sampled (srt/decode.py), so they are left out of pi too."""
     policy = models.policy
@@ -524,19 +520,19 @@ def token_logprobs_of(models: Models, input_ids, attention_mask, completion_leng
     suppress = torch.tensor(suppress, device=input_ids.device) if suppress else None
 
     def logprobs_of(model, rows, with_entropy=False) -> TokenLogprobs:
-        with autocast(input_ids.device, settings.autocast_dtype):
-            return TokenLogprobs(
-                *completion_logprobs(
-                    model,
-                    input_ids[rows],
-                    attention_mask[rows],
-                    completion_length=completion_length,
-                    temperature=settings.temperature,
-                    with_entropy=with_entropy,
-                    share_prompts=share,
-                    suppress=suppress,
-                )
+        return TokenLogprobs(
+            *completion_logprobs(
+                model,
+                input_ids[rows],
+                attention_mask[rows],
+                completion_length=completion_length,
+                temperature=settings.temperature,
+                with_entropy=with_entropy,
+                share_prompts=share,
+                suppress=suppress,
+                autocast_dtype=settings.autocast_dtype,
             )
+        )
 
     return logprobs_of
 

@@ -1,4 +1,4 @@
-"""Our decode loop: the sampling behind every GRPO rollout and evaluation answer (modeling.generate),
+"""Our decode loop: the sampling behind every GRPO rollout and evaluation answer (generation.generate),
 in plain PyTorch, as nanochat's engine is.
 
     prefill  each distinct prompt runs once, through the model's own forward (plainly causal where
@@ -19,15 +19,15 @@ in plain PyTorch, as nanochat's engine is.
 It returns what Hugging Face `generate` returns (prompt + completion ids, rows grouped by prompt),
 token for token the same under greedy decoding (tests/test_decode.py); sampled, it draws from the
 same distribution with its own random numbers (inverse transform, one uniform number per row).
-`generate` stays the reference path: modeling.generate(engine="hf").
+`generate` stays the reference path: generation.generate(engine="hf").
 
 Speed. Decoding one token reads every weight and the whole KV cache, so it is bound by memory, not
 arithmetic. For Llama-family models the decode step is written out (GroupedStep): the K samples of
 a prompt attend to the prompt's keys and values together, in one attention call per layer, so the
 prompt is read once per group instead of K times, and on a CPU the weights are prepacked for the
 matmul. Other architectures run the model's own forward at every step (StaticKVCache). Where the
-hardware has bf16 units (a GPU, a CPU with AMX or AVX512-BF16: modeling.cpu_has_fast_bf16, the rule
-of modeling.resolve_dtype, whose autocast dtype decides it) the rollouts run on a bf16 copy of the
+hardware has bf16 units (a GPU, a CPU with AMX or AVX512-BF16: precision.cpu_has_fast_bf16, the rule
+of precision.resolve_dtype, whose autocast dtype decides it) the rollouts run on a bf16 copy of the
 policy (`sampling_model`), which reads half the bytes and casts nothing at run time, where bf16
 autocast casts every weight at every step; under FSDP they run on the weights gathered for the batch
 (distributed.full_weights), as a module without FSDP's hooks. On a GPU the decode step is captured
@@ -434,7 +434,7 @@ def decode(
     C], copied [B * K, C]): each completion token's log-probability under the distribution it was
     drawn from (next_tokens; 0 on padding and on copied tokens), which GRPO keeps as log pi_sampler,
     and True where copy_rule wrote the token. `stopping(completion_so_far [rows, t])` -> bool per
-    row, called after each step, ends rows on the caller's own test (modeling.generate's stop_when).
+    row, called after each step, ends rows on the caller's own test (generation.generate's stop_when).
     prefill_once False prefills each of the K copies of a prompt (the reference for the tests).
     synced: the forward pass communicates (FSDP with sharded weights), so every rank runs as many
     steps as the slowest one. static_shapes: every step attends to all the columns of the cache,
@@ -683,7 +683,7 @@ def weight_versions(model) -> tuple:
 
 
 def sampling_model(model, dtype):
-    """The model rollouts run on. `dtype` is modeling.resolve_dtype's autocast dtype: bf16 where
+    """The model rollouts run on. `dtype` is precision.resolve_dtype's autocast dtype: bf16 where
     the hardware has bf16 units (a GPU, a CPU with AMX or AVX512-BF16), None elsewhere (plain fp32).
     With bf16 and wider weights: a bf16 copy of the model (its forward hooks and tied weights kept;
     its buffers, RoPE's inv_freq, stay fp32), made once and refreshed from the model's weights

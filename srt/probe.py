@@ -19,8 +19,8 @@ from tqdm.auto import tqdm
 from srt.config import MAX_NEW_TOKENS, at_least, up_to
 from srt.data_io import data_paths, finite_or_none, write_json
 from srt.distributed import full_weights, gather_objects, merge_probes
+from srt.generation import generate
 from srt.metrics import answer_text, f1_score
-from srt.modeling import generate
 from srt.prompt import fit_prompt
 
 REWARD_COMPONENTS = ("format", "recall", "answer", "total")

@@ -45,14 +45,14 @@ from srt.distributed import (
     teardown_distributed,
     wrap_model,
 )
-from srt.modeling import (
+from srt.loading import (
     GRPO_DROPOUT_NOTE,
     enable_activation_checkpointing,
     load_model_and_tokenizer,
     model_fingerprint,
-    resolve_dtype,
     zero_dropout,
 )
+from srt.precision import resolve_dtype
 from srt.training import TimeBudget, adamw
 
 # --------------------------------------------------------------------------------------------
@@ -261,7 +261,7 @@ class Run:
         """-> (model, tokenizer): the checkpoint's weights when resuming (FSDP loads them later, into
         the shards), else --model. Under FSDP the weights load on the CPU and each rank moves only its
         shards to its GPU. `name`: another model (stage 2's pi_ref), never from the checkpoint.
-        Stage 2's models come without dropout (modeling.zero_dropout: pi_old runs in train mode)."""
+        Stage 2's models come without dropout (loading.zero_dropout: pi_old runs in train mode)."""
         cfg = self.cfg
         if name is None:
             if cfg.resume and not self.resuming and self.main_process:
@@ -278,7 +278,7 @@ class Run:
         )
         if name is None and self.main_process:
             print(memory_plan.stage_plan(stage, cfg, self.world_size, model.config), flush=True)
-        if stage == "grpo":  # pi_old runs in train mode: no dropout (modeling.zero_dropout)
+        if stage == "grpo":  # pi_old runs in train mode: no dropout (loading.zero_dropout)
             zero_dropout(model, GRPO_DROPOUT_NOTE if name is None else None)
         return model, tokenizer
 
