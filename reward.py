@@ -81,7 +81,7 @@ from srt.completion import (
     split_tag,
     tokens,
 )
-from srt.config import at_least, claim_out, interruptible, parse_config, write_config
+from srt.config import at_least, claim_out, interruptible, write_config
 from srt.data_io import DataError, decode_utf8, read_jsonl, read_lines, write_json, write_jsonl
 from srt.embedder import embed
 from srt.metrics import extra_values, jaccard, keys_affirmed
@@ -371,10 +371,6 @@ def read_completions(path: str, records: list[dict]) -> list[tuple[dict, str]]:
     return read_lines(path, parse)
 
 
-# The paper's Eq. (7) under both presets; `--answer-reward keys|both` is the documented departure.
-PRESETS = {"cpu-table2": {"answer_reward": "cosine"}, "paper": {"answer_reward": "cosine"}}
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         description="SRT composite reward (paper §3.4, Eqs. 4-7): the reward-hacking "
@@ -425,7 +421,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = build_parser()
-    args = parse_config(parser, PRESETS, argv)
+    args = parser.parse_args(argv)
     if not args.gallery and not args.data:
         parser.error("--data is required (or --gallery)")
     if args.markdown and not args.gallery:

@@ -745,10 +745,3 @@ def _after_optimizer_step(optimizer, *_) -> None:
         for sampler in (model, entry["model"]):
             if sampler is not None:
                 _PACKED.pop(sampler, None)
-
-
-def follow_optimizer(model, optimizer) -> None:
-    """Kept for its callers (stage 2's train()): `optimizer`'s steps mark `model`'s sampling copy and
-    packed weights stale, as every optimizer's steps now do (watch_optimizers)."""
-    _COPIES.setdefault(model, {"model": None, "stale": True, "versions": None})
-    watch_optimizers()

@@ -697,9 +697,9 @@ def test_the_token_after_a_copy_follows_the_models_distribution():
 # ---------------------------------------------------------------------------------------------
 def test_sampling_copy_is_bf16_keeps_fp32_buffers_and_refreshes_when_the_weights_change():
     """The copy is made once, reused while the masters are unchanged (no copy, so no repacking),
-    refreshed after an in-place change (a version counter moves), and after a step of a followed
-    optimizer even where the step moves no version counter (a fused AdamW): then the packed
-    weights of an fp32 model, the model's own, are packed again as well."""
+    refreshed after an in-place change (a version counter moves), and after any optimizer's step
+    (the hook the sampling path registers) even where the step moves no version counter (a fused
+    AdamW): then the packed weights of an fp32 model, the model's own, are packed again as well."""
     model, _ = load_model_and_tokenizer("tiny-random", dtype="float32")
     assert decode.sampling_model(model, None) is model  # no bf16 units: fp32, the model itself
     low = decode.sampling_model(model, torch.bfloat16)
@@ -719,7 +719,6 @@ def test_sampling_copy_is_bf16_keeps_fp32_buffers_and_refreshes_when_the_weights
     assert decode.sampling_model(model, torch.bfloat16) is low and matches()
 
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.1, fused=True)
-    decode.follow_optimizer(model, optimizer)
     packed = decode.packed_for(model, rows=2)
     for p in model.parameters():
         p.grad = torch.ones_like(p)
@@ -754,7 +753,6 @@ def test_rollouts_decoded_in_inference_mode_train_the_policy():
     from the refreshed bf16 copy (an in-place copy into an inference tensor would be refused)."""
     model, tokenizer = load_model_and_tokenizer("tiny-random", dtype="float32")
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
-    decode.follow_optimizer(model, optimizer)
     out = generation.generate(
         model, tokenizer, PROMPTS, max_new_tokens=6, num_generations=2, autocast_dtype=torch.bfloat16
     )

@@ -150,16 +150,3 @@ def test_bench_changes_no_attribute_of_a_script():
                 ), f"{path.name}:{node.lineno} assigns {ast.unparse(target)}"
             if isinstance(node, ast.Call) and ast.unparse(node.func) == "setattr" and node.args:
                 assert ast.unparse(node.args[0]) not in scripts, f"{path.name}:{node.lineno} calls setattr"
-
-
-def test_the_former_preset_name_cpu_demo_still_runs_as_cpu_table2(capsys):
-    """cpu-demo was renamed cpu-table2 (it serves `make table2`, not `make demo`): old commands keep
-    working, with a note, in every script that has the preset."""
-    import evaluate
-    import stage1_sft
-    import stage2_grpo
-
-    assert stage1_sft.parse_args(["--preset", "cpu-demo"]).preset == "cpu-table2"
-    assert stage2_grpo.parse_args(["--preset=cpu-demo", "--data", "x.jsonl"]).lr == 3e-6
-    assert evaluate.resolve_config(["--preset", "cpu-demo"]).limit == 96
-    assert "now called cpu-table2" in capsys.readouterr().err

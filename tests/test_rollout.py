@@ -322,7 +322,7 @@ def test_the_bf16_sampling_copy_is_fresh_after_any_optimizers_step(monkeypatch):
     (srt.training.adamw on a CPU, as stage 2 builds it) writes the weights in place without moving
     their version counters, so a copy refreshed only when a version moves, or on a hook only
     train() registers, would sample from the weights before the step. Here grpo_step runs twice
-    with an optimizer nobody registered (no train(), no follow_optimizer) and the bf16 sampler forced
+    with an optimizer nobody registered (no train()) and the bf16 sampler forced
     (autocast bf16, as on a GPU or an AMX CPU): each rollout's copy must be the master weights in
     bf16 at the moment it samples."""
     policy, tokenizer = sharp_tiny()
