@@ -18,7 +18,7 @@ from tqdm.auto import tqdm
 
 from srt.config import MAX_NEW_TOKENS, at_least, up_to
 from srt.data_io import data_paths, finite_or_none, write_json
-from srt.distributed import full_weights, gather_objects, merge_probes
+from srt.distributed import full_weights, gather_objects
 from srt.generation import generate
 from srt.metrics import answer_text, f1_score
 from srt.prompt import fit_prompt
@@ -275,6 +275,30 @@ def evaluate_policy(
         recall,
     )
     return dict(result, gold_turns_cut=sum(cut for _, cut in fitted))
+
+
+def merge_probes(results: list[dict]) -> dict:
+    """Greedy probes (probe.greedy_probe) of the ranks' slices of the held-out records -> one, as if
+    a single process had run them all: counts summed, means weighted by the records scored, the
+    slowest rank's seconds, the first examples."""
+    n = sum(r["n"] for r in results)
+    merged = {}
+    for key, value in results[0].items():
+        values = [r[key] for r in results]
+        if key == "seconds":
+            merged[key] = max(values)
+        elif isinstance(value, list):
+            merged[key] = [x for v in values for x in v][:3]
+        elif isinstance(value, int):
+            merged[key] = sum(values)
+        else:
+            weight = "n_needed" if key == "jaccard_needed" else "n"  # its mean is over queries with H* only
+            scored = [(v, r[weight]) for v, r in zip(values, results) if r[weight] and not math.isnan(v)]
+            merged[key] = (
+                sum(v * k for v, k in scored) / sum(k for _, k in scored) if scored else float("nan")
+            )
+    merged["n"] = n
+    return merged
 
 
 def probe_and_log(run, policy, tokenizer, records, cfg, reward_fn, step, metrics, probes, name=None) -> dict:

@@ -31,9 +31,8 @@ import torch.distributed as dist
 
 from srt import memory_plan
 from srt.checkpoint import JsonlLog, check_resume_config, has_trainer_state, rng_state, set_rng_state
-from srt.config import MAX_STEPS, at_least, claim_out, interruptible, up_to, write_config
+from srt.config import MAX_STEPS, at_least, claim_out, interruptible, positive, up_to, write_config
 from srt.data_io import DataError, data_paths, data_spec, files_sha256, write_json
-from srt.distributed import add_scale_flags as add_distributed_flags
 from srt.distributed import (
     all_ranks_any,
     check_checkpoint_layout,
@@ -164,6 +163,37 @@ def add_log_group(parser, *, save_every_default: int, save_every_low: int):
         help="write <out>/checkpoint every N steps",
     )
     return logs
+
+
+def add_distributed_flags(parser) -> None:
+    """The flags both training stages share for running at scale (torchrun, FSDP), and for planning a
+    run (--dry-run: srt/memory_plan.py)."""
+    add = parser.add_argument
+    add(
+        "--fsdp",
+        action="store_true",
+        help="shard weights, gradients and AdamW state over the ranks (FSDP2); "
+        "run under torchrun (also with one process)",
+    )
+    add(
+        "--dist-timeout-minutes",
+        type=positive(float),
+        default=None,
+        help="timeout of every collective and barrier (default: $SRT_DIST_TIMEOUT_MINUTES or 60)",
+    )
+    add("--dry-run", action="store_true", help="print the per-GPU memory plan and exit; downloads nothing")
+    add(
+        "--world-size",
+        type=at_least(1),
+        default=None,
+        help="GPUs to plan for with --dry-run (default: this run's)",
+    )
+    add(
+        "--gpu-memory-gb",
+        type=positive(float),
+        default=None,
+        help="memory per GPU the plan must fit (default: this GPU's, else 80 as on an A100-80GB)",
+    )
 
 
 def finish_parser(parser, scale) -> argparse.ArgumentParser:

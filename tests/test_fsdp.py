@@ -618,7 +618,7 @@ def test_bf16_compute_over_fp32_masters_runs_on_gloo(fsdp_run):
 
 
 def test_probes_of_rank_slices_merge_into_the_whole(tiny):
-    from srt.distributed import merge_probes
+    from srt.probe import merge_probes
 
     model, tok = tiny
     records = [hand_record(i, 3, ("A1",), (), price=10 + i) for i in range(3)]
