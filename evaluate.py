@@ -89,6 +89,7 @@ from srt.metrics import (
     accuracy,
     answer_keys,
     answer_line,
+    distance_bin,
     error_type,
     f1_score,
     final_answer,
@@ -235,13 +236,6 @@ def recall_distance(record) -> int | None:
     """Rounds between the query and the oldest turn of H* (None when H* is empty)."""
     rounds = [round_of(label, 0) for label in record["recall"]]
     return record["query_turn"] - min(rounds) if rounds else None
-
-
-def distance_bin(distance) -> str:
-    """The bins of stage0's stats.json."""
-    if distance is None:
-        return "none"
-    return "1-4" if distance < 5 else "5-9" if distance < 10 else "10-19" if distance < 20 else "20+"
 
 
 # --------------------------------------------------------------------------------------------

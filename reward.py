@@ -371,6 +371,24 @@ def read_completions(path: str, records: list[dict]) -> list[tuple[dict, str]]:
     return read_lines(path, parse)
 
 
+def add_answer_flags(parser) -> None:
+    """--answer-reward and --answer-gate, the two choices of the reward a script scores with (this
+    one, and stage2_grpo.py's group of departures from the paper)."""
+    parser.add_argument(
+        "--answer-reward",
+        choices=ANSWER_REWARDS,
+        default="cosine",
+        help="Eq. (7): cosine (the paper), keys (answer_keys present), "
+        "both (keys; the cosine ranks complete answers)",
+    )
+    parser.add_argument(
+        "--answer-gate",
+        choices=ANSWER_GATES,
+        default="off",
+        help="recall: an answer whose recall missed H* earns -1 (not in the paper; reward.py)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         description="SRT composite reward (paper §3.4, Eqs. 4-7): the reward-hacking "
@@ -397,19 +415,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--completions", default=None, help="JSONL of {'id' or 'index', 'completion'}: print the means"
     )
-    parser.add_argument(
-        "--answer-reward",
-        choices=ANSWER_REWARDS,
-        default="cosine",
-        help="Eq. (7): cosine (the paper), keys (answer_keys present), "
-        "both (keys; the cosine ranks complete answers)",
-    )
-    parser.add_argument(
-        "--answer-gate",
-        choices=ANSWER_GATES,
-        default="off",
-        help="recall: an answer whose recall missed H* earns -1 (not in the paper; see above)",
-    )
+    add_answer_flags(parser)
     parser.add_argument(
         "--out", default=None, help="with --completions: folder for scores.jsonl, summary.json, config.json"
     )

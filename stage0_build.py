@@ -59,6 +59,7 @@ from srt.data.synthetic_common import keys_outside_recall
 from srt.data.teacher import gold_is_complete, grounded, make_teacher
 from srt.data_io import BUCKETS, bucket_of, write_json, write_jsonl
 from srt.embedder import embed
+from srt.metrics import DISTANCE_BINS, distance_bin
 from srt.precision import device_flag
 from srt.prompt import format_target, his_tag
 
@@ -461,7 +462,7 @@ def corpus_stats(num_input, dialogues, splits, drops):
     for r in records:
         for label in r["recall"]:
             d = r["query_turn"] - int(label[1:])
-            distances["1-4" if d < 5 else "5-9" if d < 10 else "10-19" if d < 20 else "20+"] += 1
+            distances[distance_bin(d)] += 1
     return {
         "dialogues_in": num_input,
         "dialogues_kept": len(dialogues),
@@ -472,7 +473,7 @@ def corpus_stats(num_input, dialogues, splits, drops):
         "bucket_share": {str(b): round(buckets.get(b, 0) / n, 3) for b in BUCKETS},
         "recall_size_hist": {str(k): sizes[k] for k in sorted(sizes)},
         "share_recall_ge_2": round(sum(v for k, v in sizes.items() if k >= 2) / n, 3),
-        "recall_distance_hist": {k: distances.get(k, 0) for k in ("1-4", "5-9", "10-19", "20+")},
+        "recall_distance_hist": {k: distances.get(k, 0) for k in DISTANCE_BINS},
         # Eq. (2) keeps distractors: C~_t should be a real superset of H*, not H* alone (§3.3)
         "share_pruned_equals_recall": round(
             sum(set(r["pruned"]) == set(r["recall"]) for r in records) / n, 3
@@ -820,9 +821,9 @@ def build(args) -> None:
     drops["deduplication"] = merged
     # a LoCoMo window of every round is asked for whole: --max-rounds does not bound it
     longest = float("inf") if args.source == "locomo" and args.locomo_window == "all" else args.max_rounds
-    in_range = [d for d in dialogues if args.min_rounds <= len(d["rounds"]) <= longest]
-    drops["length"] = len(dialogues) - len(in_range)
-    records, annotate_drops = annotate_dialogues(in_range, teacher, args, progress=not args.quiet)
+    within_rounds = [d for d in dialogues if args.min_rounds <= len(d["rounds"]) <= longest]
+    drops["length"] = len(dialogues) - len(within_rounds)
+    records, annotate_drops = annotate_dialogues(within_rounds, teacher, args, progress=not args.quiet)
     drops.update(annotate_drops)
     if not records:  # empty splits would only fail later stages: stop here, before any output
         dropped = ", ".join(f"{k} {v}" for k, v in drops.items() if v) or "none"

@@ -51,7 +51,6 @@ from srt.completion import is_valid_format
 from srt.config import (
     MAX_BATCH,
     MAX_EPOCHS,
-    MAX_NEW_TOKENS,
     MAX_STEPS,
     at_least,
     in_range,
@@ -65,6 +64,7 @@ from srt.distributed import accumulate, clip_grad_norm, full_weights
 from srt.generation import generate, target_logprobs
 from srt.loading import end_of_turn_id
 from srt.precision import peak_gpu_gb, resolve_dtype
+from srt.probe import add_eval_flags
 from srt.prompt import fit_history, format_target
 from srt.recall import RECALL_MODES, copied_spans
 from srt.run import (
@@ -538,18 +538,13 @@ def build_parser() -> argparse.ArgumentParser:
         "learning curve; 0: none",
     )
     add("--log-every", type=at_least(1), default=1, help="append to metrics.jsonl every N steps")
-    add("--eval-data", default="runs/data/dev.jsonl", help="held-out JSONL for the final check")
-    add(
-        "--eval-limit",
-        type=at_least(0),
-        default=0,
-        help="generate on N held-out records at the end and report format validity",
-    )
-    add(
-        "--eval-max-new-tokens",
-        type=up_to(MAX_NEW_TOKENS),
-        default=256,
-        help="tokens per held-out completion",
+    add_eval_flags(
+        logs,
+        data="runs/data/dev.jsonl",
+        data_help="held-out JSONL for the final check",
+        limit=0,
+        limit_help="generate on N held-out records at the end and report format validity",
+        max_new_tokens=256,
     )
     return finish_parser(p, scale)
 

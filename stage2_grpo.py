@@ -80,7 +80,7 @@ import torch
 import torch.distributed as dist
 from tqdm.auto import tqdm
 
-from reward import ANSWER_GATES, ANSWER_REWARDS, compute_rewards
+from reward import add_answer_flags, compute_rewards
 from srt import grpo_explain
 from srt import run as harness  # srt/run.py: --out, ranks, loading, resume, checkpoints, logs
 from srt.config import MAX_NEW_TOKENS, Bounded, at_least, parse_config, positive, require, up_to
@@ -778,19 +778,8 @@ def build_parser() -> argparse.ArgumentParser:
         "listed in the module docstring; each off or the paper's choice by default, but --is-cap, which "
         "acts only where rollouts come from a bf16 copy of the policy",
     )
+    add_answer_flags(beyond)
     add = beyond.add_argument
-    add(
-        "--answer-reward",
-        choices=ANSWER_REWARDS,
-        default="cosine",
-        help="Eq. (7): cosine (the paper), keys, both",
-    )
-    add(
-        "--answer-gate",
-        choices=ANSWER_GATES,
-        default="off",
-        help="recall: -1 for an answer whose recall missed H* (reward.py)",
-    )
     add(
         "--dynamic-sampling",
         choices=["off", "total", "recall"],

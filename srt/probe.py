@@ -330,21 +330,33 @@ def probe_and_log(run, policy, tokenizer, records, cfg, reward_fn, step, metrics
     return result
 
 
+def add_eval_flags(group, *, data, data_help, limit, limit_help, max_new_tokens) -> None:
+    """--eval-data, --eval-limit and --eval-max-new-tokens: the held-out records a training run
+    answers greedily (stage 1 once at the end, stage 2 in its probes), with each stage's defaults."""
+    add = group.add_argument
+    add("--eval-data", default=data, help=data_help)
+    add("--eval-limit", type=at_least(0), default=limit, help=limit_help)
+    add(
+        "--eval-max-new-tokens",
+        type=up_to(MAX_NEW_TOKENS),
+        default=max_new_tokens,
+        help="tokens per held-out completion"
+        + (" (default: --max-new-tokens)" if max_new_tokens is None else ""),
+    )
+
+
 def add_probe_flags(group) -> None:
     """Stage 2's probe flags, in its logging group: what probe_and_log reads."""
-    add = group.add_argument
-    add(
-        "--eval-data",
-        default=None,
-        help="held-out records for the greedy probe; a bare file name (the CPU presets: dev.jsonl) is "
+    add_eval_flags(
+        group,
+        data=None,
+        data_help="held-out records for the greedy probe; a bare file name (the CPU presets: dev.jsonl) is "
         "looked up beside --data's first file, and the probe skipped where there is none",
+        limit=40,
+        limit_help="probe this many records, stratified by bucket; 0 = none",
+        max_new_tokens=None,
     )
-    add(
-        "--eval-limit",
-        type=at_least(0),
-        default=40,
-        help="probe this many records, stratified by bucket; 0 = none",
-    )
+    add = group.add_argument
     add(
         "--probe-every",
         type=at_least(0),
@@ -352,7 +364,6 @@ def add_probe_flags(group) -> None:
         help="probe also every N steps (0: before and after only)",
     )
     add("--eval-batch-size", type=at_least(1), default=8, help="greedy evaluation batch")
-    add("--eval-max-new-tokens", type=up_to(MAX_NEW_TOKENS), default=None, help="(default: --max-new-tokens)")
 
 
 def resolve_probe_flags(cfg) -> None:
