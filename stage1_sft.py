@@ -456,11 +456,10 @@ PRESETS = {
 PRESETS["cpu-long"] = dict(PRESETS["cpu-table2"], max_steps=128)
 # `make demo`, the lesson: dialogues of 8-11 rounds (stage 0's cpu-lesson), so 1024 tokens hold every
 # prompt + target; recall is learned from the full-history records, so phase 1 (10 steps) only teaches
-# the format, and the learning rate is 4x cpu-table2's. 70 full-history steps (280 records) were the
-# fewest measured at 40% dev recall Jaccard on the AMX Xeon, but on the AVX-512 EPYC in bf16 the same
-# 80 steps scored 36.5% on test: 90 full-history steps (360 records), where the Xeon's dev curve
-# stood at 54-61% (docs/experiments/presets.md: the levers, measured; demo.md). A checkpoint
-# (weights and AdamW's moments, 1.6 GB) takes about 4 s to write: every 20 steps, not 8.
+# the format, and the learning rate is 4x cpu-table2's. 90 full-history steps, because fewer missed
+# the lesson's recall bar on one of the CPUs it was run on; a checkpoint (weights and AdamW's
+# moments) takes seconds to write, so one every 20 steps, not 8 (docs/experiments/presets.md, "The
+# lesson": each lever and what it cost; demo.md).
 PRESETS["cpu-lesson"] = dict(PRESETS["cpu-table2"], lr=2e-4, max_length=1024, max_steps=100,
                              phase1_fraction=0.1, save_every=20)
 # fmt: on

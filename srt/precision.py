@@ -62,14 +62,10 @@ def cpu_has_fast_bf16() -> bool:
     """True on CPUs whose bf16 matmuls are faster than fp32 ones, where `--dtype auto` turns on bf16
     autocast: those with AMX tiles (`amx_bf16`: Intel Sapphire Rapids and later, oneDNN's tile
     kernels; stage 1 trains 1.5-2x as fast as in fp32, docs/experiments/presets.md) and those with
-    AVX512-BF16 (`avx512_bf16`: AMD Zen 4/5, Intel Cooper Lake; oneDNN's vdpbf16ps kernels). On a
-    2-core AMD EPYC (Zen 5) with avx512_bf16 and no AMX, bf16 autocast took 0.44x the fp32 time of a
-    SmolLM2-shaped stack of linears forward, 0.51x forward and backward; on SmolLM2-135M
-    (bench/precision.py, sides alternated, medians) a stage-1 step of the lesson 0.72x (paired
-    0.18-0.75x: a noisy part), a stage-2 rollout of K = 4 x 128 tokens 0.30x, greedy evaluation
-    decoding 0.42x at batch 8 and at batch 1 (bench/README.md). Elsewhere (AVX2 or plain
-    AVX-512 only) bf16 is converted in software and slower than fp32: False. Read from cpu_flags;
-    without them (no /proc/cpuinfo), torch's AMX probe decides."""
+    AVX512-BF16 (`avx512_bf16`: AMD Zen 4/5, Intel Cooper Lake; oneDNN's vdpbf16ps kernels), where
+    bf16 autocast is faster than fp32 in every part of a run (bench/README.md, `precision.py`).
+    Elsewhere (AVX2 or plain AVX-512 only) bf16 is converted in software and slower than fp32:
+    False. Read from cpu_flags; without them (no /proc/cpuinfo), torch's AMX probe decides."""
     flags = cpu_flags()
     if flags:
         return any(flag in flags for flag in FAST_BF16_FLAGS)
