@@ -42,6 +42,7 @@ import weakref
 import torch
 
 from srt.distributed import all_ranks_any, is_fsdp, is_gathered, plain_module
+from srt.precision import autocast
 
 
 # --------------------------------------------------------------------------------------------
@@ -407,6 +408,35 @@ def last_column(width: int, device):
     return torch.tensor([width - 1], device=device)
 
 
+def sample(model, encoded, *, max_new_tokens, stop_ids, pad_id, autocast_dtype, synced, **settings):
+    """generation.generate's engine "ours": decode on sampling_model's copy of the model, under
+    autocast where the copy is the model itself. encoded: the tokenizer's left-padded prompts;
+    settings: decode's sampling settings. -> (sequences [B * K, P + C], the sampler's
+    log-probs [B * K, C], True where the copy rule wrote the token [B * K, C])."""
+    sampler = sampling_model(model, autocast_dtype)
+    # Inference mode: a decode step's ~700 small ops skip autograd's bookkeeping (version
+    # counters, view tracking), about 4% of a rollout on a CPU (bench/README.md). Not on an
+    # FSDP module, whose hooks manage the parameters' storage; inside full_weights the sampler
+    # is the plain module over the gathered weights, which has none.
+    inference = not (synced or is_fsdp(sampler))
+    device = encoded.input_ids.device
+    with autocast(device, autocast_dtype if sampler is model else None), torch.inference_mode(inference):
+        sequences, sampler_logprobs, copied = decode(
+            sampler,
+            encoded.input_ids,
+            encoded.attention_mask,
+            max_new_tokens,
+            stop_ids,
+            pad_id,
+            synced=synced,
+            with_logprobs=True,
+            **settings,
+        )
+    # A normal tensor again: stage 2's loss embeds these ids, and autograd cannot save an
+    # inference tensor for the backward pass.
+    return sequences.clone(), sampler_logprobs.clone(), copied
+
+
 @torch.no_grad()
 def decode(
     model,
@@ -466,10 +496,33 @@ def decode(
     stop_ids = torch.tensor(list(stop_ids), device=device)
     suppress = model.generation_config.suppress_tokens  # the one field of it both engines honour
     suppress = torch.tensor(suppress, device=device) if suppress else None
+    logits = prefill(model, input_ids, attention_mask_2d, cache, per_prompt)
+    real = attention_mask_2d.bool()
+    grouped_step = GroupedStep(model, cache) if grouped else None
+    if copying:
+        sequences, logprobs, copied = decode_with_copies(
+            grouped_step, input_ids.repeat_interleave(per_prompt, dim=0), real, logits, max_new_tokens,
+            stop_ids, pad_id, temperature, top_p, greedy, suppress, copy_rule,
+        )  # fmt: skip
+    else:
+        # FSDP's hooks synchronize streams around every forward: no graph under FSDP.
+        use_graph = (
+            cuda_graph and device.type == "cuda" and not (synced or is_fsdp(model)) and max_new_tokens > 2
+        )
+        sequences, logprobs, copied = decode_token_by_token(
+            model, grouped_step, cache, input_ids, real, per_prompt, logits, max_new_tokens, stop_ids, pad_id,
+            (temperature, top_p, greedy, suppress), copy_rule, stopping, synced, static_shapes or use_graph,
+            use_graph,
+        )  # fmt: skip
+    return (sequences, logprobs, copied) if with_logprobs else sequences
 
-    # Prefill: causal over the real tokens; a padding position sees itself only (never an empty row).
-    # Prompts without padding pass no mask: the model's attention is then plainly causal, and SDPA
-    # skips the upper half of the scores instead of computing it and masking it out.
+
+def prefill(model, input_ids, attention_mask_2d, cache, per_prompt):
+    """The prompts' forward into `cache` -> the logits of each prompt's last position, repeated for
+    its `per_prompt` rows [rows, V]. Causal over the real tokens; a padding position sees itself only
+    (never an empty row). Prompts without padding pass no mask: the model's attention is then plainly
+    causal, and SDPA skips the upper half of the scores instead of computing it and masking it out."""
+    device, width = input_ids.device, input_ids.shape[1]
     real = attention_mask_2d.bool()
     prefill_mask = None
     if not bool(real.all()):
@@ -495,7 +548,19 @@ def decode(
             f"decode: the model's forward wrote no keys or values to the cache it was handed "
             f"(transformers {transformers.__version__}); install the version of requirements.txt"
         )
+    return logits
 
+
+def decode_token_by_token(
+    model, grouped_step, cache, input_ids, real, per_prompt, logits, max_new_tokens, stop_ids, pad_id,
+    sampling, copy_rule, stopping, synced, static_shapes, use_graph,
+):  # fmt: skip
+    """decode's loop, one token a row a step, after the prefill: input_ids and real [B, P] (False:
+    padding), logits [rows, V] of the prefill, sampling (temperature, top_p, greedy, suppress) for
+    next_tokens. A copy_rule's turn is written here one token a step. -> (sequences [rows, P + C],
+    log-probabilities [rows, C], True where copy_rule wrote the token [rows, C])."""
+    device, width = input_ids.device, input_ids.shape[1]
+    rows, length = real.shape[0] * per_prompt, width + max_new_tokens
     # The decode step reads these buffers in place (a CUDA graph replays on their addresses).
     key_mask = torch.zeros(rows, length, dtype=torch.bool, device=device)
     key_mask[:, :width] = real.repeat_interleave(per_prompt, dim=0)
@@ -503,14 +568,6 @@ def decode(
     tokens = torch.full((rows, 1), pad_id, dtype=torch.long, device=device)
     positions = prompt_lengths.clone()
     cache.column = torch.tensor([width], device=device)
-
-    grouped_step = GroupedStep(model, cache) if grouped else None
-    if copying:
-        sequences, logprobs, copied = decode_with_copies(
-            grouped_step, input_ids.repeat_interleave(per_prompt, dim=0), real, logits, max_new_tokens,
-            stop_ids, pad_id, temperature, top_p, greedy, suppress, copy_rule,
-        )  # fmt: skip
-        return (sequences, logprobs, copied) if with_logprobs else sequences
 
     def step():
         if grouped_step is not None:
@@ -523,9 +580,6 @@ def decode(
             use_cache=True,
         ).logits[:, -1]
 
-    # FSDP's hooks synchronize streams around every forward: no graph under FSDP.
-    use_graph = cuda_graph and device.type == "cuda" and not (synced or is_fsdp(model)) and max_new_tokens > 2
-    static_shapes = static_shapes or use_graph
     cache.visible = length
     graph, graph_logits = capture_step(step) if use_graph else (None, None)
 
@@ -535,7 +589,7 @@ def decode(
     queues = [[] for _ in range(rows)]  # each row's copied tokens still to write, one a step here
     finished = torch.zeros(rows, dtype=torch.bool, device=device)
     for t in range(max_new_tokens):
-        token, logprob = next_tokens(logits, temperature, top_p, greedy, suppress)  # every row: one draw each
+        token, logprob = next_tokens(logits, *sampling)  # every row: one draw each
         for row in (r for r in range(rows) if queues[r]):  # the program's token, not the draw
             token[row], logprob[row], copied[row, t] = queues[row].pop(0), 0.0, not finished[row]
         completion[:, t] = torch.where(finished, pad_id, token)
@@ -565,7 +619,7 @@ def decode(
         else:
             logits = step()
     sequences = torch.cat([input_ids.repeat_interleave(per_prompt, dim=0), completion[:, : t + 1]], dim=1)
-    return (sequences, logprobs[:, : t + 1], copied[:, : t + 1]) if with_logprobs else sequences
+    return sequences, logprobs[:, : t + 1], copied[:, : t + 1]
 
 
 def decode_with_copies(

@@ -17,7 +17,6 @@ from __future__ import annotations
 import torch
 
 from srt import decode
-from srt.distributed import is_fsdp
 from srt.precision import autocast
 from srt.recall import RECALL_MODES, CopyRule, prompt_history
 
@@ -96,9 +95,53 @@ def generate(
     # Only a forward pass over still-sharded weights (FSDP outside sharding.full_weights) communicates;
     # then, and only then, every rank must run as many decode steps (HF's synced_gpus).
     synced = any(hasattr(p, "to_local") for p in model.parameters())
-    stopped_at = {}
+    stopped_at = {}  # row -> completion length where stop_when ended it
+    stopping = row_stopper(tokenizer, stop_when, stopped_at)
+    copy_rule = copy_rule_of(recall, engine, tokenizer, prompts, num_generations)
+    sampling = dict(
+        max_new_tokens=max_new_tokens,
+        num_generations=num_generations,
+        temperature=temperature,
+        top_p=top_p,
+        greedy=greedy,
+        prefill_once=prefill_once,
+    )
+    model_side = dict(stop_ids=stop_ids, pad_id=tokenizer.pad_token_id, autocast_dtype=autocast_dtype)
+    was_training = model.training
+    model.eval()
+    if engine == "ours":
+        sequences, sampler_logprobs, copied = decode.sample(
+            model, encoded, synced=synced, stopping=stopping, copy_rule=copy_rule, **model_side, **sampling
+        )
+    elif engine == "hf":
+        sampler_logprobs, copied = None, None  # HF keeps no scores: the sampler's log-probs are unknown
+        sequences = hf_generate(model, encoded, synced=synced, stop_rows=stopping, **model_side, **sampling)
+    else:
+        raise ValueError(f"generate: unknown engine {engine!r}; use 'ours' or 'hf'")
+    model.train(was_training)
+    completion = (sequences[:, prompt_ids.shape[1] :], sampler_logprobs, copied)
+    return generation_result(tokenizer, prompt_ids, prompt_mask, completion, stop_ids, stopped_at, copy_rule)
 
-    def stop_rows(generated) -> torch.Tensor:  # after each decode step; records where a row ended
+
+def copy_rule_of(recall, engine, tokenizer, prompts, num_generations):
+    """The CopyRule of generate's `recall` "copy" (srt/recall.py), None for "free"."""
+    if recall not in RECALL_MODES:
+        raise ValueError(f"generate: unknown recall mode {recall!r}; use {' or '.join(RECALL_MODES)}")
+    if recall != "copy":
+        return None
+    if engine != "ours":
+        raise ValueError("generate: recall='copy' needs engine='ours' (the decoder writes the copies)")
+    return CopyRule(tokenizer, [prompt_history(p) for p in prompts], num_generations)
+
+
+def row_stopper(tokenizer, stop_when, stopped_at):
+    """generate's stop_when as the decoders' per-step test: -> stop_rows(generated completions
+    [rows, t]) -> True per row that has ended, recording in `stopped_at` where each row ended; None
+    without stop_when."""
+    if stop_when is None:
+        return None
+
+    def stop_rows(generated) -> torch.Tensor:  # after each decode step
         done = []
         for i, text in enumerate(tokenizer.batch_decode(generated, skip_special_tokens=True)):
             if i not in stopped_at and stop_when(text):
@@ -106,64 +149,15 @@ def generate(
             done.append(i in stopped_at)
         return torch.tensor(done, device=generated.device)
 
-    if recall not in RECALL_MODES:
-        raise ValueError(f"generate: unknown recall mode {recall!r}; use {' or '.join(RECALL_MODES)}")
-    copy_rule = None
-    if recall == "copy":
-        if engine != "ours":
-            raise ValueError("generate: recall='copy' needs engine='ours' (the decoder writes the copies)")
-        copy_rule = CopyRule(tokenizer, [prompt_history(p) for p in prompts], num_generations)
-    was_training = model.training
-    model.eval()
-    if engine == "ours":
-        sampler = decode.sampling_model(model, autocast_dtype)
-        # Inference mode: a decode step's ~700 small ops skip autograd's bookkeeping (version
-        # counters, view tracking), about 4% of a rollout on a CPU (bench/README.md). Not on an
-        # FSDP module, whose hooks manage the parameters' storage; inside full_weights the sampler
-        # is the plain module over the gathered weights, which has none.
-        inference = not (synced or is_fsdp(sampler))
-        with autocast(device, autocast_dtype if sampler is model else None), torch.inference_mode(inference):
-            sequences, sampler_logprobs, copied = decode.decode(
-                sampler,
-                encoded.input_ids,
-                encoded.attention_mask,
-                max_new_tokens,
-                stop_ids,
-                tokenizer.pad_token_id,
-                num_generations=num_generations,
-                temperature=temperature,
-                top_p=top_p,
-                greedy=greedy,
-                stopping=stop_rows if stop_when is not None else None,
-                prefill_once=prefill_once,
-                synced=synced,
-                with_logprobs=True,
-                copy_rule=copy_rule,
-            )
-        # A normal tensor again: stage 2's loss embeds these ids, and autograd cannot save an
-        # inference tensor for the backward pass.
-        sequences, sampler_logprobs = sequences.clone(), sampler_logprobs.clone()
-    elif engine == "hf":
-        sampler_logprobs, copied = None, None  # HF keeps no scores: the sampler's log-probs are unknown
-        sequences = hf_generate(
-            model,
-            encoded,
-            num_generations,
-            max_new_tokens=max_new_tokens,
-            temperature=temperature,
-            top_p=top_p,
-            greedy=greedy,
-            stop_ids=stop_ids,
-            pad_id=tokenizer.pad_token_id,
-            autocast_dtype=autocast_dtype,
-            prefill_once=prefill_once,
-            synced=synced,
-            stop_rows=stop_rows if stop_when is not None else None,
-        )
-    else:
-        raise ValueError(f"generate: unknown engine {engine!r}; use 'ours' or 'hf'")
-    model.train(was_training)
-    completion_ids = sequences[:, prompt_ids.shape[1] :]
+    return stop_rows
+
+
+def generation_result(
+    tokenizer, prompt_ids, prompt_mask, completion, stop_ids, stopped_at, copy_rule
+) -> dict:
+    """generate's dict (its docstring) from the completions sampled: completion = (completion ids
+    [B * K, C], the sampler's log-probs or None, True where the copy rule wrote the token or None)."""
+    completion_ids, sampler_logprobs, copied = completion
     mask = completion_mask(completion_ids, stop_ids)
     for i, n in stopped_at.items():  # what follows a row stopped by stop_when is padding
         mask[i, n:] = 0
@@ -193,8 +187,8 @@ def generate(
 def hf_generate(
     model,
     encoded,
-    num_generations,
     *,
+    num_generations,
     max_new_tokens,
     temperature,
     top_p,
