@@ -780,24 +780,15 @@ def built_with(out: Path, config: dict, outputs) -> bool:
     return all((out / name).exists() for name in outputs)
 
 
-def build(args) -> None:
-    """§3.2 from the source to the published build in --out (commit_build)."""
-    out = claim_out(args.out, "stage0_build.py", args.resume, args.overwrite)
-    config = {k: v for k, v in vars(args).items() if k not in RUN_ONLY}
-    outputs = ["train.jsonl", "dev.jsonl", "test.jsonl", "stats.json"]
-    if args.source == "locomo":
-        outputs.append("conversations.jsonl")
-    if args.resume and built_with(out, config, outputs):
-        print(f"{out}: already built with this config (--resume), nothing to do")
-        return
-    start = time.time()
+def read_inputs(args, out):
+    """-> (dialogues, source report, LoCoMo's whole conversations, teacher). Stops with one line,
+    before the teacher runs and before any output, where there is nothing the teacher could annotate."""
     try:
         dialogues, report = read_source(args)
         # LoCoMo's questions are asked after the whole conversation: retrievers read all of it
         conversations = locomo_conversations(args.path) if args.source == "locomo" else []
     except (ValueError, OSError) as e:  # DataError is a ValueError
         sys.exit(f"error: {e}")
-    windows = report.pop("locomo_windows", None)
     malformed = report.get("malformed", 0)
     if not dialogues:  # before the teacher and before any output: nothing already written is lost
         skipped = f" ({malformed} malformed, skipped)" if malformed else ""
@@ -815,6 +806,13 @@ def build(args) -> None:
             f"error: --source {args.source} carries no gold answers, so --teacher oracle can annotate "
             "nothing; use an LLM teacher: --teacher api:MODEL or hf:MODEL"
         )
+    return dialogues, report, conversations, teacher
+
+
+def annotate_and_split(args, dialogues, malformed, teacher, out):
+    """Deduplicate, keep the dialogues within the round limits, annotate them (Eq. (2), the teacher)
+    and split by dialogue. -> (splits, drops: what was dropped at each step, dialogues read, the ids of
+    the dialogues kept)."""
     num_input = len(dialogues) + malformed
     drops = Counter({"malformed": malformed} if malformed else {})
     dialogues, merged = deduplicate(dialogues, args.dedup_intent, args.dedup_jaccard)
@@ -844,25 +842,10 @@ def build(args) -> None:
     ):
         splits["train"], unsupported = drop_unsupported(splits["train"])
         drops["train_evidence_outside_window"] = unsupported
-    stats = corpus_stats(num_input, kept_dialogues, splits, drops)
-    stats.update(
-        lookup_checks=lookup_checks(splits),
-        source=args.source,
-        source_report=report,
-        **({"locomo_windows": windows} if windows else {}),
-        teacher={"name": args.teacher, **getattr(teacher, "stats", {})},
-        seconds=round(time.time() - start, 1),
-    )
+    return splits, drops, num_input, kept_dialogues
 
-    def write(folder):
-        for name, part in splits.items():
-            write_jsonl(folder / f"{name}.jsonl", part)
-        if args.source == "locomo":
-            write_jsonl(folder / "conversations.jsonl", conversations)
-        write_json(folder / "stats.json", stats)
-        write_config(folder, config, "stage0_build.py")  # last: the mark of a finished build
 
-    commit_build(out, write)
+def print_build_summary(args, stats, num_input, out, report, windows, teacher, drops) -> None:
     print(
         f"stage0: {stats['dialogues_kept']}/{num_input} dialogues, {stats['queries']} queries "
         f"{stats['queries_per_split']} in {stats['seconds']} s -> {out}"
@@ -887,6 +870,44 @@ def build(args) -> None:
         print("  rounds without gold need an LLM teacher: --teacher api:MODEL or hf:MODEL")
     for message in report.get("errors", [])[:5]:
         print(f"  skipped: {message}")
+
+
+def build(args) -> None:
+    """§3.2 from the source to the published build in --out (commit_build)."""
+    out = claim_out(args.out, "stage0_build.py", args.resume, args.overwrite)
+    config = {k: v for k, v in vars(args).items() if k not in RUN_ONLY}
+    outputs = ["train.jsonl", "dev.jsonl", "test.jsonl", "stats.json"]
+    if args.source == "locomo":
+        outputs.append("conversations.jsonl")
+    if args.resume and built_with(out, config, outputs):
+        print(f"{out}: already built with this config (--resume), nothing to do")
+        return
+    start = time.time()
+    dialogues, report, conversations, teacher = read_inputs(args, out)
+    windows = report.pop("locomo_windows", None)
+    splits, drops, num_input, kept_dialogues = annotate_and_split(
+        args, dialogues, report.get("malformed", 0), teacher, out
+    )
+    stats = corpus_stats(num_input, kept_dialogues, splits, drops)
+    stats.update(
+        lookup_checks=lookup_checks(splits),
+        source=args.source,
+        source_report=report,
+        **({"locomo_windows": windows} if windows else {}),
+        teacher={"name": args.teacher, **getattr(teacher, "stats", {})},
+        seconds=round(time.time() - start, 1),
+    )
+
+    def write(folder):
+        for name, part in splits.items():
+            write_jsonl(folder / f"{name}.jsonl", part)
+        if args.source == "locomo":
+            write_jsonl(folder / "conversations.jsonl", conversations)
+        write_json(folder / "stats.json", stats)
+        write_config(folder, config, "stage0_build.py")  # last: the mark of a finished build
+
+    commit_build(out, write)
+    print_build_summary(args, stats, num_input, out, report, windows, teacher, drops)
 
 
 def main(argv=None) -> None:

@@ -340,60 +340,21 @@ def train(cfg, parser=None):
         tick = time.perf_counter()
         step += 1
         phase, phase_step = phase_of_step[step - 1]
-        # Micro-batch `micro` of rank r holds slots (micro * world_size + r) * batch_size onwards.
-        indices = data[phase].batch_indices(phase_step)
-        mine = [
-            [data[phase].example(i) for i in indices[first : first + cfg.batch_size]]
-            for first in range(rank * cfg.batch_size, len(indices), world_size * cfg.batch_size)
-        ]
-        # Eq. (3) sums over tokens; normalise by the target tokens of the whole global batch, so
-        # every rank and micro-batch split gives the same gradient (DDP averages over ranks).
-        global_tokens = torch.tensor(
-            float(sum(len(e["labels"]) - e["labels"].count(IGNORE_INDEX) for part in mine for e in part)),
-            device=device,
-        )
-        if world_size > 1:
-            dist.all_reduce(global_tokens)
-        sums = {}
-        for micro, examples in enumerate(mine):
-            batch = {k: v.to(device) for k, v in collate(examples, tokenizer.pad_token_id).items()}
-            with accumulate(train_model, sync=micro == cfg.grad_accum - 1 or world_size == 1):
-                part = sft_loss_sums(train_model, batch, autocast_dtype)
-                (part["nll"] * world_size / global_tokens).backward()
-            for key, value in part.items():
-                sums[key] = sums.get(key, 0) + value.detach().float()
-            sums["all_tokens"] = sums.get("all_tokens", 0) + batch["attention_mask"].sum().float()
-        grad_norm = clip_grad_norm(model.parameters(), cfg.max_grad_norm)
+        micro_batches = rank_micro_batches(data[phase], phase_step, rank, world_size, cfg.batch_size)
         lr = warmup_lr(step, cfg.lr, cfg.warmup_steps)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-
-        keys = sorted(sums)
-        totals = torch.stack([sums[k] for k in keys])
-        if world_size > 1:
-            dist.all_reduce(totals)
-        totals = dict(zip(keys, totals.tolist()))
+        totals, grad_norm = sft_update(
+            model, train_model, optimizer, tokenizer, micro_batches, lr, cfg, run, autocast_dtype
+        )
         elapsed = time.perf_counter() - tick
         run.budget.record_step(elapsed)
         if run.main_process:
-            line = {
-                "step": step,
-                "phase": phase,
-                "loss": per_token(totals, "nll", "tokens"),
-                "loss_reasoning": per_token(totals, "reasoning_nll", "reasoning_tokens"),
-                "loss_answer": per_token(totals, "answer_nll", "answer_tokens"),
-                # an answer token's weight in Eq. (3) is 1 / (target tokens): it differs by target
-                "answer_token_share": totals["answer_tokens"] / max(totals["tokens"], 1.0),
-                "lr": lr,
-                "grad_norm": float(grad_norm),
-                "tokens_per_s": totals["all_tokens"] / elapsed,
-                "truncated": len(data[phase].truncated),
-                "elapsed_s": round(run.budget.elapsed_s(), 1),
-                "step_s": elapsed,
-                "peak_gpu_gb": peak_gpu_gb(device),
-            }
+            line = dict(step=step, phase=phase, **step_metrics(totals, lr, grad_norm, elapsed))
+            line.update(
+                truncated=len(data[phase].truncated),
+                elapsed_s=round(run.budget.elapsed_s(), 1),
+                step_s=elapsed,
+                peak_gpu_gb=peak_gpu_gb(device),
+            )
             if step % cfg.log_every == 0 or step == total_steps:
                 metrics.append(line)
             bar.set_postfix(phase=phase, loss=f"{line['loss']:.3f}")
@@ -406,6 +367,73 @@ def train(cfg, parser=None):
 
     run.save(step)
     run.save_final()
+    report_end_of_run(run, cfg, data, metrics, step, total_steps)
+    if cfg.eval_limit > 0:  # FSDP: every rank gathers the weights once, rank 0 generates alone
+        with full_weights(model):
+            if run.main_process:
+                evaluate_format(model, tokenizer, cfg, device, autocast_dtype)
+    return model
+
+
+def rank_micro_batches(phase_data, phase_step, rank, world_size, batch_size) -> list[list[dict]]:
+    """This rank's examples of the step's global batch, in micro-batches: micro-batch `micro` of rank
+    r holds slots (micro * world_size + r) * batch_size onwards."""
+    indices = phase_data.batch_indices(phase_step)
+    return [
+        [phase_data.example(i) for i in indices[first : first + batch_size]]
+        for first in range(rank * batch_size, len(indices), world_size * batch_size)
+    ]
+
+
+def sft_update(model, train_model, optimizer, tokenizer, micro_batches, lr, cfg, run, autocast_dtype):
+    """One optimizer step of Eq. (3) over this rank's micro-batches. -> (the step's sums over every
+    rank: nll, tokens, their reasoning and answer parts, all_tokens; the gradient norm)."""
+    device, world_size = run.device, run.world_size
+    # Eq. (3) sums over tokens; normalise by the target tokens of the whole global batch, so
+    # every rank and micro-batch split gives the same gradient (DDP averages over ranks).
+    targets = sum(len(e["labels"]) - e["labels"].count(IGNORE_INDEX) for part in micro_batches for e in part)
+    global_tokens = torch.tensor(float(targets), device=device)
+    if world_size > 1:
+        dist.all_reduce(global_tokens)
+    sums = {}
+    for micro, examples in enumerate(micro_batches):
+        batch = {k: v.to(device) for k, v in collate(examples, tokenizer.pad_token_id).items()}
+        with accumulate(train_model, sync=micro == cfg.grad_accum - 1 or world_size == 1):
+            part = sft_loss_sums(train_model, batch, autocast_dtype)
+            (part["nll"] * world_size / global_tokens).backward()
+        for key, value in part.items():
+            sums[key] = sums.get(key, 0) + value.detach().float()
+        sums["all_tokens"] = sums.get("all_tokens", 0) + batch["attention_mask"].sum().float()
+    grad_norm = clip_grad_norm(model.parameters(), cfg.max_grad_norm)
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+
+    keys = sorted(sums)
+    totals = torch.stack([sums[k] for k in keys])
+    if world_size > 1:
+        dist.all_reduce(totals)
+    return dict(zip(keys, totals.tolist())), grad_norm
+
+
+def step_metrics(totals, lr, grad_norm, elapsed) -> dict:
+    """The losses and rates of one step's line in metrics.jsonl, from sft_update's sums."""
+    return {
+        "loss": per_token(totals, "nll", "tokens"),
+        "loss_reasoning": per_token(totals, "reasoning_nll", "reasoning_tokens"),
+        "loss_answer": per_token(totals, "answer_nll", "answer_tokens"),
+        # an answer token's weight in Eq. (3) is 1 / (target tokens): it differs by target
+        "answer_token_share": totals["answer_tokens"] / max(totals["tokens"], 1.0),
+        "lr": lr,
+        "grad_norm": float(grad_norm),
+        "tokens_per_s": totals["all_tokens"] / elapsed,
+    }
+
+
+def report_end_of_run(run, cfg, data, metrics, step, total_steps) -> None:
+    """The warnings and the summary of a finished run: the examples cut to fit --max-length, a stop
+    before the last step, and the answer tokens' share of the target (summary.json)."""
     if run.main_process:
         for p, phase_data in data.items():
             if phase_data.truncated or phase_data.skipped:
@@ -429,11 +457,6 @@ def train(cfg, parser=None):
             share = summary["answer_token_share"]
             print(f"answer tokens: {share:.1%} of the target tokens (--target {cfg.target})", flush=True)
     run.barrier()
-    if cfg.eval_limit > 0:  # FSDP: every rank gathers the weights once, rank 0 generates alone
-        with full_weights(model):
-            if run.main_process:
-                evaluate_format(model, tokenizer, cfg, device, autocast_dtype)
-    return model
 
 
 # --------------------------------------------------------------------------------------------
