@@ -32,6 +32,20 @@ own window, the prompt it was trained on. A variant's "memory" option ("window" 
 Saved rows carry the fingerprint of the checkpoint's files and of the evaluation settings, and
 the hash of their record: --resume reuses a row only when all three match.
 
+Paper vs this implementation, the one list (docs/pipeline.md links here):
+
+  1. The baselines: the paper's six (RQ-RAG, QRMeM, LD-Agent, Coconut, OPRO, SoftCoT) are not
+     reimplemented; the methods above take their place, each on the model --compare names for it.
+  2. Accuracy, which the paper does not define, counts an answer right when it states every answer
+     key, not denied, and no value the reference and the keys do not hold (srt.metrics
+     answer_is_right); F1 is the token F1 of the answer against A*_t; recall is Eq. (6)'s overlap as
+     precision, recall and Jaccard on the queries whose H* is not empty.
+  3. Every comparison is paired (the same questions) with bootstrap intervals and McNemar's test
+     against SRT; the paper reports point values.
+  4. Latency is batch-1 end-to-end time on queries of each length bucket after a warm-up, with a
+     method's offline work timed apart (offline_s); the paper does not give its set-up.
+  5. Table 3's error taxonomy adds "Truncated": a chain cut off by the token limit (srt/metrics.py).
+
     python evaluate.py --method srt --model runs/demo/grpo/final --data runs/data/test.jsonl \\
         --out runs/demo/eval
     python evaluate.py --preset cpu-table2 --data runs/data/test.jsonl --out runs/demo/eval --resume \\

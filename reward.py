@@ -49,6 +49,19 @@ the answer term without recalling anything right, and GRPO on dev learned to do 
 
 Every function is total: any string, however malformed, gets a score in range and never raises.
 
+Paper vs this implementation, the one list (docs/pipeline.md links here):
+
+  1. Eq. (6)'s alignment: the paper aligns each <HIS> tag to the utterance of maximal normalised
+     overlap; here a tag recalls an utterance only if it copies it verbatim in `canonical` form
+     (above), and a tag that copies nothing enters H^ as an element of its own. The overlap is kept
+     as a diagnostic (match_piece's `nearest`).
+  2. Eq. (5)'s is_valid: the paper names what it checks (tags well formed, paired, parseable); the
+     rules used here are format_reward's six, 'Final answer:' after the think block among them.
+  3. Eq. (7)'s embeddings are all-MiniLM-L6-v2's (the paper names no encoder); a completion with no
+     answer earns -1.
+  4. --answer-reward keys | both (default cosine, the paper's): above.
+  5. --answer-gate recall (default off): above.
+
     python reward.py --gallery                                  # reward-hacking gallery (Markdown)
     python reward.py --gallery --markdown > docs/reward-gallery.md   # the same, as a whole page
     python reward.py --data runs/data/test.jsonl --index 3 --completion completion.txt

@@ -8,6 +8,24 @@
 stats.json's "lookup_checks" says whether a test answer can be read off train or off the number
 in a yes/no query alone (srt/data/leakage.py; docs/synthetic-corpus.md).
 
+Paper vs this implementation, the one list (docs/pipeline.md links here):
+
+  1. The teacher: the paper's is Claude 3.7 Sonnet. The default here, --teacher oracle, writes the
+     corpus's own gold (the synthetic generator's planted H*, LoCoMo's evidence) in the paper's
+     `Turn X: 'content'` form; --teacher api:MODEL or hf:MODEL asks an LLM, as the paper does.
+  2. The corpus: the paper's SRQA (5,000 dialogues curated from MG-ShopDial, MultiWOZ, DailyDialog,
+     ReDial and LoCoMo) is not released. The default source is the embedded synthetic corpus
+     (docs/synthetic-corpus.md); each of those corpora has a reader (--source).
+  3. Eq. (2): Sim_sem is the cosine of all-MiniLM-L6-v2 embeddings (the paper names no encoder). A
+     round whose H* the corpus itself gives (LoCoMo's evidence, JSONL gold) is kept even in a
+     dialogue Eq. (2) does not select (corpus_gives_recall).
+  4. The verification filter's "string matching between A*_t and H*_t" looks for each answer key in
+     the recalled turns; an answer without keys must have its numbers and content words there, on
+     word boundaries (srt/data/teacher.py grounded); a yes/no answer derived from them is exempt.
+  5. Train, dev and test are split by dialogue (a LoCoMo conversation is one group), seeded; the
+     paper gives no split. A LoCoMo conversation, far longer than 32 rounds, gives each question a
+     window of --max-rounds - 1 of its rounds (--locomo-window; docs/pipeline.md).
+
 The records it writes feed every later stage; their format is in docs/design.md ("Data"), their
 reader and checks in srt/data_io.py. The sources live in srt/data/: synthetic.py (the embedded
 generator, one module per domain beside it) and corpora.py (LoCoMo, CoQA, MultiWOZ, DailyDialog,

@@ -7,7 +7,8 @@ Both phases minimise Eq. (3), the negative log-likelihood of the reasoning token
 answer tokens a_1..a_L given the prompt; prompt tokens carry no loss. AdamW with a constant learning
 rate after a linear warm-up (§4.1). One optimizer and one step counter run across both phases.
 
-Paper vs this implementation (flags in "beyond the paper" and "the paper's §3.3 and §4.1 settings"):
+Paper vs this implementation, the one list (docs/pipeline.md links here; the flags are in "beyond
+the paper" and "the paper's §3.3 and §4.1 settings"):
 
   1. The phases' split: the paper gives none. --max-steps is split by --phase1-fraction (0.5; the
      cpu-table2 preset 0.4), or each phase runs --epochs epochs; --phase 1 or 2 runs one alone.
