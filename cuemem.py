@@ -41,7 +41,7 @@ from pathlib import Path
 
 import numpy as np
 
-from srt import modeling
+from srt import generation, loading, precision
 from srt.config import (
     MAX_NEW_TOKENS,
     at_least,
@@ -55,9 +55,10 @@ from srt.config import (
 )
 from srt.data.teacher import ChatClient
 from srt.data_io import DataError, bucket_of, read_jsonl, write_json, write_jsonl
+from srt.embedder import embed, load_embedder
+from srt.loading import load_model_and_tokenizer
 from srt.metrics import f1_score, final_answer, recall_metrics
-from srt.modeling import embed, load_embedder, load_model_and_tokenizer, render_chat
-from srt.prompt import format_history
+from srt.prompt import format_history, render_chat
 from srt.report import summarize_cuemem
 
 # Defaults, tuned on records of generate_synthetic dialogues under a seed the data splits do not use,
@@ -755,7 +756,7 @@ def hf_generate_fn(model, tokenizer, max_new_tokens: int = 64, autocast_dtype=No
     per answer). An OpenAI-compatible API plugs in the same way: ChatClient(...).chat."""
 
     def generate_fn(messages) -> str:
-        return modeling.generate(
+        return generation.generate(
             model,
             tokenizer,
             [render_chat(tokenizer, messages)],
@@ -869,7 +870,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--dtype", default="auto", choices=["auto", "float32", "bfloat16"], help="weight precision"
     )
     g.add_argument(
-        "--device", type=modeling.device_flag, default=None, help="default: cuda when available, else cpu"
+        "--device", type=precision.device_flag, default=None, help="default: cuda when available, else cpu"
     )
     return p
 
@@ -878,7 +879,7 @@ def _token_counter(args, tokenizer) -> TokenCounter:
     """The answer model's tokenizer; under --retrieval-only its tokenizer alone when it is on disk
     (the cached smollm2-135m conversion or a local folder), else the proxy."""
     if tokenizer is None:
-        source = modeling.cache_dir() / "smollm2-135m" if args.model == "smollm2-135m" else Path(args.model)
+        source = loading.cache_dir() / "smollm2-135m" if args.model == "smollm2-135m" else Path(args.model)
         if not (source / "tokenizer_config.json").exists():
             return TokenCounter()
         from transformers import AutoTokenizer
@@ -920,10 +921,10 @@ def run(args) -> None:
     if args.extractor == "llm" and not args.api_base:
         models.append(args.extractor_model or args.model)
     for name in dict.fromkeys(models):
-        modeling.check_model_name(name)  # before config.json: a failed run leaves none
+        loading.check_model_name(name)  # before config.json: a failed run leaves none
     write_config(out, args, "cuemem.py")
 
-    autocast_dtype = modeling.resolve_dtype(args.dtype, args.device)[1]
+    autocast_dtype = precision.resolve_dtype(args.dtype, args.device)[1]
     load = lambda name: load_model_and_tokenizer(name, dtype=args.dtype, device=args.device)  # noqa: E731
     model = tokenizer = generate_fn = None
     if not args.retrieval_only:

@@ -32,6 +32,20 @@ own window, the prompt it was trained on. A variant's "memory" option ("window" 
 Saved rows carry the fingerprint of the checkpoint's files and of the evaluation settings, and
 the hash of their record: --resume reuses a row only when all three match.
 
+Paper vs this implementation, the one list (docs/pipeline.md links here):
+
+  1. The baselines: the paper's six (RQ-RAG, QRMeM, LD-Agent, Coconut, OPRO, SoftCoT) are not
+     reimplemented; the methods above take their place, each on the model --compare names for it.
+  2. Accuracy, which the paper does not define, counts an answer right when it states every answer
+     key, not denied, and no value the reference and the keys do not hold (srt.metrics
+     answer_is_right); F1 is the token F1 of the answer against A*_t; recall is Eq. (6)'s overlap as
+     precision, recall and Jaccard on the queries whose H* is not empty.
+  3. Every comparison is paired (the same questions) with bootstrap intervals and McNemar's test
+     against SRT; the paper reports point values.
+  4. Latency is batch-1 end-to-end time on queries of each length bucket after a warm-up, with a
+     method's offline work timed apart (offline_s); the paper does not give its set-up.
+  5. Table 3's error taxonomy adds "Truncated": a chain cut off by the token limit (srt/metrics.py).
+
     python evaluate.py --method srt --model runs/demo/grpo/final --data runs/data/test.jsonl \\
         --out runs/demo/eval
     python evaluate.py --preset cpu-table2 --data runs/data/test.jsonl --out runs/demo/eval --resume \\
@@ -61,7 +75,7 @@ import torch
 
 import cuemem
 import reward
-from srt import locomo_eval, modeling, report
+from srt import generation, locomo_eval, report
 from srt.attention import attention_analysis
 from srt.completion import is_valid_format
 from srt.config import (
@@ -78,11 +92,18 @@ from srt.config import (
 )
 from srt.data.teacher import ChatClient
 from srt.data_io import BUCKETS, DataError, atomic_write_text, bucket_of, files_sha256, read_jsonl, read_lines
+from srt.embedder import embed, load_embedder
+from srt.loading import (
+    check_model_name,
+    load_model_and_tokenizer,
+    model_fingerprint,  # the sha256 naming a variant's weights (a checkpoint's files' bytes)
+)
 from srt.metrics import (
     SELF_RECALL_METHODS,
     accuracy,
     answer_keys,
     answer_line,
+    distance_bin,
     error_type,
     f1_score,
     final_answer,
@@ -94,17 +115,8 @@ from srt.metrics import (
     states_several_candidates,
     tag_labels,
 )
-from srt.modeling import (
-    check_model_name,
-    device_flag,
-    embed,
-    load_embedder,
-    load_model_and_tokenizer,
-    model_fingerprint,  # the sha256 naming a variant's weights (a checkpoint's files' bytes)
-    render_chat,
-    resolve_dtype,
-)
-from srt.prompt import SRT_SYSTEM_PROMPT, build_messages, format_history, format_target
+from srt.precision import device_flag, resolve_dtype
+from srt.prompt import SRT_SYSTEM_PROMPT, build_messages, format_history, format_target, render_chat
 from srt.recall import RECALL_MODES
 
 METHODS = ("full", "recency", "rag", "srt-p", "srt", "cuemem")
@@ -238,13 +250,6 @@ def recall_distance(record) -> int | None:
     """Rounds between the query and the oldest turn of H* (None when H* is empty)."""
     rounds = [round_of(label, 0) for label in record["recall"]]
     return record["query_turn"] - min(rounds) if rounds else None
-
-
-def distance_bin(distance) -> str:
-    """The bins of stage0's stats.json."""
-    if distance is None:
-        return "none"
-    return "1-4" if distance < 5 else "5-9" if distance < 10 else "10-19" if distance < 20 else "20+"
 
 
 # --------------------------------------------------------------------------------------------
@@ -384,7 +389,7 @@ def method_input(method: str, record: dict, options: dict, state=None) -> tuple[
     """-> (chat messages, recalled labels). The recalled set of rag, recency and cuemem is what
     they selected; srt and srt-p recall by writing <HIS> tags (parsed later); full recalls nothing
     (its recall metrics are null). `state` is offline_state's result (built here when None). The
-    messages go through the model's own chat template (modeling.render_chat). The "history": "none"
+    messages go through the model's own chat template (prompt.render_chat). The "history": "none"
     option (Table 2's "No history" floor) empties the history every method sees."""
     if options.get("history") == "none":
         record = {**record, "history": []}
@@ -427,7 +432,7 @@ def system_prompt_of(method: str, options: dict) -> str:
 
 
 # --------------------------------------------------------------------------------------------
-# Generation: greedy, batched (modeling.generate: left padding, stops at <|im_end|> / eos)
+# Generation: greedy, batched (generation.generate: left padding, stops at <|im_end|> / eos)
 # --------------------------------------------------------------------------------------------
 def direct_answer_done(text: str) -> bool:
     """A direct method is asked for one line: its generation ends once that line is complete, as
@@ -446,7 +451,7 @@ def generate_batch(
     (srt/recall.py; expanded: the labels it expanded); truncated: the completion reached
     max_new_tokens without either."""
     stop_when = direct_answer_done if one_line else None
-    out = modeling.generate(
+    out = generation.generate(
         model,
         tokenizer,
         prompts,
@@ -456,7 +461,7 @@ def generate_batch(
         stop_when=stop_when,
         recall=recall,
     )
-    stops = torch.tensor(modeling.stop_token_ids(model, tokenizer), device=out["completion_ids"].device)
+    stops = torch.tensor(generation.stop_token_ids(model, tokenizer), device=out["completion_ids"].device)
     rows = []
     for i, (text, n_in, n_out) in enumerate(zip(out["texts"], out["input_tokens"], out["generated_tokens"])):
         stopped = bool(torch.isin(out["completion_ids"][i, :n_out], stops).any()) or (

@@ -49,6 +49,19 @@ the answer term without recalling anything right, and GRPO on dev learned to do 
 
 Every function is total: any string, however malformed, gets a score in range and never raises.
 
+Paper vs this implementation, the one list (docs/pipeline.md links here):
+
+  1. Eq. (6)'s alignment: the paper aligns each <HIS> tag to the utterance of maximal normalised
+     overlap; here a tag recalls an utterance only if it copies it verbatim in `canonical` form
+     (above), and a tag that copies nothing enters H^ as an element of its own. The overlap is kept
+     as a diagnostic (match_piece's `nearest`).
+  2. Eq. (5)'s is_valid: the paper names what it checks (tags well formed, paired, parseable); the
+     rules used here are format_reward's six, 'Final answer:' after the think block among them.
+  3. Eq. (7)'s embeddings are all-MiniLM-L6-v2's (the paper names no encoder); a completion with no
+     answer earns -1.
+  4. --answer-reward keys | both (default cosine, the paper's): above.
+  5. --answer-gate recall (default off): above.
+
     python reward.py --gallery                                  # reward-hacking gallery (Markdown)
     python reward.py --gallery --markdown > docs/reward-gallery.md   # the same, as a whole page
     python reward.py --data runs/data/test.jsonl --index 3 --completion completion.txt
@@ -81,10 +94,10 @@ from srt.completion import (
     split_tag,
     tokens,
 )
-from srt.config import at_least, claim_out, interruptible, parse_config, write_config
+from srt.config import at_least, claim_out, interruptible, write_config
 from srt.data_io import DataError, decode_utf8, read_jsonl, read_lines, write_json, write_jsonl
+from srt.embedder import embed
 from srt.metrics import extra_values, jaccard, keys_affirmed
-from srt.modeling import embed
 from srt.prompt import format_target
 from srt.reward_gallery import gallery_page, gallery_scores, gallery_table
 
@@ -182,7 +195,7 @@ def key_reward(answer: str | None, keys: list[str], reference: str) -> tuple[flo
 
 
 def answer_cosines(answers: list[str | None], references: list[str]) -> list[float]:
-    """Eq. (7): cos(v_A, v_A*) with all-MiniLM-L6-v2 (modeling.embed: unit-norm rows, so a dot
+    """Eq. (7): cos(v_A, v_A*) with all-MiniLM-L6-v2 (embedder.embed: unit-norm rows, so a dot
     product), in one embedding call. A missing answer gets the minimum, -1, and is not embedded."""
     rewards = [-1.0] * len(answers)
     present = [i for i, a in enumerate(answers) if a is not None]
@@ -371,8 +384,22 @@ def read_completions(path: str, records: list[dict]) -> list[tuple[dict, str]]:
     return read_lines(path, parse)
 
 
-# The paper's Eq. (7) under both presets; `--answer-reward keys|both` is the documented departure.
-PRESETS = {"cpu-table2": {"answer_reward": "cosine"}, "paper": {"answer_reward": "cosine"}}
+def add_answer_flags(parser) -> None:
+    """--answer-reward and --answer-gate, the two choices of the reward a script scores with (this
+    one, and stage2_grpo.py's group of departures from the paper)."""
+    parser.add_argument(
+        "--answer-reward",
+        choices=ANSWER_REWARDS,
+        default="cosine",
+        help="Eq. (7): cosine (the paper), keys (answer_keys present), "
+        "both (keys; the cosine ranks complete answers)",
+    )
+    parser.add_argument(
+        "--answer-gate",
+        choices=ANSWER_GATES,
+        default="off",
+        help="recall: an answer whose recall missed H* earns -1 (not in the paper; reward.py)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -401,19 +428,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--completions", default=None, help="JSONL of {'id' or 'index', 'completion'}: print the means"
     )
-    parser.add_argument(
-        "--answer-reward",
-        choices=ANSWER_REWARDS,
-        default="cosine",
-        help="Eq. (7): cosine (the paper), keys (answer_keys present), "
-        "both (keys; the cosine ranks complete answers)",
-    )
-    parser.add_argument(
-        "--answer-gate",
-        choices=ANSWER_GATES,
-        default="off",
-        help="recall: an answer whose recall missed H* earns -1 (not in the paper; see above)",
-    )
+    add_answer_flags(parser)
     parser.add_argument(
         "--out", default=None, help="with --completions: folder for scores.jsonl, summary.json, config.json"
     )
@@ -425,7 +440,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = build_parser()
-    args = parse_config(parser, PRESETS, argv)
+    args = parser.parse_args(argv)
     if not args.gallery and not args.data:
         parser.error("--data is required (or --gallery)")
     if args.markdown and not args.gallery:

@@ -8,12 +8,30 @@
 stats.json's "lookup_checks" says whether a test answer can be read off train or off the number
 in a yes/no query alone (srt/data/leakage.py; docs/synthetic-corpus.md).
 
+Paper vs this implementation, the one list (docs/pipeline.md links here):
+
+  1. The teacher: the paper's is Claude 3.7 Sonnet. The default here, --teacher oracle, writes the
+     corpus's own gold (the synthetic generator's planted H*, LoCoMo's evidence) in the paper's
+     `Turn X: 'content'` form; --teacher api:MODEL or hf:MODEL asks an LLM, as the paper does.
+  2. The corpus: the paper's SRQA (5,000 dialogues curated from MG-ShopDial, MultiWOZ, DailyDialog,
+     ReDial and LoCoMo) is not released. The default source is the embedded synthetic corpus
+     (docs/synthetic-corpus.md); each of those corpora has a reader (--source).
+  3. Eq. (2): Sim_sem is the cosine of all-MiniLM-L6-v2 embeddings (the paper names no encoder). A
+     round whose H* the corpus itself gives (LoCoMo's evidence, JSONL gold) is kept even in a
+     dialogue Eq. (2) does not select (corpus_gives_recall).
+  4. The verification filter's "string matching between A*_t and H*_t" looks for each answer key in
+     the recalled turns; an answer without keys must have its numbers and content words there, on
+     word boundaries (srt/data/teacher.py grounded); a yes/no answer derived from them is exempt.
+  5. Train, dev and test are split by dialogue (a LoCoMo conversation is one group), seeded; the
+     paper gives no split. A LoCoMo conversation, far longer than 32 rounds, gives each question a
+     window of --max-rounds - 1 of its rounds (--locomo-window; docs/pipeline.md).
+
 The records it writes feed every later stage; their format is in docs/design.md ("Data"), their
 reader and checks in srt/data_io.py. The sources live in srt/data/: synthetic.py (the embedded
 generator, one module per domain beside it) and corpora.py (LoCoMo, CoQA, MultiWOZ, DailyDialog,
 ReDial, MG-ShopDial, chit-chat, our JSONL); the LLM teachers of §3.2 (hf:MODEL, api:MODEL) and the
 answer-key-free grounding check in srt/data/teacher.py; the sentence embedder of Eq. (2) in
-srt/modeling.py. The prompt and the SFT target that later stages render from a record live in
+srt/embedder.py. The prompt and the SFT target that later stages render from a record live in
 srt/prompt.py.
 
 Run `python stage0_build.py --help`.
@@ -58,7 +76,9 @@ from srt.data.synthetic import generate_synthetic
 from srt.data.synthetic_common import keys_outside_recall
 from srt.data.teacher import gold_is_complete, grounded, make_teacher
 from srt.data_io import BUCKETS, bucket_of, write_json, write_jsonl
-from srt.modeling import device_flag, embed
+from srt.embedder import embed
+from srt.metrics import DISTANCE_BINS, distance_bin
+from srt.precision import device_flag
 from srt.prompt import format_target, his_tag
 
 
@@ -460,7 +480,7 @@ def corpus_stats(num_input, dialogues, splits, drops):
     for r in records:
         for label in r["recall"]:
             d = r["query_turn"] - int(label[1:])
-            distances["1-4" if d < 5 else "5-9" if d < 10 else "10-19" if d < 20 else "20+"] += 1
+            distances[distance_bin(d)] += 1
     return {
         "dialogues_in": num_input,
         "dialogues_kept": len(dialogues),
@@ -471,7 +491,7 @@ def corpus_stats(num_input, dialogues, splits, drops):
         "bucket_share": {str(b): round(buckets.get(b, 0) / n, 3) for b in BUCKETS},
         "recall_size_hist": {str(k): sizes[k] for k in sorted(sizes)},
         "share_recall_ge_2": round(sum(v for k, v in sizes.items() if k >= 2) / n, 3),
-        "recall_distance_hist": {k: distances.get(k, 0) for k in ("1-4", "5-9", "10-19", "20+")},
+        "recall_distance_hist": {k: distances.get(k, 0) for k in DISTANCE_BINS},
         # Eq. (2) keeps distractors: C~_t should be a real superset of H*, not H* alone (§3.3)
         "share_pruned_equals_recall": round(
             sum(set(r["pruned"]) == set(r["recall"]) for r in records) / n, 3
@@ -778,24 +798,15 @@ def built_with(out: Path, config: dict, outputs) -> bool:
     return all((out / name).exists() for name in outputs)
 
 
-def build(args) -> None:
-    """§3.2 from the source to the published build in --out (commit_build)."""
-    out = claim_out(args.out, "stage0_build.py", args.resume, args.overwrite)
-    config = {k: v for k, v in vars(args).items() if k not in RUN_ONLY}
-    outputs = ["train.jsonl", "dev.jsonl", "test.jsonl", "stats.json"]
-    if args.source == "locomo":
-        outputs.append("conversations.jsonl")
-    if args.resume and built_with(out, config, outputs):
-        print(f"{out}: already built with this config (--resume), nothing to do")
-        return
-    start = time.time()
+def read_inputs(args, out):
+    """-> (dialogues, source report, LoCoMo's whole conversations, teacher). Stops with one line,
+    before the teacher runs and before any output, where there is nothing the teacher could annotate."""
     try:
         dialogues, report = read_source(args)
         # LoCoMo's questions are asked after the whole conversation: retrievers read all of it
         conversations = locomo_conversations(args.path) if args.source == "locomo" else []
     except (ValueError, OSError) as e:  # DataError is a ValueError
         sys.exit(f"error: {e}")
-    windows = report.pop("locomo_windows", None)
     malformed = report.get("malformed", 0)
     if not dialogues:  # before the teacher and before any output: nothing already written is lost
         skipped = f" ({malformed} malformed, skipped)" if malformed else ""
@@ -813,15 +824,22 @@ def build(args) -> None:
             f"error: --source {args.source} carries no gold answers, so --teacher oracle can annotate "
             "nothing; use an LLM teacher: --teacher api:MODEL or hf:MODEL"
         )
+    return dialogues, report, conversations, teacher
+
+
+def annotate_and_split(args, dialogues, malformed, teacher, out):
+    """Deduplicate, keep the dialogues within the round limits, annotate them (Eq. (2), the teacher)
+    and split by dialogue. -> (splits, drops: what was dropped at each step, dialogues read, the ids of
+    the dialogues kept)."""
     num_input = len(dialogues) + malformed
     drops = Counter({"malformed": malformed} if malformed else {})
     dialogues, merged = deduplicate(dialogues, args.dedup_intent, args.dedup_jaccard)
     drops["deduplication"] = merged
     # a LoCoMo window of every round is asked for whole: --max-rounds does not bound it
     longest = float("inf") if args.source == "locomo" and args.locomo_window == "all" else args.max_rounds
-    in_range = [d for d in dialogues if args.min_rounds <= len(d["rounds"]) <= longest]
-    drops["length"] = len(dialogues) - len(in_range)
-    records, annotate_drops = annotate_dialogues(in_range, teacher, args, progress=not args.quiet)
+    within_rounds = [d for d in dialogues if args.min_rounds <= len(d["rounds"]) <= longest]
+    drops["length"] = len(dialogues) - len(within_rounds)
+    records, annotate_drops = annotate_dialogues(within_rounds, teacher, args, progress=not args.quiet)
     drops.update(annotate_drops)
     if not records:  # empty splits would only fail later stages: stop here, before any output
         dropped = ", ".join(f"{k} {v}" for k, v in drops.items() if v) or "none"
@@ -842,25 +860,10 @@ def build(args) -> None:
     ):
         splits["train"], unsupported = drop_unsupported(splits["train"])
         drops["train_evidence_outside_window"] = unsupported
-    stats = corpus_stats(num_input, kept_dialogues, splits, drops)
-    stats.update(
-        lookup_checks=lookup_checks(splits),
-        source=args.source,
-        source_report=report,
-        **({"locomo_windows": windows} if windows else {}),
-        teacher={"name": args.teacher, **getattr(teacher, "stats", {})},
-        seconds=round(time.time() - start, 1),
-    )
+    return splits, drops, num_input, kept_dialogues
 
-    def write(folder):
-        for name, part in splits.items():
-            write_jsonl(folder / f"{name}.jsonl", part)
-        if args.source == "locomo":
-            write_jsonl(folder / "conversations.jsonl", conversations)
-        write_json(folder / "stats.json", stats)
-        write_config(folder, config, "stage0_build.py")  # last: the mark of a finished build
 
-    commit_build(out, write)
+def print_build_summary(args, stats, num_input, out, report, windows, teacher, drops) -> None:
     print(
         f"stage0: {stats['dialogues_kept']}/{num_input} dialogues, {stats['queries']} queries "
         f"{stats['queries_per_split']} in {stats['seconds']} s -> {out}"
@@ -885,6 +888,44 @@ def build(args) -> None:
         print("  rounds without gold need an LLM teacher: --teacher api:MODEL or hf:MODEL")
     for message in report.get("errors", [])[:5]:
         print(f"  skipped: {message}")
+
+
+def build(args) -> None:
+    """§3.2 from the source to the published build in --out (commit_build)."""
+    out = claim_out(args.out, "stage0_build.py", args.resume, args.overwrite)
+    config = {k: v for k, v in vars(args).items() if k not in RUN_ONLY}
+    outputs = ["train.jsonl", "dev.jsonl", "test.jsonl", "stats.json"]
+    if args.source == "locomo":
+        outputs.append("conversations.jsonl")
+    if args.resume and built_with(out, config, outputs):
+        print(f"{out}: already built with this config (--resume), nothing to do")
+        return
+    start = time.time()
+    dialogues, report, conversations, teacher = read_inputs(args, out)
+    windows = report.pop("locomo_windows", None)
+    splits, drops, num_input, kept_dialogues = annotate_and_split(
+        args, dialogues, report.get("malformed", 0), teacher, out
+    )
+    stats = corpus_stats(num_input, kept_dialogues, splits, drops)
+    stats.update(
+        lookup_checks=lookup_checks(splits),
+        source=args.source,
+        source_report=report,
+        **({"locomo_windows": windows} if windows else {}),
+        teacher={"name": args.teacher, **getattr(teacher, "stats", {})},
+        seconds=round(time.time() - start, 1),
+    )
+
+    def write(folder):
+        for name, part in splits.items():
+            write_jsonl(folder / f"{name}.jsonl", part)
+        if args.source == "locomo":
+            write_jsonl(folder / "conversations.jsonl", conversations)
+        write_json(folder / "stats.json", stats)
+        write_config(folder, config, "stage0_build.py")  # last: the mark of a finished build
+
+    commit_build(out, write)
+    print_build_summary(args, stats, num_input, out, report, windows, teacher, drops)
 
 
 def main(argv=None) -> None:

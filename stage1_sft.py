@@ -7,7 +7,8 @@ Both phases minimise Eq. (3), the negative log-likelihood of the reasoning token
 answer tokens a_1..a_L given the prompt; prompt tokens carry no loss. AdamW with a constant learning
 rate after a linear warm-up (§4.1). One optimizer and one step counter run across both phases.
 
-Paper vs this implementation (flags in "beyond the paper" and "the paper's §3.3 and §4.1 settings"):
+Paper vs this implementation, the one list (docs/pipeline.md links here; the flags are in "beyond
+the paper" and "the paper's §3.3 and §4.1 settings"):
 
   1. The phases' split: the paper gives none. --max-steps is split by --phase1-fraction (0.5; the
      cpu-table2 preset 0.4), or each phase runs --epochs epochs; --phase 1 or 2 runs one alone.
@@ -51,7 +52,6 @@ from srt.completion import is_valid_format
 from srt.config import (
     MAX_BATCH,
     MAX_EPOCHS,
-    MAX_NEW_TOKENS,
     MAX_STEPS,
     at_least,
     in_range,
@@ -62,14 +62,10 @@ from srt.config import (
 )
 from srt.data_io import DataError, read_jsonl, read_mixture, write_json
 from srt.distributed import accumulate, clip_grad_norm, full_weights
-from srt.modeling import (
-    end_of_turn_id,
-    generate,
-    load_model_and_tokenizer,  # noqa: F401  (tests and bench/ build models through the script)
-    peak_gpu_gb,
-    resolve_dtype,
-    target_logprobs,
-)
+from srt.generation import generate, target_logprobs
+from srt.loading import end_of_turn_id
+from srt.precision import peak_gpu_gb, resolve_dtype
+from srt.probe import add_eval_flags
 from srt.prompt import fit_history, format_target
 from srt.recall import RECALL_MODES, copied_spans
 from srt.run import (
@@ -345,60 +341,21 @@ def train(cfg, parser=None):
         tick = time.perf_counter()
         step += 1
         phase, phase_step = phase_of_step[step - 1]
-        # Micro-batch `micro` of rank r holds slots (micro * world_size + r) * batch_size onwards.
-        indices = data[phase].batch_indices(phase_step)
-        mine = [
-            [data[phase].example(i) for i in indices[first : first + cfg.batch_size]]
-            for first in range(rank * cfg.batch_size, len(indices), world_size * cfg.batch_size)
-        ]
-        # Eq. (3) sums over tokens; normalise by the target tokens of the whole global batch, so
-        # every rank and micro-batch split gives the same gradient (DDP averages over ranks).
-        global_tokens = torch.tensor(
-            float(sum(len(e["labels"]) - e["labels"].count(IGNORE_INDEX) for part in mine for e in part)),
-            device=device,
-        )
-        if world_size > 1:
-            dist.all_reduce(global_tokens)
-        sums = {}
-        for micro, examples in enumerate(mine):
-            batch = {k: v.to(device) for k, v in collate(examples, tokenizer.pad_token_id).items()}
-            with accumulate(train_model, sync=micro == cfg.grad_accum - 1 or world_size == 1):
-                part = sft_loss_sums(train_model, batch, autocast_dtype)
-                (part["nll"] * world_size / global_tokens).backward()
-            for key, value in part.items():
-                sums[key] = sums.get(key, 0) + value.detach().float()
-            sums["all_tokens"] = sums.get("all_tokens", 0) + batch["attention_mask"].sum().float()
-        grad_norm = clip_grad_norm(model.parameters(), cfg.max_grad_norm)
+        micro_batches = rank_micro_batches(data[phase], phase_step, rank, world_size, cfg.batch_size)
         lr = warmup_lr(step, cfg.lr, cfg.warmup_steps)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-
-        keys = sorted(sums)
-        totals = torch.stack([sums[k] for k in keys])
-        if world_size > 1:
-            dist.all_reduce(totals)
-        totals = dict(zip(keys, totals.tolist()))
+        totals, grad_norm = sft_update(
+            model, train_model, optimizer, tokenizer, micro_batches, lr, cfg, run, autocast_dtype
+        )
         elapsed = time.perf_counter() - tick
         run.budget.record_step(elapsed)
         if run.main_process:
-            line = {
-                "step": step,
-                "phase": phase,
-                "loss": per_token(totals, "nll", "tokens"),
-                "loss_reasoning": per_token(totals, "reasoning_nll", "reasoning_tokens"),
-                "loss_answer": per_token(totals, "answer_nll", "answer_tokens"),
-                # an answer token's weight in Eq. (3) is 1 / (target tokens): it differs by target
-                "answer_token_share": totals["answer_tokens"] / max(totals["tokens"], 1.0),
-                "lr": lr,
-                "grad_norm": float(grad_norm),
-                "tokens_per_s": totals["all_tokens"] / elapsed,
-                "truncated": len(data[phase].truncated),
-                "elapsed_s": round(run.budget.elapsed_s(), 1),
-                "step_s": elapsed,
-                "peak_gpu_gb": peak_gpu_gb(device),
-            }
+            line = dict(step=step, phase=phase, **step_metrics(totals, lr, grad_norm, elapsed))
+            line.update(
+                truncated=len(data[phase].truncated),
+                elapsed_s=round(run.budget.elapsed_s(), 1),
+                step_s=elapsed,
+                peak_gpu_gb=peak_gpu_gb(device),
+            )
             if step % cfg.log_every == 0 or step == total_steps:
                 metrics.append(line)
             bar.set_postfix(phase=phase, loss=f"{line['loss']:.3f}")
@@ -411,6 +368,73 @@ def train(cfg, parser=None):
 
     run.save(step)
     run.save_final()
+    report_end_of_run(run, cfg, data, metrics, step, total_steps)
+    if cfg.eval_limit > 0:  # FSDP: every rank gathers the weights once, rank 0 generates alone
+        with full_weights(model):
+            if run.main_process:
+                evaluate_format(model, tokenizer, cfg, device, autocast_dtype)
+    return model
+
+
+def rank_micro_batches(phase_data, phase_step, rank, world_size, batch_size) -> list[list[dict]]:
+    """This rank's examples of the step's global batch, in micro-batches: micro-batch `micro` of rank
+    r holds slots (micro * world_size + r) * batch_size onwards."""
+    indices = phase_data.batch_indices(phase_step)
+    return [
+        [phase_data.example(i) for i in indices[first : first + batch_size]]
+        for first in range(rank * batch_size, len(indices), world_size * batch_size)
+    ]
+
+
+def sft_update(model, train_model, optimizer, tokenizer, micro_batches, lr, cfg, run, autocast_dtype):
+    """One optimizer step of Eq. (3) over this rank's micro-batches. -> (the step's sums over every
+    rank: nll, tokens, their reasoning and answer parts, all_tokens; the gradient norm)."""
+    device, world_size = run.device, run.world_size
+    # Eq. (3) sums over tokens; normalise by the target tokens of the whole global batch, so
+    # every rank and micro-batch split gives the same gradient (DDP averages over ranks).
+    targets = sum(len(e["labels"]) - e["labels"].count(IGNORE_INDEX) for part in micro_batches for e in part)
+    global_tokens = torch.tensor(float(targets), device=device)
+    if world_size > 1:
+        dist.all_reduce(global_tokens)
+    sums = {}
+    for micro, examples in enumerate(micro_batches):
+        batch = {k: v.to(device) for k, v in collate(examples, tokenizer.pad_token_id).items()}
+        with accumulate(train_model, sync=micro == cfg.grad_accum - 1 or world_size == 1):
+            part = sft_loss_sums(train_model, batch, autocast_dtype)
+            (part["nll"] * world_size / global_tokens).backward()
+        for key, value in part.items():
+            sums[key] = sums.get(key, 0) + value.detach().float()
+        sums["all_tokens"] = sums.get("all_tokens", 0) + batch["attention_mask"].sum().float()
+    grad_norm = clip_grad_norm(model.parameters(), cfg.max_grad_norm)
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+
+    keys = sorted(sums)
+    totals = torch.stack([sums[k] for k in keys])
+    if world_size > 1:
+        dist.all_reduce(totals)
+    return dict(zip(keys, totals.tolist())), grad_norm
+
+
+def step_metrics(totals, lr, grad_norm, elapsed) -> dict:
+    """The losses and rates of one step's line in metrics.jsonl, from sft_update's sums."""
+    return {
+        "loss": per_token(totals, "nll", "tokens"),
+        "loss_reasoning": per_token(totals, "reasoning_nll", "reasoning_tokens"),
+        "loss_answer": per_token(totals, "answer_nll", "answer_tokens"),
+        # an answer token's weight in Eq. (3) is 1 / (target tokens): it differs by target
+        "answer_token_share": totals["answer_tokens"] / max(totals["tokens"], 1.0),
+        "lr": lr,
+        "grad_norm": float(grad_norm),
+        "tokens_per_s": totals["all_tokens"] / elapsed,
+    }
+
+
+def report_end_of_run(run, cfg, data, metrics, step, total_steps) -> None:
+    """The warnings and the summary of a finished run: the examples cut to fit --max-length, a stop
+    before the last step, and the answer tokens' share of the target (summary.json)."""
     if run.main_process:
         for p, phase_data in data.items():
             if phase_data.truncated or phase_data.skipped:
@@ -434,11 +458,6 @@ def train(cfg, parser=None):
             share = summary["answer_token_share"]
             print(f"answer tokens: {share:.1%} of the target tokens (--target {cfg.target})", flush=True)
     run.barrier()
-    if cfg.eval_limit > 0:  # FSDP: every rank gathers the weights once, rank 0 generates alone
-        with full_weights(model):
-            if run.main_process:
-                evaluate_format(model, tokenizer, cfg, device, autocast_dtype)
-    return model
 
 
 # --------------------------------------------------------------------------------------------
@@ -461,11 +480,10 @@ PRESETS = {
 PRESETS["cpu-long"] = dict(PRESETS["cpu-table2"], max_steps=128)
 # `make demo`, the lesson: dialogues of 8-11 rounds (stage 0's cpu-lesson), so 1024 tokens hold every
 # prompt + target; recall is learned from the full-history records, so phase 1 (10 steps) only teaches
-# the format, and the learning rate is 4x cpu-table2's. 70 full-history steps (280 records) were the
-# fewest measured at 40% dev recall Jaccard on the AMX Xeon, but on the AVX-512 EPYC in bf16 the same
-# 80 steps scored 36.5% on test: 90 full-history steps (360 records), where the Xeon's dev curve
-# stood at 54-61% (docs/experiments/presets.md: the levers, measured; demo.md). A checkpoint
-# (weights and AdamW's moments, 1.6 GB) takes about 4 s to write: every 20 steps, not 8.
+# the format, and the learning rate is 4x cpu-table2's. 90 full-history steps, because fewer missed
+# the lesson's recall bar on one of the CPUs it was run on; a checkpoint (weights and AdamW's
+# moments) takes seconds to write, so one every 20 steps, not 8 (docs/experiments/presets.md, "The
+# lesson": each lever and what it cost; demo.md).
 PRESETS["cpu-lesson"] = dict(PRESETS["cpu-table2"], lr=2e-4, max_length=1024, max_steps=100,
                              phase1_fraction=0.1, save_every=20)
 # fmt: on
@@ -543,18 +561,13 @@ def build_parser() -> argparse.ArgumentParser:
         "learning curve; 0: none",
     )
     add("--log-every", type=at_least(1), default=1, help="append to metrics.jsonl every N steps")
-    add("--eval-data", default="runs/data/dev.jsonl", help="held-out JSONL for the final check")
-    add(
-        "--eval-limit",
-        type=at_least(0),
-        default=0,
-        help="generate on N held-out records at the end and report format validity",
-    )
-    add(
-        "--eval-max-new-tokens",
-        type=up_to(MAX_NEW_TOKENS),
-        default=256,
-        help="tokens per held-out completion",
+    add_eval_flags(
+        logs,
+        data="runs/data/dev.jsonl",
+        data_help="held-out JSONL for the final check",
+        limit=0,
+        limit_help="generate on N held-out records at the end and report format validity",
+        max_new_tokens=256,
     )
     return finish_parser(p, scale)
 

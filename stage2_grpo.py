@@ -80,7 +80,7 @@ import torch
 import torch.distributed as dist
 from tqdm.auto import tqdm
 
-from reward import ANSWER_GATES, ANSWER_REWARDS, compute_rewards
+from reward import add_answer_flags, compute_rewards
 from srt import grpo_explain
 from srt import run as harness  # srt/run.py: --out, ranks, loading, resume, checkpoints, logs
 from srt.config import MAX_NEW_TOKENS, Bounded, at_least, parse_config, positive, require, up_to
@@ -97,13 +97,9 @@ from srt.distributed import (
     gather_objects,
     shard_model,
 )
-from srt.modeling import (
-    autocast,
-    completion_logprobs,
-    generate,
-    parameter_digest,
-    peak_gpu_gb,
-)
+from srt.generation import completion_logprobs, generate
+from srt.loading import parameter_digest
+from srt.precision import peak_gpu_gb
 from srt.probe import (
     StepStats,
     add_probe_flags,
@@ -509,7 +505,7 @@ class TokenLogprobs(NamedTuple):
 def token_logprobs_of(models: Models, input_ids, attention_mask, completion_length, settings: StepSettings):
     """-> logprobs_of(model, rows, with_entropy=False) -> TokenLogprobs of the completion tokens of
     `rows` (one micro-batch) in one forward. One path for pi_old, pi_theta and pi_ref: each distinct
-    prompt runs once for its K rows (srt/modeling.py completion_logprobs) unless a wrapper (DDP, FSDP) or
+    prompt runs once for its K rows (srt/generation.py completion_logprobs) unless a wrapper (DDP, FSDP) or
     gradient checkpointing allows only one module call per backward. Suppressed tokens are never
     sampled (srt/decode.py), so they are left out of pi too."""
     policy = models.policy
@@ -524,19 +520,19 @@ def token_logprobs_of(models: Models, input_ids, attention_mask, completion_leng
     suppress = torch.tensor(suppress, device=input_ids.device) if suppress else None
 
     def logprobs_of(model, rows, with_entropy=False) -> TokenLogprobs:
-        with autocast(input_ids.device, settings.autocast_dtype):
-            return TokenLogprobs(
-                *completion_logprobs(
-                    model,
-                    input_ids[rows],
-                    attention_mask[rows],
-                    completion_length=completion_length,
-                    temperature=settings.temperature,
-                    with_entropy=with_entropy,
-                    share_prompts=share,
-                    suppress=suppress,
-                )
+        return TokenLogprobs(
+            *completion_logprobs(
+                model,
+                input_ids[rows],
+                attention_mask[rows],
+                completion_length=completion_length,
+                temperature=settings.temperature,
+                with_entropy=with_entropy,
+                share_prompts=share,
+                suppress=suppress,
+                autocast_dtype=settings.autocast_dtype,
             )
+        )
 
     return logprobs_of
 
@@ -782,19 +778,8 @@ def build_parser() -> argparse.ArgumentParser:
         "listed in the module docstring; each off or the paper's choice by default, but --is-cap, which "
         "acts only where rollouts come from a bf16 copy of the policy",
     )
+    add_answer_flags(beyond)
     add = beyond.add_argument
-    add(
-        "--answer-reward",
-        choices=ANSWER_REWARDS,
-        default="cosine",
-        help="Eq. (7): cosine (the paper), keys, both",
-    )
-    add(
-        "--answer-gate",
-        choices=ANSWER_GATES,
-        default="off",
-        help="recall: -1 for an answer whose recall missed H* (reward.py)",
-    )
     add(
         "--dynamic-sampling",
         choices=["off", "total", "recall"],

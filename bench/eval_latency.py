@@ -3,7 +3,7 @@ the shape of the latency column of the paper's Table 1 and of CueMem's token rat
 
 For full, recency, rag, srt-p, srt and cuemem, on the same test queries (a seeded draw of
 --per-bucket queries from each length bucket 8 / 16 / 24 / 32), through evaluate.py's own pieces
-(method_input builds each method's messages, modeling.render_chat its prompt, generate_batch
+(method_input builds each method's messages, prompt.render_chat its prompt, generate_batch
 answers greedily, metrics.final_answer parses):
 
 - per-request latency at batch size 1, after one untimed warm-up request per method: generation
@@ -125,7 +125,7 @@ def pick_queries(records, per_bucket: int, batch_size: int, seed: int) -> dict:
 
 def build_prompt(method, record, options, tokenizer):
     import evaluate
-    from srt.modeling import render_chat
+    from srt.prompt import render_chat
 
     start = time.perf_counter()
     messages, _ = evaluate.method_input(method, record, options)
@@ -163,8 +163,10 @@ def measure(args, methods: list[str], queries: dict) -> dict:
 
     import torch
 
+    from srt.embedder import load_embedder
+    from srt.loading import load_model_and_tokenizer
     from srt.metrics import SELF_RECALL_METHODS
-    from srt.modeling import load_embedder, load_model_and_tokenizer, resolve_dtype
+    from srt.precision import resolve_dtype
 
     options = {
         "recency_k": args.recency_k,

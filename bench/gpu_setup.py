@@ -42,7 +42,7 @@ def check_transformers() -> None:
 
 
 def export_shape(model_name: str, folder: str) -> None:
-    from srt.modeling import load_model_and_tokenizer
+    from srt.loading import load_model_and_tokenizer
 
     model, tokenizer = load_model_and_tokenizer(model_name, dtype="float32")
     for part in (model.config, model.generation_config, tokenizer):

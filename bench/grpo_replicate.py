@@ -344,9 +344,9 @@ def per_query(eval_dir: Path, names: list[str]) -> dict:
 
 def dtype_used(config_path: Path) -> dict:
     """The precision a run computed in, as its config.json records it (stage 1 writes the resolved
-    autocast dtype; where a run records only its --dtype and device, modeling.resolve_dtype's rule
+    autocast dtype; where a run records only its --dtype and device, precision.resolve_dtype's rule
     for them is given, marked as such)."""
-    from srt.modeling import resolve_dtype
+    from srt.precision import resolve_dtype
 
     cfg = json.loads(config_path.read_text())
     entry = {"dtype": cfg.get("dtype"), "device": cfg.get("device")}

@@ -22,13 +22,13 @@ What makes the ratio trustworthy, and what refuses it
 - torch must be the same version on both sides (bench/README.md pins it in TRL's venv); otherwise
   there is no ratio.
 - Equal work: every completion on both sides is exactly --max-new-tokens long. Both sides sample
-  with the stop tokens (modeling.stop_token_ids: eos and <|im_end|>) suppressed through the same
+  with the stop tokens (generation.stop_token_ids: eos and <|im_end|>) suppressed through the same
   Hugging Face GenerationConfig field, `suppress_tokens`: TRL through GRPOConfig.generation_kwargs;
   ours through the model's generation_config, whose suppress_tokens both engines of
-  modeling.generate honour (our decode loop reads it; Hugging Face `generate` merges it into the
-  explicit GenerationConfig, which sets none; stage2_grpo.py and modeling.py are untouched).
+  generation.generate honour (our decode loop reads it; Hugging Face `generate` merges it into the
+  explicit GenerationConfig, which sets none; stage2_grpo.py and srt/generation.py are untouched).
   The claim is then checked from the token counts: a wrapper around transformers' generate counts
-  each row's tokens up to the first stop token (modeling.completion_mask, the rule both sides use),
+  each row's tokens up to the first stop token (generation.completion_mask, the rule both sides use),
   stage 2 logs its mean completion length, TRL hands its completion ids to the reward. Any row
   shorter than the cap, on either side, and there is no ratio.
 - The same prompts in the same order (digests compared), the same reward (ours,
@@ -52,7 +52,7 @@ is median / median.
 Where the times come from. Ours: step_s, generate_s, score_s, train_s of stage 2's own
 metrics.jsonl; the worker times from outside to split train_s and count tokens: each step
 (stage2_grpo.train's step_fn, a timed grpo_step: step windows, prompts, memory marks), the log-prob
-passes (srt/modeling.completion_logprobs, wrapped before stage 2 imports it: old / reference / loss
+passes (srt/generation.completion_logprobs, wrapped before stage 2 imports it: old / reference / loss
 forward) and the decoding (transformers' GenerationMixin.generate and srt/decode.decode: decode time
 and lengths).
 TRL: a TrainerCallback around each update, and a GRPOTrainer subclass timing _generate and
@@ -418,7 +418,7 @@ def render_table(rows: list[dict], refused: bool) -> str:
 def resolve_model_dir(name: str, out: Path) -> str:
     """A folder both sides load from (TRL builds its reference model from the policy's folder).
     tiny-random is saved once under <out>; smollm2-135m is stage 1's cached conversion."""
-    from srt.modeling import cache_dir, load_model_and_tokenizer
+    from srt.loading import cache_dir, load_model_and_tokenizer
 
     if name == "tiny-random":
         target = out / "model-tiny-random"
@@ -437,7 +437,7 @@ def resolve_model_dir(name: str, out: Path) -> str:
 def pick_prompts(data: str, model_dir: str, args) -> list[tuple[dict, str]]:
     """The steps * P (record, rendered prompt) pairs stage2_grpo will draw, in its order."""
     from srt.data_io import DataError
-    from srt.modeling import load_model_and_tokenizer
+    from srt.loading import load_model_and_tokenizer
     from srt.rollouts import PromptStream
 
     try:

@@ -138,12 +138,12 @@ class Instruments:
             linears[-1].register_forward_hook(recorder("matmul"))
 
     def wrap_generate(self) -> None:
-        """Time transformers' generate and our decode loop (srt/decode.py, modeling.generate's
+        """Time transformers' generate and our decode loop (srt/decode.py, generation.generate's
         default engine), and count each row's tokens up to its first stop token."""
         from transformers.generation.utils import GenerationMixin
 
         from srt import decode
-        from srt.modeling import completion_mask
+        from srt.generation import completion_mask
 
         instruments = self
 
@@ -249,7 +249,7 @@ def split_steps(steps: list[dict], instruments: Instruments, rewards: list[dict]
 def run_ours(spec: dict, run: dict) -> int:
     import torch
 
-    from srt import modeling
+    from srt import embedder, generation, loading
 
     cuda = torch.cuda.is_available()
     instruments = Instruments(torch.cuda.synchronize if cuda else None)
@@ -311,34 +311,34 @@ def run_ours(spec: dict, run: dict) -> int:
     ]
 
     loaded = []
-    load = modeling.load_model_and_tokenizer
+    load = loading.load_model_and_tokenizer
 
     def load_and_watch(*args, **kwargs):
         model, tokenizer = load(*args, **kwargs)
         # Equal work: no stop token can be sampled, so every completion runs to --max-new-tokens.
-        instruments.stop_ids = modeling.stop_token_ids(model, tokenizer)
+        instruments.stop_ids = generation.stop_token_ids(model, tokenizer)
         model.generation_config.suppress_tokens = list(instruments.stop_ids)
         instruments.hook_precision(model, f"model{len(loaded)}")
         loaded.append(model)
         return model, tokenizer
 
     roles = {}
-    logprobs = modeling.completion_logprobs
+    real_logprobs = generation.completion_logprobs
 
     def timed_logprobs(model, *args, **kwargs):
         if torch.is_grad_enabled():
             kind = "loss_forward"
         else:
             kind = "ref_logprobs" if model is roles.get("ref") else "old_logprobs"
-        return instruments.timed_call(kind, logprobs, model, *args, **kwargs)
+        return instruments.timed_call(kind, real_logprobs, model, *args, **kwargs)
 
-    # The loads and the log-prob passes are timed in srt/modeling.py, before the run harness
-    # (srt/run.py, which loads the models) and stage 2 (which scores the log-probs) import the two
-    # names from it (this process has imported neither yet; checked after).
+    # The loads and the log-prob passes are timed in srt/loading.py and srt/generation.py, before the
+    # run harness (srt/run.py, which loads the models) and stage 2 (which scores the log-probs) import
+    # the two names from them (this process has imported neither yet; checked after).
     if "stage2_grpo" in sys.modules or "srt.run" in sys.modules:
         sys.exit("error: the ours worker must import stage2_grpo itself, after its instruments")
-    modeling.load_model_and_tokenizer = load_and_watch
-    modeling.completion_logprobs = timed_logprobs
+    loading.load_model_and_tokenizer = load_and_watch
+    generation.completion_logprobs = timed_logprobs
     import stage2_grpo
     from srt import run as run_harness
 
@@ -347,7 +347,7 @@ def run_ours(spec: dict, run: dict) -> int:
         timed_logprobs,
     ):
         sys.exit("error: srt/run.py no longer imports load_model_and_tokenizer, or stage 2 "
-                 "completion_logprobs, from srt.modeling; update the ours worker")  # fmt: skip
+                 "completion_logprobs, from srt.loading, srt.policy; update")  # fmt: skip
 
     windows = []
     grpo_step = stage2_grpo.grpo_step
@@ -370,7 +370,7 @@ def run_ours(spec: dict, run: dict) -> int:
         )
         return result
 
-    modeling.load_embedder()  # both sides carry the embedder, whether or not a sample reaches `Final answer:`
+    embedder.load_embedder()  # both sides carry the embedder, whether or not a sample reaches `Final answer:`
     start = time.perf_counter()
     stage2_grpo.train(stage2_grpo.parse_args(argv), step_fn=marked_grpo_step)
     total = time.perf_counter() - start
@@ -431,7 +431,9 @@ def run_trl(spec: dict, run: dict) -> int:
         sys.exit(f"error: {e}; {trl_install_hint()}")
     import torch
 
-    from srt.modeling import load_embedder, load_model_and_tokenizer, stop_token_ids
+    from srt.embedder import load_embedder
+    from srt.generation import stop_token_ids
+    from srt.loading import load_model_and_tokenizer
 
     for method in ("_generate", "_get_per_token_logps_and_entropies"):
         if not hasattr(GRPOTrainer, method):
@@ -508,7 +510,7 @@ def run_trl(spec: dict, run: dict) -> int:
             instruments.sync()
             updates.append({"start": self.start, "end": time.perf_counter(), **memory_mark()})
 
-    generated = []  # {start, seconds}: _generate = tokenize + generate + decode, as modeling.generate
+    generated = []  # {start, seconds}: _generate = tokenize + generate + decode, as generation.generate
 
     class TimedGRPOTrainer(GRPOTrainer):
         def _generate(self, prompts):

@@ -40,8 +40,8 @@ def cpu_model() -> str:
 
 
 def cpu_flags() -> set[str]:
-    """/proc/cpuinfo's flags: modeling.cpu_flags, the ones its bf16 probe reads."""
-    from srt.modeling import cpu_flags
+    """/proc/cpuinfo's flags: precision.cpu_flags, the ones its bf16 probe reads."""
+    from srt.precision import cpu_flags
 
     return cpu_flags()
 
@@ -49,12 +49,12 @@ def cpu_flags() -> set[str]:
 def machine() -> dict:
     """Everything a reader needs to judge whether a table applies to their machine. bf16 units:
     AMX (amx_bf16) or AVX512-BF16 (avx512_bf16), either of which makes bf16 autocast faster than fp32
-    (modeling.cpu_has_fast_bf16, bench/precision.py), so both are recorded. "AMD EPYC" names
+    (precision.cpu_has_fast_bf16, bench/precision.py), so both are recorded. "AMD EPYC" names
     more than one machine kind: the vector ISA that ATen's kernels run (AVX2 or AVX512) told a
     2-core EPYC with AVX-512 apart from one without, which took about twice as long a step."""
     import torch
 
-    from srt.modeling import cpu_has_fast_bf16
+    from srt.precision import cpu_has_fast_bf16
 
     flags = cpu_flags()
     info = {
@@ -100,11 +100,11 @@ def _version(name: str):
 
 
 def bf16_available() -> bool:
-    """Where bf16 autocast pays: a GPU, or a CPU with AMX or AVX512-BF16 (modeling.resolve_dtype's
+    """Where bf16 autocast pays: a GPU, or a CPU with AMX or AVX512-BF16 (precision.resolve_dtype's
     rule)."""
     import torch
 
-    from srt.modeling import cpu_has_fast_bf16
+    from srt.precision import cpu_has_fast_bf16
 
     return torch.cuda.is_available() or cpu_has_fast_bf16()
 

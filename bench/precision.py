@@ -1,6 +1,6 @@
 """Benchmark: bf16 autocast against plain fp32 on this machine, for what `--dtype auto` decides.
 
-`--dtype auto` keeps fp32 master weights and adds bf16 autocast where modeling.cpu_has_fast_bf16
+`--dtype auto` keeps fp32 master weights and adds bf16 autocast where precision.cpu_has_fast_bf16
 (or a GPU) says bf16 is faster; this script measures whether it is, on the work the lesson does,
 with the same model object on both sides (fp32 weights; the bf16 side under bf16 autocast, and its
 rollouts and answers on decode's bf16 sampling copy, as stage 2 and evaluate.py run them):
@@ -189,7 +189,9 @@ def main(argv=None) -> dict:
 
     import stage1_sft
     import stage2_grpo
-    from srt.modeling import load_model_and_tokenizer, resolve_dtype, stop_token_ids
+    from srt.generation import stop_token_ids
+    from srt.loading import load_model_and_tokenizer
+    from srt.precision import resolve_dtype
 
     for stage in (stage1_sft, stage2_grpo):
         if args.preset not in stage.PRESETS:

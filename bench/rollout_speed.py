@@ -1,7 +1,7 @@
 """Benchmark: rollouts through our decode loop (srt/decode.py) against Hugging Face `generate`, in
 generated tokens per second, on the same prompts, the same K and the same lengths.
 
-Both sides call modeling.generate on the same rendered stage-2 prompts (srt.rollouts.PromptStream
+Both sides call generation.generate on the same rendered stage-2 prompts (srt.rollouts.PromptStream
 over --data, as stage2_grpo draws them) and differ only in `engine`: "ours" or "hf". Each runs as
 stage 2 runs it at --precision auto: where the hardware has bf16 units (a GPU, a CPU with AMX or
 AVX512-BF16) ours on its bf16 copy of the policy and generate under bf16 autocast; elsewhere both
@@ -155,14 +155,14 @@ def observed_precision(model, run) -> dict:
 def speed(args) -> None:
     import torch
 
-    from srt import decode, modeling
+    from srt import decode, generation, loading, precision
 
     dtype, device = {"auto": "auto", "fp32": "float32", "bf16": "float32"}[args.precision], default_device()
-    model, tokenizer = modeling.load_model_and_tokenizer(args.model, dtype=dtype, device=device)
-    _, autocast_dtype = modeling.resolve_dtype(dtype, device)
+    model, tokenizer = loading.load_model_and_tokenizer(args.model, dtype=dtype, device=device)
+    _, autocast_dtype = precision.resolve_dtype(dtype, device)
     if args.precision == "bf16":
         autocast_dtype = torch.bfloat16
-    stops = modeling.stop_token_ids(model, tokenizer)
+    stops = generation.stop_token_ids(model, tokenizer)
     model.generation_config.suppress_tokens = stops  # equal work: every row runs to the cap
     prompts = load_prompts(args, tokenizer, args.prompts)
 
@@ -179,7 +179,7 @@ def speed(args) -> None:
             start, cpu_start = time.perf_counter(), time.process_time()
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
-                out = modeling.generate(
+                out = generation.generate(
                     model,
                     tokenizer,
                     prompts,
@@ -339,15 +339,15 @@ def speed(args) -> None:
 def check(args) -> None:
     import torch
 
-    from srt import modeling
+    from srt import generation, loading
 
-    model, tokenizer = modeling.load_model_and_tokenizer(args.model, dtype="float32", device=default_device())
+    model, tokenizer = loading.load_model_and_tokenizer(args.model, dtype="float32", device=default_device())
     prompts = load_prompts(args, tokenizer, args.check_prompts)
     first_difference, rows, tokens, equal_rows = None, 0, 0, 0
     for start in range(0, len(prompts), args.batch_size):
         batch = prompts[start : start + args.batch_size]
         outs = {
-            engine: modeling.generate(
+            engine: generation.generate(
                 model, tokenizer, batch, args.max_new_tokens, greedy=True, engine=engine
             )
             for engine in ENGINES

@@ -87,7 +87,7 @@ def measure(sampler: str, args, records) -> dict:
 
     import stage2_grpo as g
     from reward import compute_rewards
-    from srt.modeling import _fix_tokenizer, load_model_and_tokenizer
+    from srt.loading import _fix_tokenizer, load_model_and_tokenizer
     from srt.rollouts import PromptStream
 
     policy, tokenizer = load_model_and_tokenizer(args.model, dtype="float32")

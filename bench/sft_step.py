@@ -29,7 +29,8 @@ import stage1_sft  # noqa: E402
 from srt.config import at_least  # noqa: E402
 from srt.data_io import read_mixture  # noqa: E402
 from srt.distributed import clip_grad_norm  # noqa: E402
-from srt.modeling import load_model_and_tokenizer, resolve_dtype  # noqa: E402
+from srt.loading import load_model_and_tokenizer  # noqa: E402
+from srt.precision import resolve_dtype
 
 OPTIMIZERS = ("loop", "fused")  # torch.optim.AdamW's default on a CPU, and fused=True
 

@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import stage1_sft  # noqa: E402
 from srt.data_io import read_mixture  # noqa: E402
-from srt.modeling import load_model_and_tokenizer  # noqa: E402
+from srt.loading import load_model_and_tokenizer  # noqa: E402
 
 
 def count(cfg, records, tokenizer) -> dict:

@@ -5,9 +5,12 @@ The scripts at the top of the repository read like the paper (stage0_build.py §
 share lives here, one job a module:
 
     prompt        the prompt P(Q_t, C_t), the target (Z_t, A*_t), fitting a prompt to a token budget
-    modeling      models and tokenizers, precision, the one batched `generate`, log-probs, the embedder
+    loading       loading models and tokenizers, what names their weights, dropout off
+    precision     devices and precision: the CPU's bf16 units, the dtype of weights and autocast
+    generation    the one batched `generate` every caller uses, and the log-probs of chosen tokens
+    embedder      the sentence embedder all-MiniLM-L6-v2 (Eq. (2), Eq. (7))
     decode        the decode loop behind `generate`: one prefill per prompt, a static KV cache, sampling
-    rollouts      GRPO's prompt stream and its K samples per prompt (dynamic sampling)
+    rollouts      GRPO's prompt stream and the Rollout record the update reads
     probe         the greedy probes a training run logs (recall Jaccard, F1, format)
     step_page     one GRPO step as an HTML page: K completions side by side, tokens shaded by ratio
     reward_gallery

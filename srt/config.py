@@ -91,10 +91,6 @@ def in_range(low, high, kind=float) -> Bounded:
     return Bounded(kind, low=low, high=high)
 
 
-# Presets are named for what they serve: cpu-table2 is `make table2`'s, cpu-lesson `make demo`'s.
-RENAMED_PRESETS = {"cpu-demo": "cpu-table2"}
-
-
 def parse_config(parser: argparse.ArgumentParser, presets: dict, argv=None) -> argparse.Namespace:
     """Parse `argv` with `--preset` applied: argparse default < preset < explicit flag. Every
     bounded flag's final value is checked, a preset's included."""
@@ -104,13 +100,6 @@ def parse_config(parser: argparse.ArgumentParser, presets: dict, argv=None) -> a
         help="a named set of defaults (explicit flags win): " + ", ".join(sorted(presets)),
     )
     argv = sys.argv[1:] if argv is None else list(argv)
-    for old, new in RENAMED_PRESETS.items():  # a former name still works, and says what it is now
-        if old in argv and argv[argv.index(old) - 1] == "--preset" and new in presets:
-            print(f"note: --preset {old} is now called {new}", file=sys.stderr)
-            argv[argv.index(old)] = new
-        elif f"--preset={old}" in argv and new in presets:
-            print(f"note: --preset {old} is now called {new}", file=sys.stderr)
-            argv[argv.index(f"--preset={old}")] = f"--preset={new}"
     known, _ = parser.parse_known_args(argv)
     if known.preset:
         dests = {action.dest for action in parser._actions}

@@ -1,4 +1,4 @@
-"""Our decode loop: the sampling behind every GRPO rollout and evaluation answer (modeling.generate),
+"""Our decode loop: the sampling behind every GRPO rollout and evaluation answer (generation.generate),
 in plain PyTorch, as nanochat's engine is.
 
     prefill  each distinct prompt runs once, through the model's own forward (plainly causal where
@@ -19,15 +19,15 @@ in plain PyTorch, as nanochat's engine is.
 It returns what Hugging Face `generate` returns (prompt + completion ids, rows grouped by prompt),
 token for token the same under greedy decoding (tests/test_decode.py); sampled, it draws from the
 same distribution with its own random numbers (inverse transform, one uniform number per row).
-`generate` stays the reference path: modeling.generate(engine="hf").
+`generate` stays the reference path: generation.generate(engine="hf").
 
 Speed. Decoding one token reads every weight and the whole KV cache, so it is bound by memory, not
 arithmetic. For Llama-family models the decode step is written out (GroupedStep): the K samples of
 a prompt attend to the prompt's keys and values together, in one attention call per layer, so the
 prompt is read once per group instead of K times, and on a CPU the weights are prepacked for the
 matmul. Other architectures run the model's own forward at every step (StaticKVCache). Where the
-hardware has bf16 units (a GPU, a CPU with AMX or AVX512-BF16: modeling.cpu_has_fast_bf16, the rule
-of modeling.resolve_dtype, whose autocast dtype decides it) the rollouts run on a bf16 copy of the
+hardware has bf16 units (a GPU, a CPU with AMX or AVX512-BF16: precision.cpu_has_fast_bf16, the rule
+of precision.resolve_dtype, whose autocast dtype decides it) the rollouts run on a bf16 copy of the
 policy (`sampling_model`), which reads half the bytes and casts nothing at run time, where bf16
 autocast casts every weight at every step; under FSDP they run on the weights gathered for the batch
 (distributed.full_weights), as a module without FSDP's hooks. On a GPU the decode step is captured
@@ -42,6 +42,7 @@ import weakref
 import torch
 
 from srt.distributed import all_ranks_any, is_fsdp, is_gathered, plain_module
+from srt.precision import autocast
 
 
 # --------------------------------------------------------------------------------------------
@@ -407,6 +408,35 @@ def last_column(width: int, device):
     return torch.tensor([width - 1], device=device)
 
 
+def sample(model, encoded, *, max_new_tokens, stop_ids, pad_id, autocast_dtype, synced, **settings):
+    """generation.generate's engine "ours": decode on sampling_model's copy of the model, under
+    autocast where the copy is the model itself. encoded: the tokenizer's left-padded prompts;
+    settings: decode's sampling settings. -> (sequences [B * K, P + C], the sampler's
+    log-probs [B * K, C], True where the copy rule wrote the token [B * K, C])."""
+    sampler = sampling_model(model, autocast_dtype)
+    # Inference mode: a decode step's ~700 small ops skip autograd's bookkeeping (version
+    # counters, view tracking), about 4% of a rollout on a CPU (bench/README.md). Not on an
+    # FSDP module, whose hooks manage the parameters' storage; inside full_weights the sampler
+    # is the plain module over the gathered weights, which has none.
+    inference = not (synced or is_fsdp(sampler))
+    device = encoded.input_ids.device
+    with autocast(device, autocast_dtype if sampler is model else None), torch.inference_mode(inference):
+        sequences, sampler_logprobs, copied = decode(
+            sampler,
+            encoded.input_ids,
+            encoded.attention_mask,
+            max_new_tokens,
+            stop_ids,
+            pad_id,
+            synced=synced,
+            with_logprobs=True,
+            **settings,
+        )
+    # A normal tensor again: stage 2's loss embeds these ids, and autograd cannot save an
+    # inference tensor for the backward pass.
+    return sequences.clone(), sampler_logprobs.clone(), copied
+
+
 @torch.no_grad()
 def decode(
     model,
@@ -434,7 +464,7 @@ def decode(
     C], copied [B * K, C]): each completion token's log-probability under the distribution it was
     drawn from (next_tokens; 0 on padding and on copied tokens), which GRPO keeps as log pi_sampler,
     and True where copy_rule wrote the token. `stopping(completion_so_far [rows, t])` -> bool per
-    row, called after each step, ends rows on the caller's own test (modeling.generate's stop_when).
+    row, called after each step, ends rows on the caller's own test (generation.generate's stop_when).
     prefill_once False prefills each of the K copies of a prompt (the reference for the tests).
     synced: the forward pass communicates (FSDP with sharded weights), so every rank runs as many
     steps as the slowest one. static_shapes: every step attends to all the columns of the cache,
@@ -466,10 +496,33 @@ def decode(
     stop_ids = torch.tensor(list(stop_ids), device=device)
     suppress = model.generation_config.suppress_tokens  # the one field of it both engines honour
     suppress = torch.tensor(suppress, device=device) if suppress else None
+    logits = prefill(model, input_ids, attention_mask_2d, cache, per_prompt)
+    real = attention_mask_2d.bool()
+    grouped_step = GroupedStep(model, cache) if grouped else None
+    if copying:
+        sequences, logprobs, copied = decode_with_copies(
+            grouped_step, input_ids.repeat_interleave(per_prompt, dim=0), real, logits, max_new_tokens,
+            stop_ids, pad_id, temperature, top_p, greedy, suppress, copy_rule,
+        )  # fmt: skip
+    else:
+        # FSDP's hooks synchronize streams around every forward: no graph under FSDP.
+        use_graph = (
+            cuda_graph and device.type == "cuda" and not (synced or is_fsdp(model)) and max_new_tokens > 2
+        )
+        sequences, logprobs, copied = decode_token_by_token(
+            model, grouped_step, cache, input_ids, real, per_prompt, logits, max_new_tokens, stop_ids, pad_id,
+            (temperature, top_p, greedy, suppress), copy_rule, stopping, synced, static_shapes or use_graph,
+            use_graph,
+        )  # fmt: skip
+    return (sequences, logprobs, copied) if with_logprobs else sequences
 
-    # Prefill: causal over the real tokens; a padding position sees itself only (never an empty row).
-    # Prompts without padding pass no mask: the model's attention is then plainly causal, and SDPA
-    # skips the upper half of the scores instead of computing it and masking it out.
+
+def prefill(model, input_ids, attention_mask_2d, cache, per_prompt):
+    """The prompts' forward into `cache` -> the logits of each prompt's last position, repeated for
+    its `per_prompt` rows [rows, V]. Causal over the real tokens; a padding position sees itself only
+    (never an empty row). Prompts without padding pass no mask: the model's attention is then plainly
+    causal, and SDPA skips the upper half of the scores instead of computing it and masking it out."""
+    device, width = input_ids.device, input_ids.shape[1]
     real = attention_mask_2d.bool()
     prefill_mask = None
     if not bool(real.all()):
@@ -495,7 +548,19 @@ def decode(
             f"decode: the model's forward wrote no keys or values to the cache it was handed "
             f"(transformers {transformers.__version__}); install the version of requirements.txt"
         )
+    return logits
 
+
+def decode_token_by_token(
+    model, grouped_step, cache, input_ids, real, per_prompt, logits, max_new_tokens, stop_ids, pad_id,
+    sampling, copy_rule, stopping, synced, static_shapes, use_graph,
+):  # fmt: skip
+    """decode's loop, one token a row a step, after the prefill: input_ids and real [B, P] (False:
+    padding), logits [rows, V] of the prefill, sampling (temperature, top_p, greedy, suppress) for
+    next_tokens. A copy_rule's turn is written here one token a step. -> (sequences [rows, P + C],
+    log-probabilities [rows, C], True where copy_rule wrote the token [rows, C])."""
+    device, width = input_ids.device, input_ids.shape[1]
+    rows, length = real.shape[0] * per_prompt, width + max_new_tokens
     # The decode step reads these buffers in place (a CUDA graph replays on their addresses).
     key_mask = torch.zeros(rows, length, dtype=torch.bool, device=device)
     key_mask[:, :width] = real.repeat_interleave(per_prompt, dim=0)
@@ -503,14 +568,6 @@ def decode(
     tokens = torch.full((rows, 1), pad_id, dtype=torch.long, device=device)
     positions = prompt_lengths.clone()
     cache.column = torch.tensor([width], device=device)
-
-    grouped_step = GroupedStep(model, cache) if grouped else None
-    if copying:
-        sequences, logprobs, copied = decode_with_copies(
-            grouped_step, input_ids.repeat_interleave(per_prompt, dim=0), real, logits, max_new_tokens,
-            stop_ids, pad_id, temperature, top_p, greedy, suppress, copy_rule,
-        )  # fmt: skip
-        return (sequences, logprobs, copied) if with_logprobs else sequences
 
     def step():
         if grouped_step is not None:
@@ -523,9 +580,6 @@ def decode(
             use_cache=True,
         ).logits[:, -1]
 
-    # FSDP's hooks synchronize streams around every forward: no graph under FSDP.
-    use_graph = cuda_graph and device.type == "cuda" and not (synced or is_fsdp(model)) and max_new_tokens > 2
-    static_shapes = static_shapes or use_graph
     cache.visible = length
     graph, graph_logits = capture_step(step) if use_graph else (None, None)
 
@@ -535,7 +589,7 @@ def decode(
     queues = [[] for _ in range(rows)]  # each row's copied tokens still to write, one a step here
     finished = torch.zeros(rows, dtype=torch.bool, device=device)
     for t in range(max_new_tokens):
-        token, logprob = next_tokens(logits, temperature, top_p, greedy, suppress)  # every row: one draw each
+        token, logprob = next_tokens(logits, *sampling)  # every row: one draw each
         for row in (r for r in range(rows) if queues[r]):  # the program's token, not the draw
             token[row], logprob[row], copied[row, t] = queues[row].pop(0), 0.0, not finished[row]
         completion[:, t] = torch.where(finished, pad_id, token)
@@ -565,7 +619,7 @@ def decode(
         else:
             logits = step()
     sequences = torch.cat([input_ids.repeat_interleave(per_prompt, dim=0), completion[:, : t + 1]], dim=1)
-    return (sequences, logprobs[:, : t + 1], copied[:, : t + 1]) if with_logprobs else sequences
+    return sequences, logprobs[:, : t + 1], copied[:, : t + 1]
 
 
 def decode_with_copies(
@@ -683,7 +737,7 @@ def weight_versions(model) -> tuple:
 
 
 def sampling_model(model, dtype):
-    """The model rollouts run on. `dtype` is modeling.resolve_dtype's autocast dtype: bf16 where
+    """The model rollouts run on. `dtype` is precision.resolve_dtype's autocast dtype: bf16 where
     the hardware has bf16 units (a GPU, a CPU with AMX or AVX512-BF16), None elsewhere (plain fp32).
     With bf16 and wider weights: a bf16 copy of the model (its forward hooks and tied weights kept;
     its buffers, RoPE's inv_freq, stay fp32), made once and refreshed from the model's weights
@@ -745,10 +799,3 @@ def _after_optimizer_step(optimizer, *_) -> None:
         for sampler in (model, entry["model"]):
             if sampler is not None:
                 _PACKED.pop(sampler, None)
-
-
-def follow_optimizer(model, optimizer) -> None:
-    """Kept for its callers (stage 2's train()): `optimizer`'s steps mark `model`'s sampling copy and
-    packed weights stale, as every optimizer's steps now do (watch_optimizers)."""
-    _COPIES.setdefault(model, {"model": None, "stale": True, "versions": None})
-    watch_optimizers()

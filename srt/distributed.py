@@ -21,7 +21,6 @@ do not fit one GPU (the paper's 7B backbone on 8 x A100-80GB, §4.1). PyTorch's 
 
 from __future__ import annotations
 
-import argparse
 import copy
 import os
 import shutil
@@ -34,7 +33,6 @@ import torch
 import torch.distributed as dist
 
 from srt.checkpoint import publish_dir, swap_in
-from srt.config import at_least, positive
 from srt.data_io import write_json
 
 # --------------------------------------------------------------------------------------------
@@ -104,36 +102,6 @@ def all_ranks_any(flag: bool, device) -> bool:
 
 
 SHARDED_DIR = "sharded"  # the DCP folder inside a checkpoint of an FSDP run
-
-
-def add_scale_flags(parser: argparse.ArgumentParser) -> None:
-    """The flags both training stages share for running at scale, and for planning a run."""
-    add = parser.add_argument
-    add(
-        "--fsdp",
-        action="store_true",
-        help="shard weights, gradients and AdamW state over the ranks (FSDP2); "
-        "run under torchrun (also with one process)",
-    )
-    add(
-        "--dist-timeout-minutes",
-        type=positive(float),
-        default=None,
-        help="timeout of every collective and barrier (default: $SRT_DIST_TIMEOUT_MINUTES or 60)",
-    )
-    add("--dry-run", action="store_true", help="print the per-GPU memory plan and exit; downloads nothing")
-    add(
-        "--world-size",
-        type=at_least(1),
-        default=None,
-        help="GPUs to plan for with --dry-run (default: this run's)",
-    )
-    add(
-        "--gpu-memory-gb",
-        type=positive(float),
-        default=None,
-        help="memory per GPU the plan must fit (default: this GPU's, else 80 as on an A100-80GB)",
-    )
 
 
 def wrap_model(model, device, world_size: int, fsdp: bool, autocast_dtype):
@@ -399,29 +367,3 @@ def save_final(path, model, tokenizer, fsdp: bool) -> None:
         save_full(path, model, tokenizer)
     elif not dist.is_initialized() or dist.get_rank() == 0:
         save_model(path, model, tokenizer)
-
-
-def merge_probes(results: list[dict]) -> dict:
-    """Greedy probes (probe.greedy_probe) of the ranks' slices of the held-out records -> one, as if
-    a single process had run them all: counts summed, means weighted by the records scored, the
-    slowest rank's seconds, the first examples."""
-    import math
-
-    n = sum(r["n"] for r in results)
-    merged = {}
-    for key, value in results[0].items():
-        values = [r[key] for r in results]
-        if key == "seconds":
-            merged[key] = max(values)
-        elif isinstance(value, list):
-            merged[key] = [x for v in values for x in v][:3]
-        elif isinstance(value, int):
-            merged[key] = sum(values)
-        else:
-            weight = "n_needed" if key == "jaccard_needed" else "n"  # its mean is over queries with H* only
-            scored = [(v, r[weight]) for v, r in zip(values, results) if r[weight] and not math.isnan(v)]
-            merged[key] = (
-                sum(v * k for v, k in scored) / sum(k for _, k in scored) if scored else float("nan")
-            )
-    merged["n"] = n
-    return merged

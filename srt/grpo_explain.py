@@ -20,7 +20,8 @@ import torch
 from srt.config import at_least
 from srt.data_io import read_mixture
 from srt.distributed import setup_distributed
-from srt.modeling import GRPO_DROPOUT_NOTE, load_model_and_tokenizer, resolve_dtype, zero_dropout
+from srt.loading import GRPO_DROPOUT_NOTE, load_model_and_tokenizer, zero_dropout
+from srt.precision import resolve_dtype
 from srt.rollouts import PromptStream
 from srt.step_page import write_step_page
 from srt.training import adamw, seed_everything, warmup_lr

@@ -418,6 +418,15 @@ def final_answer(method: str, completion: str) -> str:
 # Recall metrics and the error taxonomy (Table 2, Table 3)
 # --------------------------------------------------------------------------------------------
 TAG_LABEL = re.compile(r"<HIS>\s*(?:Turn\s+)?([QA]\d+)\s*:")
+# How far back a recalled turn lies, in rounds before the query (stage 0's stats, evaluate's breakdown)
+DISTANCE_BINS = ("1-4", "5-9", "10-19", "20+")
+
+
+def distance_bin(distance) -> str:
+    """The DISTANCE_BINS bin of a recall distance in rounds; "none" where nothing is recalled."""
+    if distance is None:
+        return "none"
+    return "1-4" if distance < 5 else "5-9" if distance < 10 else "10-19" if distance < 20 else "20+"
 
 
 def tag_labels(completion: str) -> list[str]:

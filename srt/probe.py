@@ -18,9 +18,9 @@ from tqdm.auto import tqdm
 
 from srt.config import MAX_NEW_TOKENS, at_least, up_to
 from srt.data_io import data_paths, finite_or_none, write_json
-from srt.distributed import full_weights, gather_objects, merge_probes
+from srt.distributed import full_weights, gather_objects
+from srt.generation import generate
 from srt.metrics import answer_text, f1_score
-from srt.modeling import generate
 from srt.prompt import fit_prompt
 
 REWARD_COMPONENTS = ("format", "recall", "answer", "total")
@@ -277,6 +277,30 @@ def evaluate_policy(
     return dict(result, gold_turns_cut=sum(cut for _, cut in fitted))
 
 
+def merge_probes(results: list[dict]) -> dict:
+    """Greedy probes (probe.greedy_probe) of the ranks' slices of the held-out records -> one, as if
+    a single process had run them all: counts summed, means weighted by the records scored, the
+    slowest rank's seconds, the first examples."""
+    n = sum(r["n"] for r in results)
+    merged = {}
+    for key, value in results[0].items():
+        values = [r[key] for r in results]
+        if key == "seconds":
+            merged[key] = max(values)
+        elif isinstance(value, list):
+            merged[key] = [x for v in values for x in v][:3]
+        elif isinstance(value, int):
+            merged[key] = sum(values)
+        else:
+            weight = "n_needed" if key == "jaccard_needed" else "n"  # its mean is over queries with H* only
+            scored = [(v, r[weight]) for v, r in zip(values, results) if r[weight] and not math.isnan(v)]
+            merged[key] = (
+                sum(v * k for v, k in scored) / sum(k for _, k in scored) if scored else float("nan")
+            )
+    merged["n"] = n
+    return merged
+
+
 def probe_and_log(run, policy, tokenizer, records, cfg, reward_fn, step, metrics, probes, name=None) -> dict:
     """One greedy probe during a GRPO run (srt/run.py's `run`): each rank its slice of `records`,
     the weights gathered once (FSDP); rank 0 appends the means to probe.jsonl, redraws
@@ -306,21 +330,33 @@ def probe_and_log(run, policy, tokenizer, records, cfg, reward_fn, step, metrics
     return result
 
 
+def add_eval_flags(group, *, data, data_help, limit, limit_help, max_new_tokens) -> None:
+    """--eval-data, --eval-limit and --eval-max-new-tokens: the held-out records a training run
+    answers greedily (stage 1 once at the end, stage 2 in its probes), with each stage's defaults."""
+    add = group.add_argument
+    add("--eval-data", default=data, help=data_help)
+    add("--eval-limit", type=at_least(0), default=limit, help=limit_help)
+    add(
+        "--eval-max-new-tokens",
+        type=up_to(MAX_NEW_TOKENS),
+        default=max_new_tokens,
+        help="tokens per held-out completion"
+        + (" (default: --max-new-tokens)" if max_new_tokens is None else ""),
+    )
+
+
 def add_probe_flags(group) -> None:
     """Stage 2's probe flags, in its logging group: what probe_and_log reads."""
-    add = group.add_argument
-    add(
-        "--eval-data",
-        default=None,
-        help="held-out records for the greedy probe; a bare file name (the CPU presets: dev.jsonl) is "
+    add_eval_flags(
+        group,
+        data=None,
+        data_help="held-out records for the greedy probe; a bare file name (the CPU presets: dev.jsonl) is "
         "looked up beside --data's first file, and the probe skipped where there is none",
+        limit=40,
+        limit_help="probe this many records, stratified by bucket; 0 = none",
+        max_new_tokens=None,
     )
-    add(
-        "--eval-limit",
-        type=at_least(0),
-        default=40,
-        help="probe this many records, stratified by bucket; 0 = none",
-    )
+    add = group.add_argument
     add(
         "--probe-every",
         type=at_least(0),
@@ -328,7 +364,6 @@ def add_probe_flags(group) -> None:
         help="probe also every N steps (0: before and after only)",
     )
     add("--eval-batch-size", type=at_least(1), default=8, help="greedy evaluation batch")
-    add("--eval-max-new-tokens", type=up_to(MAX_NEW_TOKENS), default=None, help="(default: --max-new-tokens)")
 
 
 def resolve_probe_flags(cfg) -> None:

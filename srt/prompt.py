@@ -11,11 +11,21 @@ from __future__ import annotations
 
 import re
 
-from srt.modeling import render_chat
+from srt.loading import CHATML_TEMPLATE
 
 # the <HIS> tags of a reasoning chain Z_t, and what the SRT instruction asks for when none is needed
 HIS_TAG = re.compile(r"<HIS>.*?</HIS>", re.S)
 NO_RECALL = "No earlier turn is needed."
+
+
+def render_chat(tokenizer, messages: list[dict]) -> str:
+    """Messages as prompt text through the model's own chat template, ending where the assistant
+    starts to write."""
+    template = None if getattr(tokenizer, "chat_template", None) else CHATML_TEMPLATE
+    return tokenizer.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=True, chat_template=template
+    )
+
 
 # --------------------------------------------------------------------------------------------
 # The prompt P(Q_t, C_t) and the target (Z_t, A*_t)  (docs/design.md, "Output format")

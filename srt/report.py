@@ -24,7 +24,7 @@ import numpy as np
 from srt import locomo_eval
 from srt.data.corpora import LOCOMO_CATEGORIES
 from srt.data_io import BUCKETS, atomic_write_text, bucket_of, write_json
-from srt.metrics import ERROR_TYPES, mcnemar_exact, paired_bootstrap
+from srt.metrics import DISTANCE_BINS, ERROR_TYPES, mcnemar_exact, paired_bootstrap
 
 # Table 2's rows: the paper's ablations, then ours: "recall-only" (the think block holds the <HIS>
 # tags alone), "No history" (the w/o-CoT model with an empty history: the floor every accuracy is
@@ -59,7 +59,7 @@ METRICS = (
 # Paired against SRT, item by item (Table 2's intervals).
 COMPARED = ("accuracy", "f1", "key_f1", "recall", "jaccard", "label_jaccard")
 BREAKDOWNS = {"query_type": "query type", "h_size": "|H*|", "distance_bin": "recall distance (rounds)"}
-DISTANCE_ORDER = ("none", "1-4", "5-9", "10-19", "20+")
+DISTANCE_ORDER = ("none", *DISTANCE_BINS)
 CUTOFF_LIMIT = 0.05  # a token budget that cuts off more answers than this is too tight
 OPTIONS_SHOWN = {"full": ("memory",), "recency": ("recency_k", "memory"), "rag": ("rag_k", "memory"),
                  "cuemem": ("cuemem", "memory"), "srt": ("recall",), "srt-p": ("recall",)}  # fmt: skip

@@ -31,9 +31,8 @@ import torch.distributed as dist
 
 from srt import memory_plan
 from srt.checkpoint import JsonlLog, check_resume_config, has_trainer_state, rng_state, set_rng_state
-from srt.config import MAX_STEPS, at_least, claim_out, interruptible, up_to, write_config
+from srt.config import MAX_STEPS, at_least, claim_out, interruptible, positive, up_to, write_config
 from srt.data_io import DataError, data_paths, data_spec, files_sha256, write_json
-from srt.distributed import add_scale_flags as add_distributed_flags
 from srt.distributed import (
     all_ranks_any,
     check_checkpoint_layout,
@@ -45,14 +44,14 @@ from srt.distributed import (
     teardown_distributed,
     wrap_model,
 )
-from srt.modeling import (
+from srt.loading import (
     GRPO_DROPOUT_NOTE,
     enable_activation_checkpointing,
     load_model_and_tokenizer,
     model_fingerprint,
-    resolve_dtype,
     zero_dropout,
 )
+from srt.precision import resolve_dtype
 from srt.training import TimeBudget, adamw
 
 # --------------------------------------------------------------------------------------------
@@ -166,6 +165,37 @@ def add_log_group(parser, *, save_every_default: int, save_every_low: int):
     return logs
 
 
+def add_distributed_flags(parser) -> None:
+    """The flags both training stages share for running at scale (torchrun, FSDP), and for planning a
+    run (--dry-run: srt/memory_plan.py)."""
+    add = parser.add_argument
+    add(
+        "--fsdp",
+        action="store_true",
+        help="shard weights, gradients and AdamW state over the ranks (FSDP2); "
+        "run under torchrun (also with one process)",
+    )
+    add(
+        "--dist-timeout-minutes",
+        type=positive(float),
+        default=None,
+        help="timeout of every collective and barrier (default: $SRT_DIST_TIMEOUT_MINUTES or 60)",
+    )
+    add("--dry-run", action="store_true", help="print the per-GPU memory plan and exit; downloads nothing")
+    add(
+        "--world-size",
+        type=at_least(1),
+        default=None,
+        help="GPUs to plan for with --dry-run (default: this run's)",
+    )
+    add(
+        "--gpu-memory-gb",
+        type=positive(float),
+        default=None,
+        help="memory per GPU the plan must fit (default: this GPU's, else 80 as on an A100-80GB)",
+    )
+
+
 def finish_parser(parser, scale) -> argparse.ArgumentParser:
     add_distributed_flags(scale)
     return parser
@@ -261,7 +291,7 @@ class Run:
         """-> (model, tokenizer): the checkpoint's weights when resuming (FSDP loads them later, into
         the shards), else --model. Under FSDP the weights load on the CPU and each rank moves only its
         shards to its GPU. `name`: another model (stage 2's pi_ref), never from the checkpoint.
-        Stage 2's models come without dropout (modeling.zero_dropout: pi_old runs in train mode)."""
+        Stage 2's models come without dropout (loading.zero_dropout: pi_old runs in train mode)."""
         cfg = self.cfg
         if name is None:
             if cfg.resume and not self.resuming and self.main_process:
@@ -278,7 +308,7 @@ class Run:
         )
         if name is None and self.main_process:
             print(memory_plan.stage_plan(stage, cfg, self.world_size, model.config), flush=True)
-        if stage == "grpo":  # pi_old runs in train mode: no dropout (modeling.zero_dropout)
+        if stage == "grpo":  # pi_old runs in train mode: no dropout (loading.zero_dropout)
             zero_dropout(model, GRPO_DROPOUT_NOTE if name is None else None)
         return model, tokenizer
 

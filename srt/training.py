@@ -17,10 +17,10 @@ def seed_everything(seed: int) -> None:
 
 
 def adamw(params, lr: float, weight_decay: float, fsdp: bool = False) -> torch.optim.AdamW:
-    """§4.1's AdamW, in torch's fused kernel (one pass over each tensor) where it has one: on a
-    2-core CPU torch's default is a Python loop of small ops over SmolLM2's 272 tensors, 0.31 s a
-    step against the fused kernel's 0.09 s, 6% of a lesson SFT step (bench/sft_step.py). The same
-    update up to rounding. FSDP's sharded parameters keep the default."""
+    """§4.1's AdamW, in torch's fused kernel (one pass over each tensor) where it has one: on a CPU
+    torch's default is a Python loop of small ops over every tensor, a few times slower
+    (docs/experiments/presets.md, "AdamW's kernel"). The same update up to rounding. FSDP's sharded
+    parameters keep the default."""
     params = list(params)
     fused = not fsdp and all(p.device.type in ("cpu", "cuda") and p.is_floating_point() for p in params)
     return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, fused=fused or None)

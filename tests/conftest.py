@@ -3,21 +3,21 @@
 import pytest
 import torch
 
-from srt import modeling
-from srt.modeling import load_model_and_tokenizer
+from srt import precision
+from srt.loading import load_model_and_tokenizer
 
 # The flags of a CPU without bf16 units (AVX2 only): what every test's CPU looks like to
-# modeling.cpu_has_fast_bf16, so that `--dtype auto` is plain fp32 in every test (module fixtures
+# precision.cpu_has_fast_bf16, so that `--dtype auto` is plain fp32 in every test (module fixtures
 # included), on an AMX Xeon and an avx512_bf16 EPYC as on an AVX2-only one. The tests of the probe
 # patch their own flags; a test that starts a script in a subprocess passes --dtype float32.
 AVX2_FLAGS = frozenset("fpu sse sse2 ssse3 sse4_1 sse4_2 popcnt fma avx avx2 f16c bmi1 bmi2".split())
-REAL_CPU_FLAGS = modeling.cpu_flags
+REAL_CPU_FLAGS = precision.cpu_flags
 
 
 @pytest.fixture(autouse=True, scope="session")
 def cpu_without_bf16_units():
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(modeling, "cpu_flags", lambda: set(AVX2_FLAGS))
+        patch.setattr(precision, "cpu_flags", lambda: set(AVX2_FLAGS))
         yield
 
 

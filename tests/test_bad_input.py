@@ -608,7 +608,7 @@ def tiny_model_folder(path, scale=None) -> Path:
     """tiny-random saved as a model folder; `scale` multiplies its weights (other weights, same path)."""
     import torch
 
-    from srt.modeling import load_model_and_tokenizer
+    from srt.loading import load_model_and_tokenizer
 
     model, tokenizer = load_model_and_tokenizer("tiny-random", dtype="float32")
     if scale is not None:

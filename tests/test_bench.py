@@ -180,7 +180,7 @@ def test_hooks_read_the_dtype_of_the_computation_not_a_flag():
     stays fp32: the matmul dtype is the one that tells the precision."""
     import torch
 
-    from srt.modeling import load_model_and_tokenizer
+    from srt.loading import load_model_and_tokenizer
 
     model, _ = load_model_and_tokenizer("tiny-random", dtype="float32")
     inst = workers.Instruments()
@@ -202,7 +202,7 @@ def test_hooks_read_the_dtype_of_the_computation_not_a_flag():
 
 
 def test_suppressed_stop_tokens_reach_our_generate_and_every_row_runs_to_the_cap(monkeypatch):
-    """Ours is forced to full length through the model's generation_config (modeling.generate
+    """Ours is forced to full length through the model's generation_config (generation.generate
     leaves suppress_tokens unset, so transformers takes the model's value; our decode loop reads
     it too); the wrapper around both counts the tokens."""
     import torch
@@ -210,7 +210,8 @@ def test_suppressed_stop_tokens_reach_our_generate_and_every_row_runs_to_the_cap
     from transformers.generation.utils import GenerationMixin
 
     from srt import decode
-    from srt.modeling import generate, load_model_and_tokenizer, stop_token_ids
+    from srt.generation import generate, stop_token_ids
+    from srt.loading import load_model_and_tokenizer
 
     model, tokenizer = load_model_and_tokenizer("tiny-random", dtype="float32")
     stops = stop_token_ids(model, tokenizer)
@@ -373,7 +374,7 @@ def test_machine_record_names_the_gpu_beside_the_cpu_not_in_its_place(monkeypatc
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
     info = measure.machine()
     assert info["gpu"] == "NVIDIA H200" and info["gpu_bf16"] is True
-    from srt.modeling import cpu_has_fast_bf16
+    from srt.precision import cpu_has_fast_bf16
 
     assert info["cpu"] == measure.cpu_model() and info["fast_bf16"] == cpu_has_fast_bf16()
     line = measure.machine_line(info)
@@ -705,7 +706,8 @@ def test_sft_tokens_counts_each_steps_rows_and_their_padding_by_hand():
     """Rows of 2, 4 and 6 rounds: each phase-2 step's rows, micro-batched by 2, padded to the
     longest of their pair; the padding share is counted against those lengths by hand, and a
     pruned (phase 1) row is shorter than its full (phase 2) one."""
-    from stage1_sft import PhaseData, build_example, load_model_and_tokenizer, parse_args
+    from srt.loading import load_model_and_tokenizer
+    from stage1_sft import PhaseData, build_example, parse_args
 
     sft_tokens = load("sft_tokens")
     _, tokenizer = load_model_and_tokenizer("tiny-random", dtype="float32")
@@ -754,7 +756,8 @@ def test_prefix_tree_counts_each_distinct_prefix_once():
 def test_shared_prefix_saves_the_common_history_of_one_dialogues_records_only():
     """Turns 4 and 6 of one dialogue share the history of rounds 1-3; a record of another dialogue
     with the same shape shares nothing with them: the tree holds len(a) + len(b) - lcp(a, b) + len(c)."""
-    from stage1_sft import build_example, load_model_and_tokenizer, parse_args
+    from srt.loading import load_model_and_tokenizer
+    from stage1_sft import build_example, parse_args
 
     sft_tokens = load("sft_tokens")
     _, tokenizer = load_model_and_tokenizer("tiny-random", dtype="float32")

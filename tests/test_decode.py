@@ -1,5 +1,5 @@
 """Our decode loop (srt/decode.py) against Hugging Face `generate`, the reference path of
-modeling.generate (engine="hf"), on the tiny random Llama in fp32.
+generation.generate (engine="hf"), on the tiny random Llama in fp32.
 
 Exact equality of greedy token ids is what is asserted, also across machines (AVX2 fp32, AMX): both
 paths run the same model in fp32 and differ only in how the work is split into calls and in the
@@ -15,8 +15,8 @@ import math
 import pytest
 import torch
 
-from srt import decode, modeling
-from srt.modeling import load_model_and_tokenizer
+from srt import decode, generation
+from srt.loading import load_model_and_tokenizer
 
 PROMPTS = [
     "Hello",
@@ -26,11 +26,11 @@ PROMPTS = [
 
 
 def both(model, tokenizer, prompts=PROMPTS, **kwargs):
-    """modeling.generate through each engine, from the same seed."""
+    """generation.generate through each engine, from the same seed."""
     out = {}
     for engine in ("ours", "hf"):
         torch.manual_seed(0)
-        out[engine] = modeling.generate(model, tokenizer, prompts, engine=engine, **kwargs)
+        out[engine] = generation.generate(model, tokenizer, prompts, engine=engine, **kwargs)
     return out["ours"], out["hf"]
 
 
@@ -57,7 +57,7 @@ def test_rows_end_at_their_first_stop_token_as_in_generate():
     own first occurrence of it (the stop token counted, padding after it), exactly where generate
     ends it, and the loop stops once every row has ended."""
     model, tokenizer = load_model_and_tokenizer("tiny-random", dtype="float32")
-    free = modeling.generate(model, tokenizer, PROMPTS, max_new_tokens=20, greedy=True)
+    free = generation.generate(model, tokenizer, PROMPTS, max_new_tokens=20, greedy=True)
     planted = int(free["completion_ids"][0, 3])
     model.generation_config.eos_token_id = [*model.generation_config.eos_token_id, planted]
     ours, hf = both(model, tokenizer, max_new_tokens=20, greedy=True)
@@ -75,10 +75,10 @@ def test_both_engines_honour_the_models_suppress_tokens():
     """bench/grpo_vs_trl.py forces every row to the cap by suppressing the stop tokens through the
     model's generation_config: the planted stop token of the test above is then never written."""
     model, tokenizer = load_model_and_tokenizer("tiny-random", dtype="float32")
-    free = modeling.generate(model, tokenizer, PROMPTS, max_new_tokens=20, greedy=True)
+    free = generation.generate(model, tokenizer, PROMPTS, max_new_tokens=20, greedy=True)
     planted = int(free["completion_ids"][0, 3])
     model.generation_config.eos_token_id = [*model.generation_config.eos_token_id, planted]
-    model.generation_config.suppress_tokens = modeling.stop_token_ids(model, tokenizer)
+    model.generation_config.suppress_tokens = generation.stop_token_ids(model, tokenizer)
     ours, hf = both(model, tokenizer, max_new_tokens=20, greedy=True)
     assert_same(ours, hf)
     assert ours["generated_tokens"] == [20, 20, 20] and planted not in ours["completion_ids"]
@@ -88,7 +88,7 @@ def test_stop_when_ends_each_row_where_generate_ends_it(tiny):
     """evaluate's direct methods stop a row at its first complete line: the decoded text is tested
     after every step. Here: once the text is at least as long as row 1's first 5 tokens."""
     model, tokenizer = tiny
-    free = modeling.generate(model, tokenizer, PROMPTS, max_new_tokens=16, greedy=True)
+    free = generation.generate(model, tokenizer, PROMPTS, max_new_tokens=16, greedy=True)
     target = len(tokenizer.decode(free["completion_ids"][1, :5], skip_special_tokens=True))
     ours, hf = both(
         model, tokenizer, max_new_tokens=16, greedy=True, stop_when=lambda text: len(text) >= target
@@ -104,7 +104,7 @@ def test_the_static_shape_step_a_cuda_graph_replays_gives_the_same_tokens(tiny):
     model, tokenizer = tiny
     tokenizer.padding_side = "left"
     enc = tokenizer(PROMPTS, return_tensors="pt", padding=True, add_special_tokens=False)
-    stops = modeling.stop_token_ids(model, tokenizer)
+    stops = generation.stop_token_ids(model, tokenizer)
     runs = [
         decode.decode(
             model,
@@ -144,7 +144,7 @@ def test_a_prompt_without_padding_prefills_under_the_models_own_causal_mask(atte
 
     masks = []
     model.register_forward_pre_hook(lambda m, a, kw: masks.append(kw.get("attention_mask")), with_kwargs=True)
-    stops = modeling.stop_token_ids(model, tokenizer)
+    stops = generation.stop_token_ids(model, tokenizer)
     for batch in (prompts, PROMPTS):
         tokenizer.padding_side = "left"
         enc = tokenizer(batch, return_tensors="pt", padding=True, add_special_tokens=False)
@@ -189,7 +189,7 @@ def decode_both_steps(model, tokenizer, prompts=PROMPTS, seed=0, **kwargs):
     """decode.decode through the grouped step and through the model's own forward, same seed."""
     tokenizer.padding_side = "left"
     enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
-    stops = modeling.stop_token_ids(model, tokenizer)
+    stops = generation.stop_token_ids(model, tokenizer)
     runs = []
     for grouped in (True, False):
         torch.manual_seed(seed)
@@ -268,7 +268,7 @@ def tiny_variant(tokenizer, kind):
                     proj.bias.normal_(0, 0.5)
     else:
         model = LlamaForCausalLM(LlamaConfig(**shape, mlp_bias=True))
-    model.generation_config.eos_token_id = modeling.stop_token_ids(model, tokenizer)
+    model.generation_config.eos_token_id = generation.stop_token_ids(model, tokenizer)
     return model.eval()
 
 
@@ -335,11 +335,11 @@ def test_prompt_passes_hand_the_lm_head_a_tensor_that_multiplies_as_one_product(
     seen = []
     handle = model.lm_head.register_forward_pre_hook(lambda m, args: seen.append(args[0]))
     try:
-        out = modeling.generate(model, tokenizer, PROMPTS, max_new_tokens=4, num_generations=2, greedy=True)
+        out = generation.generate(model, tokenizer, PROMPTS, max_new_tokens=4, num_generations=2, greedy=True)
         assert seen and seen[0].shape == (len(PROMPTS), 1, model.config.hidden_size)  # the prefill
         ids = torch.cat([out["prompt_ids"], out["completion_ids"]], 1)
         attention = torch.cat([out["prompt_mask"], out["completion_mask"]], 1)
-        modeling.completion_logprobs(model, ids, attention, 4, 1.0, share_prompts=True)
+        generation.completion_logprobs(model, ids, attention, 4, 1.0, share_prompts=True)
     finally:
         handle.remove()
     assert any(x.shape[0] == len(PROMPTS) and x.shape[1] == 1 for x in seen[1:])  # the shared prompt pass
@@ -359,7 +359,7 @@ def test_one_prefill_per_prompt_samples_what_k_prefills_sample(tiny):
     for prefill_once in (True, False):
         torch.manual_seed(3)
         outs.append(
-            modeling.generate(
+            generation.generate(
                 model, tokenizer, PROMPTS, max_new_tokens=12, num_generations=4, prefill_once=prefill_once
             )
         )
@@ -697,9 +697,9 @@ def test_the_token_after_a_copy_follows_the_models_distribution():
 # ---------------------------------------------------------------------------------------------
 def test_sampling_copy_is_bf16_keeps_fp32_buffers_and_refreshes_when_the_weights_change():
     """The copy is made once, reused while the masters are unchanged (no copy, so no repacking),
-    refreshed after an in-place change (a version counter moves), and after a step of a followed
-    optimizer even where the step moves no version counter (a fused AdamW): then the packed
-    weights of an fp32 model, the model's own, are packed again as well."""
+    refreshed after an in-place change (a version counter moves), and after any optimizer's step
+    (the hook the sampling path registers) even where the step moves no version counter (a fused
+    AdamW): then the packed weights of an fp32 model, the model's own, are packed again as well."""
     model, _ = load_model_and_tokenizer("tiny-random", dtype="float32")
     assert decode.sampling_model(model, None) is model  # no bf16 units: fp32, the model itself
     low = decode.sampling_model(model, torch.bfloat16)
@@ -719,7 +719,6 @@ def test_sampling_copy_is_bf16_keeps_fp32_buffers_and_refreshes_when_the_weights
     assert decode.sampling_model(model, torch.bfloat16) is low and matches()
 
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.1, fused=True)
-    decode.follow_optimizer(model, optimizer)
     packed = decode.packed_for(model, rows=2)
     for p in model.parameters():
         p.grad = torch.ones_like(p)
@@ -730,20 +729,20 @@ def test_sampling_copy_is_bf16_keeps_fp32_buffers_and_refreshes_when_the_weights
 
 
 def test_generate_samples_from_the_bf16_copy_and_hooks_see_it(tiny):
-    """modeling.generate(autocast_dtype=bf16), as stage 2 calls it on a GPU or an AMX CPU: the
+    """generation.generate(autocast_dtype=bf16), as stage 2 calls it on a GPU or an AMX CPU: the
     decode runs on the copy (its matmuls in bf16, no autocast), and a forward hook registered on
     the model before the copy was made fires on the copy (bench/grpo_workers.py reads precision so)."""
     model, tokenizer = load_model_and_tokenizer("tiny-random", dtype="float32")
     seen = []
     model.model.layers[-1].mlp.down_proj.register_forward_hook(lambda m, i, o: seen.append(o.dtype))
-    out = modeling.generate(
+    out = generation.generate(
         model, tokenizer, PROMPTS[:2], max_new_tokens=6, greedy=True, autocast_dtype=torch.bfloat16
     )
     assert seen and set(seen) == {torch.bfloat16}
     low = decode.sampling_model(model, torch.bfloat16)
     reference = copy.deepcopy(model).to(torch.bfloat16)
     assert all(torch.equal(p, q) for p, q in zip(low.parameters(), reference.parameters()))
-    again = modeling.generate(low, tokenizer, PROMPTS[:2], max_new_tokens=6, greedy=True)
+    again = generation.generate(low, tokenizer, PROMPTS[:2], max_new_tokens=6, greedy=True)
     assert torch.equal(out["completion_ids"], again["completion_ids"])
 
 
@@ -754,8 +753,7 @@ def test_rollouts_decoded_in_inference_mode_train_the_policy():
     from the refreshed bf16 copy (an in-place copy into an inference tensor would be refused)."""
     model, tokenizer = load_model_and_tokenizer("tiny-random", dtype="float32")
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
-    decode.follow_optimizer(model, optimizer)
-    out = modeling.generate(
+    out = generation.generate(
         model, tokenizer, PROMPTS, max_new_tokens=6, num_generations=2, autocast_dtype=torch.bfloat16
     )
     for key in ("prompt_ids", "completion_ids", "completion_mask"):
@@ -766,7 +764,7 @@ def test_rollouts_decoded_in_inference_mode_train_the_policy():
     optimizer.step()
     low = decode.sampling_model(model, torch.bfloat16)  # refreshed in place from the new weights
     assert all(torch.equal(q, p.to(torch.bfloat16)) for p, q in zip(model.parameters(), low.parameters()))
-    again = modeling.generate(
+    again = generation.generate(
         model, tokenizer, PROMPTS, max_new_tokens=6, greedy=True, autocast_dtype=torch.bfloat16
     )
     assert again["completion_ids"].shape == (3, 6)
@@ -775,7 +773,7 @@ def test_rollouts_decoded_in_inference_mode_train_the_policy():
 def test_unknown_engine_and_empty_budget_are_refused(tiny):
     model, tokenizer = tiny
     with pytest.raises(ValueError, match="engine"):
-        modeling.generate(model, tokenizer, ["Hello"], engine="vllm")
+        generation.generate(model, tokenizer, ["Hello"], engine="vllm")
     with pytest.raises(ValueError, match="max_new_tokens"):
         decode.decode(model, torch.tensor([[5]]), torch.tensor([[1]]), 0, [], 0)
 

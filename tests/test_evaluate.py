@@ -22,13 +22,13 @@ import evaluate  # noqa: E402
 import reward  # noqa: E402
 from srt import (
     attention,  # noqa: E402
+    generation,  # noqa: E402
     metrics,  # noqa: E402
-    modeling,  # noqa: E402
     report,  # noqa: E402
 )
 from srt import completion as completion_format  # noqa: E402
 from srt.data_io import bucket_of  # noqa: E402
-from srt.modeling import load_model_and_tokenizer  # noqa: E402
+from srt.loading import load_model_and_tokenizer  # noqa: E402
 from srt.prompt import render_prompt  # noqa: E402
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -183,17 +183,17 @@ def test_direct_answers_are_their_first_line_and_a_transcript_continuation_is_no
 
 
 def test_generate_stops_a_row_where_stop_when_first_holds(tiny):
-    """modeling.generate(stop_when=...) ends each row at the first prefix that satisfies the
+    """generation.generate(stop_when=...) ends each row at the first prefix that satisfies the
     predicate and masks the pads after it; rows are independent, and without it the same greedy
     rows run to the cap."""
     model, tokenizer = tiny
     prompts = ["Q1: I need the Chakra Balancing service.", "Q1: hi"]
-    free = modeling.generate(model, tokenizer, prompts, max_new_tokens=16, greedy=True)
+    free = generation.generate(model, tokenizer, prompts, max_new_tokens=16, greedy=True)
     assert free["generated_tokens"] == [16, 16]  # a random model never emits a stop token this soon
     target = [
         len(tokenizer.decode(free["completion_ids"][i, :5], skip_special_tokens=True)) for i in range(2)
     ]
-    stopped = modeling.generate(
+    stopped = generation.generate(
         model,
         tokenizer,
         prompts,
@@ -1010,7 +1010,7 @@ def test_cuemem_llm_extractor_through_an_api(tmp_path):
 
 
 def test_cuemem_llm_extractor_with_a_local_model(tmp_path, monkeypatch):
-    """The same through the answer model itself (modeling.generate); the JSON spelling
+    """The same through the answer model itself (generation.generate); the JSON spelling
     --cuemem-options '{"extractor": "llm"}' works too (it used to hand a string where a callable goes)."""
     calls, outputs = [], []
     real = cuemem.hf_generate_fn

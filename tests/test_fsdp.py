@@ -37,9 +37,10 @@ from safetensors.torch import load_file
 
 import stage1_sft
 import stage2_grpo as g
-from srt import memory_plan, modeling
+from srt import generation, memory_plan
 from srt.data_io import write_jsonl
-from srt.modeling import load_model_and_tokenizer, token_logprobs
+from srt.generation import token_logprobs
+from srt.loading import load_model_and_tokenizer
 from srt.probe import evaluate_policy
 from srt.run import resume_keys
 
@@ -53,7 +54,7 @@ from pathlib import Path
 import torch, torch.distributed as dist
 from safetensors.torch import save_file
 import stage1_sft, stage2_grpo as g
-from srt import distributed, modeling
+from srt import distributed, generation, loading
 tmp = Path(sys.argv[1])
 exec(open(tmp / "gradients.py").read())
 adamw, torch.optim.AdamW = torch.optim.AdamW, recording(torch.optim.AdamW)  # stage1_sft builds this one
@@ -84,8 +85,8 @@ exec(open(tmp / "fixed_rollouts.py").read())
 g.generate = fixed_generate
 cfg = g.parse_args(["--model", "tiny-random", "--dtype", "float32", "-K", "4", "--sample-ratio", "1",
                     "--mu", "2", "--lr", "1", "--beta", "0.04", "--micro-batch-size", "2", "--fsdp"])
-policy, tok = modeling.load_model_and_tokenizer("tiny-random", dtype="float32")
-ref, _ = modeling.load_model_and_tokenizer("tiny-random", dtype="float32")
+policy, tok = loading.load_model_and_tokenizer("tiny-random", dtype="float32")
+ref, _ = loading.load_model_and_tokenizer("tiny-random", dtype="float32")
 ref.requires_grad_(False)
 policy = distributed.shard_model(policy, torch.device("cpu"))
 ref = distributed.shard_model(ref, torch.device("cpu"))
@@ -109,21 +110,21 @@ if rank == 0:
 
 # Rollouts with the weights gathered once: the same greedy text as the plain model, and no
 # all-gather while decoding (each unit gathers once on entry).
-g.generate = modeling.generate
+g.generate = generation.generate
 count = [0]
 real = dist.all_gather_single
 def counting(*a, **k):
     count[0] += 1
     return real(*a, **k)
 dist.all_gather_single = counting
-model, tok = modeling.load_model_and_tokenizer("tiny-random", dtype="float32")
+model, tok = loading.load_model_and_tokenizer("tiny-random", dtype="float32")
 model = distributed.shard_model(model, torch.device("cpu"))
 with distributed.full_weights(model):
     gathered = count[0]
-    texts = modeling.generate(model, tok, ["Hello", "Q1: What time is it?"], 12, greedy=True)["texts"]
+    texts = generation.generate(model, tok, ["Hello", "Q1: What time is it?"], 12, greedy=True)["texts"]
     decoding = count[0] - gathered
 count[0] = 0
-per_step = modeling.generate(model, tok, ["Hello"], 12, greedy=True)["texts"]
+per_step = generation.generate(model, tok, ["Hello"], 12, greedy=True)["texts"]
 layer_by_layer = count[0]
 dist.all_gather_single = real
 
@@ -148,7 +149,7 @@ with distributed.full_weights(model):
     names = dict(model.named_parameters())
     aliased = all(p is names[n] for n, p in plain.named_parameters())
     torch.manual_seed(11 + rank)
-    out = modeling.generate(model, tok, SAMPLED_PROMPTS[rank], SAMPLED_TOKENS[rank], num_generations=4)
+    out = generation.generate(model, tok, SAMPLED_PROMPTS[rank], SAMPLED_TOKENS[rank], num_generations=4)
 decode.decode, decode.GroupedStep.__init__ = real_decode, real_grouped
 freed = all(p.untyped_storage().size() == 0 for p in plain.parameters())
 ids, logprobs = out["completion_ids"].tolist(), out["sampler_logprobs"].tolist()
@@ -157,7 +158,7 @@ sampled = g.gather_objects({"ids": ids, "logprobs": logprobs,
                             "fsdp_hooks": hooks(model), "freed_after": freed}, 2)
 
 # bf16 compute over fp32 masters (the GPU set-up), here on gloo: weights and gradients stay fp32.
-model, tok = modeling.load_model_and_tokenizer("tiny-random", dtype="float32")
+model, tok = loading.load_model_and_tokenizer("tiny-random", dtype="float32")
 model = distributed.shard_model(model, torch.device("cpu"), torch.bfloat16)
 logits = model(input_ids=torch.tensor([tok("Hello there, how are you?").input_ids])).logits
 logits.float().logsumexp(-1).mean().backward()
@@ -165,7 +166,7 @@ mixed = {"logits": str(logits.dtype), "weights": sorted({str(p.dtype) for p in m
          "grads": sorted({str(p.grad.dtype) for p in model.parameters()})}
 with distributed.full_weights(model):
     mixed["gathered"] = sorted({str(p.dtype) for p in model.parameters()})
-    mixed["text"] = modeling.generate(model, tok, ["Hello"], 4, greedy=True)["texts"]
+    mixed["text"] = generation.generate(model, tok, ["Hello"], 4, greedy=True)["texts"]
 
 # Stage 2's run under FSDP: sharded checkpoints, resume, final/ export, the evaluation path.
 def length_reward(completions, examples):
@@ -192,13 +193,13 @@ distributed.teardown_distributed()
 # Fixed rollouts: 2 prompts x K = 4 completions of 5 tokens, stop tokens at different places.
 ROLLOUTS = r"""
 import torch
-from srt import modeling
+from srt import generation
 PROMPTS = ["Hello", "Q1: What time is it?"]
 SAMPLED_PROMPTS = [["Hello", "Q1: What time is it?"], ["A2: at noon", "Q3: and tomorrow?", "Hi"]]
 SAMPLED_TOKENS = [6, 10]  # new tokens a row, per rank
 
 def fixed_generate(model, tokenizer, prompts, num_generations=1, **_):
-    stop = modeling.stop_token_ids(model, tokenizer)[0]
+    stop = generation.stop_token_ids(model, tokenizer)[0]
     parts = []
     for prompt in prompts:
         gen = torch.Generator().manual_seed(PROMPTS.index(prompt))
@@ -210,7 +211,7 @@ def fixed_generate(model, tokenizer, prompts, num_generations=1, **_):
         parts.append((prompt_ids, completion))
     prompt_ids = torch.cat([p for p, _ in parts])
     completion_ids = torch.cat([c for _, c in parts])
-    mask = modeling.completion_mask(completion_ids, [stop])
+    mask = generation.completion_mask(completion_ids, [stop])
     texts = [str(int(m.sum())) + "x" * int(c[0] % 7) for m, c in zip(mask, completion_ids)]
     return dict(prompt_ids=prompt_ids, prompt_mask=torch.ones_like(prompt_ids), completion_ids=completion_ids,
                 completion_mask=mask, texts=texts)
@@ -569,7 +570,7 @@ def test_rollouts_gather_the_weights_once_not_at_every_decode_step(fsdp_run, tin
     # What FSDP does without full_weights: the root once (it stays gathered after its forward),
     # each layer again at every one of the 12 decode steps.
     assert result["layer_by_layer_gathers"] == 1 + 2 * 12
-    plain = modeling.generate(model, tok, ["Hello", "Q1: What time is it?"], 12, greedy=True)["texts"]
+    plain = generation.generate(model, tok, ["Hello", "Q1: What time is it?"], 12, greedy=True)["texts"]
     assert result["greedy"] == plain and result["per_step_text"] == plain[:1]
 
 
@@ -588,7 +589,7 @@ def test_fsdp_rollouts_decode_on_a_plain_module_and_sample_what_the_plain_model_
         assert got["aliased"] and got["freed_after"]
         torch.manual_seed(11 + rank)
         prompts, tokens = namespace["SAMPLED_PROMPTS"][rank], namespace["SAMPLED_TOKENS"][rank]
-        want = modeling.generate(model, tok, prompts, tokens, num_generations=4)
+        want = generation.generate(model, tok, prompts, tokens, num_generations=4)
         assert got["ids"] == want["completion_ids"].tolist()
         torch.testing.assert_close(torch.tensor(got["logprobs"]), want["sampler_logprobs"], rtol=0, atol=1e-6)
 
@@ -617,7 +618,7 @@ def test_bf16_compute_over_fp32_masters_runs_on_gloo(fsdp_run):
 
 
 def test_probes_of_rank_slices_merge_into_the_whole(tiny):
-    from srt.distributed import merge_probes
+    from srt.probe import merge_probes
 
     model, tok = tiny
     records = [hand_record(i, 3, ("A1",), (), price=10 + i) for i in range(3)]

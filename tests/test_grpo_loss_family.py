@@ -17,7 +17,7 @@ from test_rollout import sharp_tiny
 from test_stage2 import config
 
 import stage2_grpo as g
-from srt.modeling import load_model_and_tokenizer
+from srt.loading import load_model_and_tokenizer
 from srt.rollouts import Rollout
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -243,16 +243,17 @@ def test_length_bias_and_token_normalisation_on_two_ranks_under_gloo():
 # ---------------------------------------------------------------------------------------------
 # A student's walk through one step: the files it enters
 # ---------------------------------------------------------------------------------------------
-# sample: modeling.generate; reward: reward.py; advantages, loss, optimizer step: stage2_grpo.py, with
-# the log-probs from modeling.completion_logprobs and the rank-aware wrappers of srt/distributed.py
-STEP_FILES = {"stage2_grpo.py", "srt/rollouts.py", "srt/modeling.py", "reward.py", "srt/distributed.py"}
+# sample: generation.generate; reward: reward.py; advantages, loss, optimizer step: stage2_grpo.py, with
+# the Rollout record of srt/rollouts.py, the log-probs from generation.completion_logprobs and the
+# rank-aware wrappers of srt/distributed.py
+STEP_FILES = {"stage2_grpo.py", "srt/rollouts.py", "srt/generation.py", "reward.py", "srt/distributed.py"}
 
 
 def test_one_grpo_step_walks_through_at_most_five_files_of_its_own():
     """sample -> reward -> advantages -> loss -> optimizer step, followed call by call from grpo_step
     on one process: the project's files whose functions a function of stage2_grpo.py calls (what a
     reader steps into from the step) are at most five, and which they are. One level further are the
-    decode loop (under modeling.generate) and the tag parser and metrics (under reward.py), where a
+    decode loop (under generation.generate) and the tag parser and metrics (under reward.py), where a
     reader may stop; the sampler is there, one hop below the step's own sampling call. torch's
     optimizer calls back one function of ours after its step (srt/decode.py's, which marks the
     sampling copy stale): a hook, not a call the reader steps into, so it is listed on its own."""
@@ -305,7 +306,7 @@ def test_one_grpo_step_walks_through_at_most_five_files_of_its_own():
     assert walk == STEP_FILES and len(walk) <= 5, sorted(walk)
     # The one callback: the sampler's hook marking its bf16 copy stale after the optimizer's step.
     assert hooks == {"srt/decode.py"}
-    assert entered["srt/decode.py"] == 2  # the sampler: modeling.generate's one call below the step
+    assert entered["srt/decode.py"] == 2  # the sampler: generation.generate's one call below the step
 
 
 # ---------------------------------------------------------------------------------------------

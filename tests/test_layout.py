@@ -40,7 +40,7 @@ def imported_modules(path: Path) -> set[str]:
             names |= {alias.name for alias in node.names}
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             names.add(node.module)
-            if node.module in ("srt", "srt.data"):  # from srt import modeling
+            if node.module in ("srt", "srt.data"):  # from srt import generation
                 names |= {f"{node.module}.{alias.name}" for alias in node.names}
     return names
 
@@ -94,10 +94,10 @@ def test_exactly_one_place_calls_hugging_face_generate():
                 isinstance(node, ast.Call)
                 and isinstance(node.func, ast.Attribute)
                 and node.func.attr == "generate"
-                and ast.unparse(node.func.value) != "modeling"
+                and ast.unparse(node.func.value) != "generation"
             ):
                 callers.append(path.relative_to(REPO).as_posix())
-    assert callers == ["srt/modeling.py"]
+    assert callers == ["srt/generation.py"]
 
 
 # Modules README's table does not name yet (it names where the synthetic corpus, the corpus readers
@@ -150,16 +150,3 @@ def test_bench_changes_no_attribute_of_a_script():
                 ), f"{path.name}:{node.lineno} assigns {ast.unparse(target)}"
             if isinstance(node, ast.Call) and ast.unparse(node.func) == "setattr" and node.args:
                 assert ast.unparse(node.args[0]) not in scripts, f"{path.name}:{node.lineno} calls setattr"
-
-
-def test_the_former_preset_name_cpu_demo_still_runs_as_cpu_table2(capsys):
-    """cpu-demo was renamed cpu-table2 (it serves `make table2`, not `make demo`): old commands keep
-    working, with a note, in every script that has the preset."""
-    import evaluate
-    import stage1_sft
-    import stage2_grpo
-
-    assert stage1_sft.parse_args(["--preset", "cpu-demo"]).preset == "cpu-table2"
-    assert stage2_grpo.parse_args(["--preset=cpu-demo", "--data", "x.jsonl"]).lr == 3e-6
-    assert evaluate.resolve_config(["--preset", "cpu-demo"]).limit == 96
-    assert "now called cpu-table2" in capsys.readouterr().err

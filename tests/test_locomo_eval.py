@@ -458,7 +458,7 @@ def test_make_locomo_heldout_scores_every_variant_on_a_new_file(tmp_path):
 
     from test_stage0_sources import locomo_ceiling_fixture
 
-    from srt.modeling import load_model_and_tokenizer
+    from srt.loading import load_model_and_tokenizer
 
     heldout = locomo_ceiling_fixture(tmp_path / "new.json")
     run = tmp_path / "locomo"

@@ -14,8 +14,8 @@ from transformers import PreTrainedTokenizerFast
 
 import stage1_sft
 import stage2_grpo as g
-from srt import decode, modeling
-from srt.modeling import load_model_and_tokenizer
+from srt import decode, generation
+from srt.loading import load_model_and_tokenizer
 from srt.prompt import fit_prompt, his_tag, render_prompt
 from srt.recall import CopyRule, copied_spans, prompt_history, tail_ids
 
@@ -139,7 +139,7 @@ def test_generate_in_copy_mode_writes_the_turn_and_marks_it_not_the_policys(tiny
     prompt = render_prompt(tokenizer, record)
     trigger = tokenizer("<think>\n<HIS>A1:", add_special_tokens=False).input_ids
     scripted(monkeypatch, trigger)
-    out = modeling.generate(model, tokenizer, [prompt], max_new_tokens=40, greedy=True, recall="copy")
+    out = generation.generate(model, tokenizer, [prompt], max_new_tokens=40, greedy=True, recall="copy")
     tag = his_tag(record["history"][1])
     assert out["texts"][0].startswith("<think>\n" + tag) and out["expanded"] == [["A1"]]
     copied = (out["completion_mask"] - out["policy_mask"])[0].bool()
@@ -149,7 +149,7 @@ def test_generate_in_copy_mode_writes_the_turn_and_marks_it_not_the_policys(tiny
     assert (out["sampler_logprobs"][0][copied] == 0).all() and out["decoded_tokens"][0] == 40 - n
     # Greedy after the copy: the same tokens as a loop that writes the copy one token a step.
     ids = tokenizer([prompt], return_tensors="pt", add_special_tokens=False)
-    stops = modeling.stop_token_ids(model, tokenizer)
+    stops = generation.stop_token_ids(model, tokenizer)
     for one_a_step in ({"grouped": False}, {"static_shapes": True}):
         scripted(monkeypatch, trigger)
         rule = CopyRule(tokenizer, [prompt_history(prompt)], 1)
@@ -165,11 +165,11 @@ def test_a_label_missing_from_the_prompt_is_not_expanded(tiny, monkeypatch):
     model, tokenizer = tiny
     prompt = render_prompt(tokenizer, hand_record(0, 4, ("A1",), pruned_extra=()))
     scripted(monkeypatch, tokenizer("<HIS>Q9:", add_special_tokens=False).input_ids)
-    out = modeling.generate(model, tokenizer, [prompt], max_new_tokens=12, greedy=True, recall="copy")
+    out = generation.generate(model, tokenizer, [prompt], max_new_tokens=12, greedy=True, recall="copy")
     assert out["expanded"] == [[]] and out["copied_tokens"] == [0]
     assert torch.equal(out["policy_mask"], out["completion_mask"])
     with pytest.raises(ValueError, match="engine='ours'"):
-        modeling.generate(model, tokenizer, [prompt], max_new_tokens=2, recall="copy", engine="hf")
+        generation.generate(model, tokenizer, [prompt], max_new_tokens=2, recall="copy", engine="hf")
 
 
 def test_a_grpo_step_in_copy_mode_trains_on_the_policys_tokens_only(monkeypatch):
@@ -225,7 +225,7 @@ def test_the_colon_of_a_tag_ends_a_step_and_the_program_copies_in_the_next(tiny,
 
     monkeypatch.setattr(decode.GroupedStep, "forward", counting)
     scripted(monkeypatch, trigger)
-    out = modeling.generate(
+    out = generation.generate(
         model, tokenizer, [prompt], max_new_tokens=len(trigger) + n + 3, greedy=True, recall="copy"
     )
     assert out["expanded"] == [["A1"]] and out["copied_tokens"] == [n]

@@ -32,8 +32,8 @@ from srt.completion import (  # noqa: E402
     split_tag,
     tokens,
 )
+from srt.embedder import embed  # noqa: E402
 from srt.metrics import keys_present, normalize_number  # noqa: E402
-from srt.modeling import embed  # noqa: E402
 from srt.prompt import format_target  # noqa: E402
 from srt.reward_gallery import GALLERY_COMMAND, GALLERY_RECORD, gallery_scores  # noqa: E402
 

@@ -12,9 +12,9 @@ from grpo_records import hand_loss, run_step, sample, step_on
 from records import hand_record
 
 import stage2_grpo as g
-from srt import decode, modeling
+from srt import decode, generation, loading
 from srt.data_io import write_jsonl
-from srt.modeling import enable_activation_checkpointing, load_model_and_tokenizer
+from srt.loading import enable_activation_checkpointing, load_model_and_tokenizer
 from srt.rollouts import Rollout, think_lengths
 from srt.training import adamw
 
@@ -50,7 +50,7 @@ def rollout_of(model, tokenizer, cfg):
 def forward_logprobs(model, rollout, temperature=1.0):
     input_ids, attention_mask = rollout.sequences("cpu")
     with torch.no_grad():
-        return modeling.completion_logprobs(
+        return generation.completion_logprobs(
             model, input_ids, attention_mask, rollout.completion_ids.shape[1], temperature
         )[0]
 
@@ -303,7 +303,7 @@ def test_pi_old_leaves_the_suppressed_tokens_out_of_its_softmax_as_the_sampler_d
     CPU, where the sampler is the policy, only a pi_old that leaves them out agrees to rounding.
     Both pi_old paths run: the first minibatch's own log-probs and the no-grad pass of the second."""
     model, tokenizer = sharp_tiny()
-    stops = modeling.stop_token_ids(model, tokenizer)
+    stops = generation.stop_token_ids(model, tokenizer)
     suppressed = [t for t in range(1, len(tokenizer), 2) if t not in stops]
     model.generation_config.suppress_tokens = suppressed
     cfg = config("-K", "4", "--max-new-tokens", "8", "--sample-ratio", "2", "--beta", "0")
@@ -322,7 +322,7 @@ def test_the_bf16_sampling_copy_is_fresh_after_any_optimizers_step(monkeypatch):
     (srt.training.adamw on a CPU, as stage 2 builds it) writes the weights in place without moving
     their version counters, so a copy refreshed only when a version moves, or on a hook only
     train() registers, would sample from the weights before the step. Here grpo_step runs twice
-    with an optimizer nobody registered (no train(), no follow_optimizer) and the bf16 sampler forced
+    with an optimizer nobody registered (no train()) and the bf16 sampler forced
     (autocast bf16, as on a GPU or an AMX CPU): each rollout's copy must be the master weights in
     bf16 at the moment it samples."""
     policy, tokenizer = sharp_tiny()
@@ -391,13 +391,13 @@ def test_zero_dropout_finds_every_kind_of_dropout_setting():
 
     gpt2 = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=8, n_head=2, vocab_size=16, n_positions=8))
     assert any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in gpt2.modules())
-    zeroed = modeling.zero_dropout(gpt2)
+    zeroed = loading.zero_dropout(gpt2)
     rates = {"config.resid_pdrop=0.1", "config.embd_pdrop=0.1", "config.attn_pdrop=0.1", "Dropout.p=0.1"}
     assert rates <= set(zeroed)
     assert all(m.p == 0 for m in gpt2.modules() if isinstance(m, torch.nn.Dropout))
     assert (gpt2.config.resid_pdrop, gpt2.config.embd_pdrop, gpt2.config.attn_pdrop) == (0.0, 0.0, 0.0)
     tiny, _ = load_model_and_tokenizer("tiny-random", dtype="float32")
-    assert modeling.zero_dropout(tiny) == []
+    assert loading.zero_dropout(tiny) == []
 
 
 # ---------------------------------------------------------------------------------------------

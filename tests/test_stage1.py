@@ -15,10 +15,11 @@ from records import hand_record
 from safetensors.torch import load_file
 
 import stage1_sft
-from srt import modeling
+from srt import loading, precision
 from srt.data_io import write_jsonl
+from srt.loading import load_model_and_tokenizer
 from srt.prompt import format_target, render_prompt
-from stage1_sft import IGNORE_INDEX, build_example, collate, load_model_and_tokenizer, sft_loss_sums
+from stage1_sft import IGNORE_INDEX, build_example, collate, sft_loss_sums
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -455,7 +456,7 @@ def test_activation_checkpointing_is_enabled_without_the_deprecated_call():
     model, _ = load_model_and_tokenizer("tiny-random", dtype="float32")
     with warnings.catch_warnings():
         warnings.simplefilter("error", FutureWarning)  # gradient_checkpointing_enable warns: gone in v6
-        modeling.enable_activation_checkpointing(model)
+        loading.enable_activation_checkpointing(model)
     assert model.is_activation_checkpointing
 
 
@@ -488,14 +489,14 @@ AVX512 = AVX2 + " avx512f avx512dq avx512cd avx512bw avx512vl avx512_vnni"  # no
 def test_auto_dtype_autocasts_bf16_only_where_the_cpu_has_bf16_units(monkeypatch, flags, autocast):
     """--dtype auto on a CPU: bf16 autocast over fp32 weights where the flags Linux lists show AMX or
     AVX512-BF16, plain fp32 elsewhere; float32 and bfloat16 never autocast, whatever the CPU."""
-    monkeypatch.setattr(modeling, "cpu_flags", lambda: set(flags.split()))
-    assert modeling.cpu_has_fast_bf16() is (autocast is not None)
-    assert modeling.resolve_dtype("auto", "cpu") == (torch.float32, autocast)
-    assert modeling.resolve_dtype("auto", None) == (torch.float32, autocast)  # no device: the CPU
-    assert modeling.resolve_dtype("float32", "cpu") == (torch.float32, None)
-    assert modeling.resolve_dtype("bfloat16", "cpu") == (torch.bfloat16, None)
-    assert modeling.resolve_dtype("auto", "cuda") == (torch.float32, torch.bfloat16)  # any GPU
-    assert modeling.resolve_dtype("float32", "cuda") == (torch.float32, None)
+    monkeypatch.setattr(precision, "cpu_flags", lambda: set(flags.split()))
+    assert precision.cpu_has_fast_bf16() is (autocast is not None)
+    assert precision.resolve_dtype("auto", "cpu") == (torch.float32, autocast)
+    assert precision.resolve_dtype("auto", None) == (torch.float32, autocast)  # no device: the CPU
+    assert precision.resolve_dtype("float32", "cpu") == (torch.float32, None)
+    assert precision.resolve_dtype("bfloat16", "cpu") == (torch.bfloat16, None)
+    assert precision.resolve_dtype("auto", "cuda") == (torch.float32, torch.bfloat16)  # any GPU
+    assert precision.resolve_dtype("float32", "cuda") == (torch.float32, None)
 
 
 def test_cpu_flags_are_read_from_proc_cpuinfo_and_torch_decides_without_them(monkeypatch, tmp_path):
@@ -504,19 +505,19 @@ def test_cpu_flags_are_read_from_proc_cpuinfo_and_torch_decides_without_them(mon
     fp32 in every test on every machine."""
     from conftest import REAL_CPU_FLAGS
 
-    assert modeling.cpu_flags() == AVX2_FLAGS and not modeling.cpu_has_fast_bf16()
-    monkeypatch.setattr(modeling, "cpu_flags", REAL_CPU_FLAGS)
-    real_path = modeling.Path
+    assert precision.cpu_flags() == AVX2_FLAGS and not precision.cpu_has_fast_bf16()
+    monkeypatch.setattr(precision, "cpu_flags", REAL_CPU_FLAGS)
+    real_path = precision.Path
     cpuinfo = tmp_path / "cpuinfo"
     cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu avx2 avx512_bf16\nbugs\t\t: none\n")
-    monkeypatch.setattr(modeling, "Path", lambda p: cpuinfo if p == "/proc/cpuinfo" else real_path(p))
-    assert modeling.cpu_flags() == {"fpu", "avx2", "avx512_bf16"} and modeling.cpu_has_fast_bf16()
-    monkeypatch.setattr(modeling, "Path", lambda p: tmp_path / "none")  # no /proc/cpuinfo
-    assert modeling.cpu_flags() == set()
+    monkeypatch.setattr(precision, "Path", lambda p: cpuinfo if p == "/proc/cpuinfo" else real_path(p))
+    assert precision.cpu_flags() == {"fpu", "avx2", "avx512_bf16"} and precision.cpu_has_fast_bf16()
+    monkeypatch.setattr(precision, "Path", lambda p: tmp_path / "none")  # no /proc/cpuinfo
+    assert precision.cpu_flags() == set()
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: True, raising=False)
-    assert modeling.cpu_has_fast_bf16() is True
+    assert precision.cpu_has_fast_bf16() is True
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False, raising=False)
-    assert modeling.cpu_has_fast_bf16() is False
+    assert precision.cpu_has_fast_bf16() is False
 
 
 def test_cpu_long_preset_doubles_the_demo_steps_and_keeps_its_phase_split():

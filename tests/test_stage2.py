@@ -18,9 +18,10 @@ from safetensors.torch import load_file
 
 import stage2_grpo as g
 from reward import compute_rewards
-from srt import modeling
+from srt import generation
 from srt.data_io import DataError, read_jsonl, write_jsonl
-from srt.modeling import load_model_and_tokenizer
+from srt.generation import completion_logprobs
+from srt.loading import load_model_and_tokenizer
 from srt.probe import evaluate_policy, pick_eval_records, sample_lines
 from srt.prompt import fit_prompt, render_prompt
 from srt.rollouts import PromptStream
@@ -218,7 +219,7 @@ def test_k3_kl_is_non_negative_and_zero_for_the_same_model(tiny):
 def test_completion_mask_stops_after_the_first_stop_token():
     ids = torch.tensor([[5, 2, 7, 2], [5, 6, 7, 8], [2, 0, 0, 0], [9, 9, 3, 0]])
     assert torch.equal(
-        modeling.completion_mask(ids, [2, 3]),
+        generation.completion_mask(ids, [2, 3]),
         torch.tensor([[1, 1, 0, 0], [1, 1, 1, 1], [1, 0, 0, 0], [1, 1, 1, 0]]),
     )
 
@@ -247,7 +248,7 @@ def test_logprobs_match_the_sampling_distribution_under_left_padding(tiny):
     C = logits.shape[1]
     completion = out.sequences[:, -C:]
     expected = (logits / 0.7).log_softmax(-1).gather(-1, completion.unsqueeze(-1)).squeeze(-1)
-    mask = modeling.completion_mask(completion, modeling.stop_token_ids(model, tokenizer))
+    mask = generation.completion_mask(completion, generation.stop_token_ids(model, tokenizer))
     attention = torch.cat([enc.attention_mask, mask], dim=1)
     logprobs, entropy = g.completion_logprobs(
         model, out.sequences, attention, C, temperature=0.7, with_entropy=True
@@ -265,7 +266,7 @@ def test_shared_prompt_logprobs_and_gradients_equal_the_unshared_ones(tiny):
     be those of one plain pass over the six rows."""
     model, tokenizer = tiny
     torch.manual_seed(0)
-    out = modeling.generate(
+    out = generation.generate(
         model,
         tokenizer,
         ["Hello", "Q1: I need the Chakra Balancing service. A1: It is $180."],
@@ -284,9 +285,7 @@ def test_shared_prompt_logprobs_and_gradients_equal_the_unshared_ones(tiny):
     results = {}
     for share in (False, True):
         model.zero_grad(set_to_none=True)
-        logprobs, entropy = modeling.completion_logprobs(
-            model, ids, attention, 5, 0.9, True, share_prompts=share
-        )
+        logprobs, entropy = completion_logprobs(model, ids, attention, 5, 0.9, True, share_prompts=share)
         ((logprobs * weights * mask).sum()).backward()
         grads = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
         results[share] = (logprobs.detach(), entropy, grads)
@@ -308,10 +307,10 @@ def test_generate_ignores_a_checkpoints_repetition_penalty_and_top_k():
     model.generation_config.repetition_penalty, model.generation_config.top_k = 1.05, 20
     prompts = ["Q1: I need the Chakra Balancing service. A1: It is $180. Q2: and the price?"]
     torch.manual_seed(7)
-    ours = modeling.generate(
+    ours = generation.generate(
         model, tokenizer, prompts, max_new_tokens=24, num_generations=32, temperature=0.9, engine="hf"
     )
-    stops = modeling.stop_token_ids(model, tokenizer)
+    stops = generation.stop_token_ids(model, tokenizer)
 
     def sample(**settings):
         torch.manual_seed(7)
@@ -332,7 +331,7 @@ def test_generate_ignores_a_checkpoints_repetition_penalty_and_top_k():
     assert torch.equal(ours["completion_ids"], plain)
     # Either of the checkpoint's settings alone would have sampled otherwise (the test can fail).
     assert not torch.equal(sample(top_k=0), plain) and not torch.equal(sample(repetition_penalty=1.0), plain)
-    greedy = modeling.generate(model, tokenizer, prompts, max_new_tokens=24, greedy=True)
+    greedy = generation.generate(model, tokenizer, prompts, max_new_tokens=24, greedy=True)
     plain_greedy = model.generate(
         input_ids=greedy["prompt_ids"], attention_mask=greedy["prompt_mask"], do_sample=False, top_k=0,
         repetition_penalty=1.0, max_new_tokens=24, eos_token_id=stops, pad_token_id=tokenizer.pad_token_id,
@@ -347,11 +346,11 @@ def test_prefilling_each_prompt_once_samples_exactly_what_k_prefills_do(tiny):
     prompts = ["Hello", "Q1: I need the Chakra Balancing service. A1: It is $180. Q2: and the price?"]
     for greedy in (False, True):
         torch.manual_seed(11)
-        shared = modeling.generate(
+        shared = generation.generate(
             model, tokenizer, prompts, max_new_tokens=16, num_generations=6, greedy=greedy
         )
         torch.manual_seed(11)
-        repeated = modeling.generate(
+        repeated = generation.generate(
             model, tokenizer, prompts, max_new_tokens=16, num_generations=6, greedy=greedy, prefill_once=False
         )
         assert torch.equal(shared["completion_ids"], repeated["completion_ids"])
@@ -361,7 +360,7 @@ def test_prefilling_each_prompt_once_samples_exactly_what_k_prefills_do(tiny):
 def test_generate_groups_k_completions_per_prompt(tiny):
     model, tokenizer = tiny
     torch.manual_seed(0)
-    out = modeling.generate(
+    out = generation.generate(
         model,
         tokenizer,
         ["Hello", "Q1: a much longer prompt than the first one"],
@@ -451,7 +450,7 @@ def test_grpo_step_raises_reward_on_a_toy_task():
     def mean_reward():
         with torch.random.fork_rng():
             torch.manual_seed(123)
-            out = modeling.generate(policy, tokenizer, prompts, num_generations=32, max_new_tokens=8)
+            out = generation.generate(policy, tokenizer, prompts, num_generations=32, max_new_tokens=8)
         return float(np.mean([s["total"] for s in reward_fn(out["texts"], None)]))
 
     torch.manual_seed(0)

@@ -341,7 +341,7 @@ def locomo_conversations(path, date_headers="session") -> list[dict]:
 
 
 def embed_with_minilm(texts):
-    from srt.modeling import embed  # torch and the embedder load only when a window is retrieved
+    from srt.embedder import embed  # torch and the embedder load only when a window is retrieved
 
     return embed(texts)
 

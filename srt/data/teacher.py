@@ -12,8 +12,8 @@ Two teachers share one interface, the one stage 0's OracleTeacher has:
     note = {"recall_turns": ["Turn A5: 'The Chakra Balancing service is $180.'", ...],
             "analysis", "reasoning", "answer", "answer_keys", "query_type", "derived_yes_no"}
 
-- HFTeacher("hf:MODEL"): any local folder or model id through modeling.load_model_and_tokenizer,
-  greedy decoding through modeling.generate, the prompt through the model's chat template.
+- HFTeacher("hf:MODEL"): any local folder or model id through loading.load_model_and_tokenizer,
+  greedy decoding through generation.generate, the prompt through the model's chat template.
 - APITeacher("api:MODEL", api_base=..., key_env=...): an OpenAI-compatible chat-completions
   endpoint (Claude, DeepSeek, Qwen or a local vLLM server alike), over urllib.
 
@@ -358,7 +358,10 @@ class HFTeacher(LLMTeacher):
         return f"HFTeacher({self.model!r})"
 
     def _complete_batch(self, batch):
-        from srt.modeling import generate, load_model_and_tokenizer, render_chat, resolve_dtype
+        from srt.generation import generate
+        from srt.loading import load_model_and_tokenizer
+        from srt.precision import resolve_dtype
+        from srt.prompt import render_chat
 
         if self._loaded is None:  # loaded on the first cache miss: a fully cached run never loads it
             import torch
