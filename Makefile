@@ -72,6 +72,17 @@ table2: setup
 	        'cuemem-cap16={"limit": 48, "cuemem": {"capacity": 16}}' 'nohist={"history": "none"}' \
 	    --table2 "SRT=grpo,Recall by pointer=grpo-copy,w/o RL=sft,w/o CoT=nocot,Recall only=recall-only,No history=nohist,w/o SFT=base-srtp,Full history=full,RAG=rag,CueMem=cuemem"
 
+# The paper's equations as exercises (docs/teaching.md): `make exercises` writes a student copy of the
+# project into exercises/ (each exercise's body raises NotImplementedError naming its equation, section
+# and a hint); `make grade` grades that copy, one line per exercise. A second `make exercises` refuses
+# to write over a student's work.
+.PHONY: exercises grade
+exercises: setup
+	$(PYTHON) -m srt.exercises --out exercises
+
+grade: setup
+	$(PYTHON) -m srt.exercises --grade exercises
+
 # One GRPO step worked by hand (docs/grpo-step.md) without a finished demo: 16 SFT steps of SRT, enough
 # for the format, so that a group's K rewards differ and Eqs. (8)-(9) move; then --explain, which
 # prints the step and draws it in runs/explain/grpo-step.html.

@@ -64,6 +64,7 @@ Paper vs this implementation, the one list (docs/pipeline.md links here):
 
     python reward.py --gallery                                  # reward-hacking gallery (Markdown)
     python reward.py --gallery --markdown > docs/reward-gallery.md   # the same, as a whole page
+    python reward.py --gallery --reward docs/rewards/keyword_answer.py   # your own reward against it
     python reward.py --data runs/data/test.jsonl --index 3 --completion completion.txt
     python reward.py --data runs/data/test.jsonl --completions preds.jsonl --answer-reward keys \\
         [--answer-gate recall]
@@ -72,6 +73,8 @@ Paper vs this implementation, the one list (docs/pipeline.md links here):
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import inspect
 import os
 import re
 import sys
@@ -99,7 +102,7 @@ from srt.data_io import DataError, decode_utf8, read_jsonl, read_lines, write_js
 from srt.embedder import embed
 from srt.metrics import extra_values, jaccard, keys_affirmed
 from srt.prompt import format_target
-from srt.reward_gallery import gallery_page, gallery_scores, gallery_table
+from srt.reward_gallery import gallery_page, gallery_scores, gallery_table, reward_report, reward_scores
 
 # Eq. (6) constants: recall = RECALL_SCALE * IoU - RECALL_SHIFT, in [-1.25, 1.25].
 RECALL_SCALE, RECALL_SHIFT = 2.5, 1.25
@@ -179,7 +182,8 @@ def recall_sets(matches: list[TagMatch], history_labels: list[str]) -> tuple[lis
 
 
 def recall_reward(recalled_set, gold_set) -> float:
-    # Eq. (6): R_recall = 2.5 * |H^ n H*| / |H^ u H*| - 1.25
+    """Eq. (6): R_recall = 2.5 * |H^ n H*| / |H^ u H*| - 1.25 in [-1.25, 1.25], H^ the recalled set
+    and H* the gold one (any iterables of labels, read as sets; two empty sets agree: IoU 1)."""
     return RECALL_SCALE * jaccard(recalled_set, gold_set) - RECALL_SHIFT
 
 
@@ -414,6 +418,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --gallery: print a whole Markdown page (title, what it is, the table), "
         "as in docs/reward-gallery.md",
     )
+    parser.add_argument(
+        "--reward",
+        default=None,
+        metavar="PATH",
+        help="with --gallery: score a reward of your own against every attack instead: a Python file "
+        "with one function of compute_rewards' signature, returning a dict with a 'total' per "
+        "completion (e.g. docs/rewards/keyword_answer.py)",
+    )
     parser.add_argument("--data", default=None, help="stage-0 JSONL (e.g. runs/data/test.jsonl)")
     parser.add_argument(
         "--index", type=at_least(0), default=0, help="which record of --data to score (0-based)"
@@ -445,6 +457,10 @@ def parse_args(argv=None) -> argparse.Namespace:
         parser.error("--data is required (or --gallery)")
     if args.markdown and not args.gallery:
         parser.error("--markdown goes with --gallery")
+    if args.reward and not args.gallery:
+        parser.error("--reward goes with --gallery")
+    if args.reward and args.markdown:
+        parser.error("--markdown prints the project's own gallery page; it does not go with --reward")
     if args.out and not args.completions:
         parser.error("--out goes with --completions (one completion is explained on the screen)")
     return args
@@ -460,6 +476,41 @@ def looks_like_a_path(text: str) -> bool:
     )
 
 
+def load_reward(path: str):
+    """The reward function of a student's file: its function named compute_rewards, else its only
+    function; it must take (completions, examples). -> (function, its name). The file is imported
+    (it is the student's own code); every problem exits with one line."""
+    where = f"error: --reward {path}:"
+    if not os.path.isfile(path):
+        sys.exit(f"{where} no such file")
+    spec = importlib.util.spec_from_file_location("student_reward", path)
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except Exception as e:  # a syntax error or a failed import in the student's file
+        sys.exit(f"{where} importing it raised {type(e).__name__}: {e}")
+    functions = {
+        name: value
+        for name, value in vars(module).items()
+        if inspect.isfunction(value) and value.__module__ == module.__name__ and not name.startswith("_")
+    }
+    if "compute_rewards" in functions:
+        name = "compute_rewards"
+    elif len(functions) == 1:
+        (name,) = functions
+    else:
+        found = f"{len(functions)} functions ({', '.join(functions)})" if functions else "no function"
+        sys.exit(f"{where} it defines {found}; name the reward compute_rewards")
+    try:
+        inspect.signature(functions[name]).bind([], [])
+    except TypeError:
+        sys.exit(
+            f"{where} {name}{inspect.signature(functions[name])} does not take (completions, examples) "
+            "as compute_rewards does"
+        )
+    return functions[name], name
+
+
 def main(argv=None):
     args = parse_args(argv)
     with interruptible(
@@ -470,6 +521,14 @@ def main(argv=None):
 
 def score(args):
     """--gallery, --completions (scores.jsonl and summary.json under --out) or one completion explained."""
+    if args.gallery and args.reward:
+        reward_fn, name = load_reward(args.reward)
+        try:
+            scores = reward_scores(reward_fn)
+        except Exception as e:  # the student's reward raised, or returned the wrong shape
+            sys.exit(f"error: --reward {args.reward}: {name}: {type(e).__name__}: {e}")
+        print(reward_report(scores, f"{name} of {args.reward}"))
+        return None
     if args.gallery:
         scores = gallery_scores(compute_rewards, ANSWER_REWARDS)
         print(gallery_page(scores) if args.markdown else gallery_table(scores))

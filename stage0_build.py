@@ -162,6 +162,8 @@ def deduplicate(dialogues, intent_threshold=0.9, jaccard_threshold=0.8):
 # Distances are in rounds. 10 rounds back the decay term is exp(-1.5) = 0.22 (§3.2).
 # --------------------------------------------------------------------------------------------
 def dependency_score(similarity, t, i, w_sem=0.6, w_dist=0.4, decay=0.15):
+    """Eq. (2)'s Score(u_i, Q_t) of history utterance i (similarity Sim_sem(u_i, Q_t)) for the query
+    of round t, i and t in rounds; numbers or numpy arrays, broadcast elementwise."""
     return w_sem * np.asarray(similarity) + w_dist * np.exp(-decay * np.abs(np.asarray(t) - np.asarray(i)))
 
 

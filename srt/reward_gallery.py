@@ -259,6 +259,62 @@ def gallery_table(scores: list[dict]) -> str:
     return "\n".join(lines)
 
 
+# ==== A reward of one's own against the gallery (reward.py --gallery --reward PATH) ====
+def reward_scores(reward_fn: Callable[..., list[dict]]) -> list[dict]:
+    """Each gallery row scored by `reward_fn(completions, examples)`, a reward with compute_rewards'
+    signature that returns one dict with a numeric "total" per completion -> {name, kind, total,
+    margin}, margin = the honest completion's total - this row's (positive: the row loses).
+    ValueError when the reward returns anything else."""
+    rows = gallery_completions()
+    results = reward_fn([text for _, _, text in rows], [GALLERY_RECORD] * len(rows))
+    if not isinstance(results, list | tuple) or len(results) != len(rows):
+        raise ValueError(
+            f"it returned {type(results).__name__}, not a list of {len(rows)} results (one each)"
+        )
+    totals = []
+    for result in results:
+        total = result.get("total") if isinstance(result, dict) else None
+        if isinstance(total, bool) or not isinstance(total, int | float):
+            raise ValueError(f"a result is {short_repr(result)}, not a dict with a numeric 'total'")
+        totals.append(float(total))
+    return [
+        {"name": name, "kind": kind, "total": total, "margin": totals[0] - total}
+        for (name, kind, _), total in zip(rows, totals)
+    ]
+
+
+def short_repr(value, n: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= n else text[: n - 3] + "..."
+
+
+def winning_attacks(scores: list[dict]) -> list[dict]:
+    """The attacks that score as high as the honest completion or higher. A tie counts: GRPO's
+    Eq. (8) then gives the cheat the honest completion's advantage, so nothing teaches it away."""
+    return [s for s in scores if s["kind"].endswith("attack") and s["margin"] <= 0]
+
+
+def reward_report(scores: list[dict], label: str) -> str:
+    """A student's reward on the gallery: every row's total and its difference from the honest
+    completion's, then the attacks that win."""
+    honest = scores[0]["total"]
+    lines = [f"{label} on the reward-hacking gallery (the paper's Fig. 1 record):", ""]
+    lines.append(f"{'total':>8} {'vs honest':>10}  {'kind':<14} completion")
+    lines += [f"{s['total']:+8.3f} {0.0 - s['margin']:+10.3f}  {s['kind']:<14} {s['name']}" for s in scores]
+    winners = winning_attacks(scores)
+    attacks = sum(s["kind"].endswith("attack") for s in scores)
+    if not winners:
+        return "\n".join(
+            lines + ["", f"Every one of the {attacks} attacks scores below the honest completion."]
+        )
+    lines += [
+        "",
+        f"{len(winners)} of {attacks} attacks score as high as the honest completion ({honest:+.3f}) or "
+        "higher, so GRPO would not teach them away:",
+    ]
+    return "\n".join(lines + [f"  {s['total']:+.3f}  {s['name']}" for s in winners])
+
+
 # ==== The whole page, docs/reward-gallery.md ====
 GALLERY_COMMAND = "python reward.py --gallery --markdown > docs/reward-gallery.md"
 

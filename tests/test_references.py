@@ -56,6 +56,8 @@ def repository_files() -> list[Path]:
     found = []
     for root, dirs, names in os.walk(REPO):
         dirs[:] = sorted(d for d in dirs if d not in NOT_SOURCES)
+        if Path(root) == REPO:  # exercises/ at the root: a student copy of the project (make exercises)
+            dirs[:] = [d for d in dirs if d != "exercises"]
         found += [Path(root, name).relative_to(REPO) for name in sorted(names)]
     return found
 

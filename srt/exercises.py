@@ -1,0 +1,377 @@
+"""Exercises generated from the code itself: a student copy of the project in which the functions
+that implement the paper's equations have their bodies replaced by `raise NotImplementedError(...)`,
+and a grader that runs each exercise's behaviour checks (tests/exercises/) on that copy.
+
+There is no second copy of the code to keep in step: EXERCISES below is the one place that says
+which functions are exercises, by "module:function" name, resolved when the copy is written. The
+copy keeps each function's signature and docstring (its contract) and replaces only the lines of
+its body, located with `ast`. docs/teaching.md gives the exercises in this order, in a class plan.
+
+    python -m srt.exercises --out exercises/     # write the student copy (refuses a folder with files)
+    python -m srt.exercises --grade exercises/   # PASS, or FAIL with what was checked and a hint
+    python -m srt.exercises --list               # the exercises, in order
+
+`make exercises` and `make grade` run the first two on exercises/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import shutil
+import subprocess
+import sys
+import textwrap
+import tokenize
+from dataclasses import dataclass
+from pathlib import Path
+
+PROJECT = Path(__file__).resolve().parents[1]
+CHECKS = PROJECT / "tests" / "exercises"  # the checks always come from this project, never the copy
+GRADE_TIMEOUT_S = 600
+
+
+@dataclass(frozen=True)
+class Exercise:
+    key: str  # what the grader prints: "PASS eq8 group_advantages"
+    function: str  # "module:function", the module's file relative to the project root
+    equation: str  # the paper's equation, as the NotImplementedError names it
+    section: str  # the paper's section
+    hint: str  # printed by the blank and by a failed grade; never the solution
+    checks: tuple[str, ...]  # "check_module:function" in tests/exercises/, run in order
+
+    @property
+    def name(self) -> str:
+        return self.function.partition(":")[2]
+
+    @property
+    def module(self) -> str:
+        return self.function.partition(":")[0]
+
+    @property
+    def path(self) -> Path:
+        """The module's file, relative to the project (or the copy's) root."""
+        return Path(*self.module.split(".")).with_suffix(".py")
+
+    def message(self) -> str:
+        return f"{self.equation}, {self.section}: {self.hint}"
+
+
+# In the order a class does them: stage 0, stage 1, the reward, then GRPO.
+EXERCISES = [
+    Exercise(
+        "eq2",
+        "stage0_build:dependency_score",
+        "Eq. (2)",
+        "§3.2",
+        "w_sem times the similarity plus w_dist times exp(-decay * |t - i|), elementwise on numpy arrays",
+        (
+            "check_stage0:score_by_hand",
+            "check_stage0:decay_reads_the_distance",
+            "check_stage0:works_on_arrays",
+        ),
+    ),
+    Exercise(
+        "eq3",
+        "stage1_sft:sft_loss_sums",
+        "Eq. (3)",
+        "§3.3",
+        "target_logprobs gives log pi of every labelled token; sum -log pi over the tokens whose label is "
+        "not IGNORE_INDEX, and split that sum and its token count by answer_mask into reasoning and answer",
+        (
+            "check_sft:sums_match_a_forward_by_hand",
+            "check_sft:prompt_and_padding_carry_no_loss",
+            "check_sft:one_step_lowers_the_target_nll",
+        ),
+    ),
+    Exercise(
+        "eq5",
+        "reward:format_reward",
+        "Eq. (5)",
+        "§3.4",
+        "R_format = 1.0 exactly when is_valid holds; srt.completion.format_problems lists the rules a "
+        "completion breaks, and the reward returns them beside the value",
+        (
+            "check_reward:format_accepts_the_honest_completion",
+            "check_reward:format_fails_a_missing_marker",
+            "check_reward:format_fails_a_tag_outside_the_think_block",
+        ),
+    ),
+    Exercise(
+        "eq6",
+        "reward:recall_reward",
+        "Eq. (6)",
+        "§3.4",
+        "2.5 * |H^ n H*| / |H^ u H*| - 1.25 on sets (the union, not |H^|: over-recall must cost); "
+        "two empty sets agree",
+        (
+            "check_reward:recall_at_its_bounds",
+            "check_reward:recall_by_hand",
+            "check_reward:recall_charges_over_recall",
+        ),
+    ),
+    Exercise(
+        "eq7",
+        "reward:answer_cosines",
+        "Eq. (7)",
+        "§3.4",
+        "embed() returns unit-norm rows, so a cosine is a row-wise dot product; embed everything in one "
+        "call; a missing answer (None) earns the minimum, -1, and is not embedded; clip to [-1, 1]",
+        (
+            "check_reward:cosine_by_hand",
+            "check_reward:cosine_of_a_missing_answer",
+            "check_reward:cosine_in_one_embedding_call",
+        ),
+    ),
+    Exercise(
+        "eq4",
+        "reward:compute_rewards",
+        "Eq. (4)",
+        "§3.4",
+        "per completion: parse_completion, format_reward, match_tags and recall_sets for H^, "
+        "recall_reward; then answer_rewards on all final answers at once; apply --answer-gate; "
+        "total = format + recall + answer",
+        (
+            "check_reward:composite_of_the_honest_completion",
+            "check_reward:composite_is_the_sum_of_its_parts",
+            "check_reward:composite_applies_the_answer_gate",
+            "check_reward:composite_refuses_mismatched_lengths",
+        ),
+    ),
+    Exercise(
+        "eq8",
+        "stage2_grpo:group_advantages",
+        "Eq. (8)",
+        "§3.4",
+        "(R - mean) / (std + eps) per group (row), std the population one (divide by K); in float64; "
+        "a group whose rewards are all equal gets exactly 0; scale picks the denominator",
+        (
+            "check_grpo:advantages_by_hand",
+            "check_grpo:advantages_of_a_group_sum_to_zero",
+            "check_grpo:an_all_equal_group_gets_exactly_zero",
+            "check_grpo:advantages_under_every_scale",
+        ),
+    ),
+    Exercise(
+        "kl",
+        "stage2_grpo:k3_kl",
+        "Eq. (9)'s KL term",
+        "§3.4",
+        "k3 = exp(x) - x - 1 with x = log pi_ref - log pi_theta (this order), per token",
+        ("check_grpo:k3_is_zero_when_the_policies_agree", "check_grpo:k3_by_hand"),
+    ),
+    Exercise(
+        "eq9",
+        "stage2_grpo:grpo_loss",
+        "Eq. (9)",
+        "§3.4",
+        "r = exp(logp - old); min(r A, clip(r, 1 - eps, 1 + eps) A) times is_weights, minus beta * k3_kl; "
+        "only policy_mask tokens, set the others to 0 before any exp; loss = -sum(loss_weights * term)",
+        (
+            "check_grpo:loss_by_hand",
+            "check_grpo:the_clip_acts_for_both_signs",
+            "check_grpo:a_masked_token_gets_no_gradient",
+            "check_grpo:the_kl_term_and_the_importance_weights",
+            "check_grpo:one_step_raises_the_best_completion",
+        ),
+    ),
+    Exercise(
+        "weights",
+        "stage2_grpo:loss_weights",
+        "Eq. (9)'s normalisation",
+        "§3.4",
+        "grpo: 1 / (|o_i| G); dapo: 1 / N over every token of the minibatch (every rank's, times "
+        "world_size); dr_grpo: the constant 1 / (G L) with L = max_new_tokens; 0 where masked",
+        (
+            "check_grpo:grpo_weights_by_hand",
+            "check_grpo:dapo_weights_by_hand",
+            "check_grpo:dr_grpo_has_no_length_bias",
+        ),
+    ),
+]
+
+
+class ExerciseError(Exception):
+    """A declared exercise cannot be found: its module's file or its function is missing."""
+
+
+# ==== Locating a function's body with ast ====
+def find_function(tree: ast.Module, name: str, where: str) -> ast.FunctionDef:
+    """The module-level function `name` of `tree` (searched by name, so code moved around inside the
+    module is still found)."""
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name == name:
+            return node
+    raise ExerciseError(f"{where} has no function {name}: update EXERCISES in srt/exercises.py")
+
+
+def body_lines(source: str, name: str, where: str = "the source") -> tuple[int, int, int]:
+    """(first, last, indent): the 0-based line range of the function's body after its docstring
+    (the lines the blank replaces, comments included) and the body's indentation."""
+    node = find_function(ast.parse(source), name, where)
+    body = node.body
+    has_docstring = isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
+    has_docstring = has_docstring and isinstance(body[0].value.value, str)
+    if has_docstring and len(body) == 1:
+        raise ExerciseError(f"{where}: {name} has a docstring and no body")
+    if body[0].lineno == node.lineno:
+        raise ExerciseError(f"{where}: {name} is written on one line; give its body lines of its own")
+    # The body starts after the docstring, or after the signature's closing ':' (the first ':' outside
+    # brackets from the `def` on: a signature may span lines, and hold ':' in annotations and lambdas).
+    first = body[0].end_lineno if has_docstring else signature_end(source, node.lineno)
+    return first, node.end_lineno - 1, body[1 if has_docstring else 0].col_offset
+
+
+def signature_end(source: str, def_line: int) -> int:
+    """The 1-based line of the ':' that closes the signature of the `def` on line `def_line`."""
+    depth = 0
+    lines = source.splitlines(keepends=True)[def_line - 1 :]
+    for token in tokenize.generate_tokens(iter(lines).__next__):
+        if token.type == tokenize.OP and token.string in "([{":
+            depth += 1
+        elif token.type == tokenize.OP and token.string in ")]}":
+            depth -= 1
+        elif token.type == tokenize.OP and token.string == ":" and depth == 0:
+            return def_line + token.start[0] - 1
+    raise ExerciseError(f"no ':' closes the signature on line {def_line}")
+
+
+def function_body(source: str, name: str) -> str:
+    """The body of `name` after its docstring, dedented: what a blank replaces."""
+    first, last, _ = body_lines(source, name)
+    return textwrap.dedent("\n".join(source.splitlines()[first : last + 1])) + "\n"
+
+
+def replace_body(source: str, name: str, new_body: str, where: str = "the source") -> str:
+    """`source` with the body of function `name` (after its docstring) replaced by `new_body`
+    (unindented code), indented to the function's body. Signature and docstring are kept."""
+    first, last, indent = body_lines(source, name, where)
+    lines = source.splitlines(keepends=True)
+    body = textwrap.indent(textwrap.dedent(new_body).strip("\n") + "\n", " " * indent)
+    return "".join(lines[:first]) + body + "".join(lines[last + 1 :])
+
+
+def blank_body(exercise: Exercise) -> str:
+    """raise NotImplementedError("Eq. (N), §x.y: hint"), its message cut into lines of the copy's width."""
+    pieces = textwrap.wrap(exercise.message(), width=88, drop_whitespace=False)
+    return (
+        "raise NotImplementedError(\n"
+        + "".join(f"    {json.dumps(p, ensure_ascii=False)}\n" for p in pieces)
+        + ")\n"
+    )
+
+
+# ==== Writing the student copy ====
+def tracked_files(root: Path) -> list[str]:
+    """The project's files as git knows them: what a fresh clone holds, without runs/ or .venv/."""
+    try:
+        listing = subprocess.run(
+            ["git", "ls-files", "-z"], cwd=root, capture_output=True, check=True, text=True
+        ).stdout
+    except (OSError, subprocess.CalledProcessError) as e:
+        raise ExerciseError(f"cannot list the project's files with git ls-files in {root}: {e}") from e
+    return [name for name in listing.split("\0") if name and (root / name).is_file()]
+
+
+def write_exercises(out: Path, root: Path = PROJECT, exercises=EXERCISES) -> list[Path]:
+    """Copy the project's tracked files to `out` and blank every exercise's body there. The
+    functions are resolved first, so a missing one stops before anything is written."""
+    sources = {}
+    for exercise in exercises:
+        path = root / exercise.path
+        if not path.is_file():
+            raise ExerciseError(
+                f"{exercise.key}: no module {exercise.path}: update EXERCISES in srt/exercises.py"
+            )
+        source = sources.get(path) or path.read_text(encoding="utf-8")
+        sources[path] = replace_body(source, exercise.name, blank_body(exercise), str(exercise.path))
+    if out.exists() and any(out.iterdir()):
+        raise ExerciseError(
+            f"{out} already holds files (a student's work?): remove it or choose another --out"
+        )
+    for name in tracked_files(root):
+        target = out / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(root / name, target)
+    for path, source in sources.items():
+        (out / path.relative_to(root)).write_text(source, encoding="utf-8")
+    return [out / e.path for e in exercises]
+
+
+# ==== Grading a copy ====
+def run_checks(folder: Path, exercises=EXERCISES) -> list[dict]:
+    """Run every exercise's checks on the code in `folder`, in one subprocess whose sys.path starts
+    with `folder` (so `import stage2_grpo` is the student's), -> one result per exercise:
+    {key, passed, checked (what the failing check checks), error}."""
+    plan = [{"key": e.key, "function": e.function, "checks": list(e.checks)} for e in exercises]
+    command = [sys.executable, str(CHECKS / "run_checks.py"), str(folder.resolve()), json.dumps(plan)]
+    try:
+        done = subprocess.run(command, cwd=folder, capture_output=True, text=True, timeout=GRADE_TIMEOUT_S)
+        output, trouble = (
+            done.stdout,
+            done.stderr.strip().splitlines()[-1:] or [f"exit code {done.returncode}"],
+        )
+    except subprocess.TimeoutExpired:
+        output, trouble = "", [f"the checks ran past {GRADE_TIMEOUT_S} s"]
+    results = {}
+    for line in output.splitlines():
+        if line.startswith("RESULT "):
+            result = json.loads(line[len("RESULT ") :])
+            results[result["key"]] = result
+    missing = {"passed": False, "checked": "the checks did not run", "error": trouble[0]}
+    return [results.get(e.key, {"key": e.key, **missing}) for e in exercises]
+
+
+def grade_line(exercise: Exercise, result: dict) -> str:
+    """PASS <key> <function>, or FAIL <key> <function>: <what was checked> — hint: <hint>."""
+    if result["passed"]:
+        return f"PASS {exercise.key} {exercise.name}"
+    checked = result["checked"] + (f" ({result['error']})" if result.get("error") else "")
+    return f"FAIL {exercise.key} {exercise.name}: {checked} — hint: {exercise.hint}"
+
+
+def grade(folder: Path, exercises=EXERCISES) -> bool:
+    """Print one line per exercise; True when every exercise passed."""
+    results = run_checks(folder, exercises)
+    for exercise, result in zip(exercises, results):
+        print(grade_line(exercise, result), flush=True)
+    return all(r["passed"] for r in results)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m srt.exercises",
+        description="The paper's equations as exercises: write a student copy of the project whose "
+        "exercise functions raise NotImplementedError, or grade such a copy.",
+    )
+    action = parser.add_mutually_exclusive_group(required=True)
+    action.add_argument("--out", type=Path, help="write the student copy into this (new or empty) folder")
+    action.add_argument("--grade", type=Path, metavar="DIR", help="grade the student copy in DIR")
+    action.add_argument("--list", action="store_true", help="list the exercises in order")
+    return parser
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.list:
+            for e in EXERCISES:
+                print(f"{e.key:<8} {e.function:<32} {e.equation}, {e.section}")
+            return 0
+        if args.out:
+            written = write_exercises(args.out)
+            files = len(set(written))
+            print(f"wrote the student copy to {args.out}: {len(EXERCISES)} exercises in {files} files")
+            print(f"grade it with: python -m srt.exercises --grade {args.out}")
+            return 0
+        if not (args.grade / "stage2_grpo.py").is_file():
+            raise ExerciseError(f"{args.grade} holds no copy of the project (no stage2_grpo.py)")
+        return 0 if grade(args.grade) else 1
+    except ExerciseError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

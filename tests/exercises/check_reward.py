@@ -1,0 +1,167 @@
+"""Checks of the reward exercises (reward.py): Eqs. (5), (6), (7) and the composite, Eq. (4), on the
+paper's Fig. 1 record and the attacks of the reward-hacking gallery (srt/reward_gallery.py)."""
+
+import math
+
+import numpy as np
+
+import reward
+from srt.prompt import format_target
+from srt.reward_gallery import GALLERY_RECORD, gallery_completions
+
+HONEST = format_target(GALLERY_RECORD)
+
+
+# ==== Eq. (5) ====
+def format_accepts_the_honest_completion():
+    """Eq. (5) gives the honest completion 1.0 and lists no broken rule."""
+    value, problems = reward.format_reward(HONEST)
+    assert value == 1.0 and list(problems) == []
+
+
+def format_fails_a_missing_marker():
+    """Eq. (5) gives 0.0, with the broken rules listed, when <think>, </think>, a </HIS> or 'Final answer:' is
+    missing."""
+    for marker in ("<think>", "</think>", "</HIS>", "Final answer:"):
+        value, problems = reward.format_reward(HONEST.replace(marker, "", 1))
+        assert value == 0.0 and len(problems) > 0, marker
+        assert all(isinstance(p, str) and p for p in problems), marker
+
+
+def format_fails_a_tag_outside_the_think_block():
+    """Eq. (5) gives 0.0 to every format attack of the gallery (tags after </think>, look-alike tags, two
+    answers)."""
+    attacks = [text for _, kind, text in gallery_completions() if kind == "format attack"]
+    assert len(attacks) >= 6
+    for text in attacks:
+        assert reward.format_reward(text)[0] == 0.0, text[:60]
+
+
+# ==== Eq. (6) ====
+def recall_at_its_bounds():
+    """Eq. (6) at its bounds: +1.25 for the gold set exactly (or two empty sets), -1.25 for a disjoint one."""
+    assert math.isclose(reward.recall_reward({"Q1", "A5"}, ["A5", "Q1"]), 1.25)
+    assert math.isclose(reward.recall_reward(set(), []), 1.25)
+    assert math.isclose(reward.recall_reward({"Q2"}, ["Q1", "A5"]), -1.25)
+    assert math.isclose(reward.recall_reward(set(), ["Q1"]), -1.25)
+
+
+def recall_by_hand():
+    """Eq. (6) on a missing recall: H^ = {Q1, A5} against H* = {Q1, A5, A6} gives 2.5 * 2/3 - 1.25."""
+    assert math.isclose(reward.recall_reward({"Q1", "A5"}, ["Q1", "A5", "A6"]), 2.5 * 2 / 3 - 1.25)
+
+
+def recall_charges_over_recall():
+    """Eq. (6) charges over-recall: H^ = {Q1, A2, A5, A6} against H* = {Q1, A5, A6} gives 2.5 * 3/4 - 1.25."""
+    assert math.isclose(
+        reward.recall_reward({"Q1", "A2", "A5", "A6"}, ["Q1", "A5", "A6"]), 2.5 * 3 / 4 - 1.25
+    )
+    assert math.isclose(reward.recall_reward(["Q1", "Q1"], ["Q1"]), 1.25)  # a set: a repeat is one element
+
+
+# ==== Eq. (7), with a stand-in for the sentence embedder ====
+VECTORS = {
+    "yes": [1.0, 0.0, 0.0],
+    "no": [0.0, 1.0, 0.0],
+    "half": [math.sqrt(0.5), math.sqrt(0.5), 0.0],
+    "against": [-1.0, 0.0, 0.0],
+    "overshoot": [1.0000003, 0.0, 0.0],  # rounding in a real embedder: a dot product just above 1
+}
+
+
+class FakeEmbedder:
+    """Unit vectors for a few words, counting its calls; anything else (None included) is an error."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, texts, *args, **kwargs):
+        texts = list(texts)
+        self.calls.append(texts)
+        return np.array([VECTORS[t] for t in texts], dtype=np.float32)
+
+
+def with_fake_embedder(run):
+    fake, real = FakeEmbedder(), reward.embed
+    reward.embed = fake
+    try:
+        return run(fake)
+    finally:
+        reward.embed = real
+
+
+def cosine_by_hand():
+    """Eq. (7) on hand-computed cosines: 1 for the same answer, 0.7071 at 45 degrees, -1 opposite, clipped to
+    [-1, 1]."""
+    got = with_fake_embedder(
+        lambda _: reward.answer_cosines(["yes", "half", "against", "overshoot"], ["yes", "yes", "yes", "yes"])
+    )
+    assert len(got) == 4
+    assert np.allclose([float(x) for x in got], [1.0, math.sqrt(0.5), -1.0, 1.0], atol=1e-6)
+    assert all(-1.0 <= float(x) <= 1.0 for x in got)
+
+
+def cosine_of_a_missing_answer():
+    """Eq. (7) gives a missing answer (None) the minimum, -1, and never embeds it."""
+    got = with_fake_embedder(lambda _: reward.answer_cosines([None, "no"], ["yes", "no"]))
+    assert [float(x) for x in got] == [-1.0, 1.0]
+    nothing = with_fake_embedder(lambda fake: (reward.answer_cosines([None], ["yes"]), fake.calls))
+    assert [float(x) for x in nothing[0]] == [-1.0] and nothing[1] in ([], [[]])
+
+
+def cosine_in_one_embedding_call():
+    """Eq. (7) embeds all answers and references of a batch in one call to embed()."""
+    calls = with_fake_embedder(
+        lambda fake: (reward.answer_cosines(["yes", "no", "half"], ["no", "no", "yes"]), fake.calls)[1]
+    )
+    assert len(calls) == 1
+
+
+# ==== Eq. (4), under answer_reward="keys" (the record has answer keys: no embedder needed) ====
+def score(completions, answer_gate="off"):
+    return reward.compute_rewards(completions, [GALLERY_RECORD] * len(completions), "keys", answer_gate)
+
+
+def composite_of_the_honest_completion():
+    """Eq. (4) on the honest completion: format 1 + recall 1.25 + answer 1 = 3.25, recalling Q1, A5, A6."""
+    (result,) = score([HONEST])
+    assert (
+        result["format"] == 1.0
+        and math.isclose(result["recall"], 1.25)
+        and math.isclose(result["answer"], 1.0)
+    )
+    assert math.isclose(result["total"], 3.25) and list(result["recalled"]) == ["Q1", "A5", "A6"]
+
+
+def composite_is_the_sum_of_its_parts():
+    """Eq. (4) on every gallery completion: total = format + recall + answer, and every attack totals below
+    the honest one."""
+    rows = gallery_completions()
+    results = score([text for _, _, text in rows])
+    honest = results[0]["total"]
+    for (name, kind, _), result in zip(rows, results):
+        assert math.isclose(result["total"], result["format"] + result["recall"] + result["answer"]), name
+        assert kind in ("honest", "variant") or result["total"] < honest, name
+
+
+def composite_applies_the_answer_gate():
+    """Eq. (4) with answer_gate='recall': a right answer whose recall missed H* entirely earns answer -1."""
+    (nothing_recalled,) = [text for name, _, text in gallery_completions() if name == "nothing recalled"]
+    (open_gate,) = score([nothing_recalled], "off")
+    (gated,) = score([nothing_recalled], "recall")
+    assert math.isclose(open_gate["answer"], 1.0) and math.isclose(gated["answer"], -1.0)
+    assert math.isclose(gated["total"], 1.0 - 1.25 - 1.0)
+    assert math.isclose(score([HONEST], "recall")[0]["total"], 3.25)  # a recall that hit H* is not gated
+
+
+def composite_refuses_mismatched_lengths():
+    """Eq. (4) refuses (ValueError) two completions for one example, and an unknown answer_gate."""
+    for call in (
+        lambda: reward.compute_rewards([HONEST, HONEST], [GALLERY_RECORD], "keys"),
+        lambda: reward.compute_rewards([HONEST], [GALLERY_RECORD], "keys", "sometimes"),
+    ):
+        try:
+            call()
+        except ValueError:
+            continue
+        raise AssertionError("no ValueError")

@@ -1,0 +1,218 @@
+"""The exercises (srt/exercises.py) and their grader can fail: generated into a temporary folder,
+every exercise fails on its blank, passes on the project's own solution, and fails, with its hint
+and without its solution, on a plausible wrong solution written into the copy's function body."""
+
+import ast
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from srt.exercises import (
+    EXERCISES,
+    PROJECT,
+    Exercise,
+    ExerciseError,
+    function_body,
+    replace_body,
+    write_exercises,
+)
+
+BY_KEY = {e.key: e for e in EXERCISES}
+
+
+def solution(exercise: Exercise) -> str:
+    return function_body((PROJECT / exercise.path).read_text(encoding="utf-8"), exercise.name)
+
+
+def patched(exercise: Exercise, old: str, new: str) -> str:
+    """The project's solution with one piece of its text replaced: a wrong solution."""
+    body = solution(exercise)
+    assert old in body, f"{exercise.key}: the solution no longer holds {old!r}; update this test"
+    return body.replace(old, new, 1)
+
+
+def without_the_answer_gate() -> str:
+    body = solution(BY_KEY["eq4"])
+    gate = re.compile(r"\n *if result\[\"answer_gated\"\]:[^\n]*\n *result\[\"answer\"\] = -1.0")
+    assert gate.search(body), "eq4: the solution no longer gates the answer this way; update this test"
+    return gate.sub("", body)
+
+
+# One plausible wrong solution per exercise, as a student might write it.
+WRONG = {
+    "eq2": lambda: patched(  # the two weights of Eq. (2) swapped
+        BY_KEY["eq2"],
+        "w_sem * np.asarray(similarity) + w_dist *",
+        "w_dist * np.asarray(similarity) + w_sem *",
+    ),
+    "eq3": lambda: patched(BY_KEY["eq3"], "nll = -logprobs * target", "nll = -logprobs * answer"),  # w/o CoT
+    "eq5": lambda: (  # the markers present somewhere, their order and pairing unchecked
+        'ok = all(m in completion for m in ("<think>", "</think>", "Final answer:"))\n'
+        'return (1.0 if ok else 0.0), ([] if ok else ["a marker is missing"])\n'
+    ),
+    "eq6": lambda: (  # precision |H^ n H*| / |H^| where Eq. (6) asks for the IoU
+        "recalled = set(recalled_set)\n"
+        "precision = len(recalled & set(gold_set)) / len(recalled) if recalled else 1.0\n"
+        "return 2.5 * precision - 1.25\n"
+    ),
+    "eq7": lambda: patched(
+        BY_KEY["eq7"], "rewards = [-1.0] * len(answers)", "rewards = [0.0] * len(answers)"
+    ),
+    "eq4": without_the_answer_gate,
+    "eq8": lambda: patched(BY_KEY["eq8"], "keepdim=True, unbiased=False", "keepdim=True, unbiased=True"),
+    "kl": lambda: patched(
+        BY_KEY["kl"], "log_ratio = ref_logprobs - logprobs", "log_ratio = logprobs - ref_logprobs"
+    ),
+    "eq9": lambda: patched(  # the clip on one side only
+        BY_KEY["eq9"],
+        "torch.clamp(ratio, 1 - clip_eps, 1 + clip_eps)",
+        "torch.clamp(ratio, max=1 + clip_eps)",
+    ),
+    "weights": lambda: patched(  # dr_grpo divided by each completion's own length: grpo's length bias again
+        BY_KEY["weights"],
+        "return mask / (G * max_new_tokens)",
+        "return mask / (G * mask.sum(1, keepdim=True))",
+    ),
+}
+
+# Two copies, each with half the exercises wrong and the other half the solution. A function that
+# calls another exercise fails with it: compute_rewards calls format_reward and recall_reward,
+# grpo_loss calls k3_kl; so each copy's wrong set keeps the callers apart from their callees.
+WRONG_SETS = {
+    "first": ({"eq2", "eq3", "eq4", "eq8", "eq9"}, set()),
+    "second": ({"eq5", "eq6", "eq7", "kl", "weights"}, {"eq4", "eq9"}),  # (wrong, failing with them)
+}
+# And the first copy lacks a function: its loss_weights renamed, as a student might by mistake (no
+# other exercise calls it; the checks of grpo_loss build its weights by hand).
+RENAMED = ("first", "weights", "def loss_weights(", "def loss_weights_of(")
+
+
+@pytest.fixture(scope="module")
+def blank(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("exercises") / "exercises"
+    started = time.perf_counter()
+    write_exercises(out)
+    assert time.perf_counter() - started < 10.0  # seconds, on a shared 2-core box
+    return out
+
+
+def copy_with(blank: Path, folder: Path, bodies: dict[str, str]) -> Path:
+    """A copy of the blank with each exercise's body replaced: bodies[key], else the solution."""
+    shutil.copytree(blank, folder)
+    for exercise in EXERCISES:
+        path = folder / exercise.path
+        body = bodies.get(exercise.key) or solution(exercise)
+        path.write_text(replace_body(path.read_text(encoding="utf-8"), exercise.name, body), encoding="utf-8")
+    return folder
+
+
+def grade_command(folder: Path) -> subprocess.Popen:
+    """`python -m srt.exercises --grade folder`, started: the grades of one test run side by side."""
+    command = [sys.executable, "-m", "srt.exercises", "--grade", str(folder)]
+    return subprocess.Popen(command, cwd=PROJECT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def grade_lines(process: subprocess.Popen) -> tuple[int, dict[str, str]]:
+    """The finished grade -> (exit code, {key: its line})."""
+    stdout, stderr = process.communicate(timeout=300)
+    lines = {line.split()[1]: line for line in stdout.splitlines() if line.startswith(("PASS ", "FAIL "))}
+    assert list(lines) == [e.key for e in EXERCISES], stdout + stderr
+    return process.returncode, lines
+
+
+@pytest.fixture(scope="module")
+def grades(blank, tmp_path_factory) -> dict[str, tuple[int, dict[str, str]]]:
+    """Every copy this module grades, graded at once: the blank, the solution, and the two copies
+    with wrong solutions (WRONG_SETS; the first also lacks a function, RENAMED)."""
+    folder = tmp_path_factory.mktemp("graded")
+    copies = {"blank": blank, "solved": copy_with(blank, folder / "solved", {})}
+    for name, (wrong, _) in WRONG_SETS.items():
+        copies[name] = copy_with(blank, folder / name, {key: WRONG[key]() for key in wrong})
+    copy, key, old, new = RENAMED
+    path = copies[copy] / BY_KEY[key].path
+    path.write_text(path.read_text(encoding="utf-8").replace(old, new), encoding="utf-8")
+    started = {name: grade_command(copy) for name, copy in copies.items()}
+    return {name: grade_lines(process) for name, process in started.items()}
+
+
+def function_node(source: str, name: str) -> ast.FunctionDef:
+    return next(n for n in ast.parse(source).body if isinstance(n, ast.FunctionDef) and n.name == name)
+
+
+def test_the_copy_keeps_signatures_and_docstrings_and_restores_exactly(blank, tmp_path):
+    for exercise in EXERCISES:
+        original = (PROJECT / exercise.path).read_text(encoding="utf-8")
+        copy = (blank / exercise.path).read_text(encoding="utf-8")
+        mine, theirs = function_node(original, exercise.name), function_node(copy, exercise.name)
+        assert ast.unparse(mine.args) == ast.unparse(theirs.args)
+        assert ast.get_docstring(mine) == ast.get_docstring(theirs)
+        statement = theirs.body[-1]
+        assert isinstance(statement, ast.Raise) and statement.exc.func.id == "NotImplementedError"
+        assert statement.exc.args[0].value == exercise.message()
+    assert (blank / "README.md").read_bytes() == (PROJECT / "README.md").read_bytes()
+    restored = copy_with(blank, tmp_path / "restored", {})
+    for exercise in EXERCISES:  # the blank and the solution are the same file but for the body
+        assert (restored / exercise.path).read_bytes() == (PROJECT / exercise.path).read_bytes()
+
+
+def test_every_exercise_fails_on_its_blank(grades):
+    code, lines = grades["blank"]
+    assert code != 0
+    for exercise in EXERCISES:
+        line = lines[exercise.key]
+        assert line.startswith(f"FAIL {exercise.key} {exercise.name}: ") and "not implemented yet" in line
+        assert "  " not in line  # what was checked reads as one sentence, however its docstring wraps
+        assert line.endswith(f" — hint: {exercise.hint}")
+
+
+def test_every_exercise_passes_on_the_projects_solution(grades):
+    code, lines = grades["solved"]
+    assert code == 0
+    assert list(lines.values()) == [f"PASS {e.key} {e.name}" for e in EXERCISES]
+
+
+@pytest.mark.parametrize("copy", WRONG_SETS)
+def test_a_wrong_solution_fails_with_its_hint_and_not_its_solution(grades, copy):
+    wrong, failing_with_them = WRONG_SETS[copy]
+    code, lines = grades[copy]
+    assert code != 0
+    for exercise in EXERCISES:
+        line = lines[exercise.key]
+        if (copy, exercise.key) == RENAMED[:2]:
+            continue  # test_a_missing_exercise_function_is_a_clear_error
+        if exercise.key in wrong | failing_with_them:
+            assert line.startswith(f"FAIL {exercise.key} {exercise.name}: "), line
+            assert line.endswith(f" — hint: {exercise.hint}") and "not implemented" not in line
+            for code_line in solution(exercise).splitlines():  # the grader never prints the solution
+                assert len(code_line.strip()) < 30 or code_line.strip() not in line
+        else:
+            assert line == f"PASS {exercise.key} {exercise.name}"
+
+
+def test_a_missing_exercise_function_is_a_clear_error(blank, grades, tmp_path):
+    moved = Exercise("eq2", "stage0_build:dependency_scores", "Eq. (2)", "§3.2", "hint", ())
+    with pytest.raises(ExerciseError, match="stage0_build.py has no function dependency_scores"):
+        write_exercises(tmp_path / "never", exercises=[moved])
+    assert not (tmp_path / "never").exists()
+    with pytest.raises(ExerciseError, match="already holds files"):
+        write_exercises(blank)
+
+    copy, key, _, _ = RENAMED
+    line = grades[copy][1][key]
+    assert (
+        line.startswith(f"FAIL {key} loss_weights: ")
+        and "stage2_grpo.py has no function loss_weights —" in line
+    )
+
+
+def test_help_and_list():
+    for flag, expected in (("--help", "--grade DIR"), ("--list", "stage2_grpo:grpo_loss")):
+        done = subprocess.run(
+            [sys.executable, "-m", "srt.exercises", flag], cwd=PROJECT, capture_output=True, text=True
+        )
+        assert done.returncode == 0 and expected in done.stdout
