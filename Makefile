@@ -152,5 +152,11 @@ locomo-heldout:
 	$(PYTHON) evaluate.py --data $(LOCOMO_RUN)/heldout-data/test.jsonl --out $(LOCOMO_RUN)/heldout-eval --resume \
 	    $(LOCOMO_EVAL) $(LOCOMO_VARIANTS)
 
+# A folder given empty on the command line (make demo LESSON=) would put the runs at the file-system
+# root (/data, /sft, /eval), and PLACEBO=yes would mean no placebo: each is refused before anything runs.
+FOLDERS := DATA TABLE2 LESSON LOCOMO_RUN
+$(foreach v,$(FOLDERS),$(if $(strip $($(v))),,$(error $(v) is empty, which would put its runs at /: give a folder)))
+$(if $(filter-out 0 1,$(PLACEBO)),$(error PLACEBO=$(PLACEBO): 1 adds a placebo run, 0 leaves it out))
+
 clean:
 	rm -rf runs

@@ -45,16 +45,26 @@ from srt import generation, loading, precision
 from srt.config import (
     MAX_NEW_TOKENS,
     at_least,
+    changed_settings,
     claim_out,
     env_var_name,
     in_range,
     interruptible,
     parse_config,
+    same_bytes_hint,
     up_to,
     write_config,
 )
 from srt.data.teacher import ChatClient
-from srt.data_io import DataError, bucket_of, read_jsonl, write_json, write_jsonl
+from srt.data_io import (
+    DataError,
+    bucket_of,
+    files_sha256,
+    read_jsonl,
+    read_unique_records,
+    write_json,
+    write_jsonl,
+)
 from srt.embedder import embed, load_embedder
 from srt.loading import load_model_and_tokenizer
 from srt.metrics import f1_score, final_answer, recall_metrics
@@ -899,12 +909,35 @@ def main(argv=None) -> None:
         run(args)
 
 
+# What a --resume may change: where the rows go, how many records, the device and the key's
+# variable. Every other flag changes the rows (the data, the memory, the retrieval, the model).
+RESUME_MAY_CHANGE = ("out", "resume", "overwrite", "limit", "preset", "device", "api_key_env")
+
+
+def same_settings_as_before(out: Path, args) -> None:
+    """--resume keeps the rows of predictions.jsonl: refused, naming what differs, unless every
+    setting that changes a row (and the data's sha256) is the one config.json recorded. A key an
+    older config.json lacks is not checked."""
+    path = out / "config.json"
+    if not path.is_file():
+        return
+    saved = json.loads(path.read_text(encoding="utf-8"))
+    now = {k: v for k, v in vars(args).items() if k not in RESUME_MAY_CHANGE}
+    changed = [k for k in now if k in saved and saved[k] != now[k]]
+    if changed:
+        details = ", ".join(changed_settings(saved, now, changed))
+        sys.exit(
+            f"error: --resume with different settings than the run in {out}: {details}"
+            f"{same_bytes_hint(saved, now)}; --overwrite replaces its rows, or give another --out"
+        )
+
+
 def run(args) -> None:
     """CueMem over --data: evidence metrics, and answers unless --retrieval-only."""
     if args.extractor == "llm" and args.api_base and not args.api_model:
         sys.exit("error: --api-base needs --api-model")
     try:
-        records = read_jsonl(args.data)
+        records = read_unique_records(args.data)  # rows are kept by id
     except (DataError, OSError) as e:
         sys.exit(f"error: {e}")
     if not records:  # a summary of n = 0 would read like a result
@@ -922,6 +955,9 @@ def run(args) -> None:
         models.append(args.extractor_model or args.model)
     for name in dict.fromkeys(models):
         loading.check_model_name(name)  # before config.json: a failed run leaves none
+    args.data_sha256 = files_sha256([args.data])
+    if args.resume:
+        same_settings_as_before(out, args)
     write_config(out, args, "cuemem.py")
 
     autocast_dtype = precision.resolve_dtype(args.dtype, args.device)[1]

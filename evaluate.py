@@ -87,11 +87,20 @@ from srt.config import (
     env_var_name,
     interruptible,
     parse_config,
+    same_bytes_hint,
     up_to,
     write_config,
 )
 from srt.data.teacher import ChatClient
-from srt.data_io import BUCKETS, DataError, atomic_write_text, bucket_of, files_sha256, read_jsonl, read_lines
+from srt.data_io import (
+    BUCKETS,
+    DataError,
+    atomic_write_text,
+    bucket_of,
+    files_sha256,
+    read_lines,
+    read_unique_records,
+)
 from srt.embedder import embed, load_embedder
 from srt.loading import (
     check_model_name,
@@ -856,6 +865,10 @@ def table2_mapping(spec, names) -> dict:
             row, _, name = item.partition("=")
             if name.strip() not in names:
                 sys.exit(f"error: --table2 names {name.strip()!r}, which is not a --compare NAME")
+            if not row.strip():
+                sys.exit(f"error: --table2 {item.strip()!r} has no row name; give ROW=NAME")
+            if row.strip() in mapping:  # the second would replace the first without a word
+                sys.exit(f"error: --table2 names the row {row.strip()!r} twice")
             mapping[row.strip()] = name.strip()
         return mapping
     return {
@@ -896,8 +909,22 @@ def parse_variants(args) -> list[dict]:
             )
         if name in {v["name"] for v in variants}:
             sys.exit(f"error: --compare names {name!r} twice")
+        validate_variant_name(name)
         variants.append({"name": name, "method": method, "model": model})
     return variants
+
+
+# A variant's name is the stem of its files in --out (<name>.jsonl, <name>.latency.jsonl): plain,
+# so that it names a file inside --out, and without a dot, so that no two variants' files collide.
+VARIANT_NAME = re.compile(r"[A-Za-z0-9_-]+")
+
+
+def validate_variant_name(name: str) -> None:
+    if not VARIANT_NAME.fullmatch(name):
+        sys.exit(
+            f"error: --compare name {name!r}: a name is letters, digits, '-' and '_' (it names the "
+            "variant's files in --out)"
+        )
 
 
 def parse_variant_options(specs, names) -> dict:
@@ -929,6 +956,8 @@ def parse_variant_options(specs, names) -> dict:
             sys.exit(f"error: --variant-options {spec!r}: max_new_tokens must be <= {MAX_NEW_TOKENS}")
         if problem := cuemem_option_problem(value.get("cuemem", {})):
             sys.exit(f"error: --variant-options {spec!r}: {problem}")
+        if name in out:  # the second would replace the first without a word
+            sys.exit(f"error: --variant-options names {name!r} twice; give its options in one JSON")
         out[name] = value
     return out
 
@@ -1176,10 +1205,21 @@ def resolve_config(argv=None) -> argparse.Namespace:
     unknown = sorted({n for pair in args.pairs for n in pair} - {v["name"] for v in args.variants})
     if unknown:
         sys.exit(f"error: --pairs names {', '.join(unknown)}, which is not a --compare NAME")
+    validate_pairs(args.pairs)
     for v in args.variants:
         v["batch_size"] = 1 if v["model"].startswith("api:") else args.batch_size
         v["options"] = variant_options(v, args)
     return args
+
+
+def validate_pairs(pairs) -> None:
+    """--pairs A:B compares two variants, each once: a variant against itself has no difference to
+    report, and one pair twice would be one entry in the report."""
+    for k, (a, b) in enumerate(pairs):
+        if a == b:
+            sys.exit(f"error: --pairs {a}:{b} compares a variant with itself; name two --compare NAMEs")
+        if (a, b) in pairs[:k]:
+            sys.exit(f"error: --pairs names {a}:{b} twice")
 
 
 def same_data_as_before(out_dir: Path, args) -> None:
@@ -1193,7 +1233,8 @@ def same_data_as_before(out_dir: Path, args) -> None:
     if "data" in saved and saved["data"] != args.data:
         changes = changed_settings(saved, {"data": args.data}, ["data"])
         sys.exit(
-            f"error: --resume with other --data than the evaluation in {out_dir}: {', '.join(changes)}; "
+            f"error: --resume with other --data than the evaluation in {out_dir}: {', '.join(changes)}"
+            f"{same_bytes_hint(saved, {'data': args.data, 'data_sha256': args.data_sha256})}; "
             "--overwrite replaces its rows, or give another --out"
         )
     if saved.get("data_sha256") not in (None, args.data_sha256):
@@ -1216,7 +1257,7 @@ def evaluate_all(args) -> None:
     """Every variant on the selected records, then the report (summary.json, report.md, plots)."""
     variants = args.variants
     try:
-        all_records = read_jsonl(args.data)
+        all_records = read_unique_records(args.data)
     except (DataError, OSError) as e:
         sys.exit(f"error: {e}")
     try:

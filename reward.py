@@ -369,6 +369,8 @@ def read_completions(path: str, records: list[dict]) -> list[tuple[dict, str]]:
     """Lines {"id": ..., "completion": ...} (matched by id to --data) or
     {"index": ..., "completion": ...}."""
     by_id = {r["id"]: r for r in records}
+    index_of = {r["id"]: k for k, r in enumerate(records)}
+    line_of = {}  # record index -> the line that scored it
 
     def parse(row, path, line_no):
         where = f"{path}:{line_no}:"
@@ -383,9 +385,17 @@ def read_completions(path: str, records: list[dict]) -> list[tuple[dict, str]]:
             raise DataError(
                 f"{where} field 'id' (or 'index', an integer in [0, {len(records)})) is missing or wrong"
             )
-        return (by_id[row["id"]] if "id" in row else records[i]), row["completion"]
+        k = index_of[row["id"]] if "id" in row else i
+        record = records[k]
+        if k in line_of:  # scored twice, it would weigh twice in every mean
+            raise DataError(f"{where} scores record {record['id']!r} again (line {line_of[k]} did)")
+        line_of[k] = line_no
+        return record, row["completion"]
 
-    return read_lines(path, parse)
+    pairs = read_lines(path, parse)
+    if not pairs:  # a mean of nothing would read like a score
+        raise DataError(f"{path} holds no completions; nothing to score")
+    return pairs
 
 
 def add_answer_flags(parser) -> None:

@@ -75,7 +75,7 @@ from srt.data.leakage import lookup_checks, lookup_summary, normalize
 from srt.data.synthetic import generate_synthetic
 from srt.data.synthetic_common import keys_outside_recall
 from srt.data.teacher import gold_is_complete, grounded, make_teacher
-from srt.data_io import BUCKETS, bucket_of, write_json, write_jsonl
+from srt.data_io import BUCKETS, bucket_of, files_sha256, write_json, write_jsonl
 from srt.embedder import embed
 from srt.metrics import DISTANCE_BINS, distance_bin
 from srt.precision import device_flag
@@ -791,13 +791,36 @@ def built_with(out: Path, config: dict, outputs) -> bool:
     if not (out / "config.json").exists():
         return False
     saved = json.loads((out / "config.json").read_text(encoding="utf-8"))
+    recorded = saved.pop(FILES_KEY, {})
     saved = {k: v for k, v in saved.items() if k != "script"}
     if saved != config:
         sys.exit(
             f"error: --resume with another config than the build in {out}: "
             f"{', '.join(changed_settings(saved, config))}; --overwrite replaces that build"
         )
-    return all((out / name).exists() for name in outputs)
+    if not all((out / name).exists() for name in outputs):
+        return False
+    check_built_files(out, recorded)
+    return True
+
+
+# config.json's record of the build's files, by name: their sha256 when the build published them.
+FILES_KEY = "files_sha256"
+
+
+def built_files(folder: Path, outputs) -> dict:
+    return {name: files_sha256([folder / name]) for name in outputs if (folder / name).exists()}
+
+
+def check_built_files(out: Path, recorded: dict) -> None:
+    """A finished build's files must be the ones it wrote: a split cut or edited by hand would be
+    called built and trained on. (A build that predates the record is not checked.)"""
+    for name, digest in recorded.items():
+        if (out / name).exists() and files_sha256([out / name]) != digest:
+            sys.exit(
+                f"error: --resume: {out / name} is not the file this build wrote (its sha256 differs from "
+                f"the one in {out / 'config.json'}); --overwrite rebuilds it"
+            )
 
 
 def read_inputs(args, out):
@@ -924,7 +947,8 @@ def build(args) -> None:
         if args.source == "locomo":
             write_jsonl(folder / "conversations.jsonl", conversations)
         write_json(folder / "stats.json", stats)
-        write_config(folder, config, "stage0_build.py")  # last: the mark of a finished build
+        files = built_files(folder, OUTPUT_FILES[:-1])  # what --resume checks the build by
+        write_config(folder, {**config, FILES_KEY: files}, "stage0_build.py")  # last: the mark of a build
 
     commit_build(out, write)
     print_build_summary(args, stats, num_input, out, report, windows, teacher, drops)

@@ -333,7 +333,7 @@ def train(cfg, parser=None):
         weight_dtype=str(resolve_dtype(cfg.dtype, device)[0]),
         autocast_dtype=str(autocast_dtype),
     )
-    metrics = run.log("metrics.jsonl")
+    metrics = run.log("metrics.jsonl", every=cfg.log_every)
 
     step = run.start_step
     bar = tqdm(total=total_steps, initial=step, disable=not run.main_process, desc="sft", dynamic_ncols=True)

@@ -81,7 +81,7 @@ import torch.distributed as dist
 from tqdm.auto import tqdm
 
 from reward import add_answer_flags, compute_rewards
-from srt import grpo_explain
+from srt import grpo_explain, step_page
 from srt import run as harness  # srt/run.py: --out, ranks, loading, resume, checkpoints, logs
 from srt.config import MAX_NEW_TOKENS, Bounded, at_least, parse_config, positive, require, up_to
 from srt.data_io import (
@@ -890,6 +890,9 @@ def parse_args(argv=None) -> argparse.Namespace:
         not (cfg.explain and cfg.placebo),
         "--explain prints one step with the true rewards; --placebo is for a training run",
     )
+    if cfg.explain:  # the page may only replace a page of its own
+        problem = step_page.page_problem(cfg.explain_html, cfg.overwrite)
+        require(problem is None, problem)
     # Eq. (8) centres each group's rewards on their mean: a group of one has advantage 0, and a
     # learning rate of 0 moves nothing. Either run would train its steps and change no weight.
     require(
@@ -949,7 +952,8 @@ def train(cfg, reward_fn=None, step_fn=None) -> dict:
     state = run.resume()
     if state:
         stream.load_state_dict(state["stream"])
-    logs = {name: run.log(f"{name}.jsonl") for name in ("metrics", "samples", "probe")}
+    logs = {name: run.log(f"{name}.jsonl") for name in ("samples", "probe")}
+    logs["metrics"] = run.log("metrics.jsonl", every=1)  # a line every step
     run.write_config()
 
     def run_eval(step, name=None):  # srt/probe.py: each rank a slice, rank 0 logs and plots

@@ -19,6 +19,9 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from measure import check_out  # noqa: E402
+
 from srt.data_io import write_json  # noqa: E402
 
 VARIANTS = ("grpo", "dapo", "dr_grpo")
@@ -49,9 +52,7 @@ def read_jsonl(path: Path) -> list[dict]:
 
 def main(argv=None) -> None:
     args = build_parser().parse_args(argv)
-    out = Path(args.out)
-    if out.exists() and not out.is_dir():
-        sys.exit(f"error: --out {out} is a file; give a folder")
+    out = check_out(args.out)  # bench/measure.py: a folder of the benchmarks' own
     repo = Path(__file__).resolve().parents[1]
     for variant in args.variants:
         command = [
@@ -61,7 +62,8 @@ def main(argv=None) -> None:
             "--probe-every", str(args.probe_every), "--resume",
         ] + ([] if args.lr is None else ["--lr", str(args.lr)])  # fmt: skip
         print("$", " ".join(command[1:]), flush=True)
-        subprocess.run(command, check=True)
+        if subprocess.run(command).returncode != 0:  # stage 2 said why in its own line, above
+            sys.exit(f"error: stage2_grpo.py of variant {variant} failed; its error is above")
 
     import matplotlib
 

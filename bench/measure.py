@@ -199,10 +199,15 @@ def markdown_table(header: list[str], rows: list[list], align: str | None = None
     return "\n".join(lines)
 
 
+# The mark of a benchmark's folder, made when a benchmark first claims it: what is in it is the
+# benchmarks' own to replace. A folder of other files without it is the user's.
+BENCH_MARK = ".bench-out"
+
+
 def check_out(out) -> Path:
     """A benchmark's --out, checked before it runs (its results are written at the end, minutes
-    later): a folder, or a path where one can be made; else one line naming what is wrong.
-    Nothing is created yet."""
+    later): a folder, or a path where one can be made, holding nothing but what benchmarks wrote;
+    else one line naming what is wrong. The folder is made and marked as a benchmark's (BENCH_MARK)."""
     out = Path(out)
     if out.exists() and not out.is_dir():
         sys.exit(f"error: --out {out} is a file, not a folder")
@@ -213,7 +218,21 @@ def check_out(out) -> Path:
         sys.exit(f"error: --out {out}: {there} is a file, not a folder")
     if not os.access(there, os.W_OK):
         sys.exit(f"error: --out {out} is not a folder this benchmark can write ({there} is read-only)")
+    check_no_foreign_files(out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / BENCH_MARK).touch()
     return out
+
+
+def check_no_foreign_files(out: Path) -> None:
+    """A folder holding files but no BENCH_MARK is someone else's (a run, the user's data): a
+    benchmark's results would replace those named like them."""
+    if not out.is_dir() or (out / BENCH_MARK).exists():
+        return
+    foreign = sorted(p.name for p in out.iterdir() if not p.name.startswith("."))
+    if foreign:
+        shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
+        sys.exit(f"error: --out {out} holds files no benchmark wrote ({shown}); give a new or empty folder")
 
 
 def write_results(out: Path, name: str, payload: dict, markdown: str) -> tuple[Path, Path]:

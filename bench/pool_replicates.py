@@ -113,6 +113,17 @@ def read_result(path: str) -> dict:
     return result
 
 
+def check_distinct(paths: list[str], results: list[dict]) -> None:
+    """Each replicate pooled once: one file named twice, or two copies of one result, would count
+    one replicate as two and narrow the interval for nothing."""
+    seen = {}
+    for path, result in zip(paths, results):
+        for key in (f"path {Path(path).resolve()}", "result " + json.dumps(result, sort_keys=True)):
+            if key in seen:
+                sys.exit(f"error: {seen[key]} and {path} are one replicate; give each replicate once")
+            seen[key] = path
+
+
 def pool(results: list[dict], resamples: int, seed: int) -> dict:
     """comparison -> measure -> pooled_gain over the replicates that hold that comparison."""
     pooled = {}
@@ -235,6 +246,7 @@ def main(argv=None) -> dict:
     args = build_parser().parse_args(argv)
     check_out(args.out)
     results = [read_result(p) for p in args.results]
+    check_distinct(args.results, results)
     pooled = pool(results, args.resamples, args.seed)
     if "grpo-start" not in pooled:
         sys.exit("error: no replicate holds a GRPO - start comparison with per-query values")

@@ -27,7 +27,7 @@ from measure import check_out, describe, fmt_stat, machine, machine_line, markdo
 
 import stage1_sft  # noqa: E402
 from srt.config import at_least  # noqa: E402
-from srt.data_io import read_mixture  # noqa: E402
+from srt.data_io import DataError, read_mixture  # noqa: E402
 from srt.distributed import clip_grad_norm  # noqa: E402
 from srt.loading import load_model_and_tokenizer  # noqa: E402
 from srt.precision import resolve_dtype
@@ -88,6 +88,10 @@ def timed_step(model, batches, global_tokens, optimizer, autocast_dtype, max_gra
 def main(argv=None) -> None:
     args = build_parser().parse_args(argv)
     check_out(args.out)
+    try:
+        read_mixture(args.data)  # a bad --data is one line, before the model loads
+    except DataError as e:
+        sys.exit(f"error: {e}")
     import torch
 
     cfg = stage1_sft.parse_args(["--preset", args.preset, "--data", args.data, "--target", args.target])

@@ -22,8 +22,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from srt.config import changed_settings
-from srt.data_io import read_jsonl, write_json, write_jsonl
+from srt.config import changed_settings, same_bytes_hint
+from srt.data_io import DataError, read_lines, write_json, write_jsonl
 
 
 def publish_dir(target: Path, write, replace: bool = True) -> None:
@@ -104,7 +104,7 @@ def has_trainer_state(path) -> bool:
 
 # Settings checkpoints record only since a later version: one written before lacks them and is
 # resumed without that check (a note says so), so a run begun earlier still finishes.
-RECORDED_LATER = ("data", "data_sha256", "placebo", "model_sha256")
+RECORDED_LATER = ("data", "data_sha256", "placebo", "model_sha256", "dtype")
 
 
 def damaged(path, name: str, e: Exception) -> SystemExit:
@@ -141,7 +141,8 @@ def check_resume_config(path, resume_config: dict) -> None:
             what = "another model (--model, by path or by its files' sha256)"
         else:
             what = "different settings"
-        sys.exit(f"error: --resume with {what} than the checkpoint in {path}: {details}")
+        hint = same_bytes_hint(saved, resume_config)
+        sys.exit(f"error: --resume with {what} than the checkpoint in {path}: {details}{hint}")
 
 
 def load_trainer_state(path, resume_config: dict) -> dict:
@@ -156,6 +157,14 @@ def load_trainer_state(path, resume_config: dict) -> dict:
         raise damaged(path, "trainer_state.pt", e) from None
 
 
+def log_row(obj, path, line) -> dict:
+    """One line of a log a run reads back: an object with an integer "step" (a line added by hand
+    without one is named, not a KeyError)."""
+    if not isinstance(obj, dict) or type(obj.get("step")) is not int:
+        raise DataError(f"{path}:{line}: a log line needs an integer field 'step'")
+    return obj
+
+
 class JsonlLog:
     """metrics.jsonl / samples.jsonl: one JSON object per line, each with a "step". A resumed run
     keeps the lines up to its checkpoint's step (no gaps, no duplicates); every append rewrites the
@@ -165,7 +174,7 @@ class JsonlLog:
         self.path = Path(path)
         self.rows = []
         if keep_until_step is not None and self.path.exists():
-            self.rows = [r for r in read_jsonl(self.path, validate=False) if r["step"] <= keep_until_step]
+            self.rows = [r for r in read_lines(self.path, log_row) if r["step"] <= keep_until_step]
 
     def append(self, *rows) -> None:
         self.rows += rows

@@ -100,6 +100,7 @@ def parse_config(parser: argparse.ArgumentParser, presets: dict, argv=None) -> a
         help="a named set of defaults (explicit flags win): " + ", ".join(sorted(presets)),
     )
     argv = sys.argv[1:] if argv is None else list(argv)
+    refuse_two_spellings(parser, argv)
     known, _ = parser.parse_known_args(argv)
     if known.preset:
         dests = {action.dest for action in parser._actions}
@@ -116,6 +117,19 @@ def parse_config(parser: argparse.ArgumentParser, presets: dict, argv=None) -> a
             except argparse.ArgumentTypeError as e:
                 parser.error(f"argument {'/'.join(action.option_strings)}: {e}")
     return config
+
+
+def refuse_two_spellings(parser: argparse.ArgumentParser, argv: list[str]) -> None:
+    """One setting given under two of its spellings (-K and --num-generations, --target and --no-cot,
+    --x and --no-x) is refused: argparse keeps the last without a word, whichever the user meant."""
+    spellings = {}
+    for token in argv:
+        action = parser._option_string_actions.get(token.split("=", 1)[0])
+        if action is not None and action.dest != "help":
+            spellings.setdefault(action.dest, {})[token.split("=", 1)[0]] = None
+    for dest, given in spellings.items():
+        if len(given) > 1:
+            parser.error(f"{' and '.join(given)} set one setting ({dest}); give it once")
 
 
 def require(condition: bool, message: str) -> None:
@@ -206,6 +220,10 @@ def lock_out(out: Path, script: str) -> None:
     key = str(out.resolve())
     if key in _HELD:
         os.close(_HELD.pop(key))
+    if (out / LOCK_NAME).is_dir():  # made by hand or another program: no run's lock
+        sys.exit(
+            f"error: --out {out}: its lock file {LOCK_NAME} is a folder; remove it, or give another --out"
+        )
     fd = os.open(out / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -283,6 +301,16 @@ def changed_settings(saved: dict, now: dict, keys=None) -> list[str]:
         for k in keys
         if saved.get(k) != now.get(k)
     ]
+
+
+def same_bytes_hint(saved: dict, now: dict) -> str:
+    """What a refused --resume adds when --data names the same bytes by another spelling of its path
+    (./d.jsonl, an absolute path, a link): the path as the run recorded it, which goes on."""
+    same_bytes = now.get("data_sha256") is not None and saved.get("data_sha256") == now["data_sha256"]
+    if same_bytes and saved.get("data") != now.get("data"):
+        given = " ".join(saved["data"]) if isinstance(saved["data"], list) else saved["data"]
+        return f"; the files hold the same bytes: give --data as before, {given}, to continue"
+    return ""
 
 
 @contextlib.contextmanager

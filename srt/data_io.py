@@ -56,12 +56,17 @@ def validate_record(record, path="<record>", line=0) -> dict:
             raise DataError(
                 f"{path}:{line}: field '{field}' must be {kind.__name__}, got {type(record[field]).__name__}"
             )
+    if record["query_turn"] < 1:  # Q1 is a dialogue's first round: a turn before it names nothing
+        raise DataError(f"{path}:{line}: field 'query_turn' must be >= 1, got {record['query_turn']}")
     labels = set()
     for k, turn in enumerate(record["history"]):
         if not isinstance(turn, dict) or not all(
             isinstance(turn.get(f), str) for f in ("label", "speaker", "text")
         ):
             raise DataError(f"{path}:{line}: field 'history[{k}]' needs string label, speaker and text")
+        if turn["label"] in labels:  # a <HIS> tag names one turn by its label: two would be one guess
+            taken = f"{turn['label']!r} is the label of an earlier turn"
+            raise DataError(f"{path}:{line}: field 'history[{k}].label' {taken}")
         labels.add(turn["label"])
         if len(turn["text"]) > MAX_UTTERANCE_CHARS:
             raise DataError(f"{path}:{line}: field 'history[{k}].text' {too_long(turn['text'])}")
@@ -99,8 +104,14 @@ def not_utf8(path, line_no: int, line: bytes, error: UnicodeDecodeError) -> Data
     )
 
 
+# The byte order mark Notepad and Excel put before a UTF-8 file: not part of its first line.
+UTF8_BOM = b"\xef\xbb\xbf"
+
+
 def decode_utf8(data: bytes, path) -> str:
-    """A whole file's bytes as text; bad bytes raise DataError naming the file and the line."""
+    """A whole file's bytes as text (a leading byte order mark dropped); bad bytes raise DataError
+    naming the file and the line."""
+    data = data.removeprefix(UTF8_BOM)
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError:
@@ -127,6 +138,8 @@ def read_lines(path, parse, on_error="raise", errors=None) -> list:
         ) from None
     with f:
         for line_no, raw in enumerate(f, 1):
+            if line_no == 1:
+                raw = raw.removeprefix(UTF8_BOM)
             try:
                 try:
                     line = raw.decode("utf-8")
@@ -150,6 +163,25 @@ def read_lines(path, parse, on_error="raise", errors=None) -> list:
 def read_jsonl(path, validate=True, on_error="raise", errors=None) -> list[dict]:
     """Read stage-0 records, one per line (see RECORD_FIELDS)."""
     return read_lines(path, validate_record if validate else (lambda obj, *_: obj), on_error, errors)
+
+
+def read_unique_records(path) -> list[dict]:
+    """read_jsonl for a file whose rows are kept by id (an evaluation's answers): a second record
+    under one id would replace the first's answer and be counted twice, so it is refused, naming
+    both lines."""
+    line_of = {}
+
+    def parse(obj, path, line):
+        record = validate_record(obj, path, line)
+        if record["id"] in line_of:
+            raise DataError(
+                f"{path}:{line}: field 'id' {record['id']!r} is also the id of line {line_of[record['id']]}; "
+                "give each record an id of its own"
+            )
+        line_of[record["id"]] = line
+        return record
+
+    return read_lines(path, parse)
 
 
 # --------------------------------------------------------------------------------------------

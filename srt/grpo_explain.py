@@ -60,7 +60,8 @@ def add_flags(group) -> None:
         "--explain-html",
         default="runs/explain/grpo-step.html",
         metavar="PATH",
-        help="--explain: the step as a self-contained page, tokens shaded by their ratio (srt/step_page.py)",
+        help="--explain: the step as a self-contained page, tokens shaded by their ratio "
+        "(srt/step_page.py); it replaces an earlier page, any other file only with --overwrite",
     )
 
 

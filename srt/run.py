@@ -13,10 +13,12 @@ then trains inside one Run:
 
 What a --resume must match is derived from the parser, not kept by hand: every flag of a group made
 with `method_group` (the paper's settings and the departures from it: they fix the data order and
-the meaning of a step), and the run's model (its path and its files' sha256), data and seed. The
-scale and logging flags are not in it: --micro-batch-size, --fsdp or --save-every compute the same
-update. A --resume refuses what it cannot continue exactly: a checkpoint without its trainer state,
-a log of the steps before the checkpoint that is gone, other data or other weights under --model.
+the meaning of a step), the precision (--dtype), and the run's model (its path and its files'
+sha256), data and seed. The other scale and logging flags are not in it: --micro-batch-size, --fsdp
+or --save-every compute the same update. A --resume refuses what it cannot continue exactly: a
+checkpoint without its trainer state, a log of the steps before the checkpoint that is gone or cut,
+other data or other weights under --model, and a finished run whose checkpoint was deleted is
+compared with its config.json.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -31,7 +34,19 @@ import torch.distributed as dist
 
 from srt import memory_plan
 from srt.checkpoint import JsonlLog, check_resume_config, has_trainer_state, rng_state, set_rng_state
-from srt.config import MAX_STEPS, at_least, claim_out, interruptible, positive, up_to, write_config
+from srt.config import (
+    MAX_STEPS,
+    at_least,
+    changed_settings,
+    claim_out,
+    interruptible,
+    lock_owner,
+    positive,
+    run_in,
+    same_bytes_hint,
+    up_to,
+    write_config,
+)
 from srt.data_io import DataError, data_paths, data_spec, files_sha256, write_json
 from srt.distributed import (
     all_ranks_any,
@@ -59,6 +74,7 @@ from srt.training import TimeBudget, adamw
 # --------------------------------------------------------------------------------------------
 METHOD_GROUPS = "_srt_method_groups"  # the parser attribute that lists the groups a resume must match
 RUN_IDENTITY = ("model", "data", "seed")  # of the run group: what is trained, on what, from which seed
+PRECISION = ("dtype",)  # of the scale group: a bf16 step is another step than an fp32 one
 DERIVED_IDENTITY = ("world_size", "data_sha256", "model_sha256")  # set by the run itself, not by a flag
 
 
@@ -203,14 +219,14 @@ def finish_parser(parser, scale) -> argparse.ArgumentParser:
 
 def resume_keys(parser) -> tuple[str, ...]:
     """The settings a --resume must match: the run's model, data and seed, every flag of a method
-    group, the world size and the data's sha256."""
+    group, the precision (--dtype), the world size and the data's sha256."""
     method = [
         action.dest
         for group in getattr(parser, METHOD_GROUPS, [])
         for action in group._group_actions
         if action.dest != argparse.SUPPRESS
     ]
-    return tuple(dict.fromkeys((*RUN_IDENTITY, *method, *DERIVED_IDENTITY)))
+    return tuple(dict.fromkeys((*RUN_IDENTITY, *method, *PRECISION, *DERIVED_IDENTITY)))
 
 
 # --------------------------------------------------------------------------------------------
@@ -221,11 +237,14 @@ class Run:
 
     def __init__(self, cfg, script: str, parser, reserve_s: float = 60.0):
         self.cfg, self.script, self.keys = cfg, script, resume_keys(parser)
+        earlier = run_in(cfg.out) == script or lock_owner(cfg.out).get("script") == script
         # every rank checks --out before any rank can write to it (they meet in setup_distributed)
         claim_out(cfg.out, script, cfg.resume, cfg.overwrite)
         self.out, self.checkpoint = Path(cfg.out), Path(cfg.out) / "checkpoint"
         if cfg.resume:
             self.refuse_a_damaged_checkpoint()
+        elif cfg.overwrite and earlier:
+            self.clear_earlier_run()
         self.rank, self.world_size, _, self.device = setup_distributed(
             cfg.dist_timeout_minutes, always=cfg.fsdp
         )
@@ -249,6 +268,17 @@ class Run:
                 "missing), so the run cannot continue where it stopped; put the file back, or start afresh "
                 "with --overwrite"
             )
+
+    def clear_earlier_run(self) -> None:
+        """--overwrite of an earlier run: its checkpoint, final model, summary and config go before
+        this run writes anything. Kept, a run stopped before its first save would leave the earlier
+        run's checkpoint as if it were its own, and that run's summary.json would call it finished."""
+        if int(os.environ.get("RANK", "0")) != 0:
+            return
+        for name in ("checkpoint", "final"):
+            shutil.rmtree(self.out / name, ignore_errors=True)
+        for name in ("summary.json", "config.json"):
+            (self.out / name).unlink(missing_ok=True)
 
     def record_data(self) -> None:
         """What a resumed run must train on and from: the --data specs as given (files and weights)
@@ -280,12 +310,33 @@ class Run:
             return None
         if has_trainer_state(self.checkpoint):  # a finished run is one of the same settings and data
             check_resume_config(self.checkpoint, self.resume_config)
+        else:  # its checkpoint deleted to save disk: what its config.json recorded
+            self.check_finished_config()
         done = json.loads(summary.read_text())
         if done["steps"] < steps or not all((self.out / name).exists() for name in also):
             return None
         if self.main_process:
             print(f"{self.out} already holds a finished run of {done['steps']} steps; nothing to do")
         return done
+
+    def check_finished_config(self) -> None:
+        """A finished run without its checkpoint is compared with its config.json, which holds every
+        setting of resume_config: a --resume with others would call it done for settings it never
+        ran. A key an older config.json lacks is not checked."""
+        path = self.out / "config.json"
+        try:
+            saved = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return
+        now = self.resume_config
+        changed = [k for k in now if k in saved and saved[k] != now[k]]
+        if changed:
+            details = ", ".join(changed_settings(saved, now, changed))
+            sys.exit(
+                f"error: --resume with different settings than the finished run in {self.out} (its "
+                f"config.json; its checkpoint is gone): {details}{same_bytes_hint(saved, now)}; "
+                "--overwrite starts afresh"
+            )
 
     def load_model(self, stage: str, name: str | None = None, dtype: str | None = None):
         """-> (model, tokenizer): the checkpoint's weights when resuming (FSDP loads them later, into
@@ -338,10 +389,11 @@ class Run:
             print(f"resuming from {self.checkpoint} at step {self.start_step}", flush=True)
         return state
 
-    def log(self, name: str) -> JsonlLog:
+    def log(self, name: str, every: int | None = None) -> JsonlLog:
         """<out>/name, one JSON line per step; a resumed run drops the lines past its checkpoint.
         Every log is written (empty, if need be) when its run starts: a resumed run whose log is
-        gone would go on without the lines of its first steps, so it is refused."""
+        gone would go on without the lines of its first steps, so it is refused. A log written
+        `every` N steps must also reach its checkpoint's last such step (log_agrees)."""
         path = self.out / name
         if self.resuming and self.start_step > 0 and not path.exists():
             sys.exit(
@@ -350,9 +402,24 @@ class Run:
                 "put the file back, or start afresh with --overwrite"
             )
         log = JsonlLog(path, keep_until_step=self.start_step if self.resuming else None)
+        if self.resuming and every:
+            self.log_agrees(log, every)
         if self.main_process:
             log.flush()
         return log
+
+    def log_agrees(self, log: JsonlLog, every: int) -> None:
+        """A log of a line every `every` steps must end at its checkpoint's last such step: one
+        emptied or cut (by hand, or by a killed run of other settings) would go on without the lines
+        of the steps before, under a config.json that does not describe them."""
+        expected = self.start_step - self.start_step % every
+        last = max((row["step"] for row in log.rows), default=0)
+        if last < expected:
+            sys.exit(
+                f"error: --resume: {log.path} ends at step {last}, but the checkpoint in {self.checkpoint} "
+                f"is at step {self.start_step}: the lines of steps {last + 1}-{expected} are missing; put "
+                "the file back, or start afresh with --overwrite"
+            )
 
     def write_config(self, **extra) -> None:
         """config.json, the resolved configuration; a fresh run first drops an earlier summary.json,

@@ -22,8 +22,12 @@ from __future__ import annotations
 
 import html
 import math
+from pathlib import Path
 
 from srt.data_io import atomic_write_text
+
+# The mark of a page this module wrote: --explain replaces such a page, and refuses any other file.
+GENERATOR = '<meta name="generator" content="srt/step_page.py">'
 
 CSS = """
 body { font: 14px/1.45 system-ui, sans-serif; margin: 1.5em; color: #111; }
@@ -178,6 +182,7 @@ def render_step_page(step: dict) -> str:
     sections = "".join(completion_section(row, step["clip_eps"]) for row in step["completions"])
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
+{GENERATOR}
 <title>{e(step["title"])}</title>
 <style>{CSS}</style></head>
 <body>
@@ -195,6 +200,25 @@ H* = {e(", ".join(prompt["recall"]) or "(none)")}; A* = <q>{e(prompt["answer"])}
 <div class="group" style="grid-template-columns: repeat({K}, minmax(16em, 1fr));">{sections}</div>
 </body></html>
 """
+
+
+def page_problem(path, overwrite: bool = False) -> str | None:
+    """Why --explain-html `path` must not be written, or None: a folder, or a file that is not a
+    page written here (the user's data, a run's config.json) unless `overwrite`."""
+    path = Path(path)
+    if path.is_dir():
+        return f"--explain-html {path} is a folder; give the path of the page to write"
+    if path.exists() and not overwrite:
+        with open(path, "rb") as f:
+            head = f.read(4096)
+        # a page of an earlier version, before the mark, is told by its doctype and its CSS
+        earlier = head.startswith(b"<!DOCTYPE html>") and b".tok.clipped {" in head
+        if GENERATOR.encode() not in head and not earlier:
+            return (
+                f"--explain-html {path} holds a file that is not a page --explain wrote; give another "
+                "path, or --overwrite to replace it"
+            )
+    return None
 
 
 def write_step_page(path, step: dict) -> str:

@@ -7,6 +7,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import zlib
@@ -351,7 +352,7 @@ def test_an_api_key_given_as_the_variable_name_is_refused_and_never_saved(capsys
     assert s0.parse_args(["--api-key-env", "MY_PROVIDER_KEY"]).api_key_env == "MY_PROVIDER_KEY"
 
 
-def test_no_traceback_reaches_the_terminal():
+def test_no_traceback_reaches_the_terminal(tmp_path):
     """The same probes as a user runs them: one line on stderr, exit status 1."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     for argv in (
@@ -361,6 +362,16 @@ def test_no_traceback_reaches_the_terminal():
         proc = subprocess.run([sys.executable, *argv], cwd=REPO, env=env, capture_output=True, text=True)
         assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
         assert proc.stderr.strip() == "error: /no/such/test.jsonl: no such file"
+    # a lock file that is a folder, once an IsADirectoryError
+    out = tmp_path / "cm"
+    (out / LOCK_NAME).mkdir(parents=True)
+    argv = ["cuemem.py", "--data", records_file(tmp_path / "d.jsonl"), "--retrieval-only", "--out", str(out)]
+    proc = subprocess.run([sys.executable, *argv], cwd=REPO, env=env, capture_output=True, text=True)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert (
+        proc.stderr.strip()
+        == f"error: --out {out}: its lock file {LOCK_NAME} is a folder; remove it, or give another --out"
+    )
 
 
 # ---- stage 0: one commit -----------------------------------------------------------------------
@@ -448,8 +459,8 @@ def test_stage2_resume_with_other_data_is_refused(capsys, tmp_path):
 
 
 # ================================================================================================
-# The second sweep (issue 67): a run folder belongs to one run, a --resume refuses what it cannot
-# continue (naming what differs), no silent nonsense, and no ordinary mistake ends in a traceback.
+# A run folder belongs to one run, a --resume refuses what it cannot continue (naming what
+# differs), no silent nonsense, and no ordinary mistake ends in a traceback.
 # ================================================================================================
 def holding_the_lock(out, script="stage1_sft.py", pid=4242):
     """Another run's hold on `out`: its lock file, flocked on a descriptor of its own (a flock
@@ -513,9 +524,9 @@ def test_a_lock_file_left_by_a_dead_run_is_no_obstacle(tmp_path):
 
 
 def test_two_concurrent_sft_runs_into_one_folder_one_is_refused(tmp_path):
-    """The issue's repro: two SFT processes started together into one --out. One trains; the other
-    is refused in one line (or, started after the first ended, is refused as a second run without
-    --resume): never two runs writing one folder."""
+    """Two SFT processes started together into one --out. One trains; the other is refused in one
+    line (or, started after the first ended, is refused as a second run without --resume): never
+    two runs writing one folder."""
     data = records_file(tmp_path / "d.jsonl")
     out = tmp_path / "c"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -932,3 +943,336 @@ def test_ctrl_c_exits_130_without_a_traceback_in_a_real_process(tmp_path):
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True)
     assert proc.returncode == 130 and "Traceback" not in proc.stderr, proc.stderr
     assert proc.stderr.strip().startswith("interrupted: a build is published whole")
+
+
+# ================================================================================================
+# No flag writes outside its run or over the user's files; every input is read as the user meant it
+# ================================================================================================
+def evaluate_argv(data, out, *extra):
+    return [*usage_argv("evaluate.py", str(data), out), *extra]
+
+
+@pytest.mark.parametrize("name", ["../../victim/full", "sub/full", "x.latency", "", "a b"])
+def test_a_compare_name_is_plain_so_its_files_stay_in_out_and_apart(capsys, tmp_path, name):
+    """A name is the stem of the variant's files: '../x' would write outside --out, 'a/b' into a
+    subfolder, and 'x.latency' onto x.latency.jsonl, variant x's latency rows."""
+    out = tmp_path / "e"
+    argv = ["--compare", "x=full:tiny-random", f"{name}=full:tiny-random", "--out", str(out)]
+    message = error_of(capsys, evaluate.main, argv)
+    assert "a name is letters, digits, '-' and '_'" in message or "is not NAME=METHOD:MODEL" in message
+    assert not out.exists() and not (tmp_path / "victim").exists()
+    assert [
+        v["name"] for v in evaluate.resolve_config(["--compare", "grpo-copy_2=srt:tiny-random"]).variants
+    ] == ["grpo-copy_2"]
+
+
+def test_two_records_under_one_id_are_refused_with_both_lines(capsys, tmp_path):
+    data = tmp_path / "d.jsonl"
+    longer = {**hand_record(0, rounds=8), "id": hand_record(0)["id"]}  # 8 rounds and 6, one id
+    write_jsonl(data, [hand_record(0), hand_record(1), longer])
+    out = tmp_path / "e"
+    message = error_of(capsys, evaluate.main, evaluate_argv(data, out))
+    assert f"{data}:3: field 'id' 'hand-000-t06' is also the id of line 1" in message
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    "extra, says",
+    [
+        (["--pairs", "a:a"], "--pairs a:a compares a variant with itself"),
+        (["--pairs", "a:b", "a:b"], "--pairs names a:b twice"),
+        (["--table2", "SRT=a,SRT=b"], "--table2 names the row 'SRT' twice"),
+        (["--table2", "=a"], "--table2 '=a' has no row name"),
+        (["--variant-options", 'a={"limit": 1}', 'a={"rag_k": 2}'], "--variant-options names 'a' twice"),
+    ],
+)
+def test_report_options_that_would_drop_or_break_a_row_are_refused_before_the_work(
+    capsys, tmp_path, extra, says
+):
+    data = records_file(tmp_path / "d.jsonl")
+    out = tmp_path / "e"
+    argv = ["--compare", "a=full:tiny-random", "b=full:tiny-random", *extra]
+    assert says in error_of(capsys, evaluate.main, evaluate_argv(data, out, *argv))
+    assert not out.exists()
+
+
+def test_explain_html_replaces_only_a_page_it_wrote(capsys, tmp_path):
+    from srt.step_page import GENERATOR
+
+    data = records_file(tmp_path / "dev.jsonl")
+    argv = ["--explain", "--model", "tiny-random", "--data", data, "--explain-html"]
+    message = error_of(capsys, stage2_grpo.parse_args, [*argv, data])
+    assert f"--explain-html {data} holds a file that is not a page --explain wrote" in message
+    assert "--overwrite" in message and json.loads(Path(data).read_text().splitlines()[0])
+    message = error_of(capsys, stage2_grpo.parse_args, [*argv, str(tmp_path)])
+    assert f"--explain-html {tmp_path} is a folder" in message
+    stage2_grpo.parse_args([*argv, data, "--overwrite"])  # asked for: replaced
+    page = tmp_path / "step.html"
+    page.write_text(f"<!DOCTYPE html>\n<html><head>{GENERATOR}</head></html>\n")
+    stage2_grpo.parse_args([*argv, str(page)])  # an earlier page: replaced
+    page.write_text("<!DOCTYPE html>\n<style>.tok.clipped { outline: 2px solid #000; }</style>\n")
+    stage2_grpo.parse_args([*argv, str(page)])  # a page written before the mark: replaced
+    page.write_text("<html>the user's own page</html>\n")
+    assert "is not a page --explain wrote" in error_of(capsys, stage2_grpo.parse_args, [*argv, str(page)])
+    stage2_grpo.parse_args([*argv, str(tmp_path / "new.html")])
+
+
+def test_a_file_saved_with_a_byte_order_mark_is_read(tmp_path):
+    from srt.data_io import read_jsonl
+
+    data = tmp_path / "excel.jsonl"
+    data.write_bytes(b"\xef\xbb\xbf" + "".join(json.dumps(hand_record(i)) + "\n" for i in range(2)).encode())
+    assert [r["id"] for r in read_jsonl(data)] == ["hand-000-t06", "hand-001-t06"]
+
+
+@pytest.mark.parametrize(
+    "change, says",
+    [
+        ({"query_turn": -5}, "field 'query_turn' must be >= 1, got -5"),
+        ("label", "field 'history[1].label' 'Q1' is the label of an earlier turn"),
+    ],
+)
+def test_a_record_with_an_impossible_turn_is_refused_with_its_field(tmp_path, change, says):
+    from srt.data_io import DataError, read_jsonl
+
+    record = hand_record(1)
+    if change == "label":
+        record["history"][1]["label"] = "Q1"
+    else:
+        record.update(change)
+    data = tmp_path / "d.jsonl"
+    write_jsonl(data, [hand_record(0), record])
+    with pytest.raises(DataError, match=re.escape(f"{data}:2: {says}")):
+        read_jsonl(data)
+
+
+# ---- every --resume compares the settings that change its outputs --------------------------------
+def test_cuemem_resume_with_other_data_or_settings_is_refused_naming_them(capsys, tmp_path):
+    data = records_file(tmp_path / "dev.jsonl")
+    other = records_file(tmp_path / "other.jsonl", n=4)
+    out = tmp_path / "cm"
+    cuemem.main(usage_argv("cuemem.py", data, out))
+    before = fingerprint(out)
+    message = error_of(capsys, cuemem.main, [*usage_argv("cuemem.py", other, out), "--resume"])
+    assert f"--resume with different settings than the run in {out}: data (" in message
+    message = error_of(capsys, cuemem.main, [*usage_argv("cuemem.py", data, out), "--top-k", "3", "--resume"])
+    assert "top_k (8 there, 3 now)" in message and "data" not in message.split(": ", 2)[2]
+    same_file = f"{tmp_path}/./dev.jsonl"  # the same bytes, the path spelled otherwise
+    message = error_of(capsys, cuemem.main, [*usage_argv("cuemem.py", same_file, out), "--resume"])
+    assert f"the files hold the same bytes: give --data as before, {data}, to continue" in message
+    assert fingerprint(out) == before
+    cuemem.main([*usage_argv("cuemem.py", data, out), "--resume", "--limit", "2"])  # may change
+
+
+def test_cuemem_refuses_two_records_under_one_id(capsys, tmp_path):
+    data = tmp_path / "d.jsonl"
+    write_jsonl(data, [hand_record(0), hand_record(0)])
+    message = error_of(capsys, cuemem.main, usage_argv("cuemem.py", str(data), tmp_path / "cm"))
+    assert f"{data}:2: field 'id' 'hand-000-t06' is also the id of line 1" in message
+
+
+def test_a_resume_in_another_precision_is_refused(capsys, tmp_path):
+    data = records_file(tmp_path / "d.jsonl")
+    out = tmp_path / "sft"
+    stage1_sft.main(stage1_args(data, out))  # --dtype float32
+    before = fingerprint(out)
+    message = error_of(capsys, stage1_sft.main, [*stage1_args(data, out, "--dtype", "bfloat16"), "--resume"])
+    assert f"--resume with different settings than the checkpoint in {out / 'checkpoint'}" in message
+    assert "dtype ('float32' there, 'bfloat16' now)" in message
+    respelled = f"{tmp_path}/./d.jsonl"  # the same bytes: the path as the run recorded it goes on
+    message = error_of(capsys, stage1_sft.main, [*stage1_args(respelled, out), "--resume"])
+    assert f"the files hold the same bytes: give --data as before, {data}, to continue" in message
+    # a finished run whose checkpoint was deleted to save disk: its config.json is compared
+    shutil.rmtree(out / "checkpoint")
+    before = {k: v for k, v in before.items() if not k.startswith("checkpoint/")}
+    message = error_of(capsys, stage1_sft.main, [*stage1_args(data, out, "--lr", "1e-2"), "--resume"])
+    assert f"--resume with different settings than the finished run in {out} (its config.json" in message
+    assert "lr (5e-06 there, 0.01 now)" in message
+    assert fingerprint(out) == before
+    capsys.readouterr()
+    stage1_sft.main([*stage1_args(data, out), "--resume"])  # the same settings: finished, nothing to do
+    assert "already holds a finished run" in capsys.readouterr().out
+
+
+def test_stage2_finished_without_its_checkpoint_compares_its_config(capsys, tmp_path):
+    import shutil
+
+    data = records_file(tmp_path / "d.jsonl")
+    out = tmp_path / "grpo"
+    stage2_grpo.main(stage2_args(data, out))
+    shutil.rmtree(out / "checkpoint")
+    before = fingerprint(out)
+    message = error_of(capsys, stage2_grpo.main, [*stage2_args(data, out, "--beta", "0.5"), "--resume"])
+    assert f"than the finished run in {out} (its config.json; its checkpoint is gone): beta (" in message
+    assert fingerprint(out) == before
+
+
+def test_overwrite_clears_the_earlier_runs_checkpoint_before_it_writes(capsys, tmp_path, monkeypatch):
+    """An --overwrite stopped before its first save leaves no checkpoint nor summary of the run it
+    replaced: the interrupt line says so, and the first command's --resume trains afresh instead of
+    calling an emptied run finished."""
+    data = records_file(tmp_path / "d.jsonl")
+    out = tmp_path / "sft"
+    stage1_sft.main(stage1_args(data, out))
+    monkeypatch.setattr(stage1_sft, "sft_loss_sums", interrupt)
+    line = interrupted_line(capsys, stage1_sft.main, [*stage1_args(data, out, "--lr", "1e-3"), "--overwrite"])
+    assert f"no checkpoint in {out / 'checkpoint'} yet" in line
+    assert not (out / "checkpoint").exists() and not (out / "summary.json").exists()
+    monkeypatch.undo()
+    stage1_sft.main([*stage1_args(data, out), "--resume"])
+    assert "already holds a finished run" not in capsys.readouterr().out
+    config = json.loads((out / "config.json").read_text())
+    steps = [json.loads(line)["step"] for line in open(out / "metrics.jsonl")]
+    assert config["lr"] == 5e-6 and steps == list(range(1, len(steps) + 1)) and steps[-1] == 2
+
+
+def test_a_log_that_disagrees_with_its_checkpoint_is_refused(capsys, tmp_path):
+    data = records_file(tmp_path / "d.jsonl")
+    out = tmp_path / "grpo"
+    stage2_grpo.main(stage2_args(data, out))  # step 1, its checkpoint and its metrics line
+    metrics = out / "metrics.jsonl"
+    kept = metrics.read_text()
+    resume = [*stage2_args(data, out), "--max-steps", "2", "--resume"]
+    metrics.write_text("")  # emptied
+    before = fingerprint(out)
+    message = error_of(capsys, stage2_grpo.main, resume)
+    assert (
+        f"--resume: {metrics} ends at step 0, but the checkpoint in {out / 'checkpoint'} is at step 1"
+        in message
+    )
+    assert fingerprint(out) == before
+    metrics.write_text(kept + "{}\n")  # a line added by hand
+    message = error_of(capsys, stage2_grpo.main, resume)
+    assert f"{metrics}:2: a log line needs an integer field 'step'" in message
+
+
+def test_stage0_resume_checks_the_builds_files_against_what_it_recorded(capsys, tmp_path):
+    out = tmp_path / "data"
+    s0.main(stage0_args(out))
+    train = out / "train.jsonl"
+    train.write_text("".join(train.read_text().splitlines(keepends=True)[:2]))  # cut by hand
+    before = fingerprint(out)
+    message = error_of(capsys, s0.main, stage0_args(out, "--resume"))
+    assert f"--resume: {train} is not the file this build wrote (its sha256 differs" in message
+    assert "--overwrite rebuilds it" in message and fingerprint(out) == before
+    s0.main(stage0_args(out, "--overwrite"))
+    capsys.readouterr()
+    s0.main(stage0_args(out, "--resume"))  # the build as it wrote it
+    assert "already built with this config" in capsys.readouterr().out
+
+
+# ---- the last tracebacks ---------------------------------------------------------------------------
+def test_a_lock_file_that_is_a_folder_is_one_line(capsys, tmp_path):
+    data = records_file(tmp_path / "d.jsonl")
+    out = tmp_path / "e"
+    (out / LOCK_NAME).mkdir(parents=True)
+    message = error_of(capsys, evaluate.main, evaluate_argv(data, out))
+    assert f"--out {out}: its lock file {LOCK_NAME} is a folder" in message
+    assert sorted(p.name for p in out.iterdir()) == [LOCK_NAME]
+
+
+def test_bench_loss_family_ends_in_one_line_when_stage2_fails(tmp_path, monkeypatch):
+    module = bench_script("loss_family")
+    ran = []
+
+    def stage2_fails(command, *args, **kwargs):  # stage 2 printed its own line and exited 1
+        ran.append(command)
+        return subprocess.CompletedProcess(command, 1)
+
+    monkeypatch.setattr(module.subprocess, "run", stage2_fails)
+    with pytest.raises(SystemExit) as stop:
+        module.main(
+            ["--model", str(tmp_path / "no-model"), "--out", str(tmp_path / "lf"), "--variants", "dapo"]
+        )
+    assert stop.value.code == "error: stage2_grpo.py of variant dapo failed; its error is above"
+    assert len(ran) == 1
+
+
+def test_bench_sft_step_with_a_folder_as_data_is_one_line(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(REPO / "bench"))  # its helpers (bench/measure.py)
+    module = bench_script("sft_step")
+    with pytest.raises(SystemExit) as stop:
+        module.main(["--model", "tiny-random", "--data", str(tmp_path), "--out", str(tmp_path / "b")])
+    assert stop.value.code.startswith(f"error: {tmp_path}: ") and "\n" not in stop.value.code
+
+
+def test_pool_replicates_refuses_one_replicate_given_twice(tmp_path):
+    module = bench_script("pool_replicates")
+    per_query = {"ids": ["q0"], "start": {"jaccard": [0.0]}, "grpo": {"jaccard": [0.5]}}
+    result = {"seed": 1, "differences": {}, "per_query": per_query}
+    first, copy = tmp_path / "r1.json", tmp_path / "r1-copy.json"
+    for path in (first, copy):
+        path.write_text(json.dumps(result))
+    for argv in ([str(first), str(first)], [str(first), f"{tmp_path}/./r1.json"], [str(first), str(copy)]):
+        with pytest.raises(SystemExit) as stop:
+            module.main([*argv, "--out", str(tmp_path / "pooled")])
+        assert (
+            stop.value.code == f"error: {argv[0]} and {argv[1]} are one replicate; give each replicate once"
+        )
+    assert not list((tmp_path / "pooled").glob("pooled.*"))  # nothing pooled
+
+
+# ---- silent or vague no more -----------------------------------------------------------------------
+def test_reward_refuses_an_empty_completions_file_and_a_record_scored_twice(capsys, tmp_path):
+    data = records_file(tmp_path / "d.jsonl")
+    completions = tmp_path / "c.jsonl"
+    completions.write_text("")
+    out = tmp_path / "r"
+    argv = ["--data", data, "--completions", str(completions), "--out", str(out)]
+    assert f"{completions} holds no completions; nothing to score" in error_of(capsys, reward.main, argv)
+    assert not (out / "summary.json").exists()
+    write_jsonl(completions, [{"id": "hand-001-t06", "completion": "x"}, {"index": 0, "completion": "y"},
+                              {"index": 1, "completion": "z"}])  # fmt: skip
+    message = error_of(capsys, reward.main, argv)
+    assert f"{completions}:3: scores record 'hand-001-t06' again (line 1 did)" in message
+    assert not (out / "summary.json").exists()
+
+
+@pytest.mark.parametrize(
+    "argv, says",
+    [
+        (["demo", "LESSON="], "LESSON is empty, which would put its runs at /"),
+        (["table2", "TABLE2="], "TABLE2 is empty"),
+        (["table2", "DATA= "], "DATA is empty"),
+        (["grpo-replicate", "PLACEBO=yes"], "PLACEBO=yes: 1 adds a placebo run, 0 leaves it out"),
+    ],
+)
+@pytest.mark.skipif(shutil.which("make") is None, reason="no make on this machine")
+def test_make_refuses_an_empty_folder_and_an_unknown_placebo(argv, says):
+    proc = subprocess.run(["make", "-n", *argv], cwd=REPO, capture_output=True, text=True)
+    assert proc.returncode != 0 and says in proc.stderr and not proc.stdout, proc.stderr
+
+
+@pytest.mark.parametrize(
+    "script, argv, says",
+    [
+        ("stage2_grpo.py", ["-K", "4", "--num-generations", "8"], "-K and --num-generations set one setting"),
+        ("stage1_sft.py", ["--target", "full", "--no-cot"], "--target and --no-cot set one setting (target)"),
+        ("stage0_build.py", ["--path=a.json", "--input", "b.json"], "--path and --input set one setting"),
+    ],
+)
+def test_one_setting_under_two_spellings_is_refused(capsys, tmp_path, script, argv, says):
+    out = tmp_path / "out"
+    assert says in error_of(capsys, SCRIPTS[script].main, [*argv, "--out", str(out)])
+    assert not out.exists()
+
+
+def test_a_bench_out_holding_the_users_files_is_refused(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(REPO / "bench"))
+    from test_replicate import _result
+
+    module = bench_script("pool_replicates")
+    result = tmp_path / "r1.json"
+    result.write_text(json.dumps(_result(1, [0.0, 0.25], [0.5, 0.5])))
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "pooled.json").write_text("the user's own\n")
+    with pytest.raises(SystemExit) as stop:
+        module.main([str(result), "--out", str(mine)])
+    assert (
+        stop.value.code
+        == f"error: --out {mine} holds files no benchmark wrote (pooled.json); give a new or empty folder"
+    )
+    assert (mine / "pooled.json").read_text() == "the user's own\n"
+    module.main([str(result), "--out", str(tmp_path / "b")])
+    module.main([str(result), "--out", str(tmp_path / "b")])  # its own folder: replaced

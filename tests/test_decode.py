@@ -804,9 +804,10 @@ def test_rollout_speed_smoke_equal_work_precision_and_greedy_check(tmp_path):
     data = tmp_path / "records.jsonl"
     write_jsonl(data, [hand_record(i) for i in range(3)])
     bench = load_bench()
-    common = ["--model", "tiny-random", "--data", str(data), "--out", str(tmp_path), "--max-new-tokens", "4"]
+    out = tmp_path / "out"  # a folder of the benchmark's own: one holding the data would be refused
+    common = ["--model", "tiny-random", "--data", str(data), "--out", str(out), "--max-new-tokens", "4"]
     bench.main(common + ["--ks", "1,3", "--prompts", "2", "--repeats", "1", "--precision", "fp32"])
-    result = json.loads((tmp_path / "results.json").read_text())
+    result = json.loads((out / "results.json").read_text())
     assert [r["K"] for r in result["runs"]] == [1, 3]
     for run in result["runs"]:  # every row exactly 4 tokens on both sides, fp32 read from the matmuls
         assert run["ours"]["generated_tokens"] == run["hf"]["generated_tokens"] == 2 * run["K"] * 4
@@ -817,11 +818,11 @@ def test_rollout_speed_smoke_equal_work_precision_and_greedy_check(tmp_path):
     graph = "replayed" if torch.cuda.is_available() else "n/a"
     assert [run["cuda_graph"] for run in result["runs"]] == [graph, graph]
     bench.main(common + ["--check", "--check-prompts", "3", "--batch-size", "2"])
-    check = json.loads((tmp_path / "check.json").read_text())
+    check = json.loads((out / "check.json").read_text())
     assert check["equal"] is True and check["prompts"] == 3 and check["tokens"] > 0
     # --recall copy: ours by pointer and ours free, paired; generate cannot copy, so no ratio to it
     bench.main(common + ["--ks", "2", "--repeats", "1", "--precision", "fp32", "--recall", "copy"])
-    (run,) = json.loads((tmp_path / "results.json").read_text())["runs"]
+    (run,) = json.loads((out / "results.json").read_text())["runs"]
     assert run["recall"] == "copy" and run["speedup"] is None and "hf" not in run
     free = run[bench.FREE]  # the same work in the same repeat
     assert free["generated_tokens"] == run["ours"]["generated_tokens"] == 2 * 4  # 1 prompt x K = 2
