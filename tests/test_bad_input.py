@@ -1239,7 +1239,10 @@ def test_reward_refuses_an_empty_completions_file_and_a_record_scored_twice(caps
 )
 @pytest.mark.skipif(shutil.which("make") is None, reason="no make on this machine")
 def test_make_refuses_an_empty_folder_and_an_unknown_placebo(argv, says):
-    proc = subprocess.run(["make", "-n", *argv], cwd=REPO, capture_output=True, text=True)
+    # make -n as a user types it: under `make test`, an inherited MAKELEVEL would make it a sub-make
+    # that prints "Entering directory" on stdout
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS")}
+    proc = subprocess.run(["make", "-n", *argv], cwd=REPO, capture_output=True, text=True, env=env)
     assert proc.returncode != 0 and says in proc.stderr and not proc.stdout, proc.stderr
 
 
