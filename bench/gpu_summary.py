@@ -16,10 +16,10 @@ each figure beside the target it is checked against (docs/gpu.md):
 
 from __future__ import annotations
 
+import argparse
 import json
 import re
 import statistics
-import sys
 from pathlib import Path
 
 RUNS = ("sft_plain", "sft_fsdp", "grpo_plain", "grpo_fsdp")
@@ -109,9 +109,17 @@ def tests_line(work: Path) -> str:
 
 
 def main(argv=None) -> None:
-    args = sys.argv[1:] if argv is None else argv
-    work, ranks = Path(args[0]), args[1]
-    print("\n".join([*run_lines(work, ranks), rollout_line(work), decode_line(work), tests_line(work)]))
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], prog="bench/gpu_summary.py")
+    parser.add_argument("work", type=Path, help="gpu_check.sh's WORK folder: one subfolder a run, and logs/")
+    parser.add_argument("ranks", help="the GPUs the runs used (NGPU), as gpu_check.sh passes it")
+    args = parser.parse_args(argv)
+    lines = [
+        *run_lines(args.work, args.ranks),
+        rollout_line(args.work),
+        decode_line(args.work),
+        tests_line(args.work),
+    ]
+    print("\n".join(lines))
 
 
 if __name__ == "__main__":

@@ -566,6 +566,18 @@ def test_gpu_summary_checks_each_figure_against_its_target(tmp_path):
     assert gpu_summary.decode_line(tmp_path) == "decode loop: no rollout results"
 
 
+def test_gpu_summary_answers_help_and_a_missing_folder_with_usage(capsys, tmp_path):
+    gpu_summary = load("gpu_summary")
+    with pytest.raises(SystemExit) as stop:
+        gpu_summary.main(["--help"])
+    assert stop.value.code == 0 and "WORK folder" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as stop:  # it used to end in an IndexError
+        gpu_summary.main([])
+    assert stop.value.code == 2 and "required: work, ranks" in capsys.readouterr().err
+    gpu_summary.main([str(tmp_path), "1"])  # an empty WORK folder: every line says what is missing
+    assert "decode loop: no rollout results" in capsys.readouterr().out
+
+
 def _comparison(jaccard, f1, against="sft"):
 
     def interval(d):
