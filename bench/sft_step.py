@@ -12,6 +12,13 @@ forward + backward, and of the optimizer step, and each side's step against the 
 
     python bench/sft_step.py --preset cpu-lesson --data runs/demo/data/train.jsonl
     python bench/sft_step.py --preset cpu-lesson --data runs/demo/data/train.jsonl --attention sdpa eager
+    python bench/sft_step.py --preset cpu-lesson --data runs/demo/data/train.jsonl --profile --steps 3
+
+--profile instead runs the steps once, with stage 1's own fused AdamW, under torch.profiler and says
+where a step's time goes: each op's self time, grouped by what it does (OP_KINDS), as seconds a
+step and a share of the step's wall time, and the GFLOP/s the weight products reach (the
+profiler's FLOP count of aten::mm / addmm / bmm over their time). What no op holds (Python, the
+data path, waiting) is the rest of the wall time. The profiler adds its own overhead to small ops.
 """
 
 from __future__ import annotations
@@ -34,6 +41,22 @@ from srt.precision import resolve_dtype
 
 OPTIMIZERS = ("loop", "fused")  # torch.optim.AdamW's default on a CPU, and fused=True
 
+# --profile: an op's kind, by its exact name or, failing that, a part of it; first match wins.
+WEIGHT_PRODUCTS = "weight products (mm, addmm, bmm)"
+OP_KINDS = (
+    (WEIGHT_PRODUCTS, {"aten::mm", "aten::addmm", "aten::bmm"}, ()),
+    (
+        "casts and copies",
+        {"aten::to", "aten::_to_copy", "aten::copy_", "aten::clone", "aten::contiguous"},
+        (),
+    ),
+    ("attention (sdpa, softmax)", set(), ("scaled_dot_product", "flash_attention", "aten::_softmax")),
+    ("the loss (log-softmax, gather)", set(), ("log_softmax", "logsumexp", "gather", "nll_loss")),
+    ("optimizer (AdamW)", set(), ("adam", "foreach")),
+    ("embedding", set(), ("embedding",)),
+)
+OTHER_OPS = "other ops (norms, SiLU, residuals, masks, ...)"
+
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
@@ -48,6 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--optimizers", nargs="+", default=list(OPTIMIZERS), choices=OPTIMIZERS)
     p.add_argument("--attention", nargs="+", default=["sdpa"], choices=["sdpa", "eager"])
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
+    p.add_argument("--profile", action="store_true", help="where a step's time goes, by kind of op (above)")
     p.add_argument("--out", default="runs/bench/sft_step")
     return p
 
@@ -85,6 +109,62 @@ def timed_step(model, batches, global_tokens, optimizer, autocast_dtype, max_gra
     return middle - start, time.perf_counter() - middle
 
 
+def op_kind(name: str) -> str:
+    for kind, names, parts in OP_KINDS:
+        if name in names or any(part in name for part in parts):
+            return kind
+    return OTHER_OPS
+
+
+def profile_steps(model, data, cfg, tokenizer, autocast_dtype, steps: int) -> dict:
+    """--profile: one warm-up step, then `steps` steps under torch.profiler -> seconds a step by
+    kind of op (self time), the step's wall time, the weight products' GFLOP/s."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.0, fused=True)
+    timed_step(
+        model, step_batches(data, cfg, tokenizer, 0)[0], 1, optimizer, autocast_dtype, cfg.max_grad_norm
+    )
+    wall = 0.0
+    with profile(activities=[ProfilerActivity.CPU], with_flops=True) as profiler:
+        for k in range(1, steps + 1):
+            batches, global_tokens, _ = step_batches(data, cfg, tokenizer, k)
+            wall += sum(
+                timed_step(model, batches, global_tokens, optimizer, autocast_dtype, cfg.max_grad_norm)
+            )
+    seconds, flops = dict.fromkeys([kind for kind, _, _ in OP_KINDS] + [OTHER_OPS], 0.0), 0
+    for event in profiler.key_averages():
+        kind = op_kind(event.key)
+        seconds[kind] += event.self_cpu_time_total / 1e6 / steps
+        flops += event.flops if kind == WEIGHT_PRODUCTS else 0
+    step_s = wall / steps
+    seconds["no op (Python, data, waiting)"] = max(step_s - sum(seconds.values()), 0.0)
+    products = seconds[WEIGHT_PRODUCTS]
+    return {
+        "step_s": step_s,
+        "seconds": seconds,
+        "weight_product_gflops": flops / steps / products / 1e9 if products else None,
+    }
+
+
+def profile_markdown(profiled: dict, title: str) -> str:
+    step_s = profiled["step_s"]
+    rows = [
+        [kind, f"{s:.3f}", f"{s / step_s:.1%}"]
+        for kind, s in sorted(profiled["seconds"].items(), key=lambda item: -item[1])
+    ]
+    gflops = profiled["weight_product_gflops"]
+    return "\n\n".join(
+        [
+            title,
+            markdown_table(["kind of op", "seconds a step (self time)", "share of the step"], rows),
+            f"step {step_s:.2f} s (under the profiler); weight products at "
+            + (f"{gflops:.0f} GFLOP/s" if gflops is not None else "n/a"),
+        ]
+    )
+
+
 def main(argv=None) -> None:
     args = build_parser().parse_args(argv)
     check_out(args.out)
@@ -99,6 +179,21 @@ def main(argv=None) -> None:
     _, autocast_dtype = resolve_dtype(args.dtype, torch.device("cpu"))
     model.train()
     data = phase_data(cfg, tokenizer, args.phase)
+    title = (
+        f"# Stage 1 step, {args.preset}, phase {args.phase}, --target {args.target}: "
+        f"{cfg.batch_size * cfg.grad_accum} records a step, micro-batches of {cfg.batch_size}"
+    )
+    if args.profile:
+        profiled = profile_steps(model, data, cfg, tokenizer, autocast_dtype, args.steps)
+        info = machine()
+        markdown = profile_markdown(profiled, f"{title}, {args.steps} steps profiled\n\n{machine_line(info)}")
+        json_path, md_path = write_results(
+            Path(args.out), f"profile-{args.preset}-phase{args.phase}-{args.target}",
+            {"args": vars(args), "machine": info, "profile": profiled}, markdown,
+        )  # fmt: skip
+        print(markdown)
+        print(f"\nwrote {json_path} and {md_path}")
+        return
     sides = {}
     for attention in args.attention:
         for kind in args.optimizers:

@@ -819,6 +819,35 @@ def test_sft_step_times_every_side_on_the_same_batches_without_moving_the_weight
         assert side["step"]["min"] >= side["forward + backward"]["min"] > 0
 
 
+def test_sft_step_profile_accounts_for_the_step_by_kind_of_op(tmp_path):
+    """--profile on the tiny model: every kind of op is a share of the profiled step and together
+    they are the step's wall time (the rest is what no op holds); the weight products, which a
+    forward and backward cannot skip, take time and report their GFLOP/s; op names land in the
+    right kind, the ones no kind names in 'other'."""
+    from srt.data_io import write_jsonl
+
+    sft_step = load("sft_step")
+    assert sft_step.op_kind("aten::addmm") == sft_step.WEIGHT_PRODUCTS
+    assert sft_step.op_kind("aten::_to_copy") == "casts and copies"
+    assert sft_step.op_kind("aten::_fused_adamw_") == "optimizer (AdamW)"
+    assert sft_step.op_kind("aten::topk") == sft_step.OTHER_OPS  # not a cast for sharing "aten::to"
+    data = tmp_path / "train.jsonl"
+    write_jsonl(data, [hand_record(i, rounds) for i, rounds in enumerate([3, 5, 7, 3, 5, 7, 4, 6])])
+    out = tmp_path / "out"
+    sft_step.main(
+        ["--model", "tiny-random", "--data", str(data), "--steps", "1", "--profile", "--out", str(out)]
+    )
+    profiled = json.loads((out / "profile-cpu-lesson-phase2-full.json").read_text())["profile"]
+    seconds = profiled["seconds"]
+    # the kinds account for the whole step: what no op holds is the rest of the wall time, never < 0
+    assert seconds["no op (Python, data, waiting)"] >= 0 and sum(seconds.values()) >= profiled["step_s"] * (
+        1 - 1e-9
+    )
+    assert seconds[sft_step.WEIGHT_PRODUCTS] > 0 and profiled["weight_product_gflops"] > 0
+    assert seconds["optimizer (AdamW)"] > 0
+    assert "| weight products (mm, addmm, bmm) |" in (out / "profile-cpu-lesson-phase2-full.md").read_text()
+
+
 # ------------------------------------------------------------------------------------- precision.py
 def test_precision_times_both_sides_of_every_part_alternated_on_equal_work(tmp_path):
     """bf16 autocast against fp32 on tiny-random, one repetition of each part: both sides timed,
