@@ -840,8 +840,13 @@ def test_answer_keys_that_are_not_strings_and_a_meta_that_is_not_an_object_name_
 
 
 def bench_script(name):
+    """The benchmark script called `name`, as a module. Its helpers import from bench/
+    (bench/measure.py), which only the script's own run puts on sys.path: without this, the test
+    passed only after another had."""
     import importlib.util
 
+    if str(REPO / "bench") not in sys.path:
+        sys.path.insert(0, str(REPO / "bench"))
     spec = importlib.util.spec_from_file_location(f"bench_{name}", REPO / "bench" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
