@@ -45,13 +45,12 @@ from srt import generation, loading, precision
 from srt.config import (
     MAX_NEW_TOKENS,
     at_least,
-    changed_settings,
+    changed_since,
     claim_out,
     env_var_name,
     in_range,
     interruptible,
     parse_config,
-    same_bytes_hint,
     up_to,
     write_config,
 )
@@ -923,12 +922,11 @@ def same_settings_as_before(out: Path, args) -> None:
         return
     saved = json.loads(path.read_text(encoding="utf-8"))
     now = {k: v for k, v in vars(args).items() if k not in RESUME_MAY_CHANGE}
-    changed = [k for k in now if k in saved and saved[k] != now[k]]
-    if changed:
-        details = ", ".join(changed_settings(saved, now, changed))
+    details = changed_since(saved, now)
+    if details:
         sys.exit(
-            f"error: --resume with different settings than the run in {out}: {details}"
-            f"{same_bytes_hint(saved, now)}; --overwrite replaces its rows, or give another --out"
+            f"error: --resume with different settings than the run in {out}: {details}; "
+            "--overwrite replaces its rows, or give another --out"
         )
 
 

@@ -187,12 +187,7 @@ def main(argv=None) -> None:
         profiled = profile_steps(model, data, cfg, tokenizer, autocast_dtype, args.steps)
         info = machine()
         markdown = profile_markdown(profiled, f"{title}, {args.steps} steps profiled\n\n{machine_line(info)}")
-        json_path, md_path = write_results(
-            Path(args.out), f"profile-{args.preset}-phase{args.phase}-{args.target}",
-            {"args": vars(args), "machine": info, "profile": profiled}, markdown,
-        )  # fmt: skip
-        print(markdown)
-        print(f"\nwrote {json_path} and {md_path}")
+        report(args, "profile-", {"machine": info, "profile": profiled}, markdown)
         return
     sides = {}
     for attention in args.attention:
@@ -239,10 +234,13 @@ def main(argv=None) -> None:
             ),
         ]
     )
-    json_path, md_path = write_results(
-        Path(args.out), f"{args.preset}-phase{args.phase}-{args.target}",
-        {"args": vars(args), "machine": info, "results": results}, markdown,
-    )  # fmt: skip
+    report(args, "", {"machine": info, "results": results}, markdown)
+
+
+def report(args, prefix: str, payload: dict, markdown: str) -> None:
+    """Print the table and write it, with `payload` and the arguments, under --out."""
+    name = f"{prefix}{args.preset}-phase{args.phase}-{args.target}"
+    json_path, md_path = write_results(Path(args.out), name, {"args": vars(args), **payload}, markdown)
     print(markdown)
     print(f"\nwrote {json_path} and {md_path}")
 

@@ -313,6 +313,16 @@ def same_bytes_hint(saved: dict, now: dict) -> str:
     return ""
 
 
+def changed_since(saved: dict, now: dict) -> str | None:
+    """What a refused --resume names after its own first words: each key of `now` that `saved` (a
+    finished run's config.json) records with another value, and the same-bytes hint; None when they
+    agree. A key an older config.json lacks is not compared."""
+    changed = [k for k in now if k in saved and saved[k] != now[k]]
+    if not changed:
+        return None
+    return ", ".join(changed_settings(saved, now, changed)) + same_bytes_hint(saved, now)
+
+
 @contextlib.contextmanager
 def interruptible(saved):
     """The work of a script's main. Ctrl-C (KeyboardInterrupt) ends it with one line, `saved()`:

@@ -37,13 +37,12 @@ from srt.checkpoint import JsonlLog, check_resume_config, has_trainer_state, rng
 from srt.config import (
     MAX_STEPS,
     at_least,
-    changed_settings,
+    changed_since,
     claim_out,
     interruptible,
     lock_owner,
     positive,
     run_in,
-    same_bytes_hint,
     up_to,
     write_config,
 )
@@ -329,13 +328,11 @@ class Run:
         except (OSError, ValueError):
             return
         now = self.resume_config
-        changed = [k for k in now if k in saved and saved[k] != now[k]]
-        if changed:
-            details = ", ".join(changed_settings(saved, now, changed))
+        details = changed_since(saved, now)
+        if details:
             sys.exit(
                 f"error: --resume with different settings than the finished run in {self.out} (its "
-                f"config.json; its checkpoint is gone): {details}{same_bytes_hint(saved, now)}; "
-                "--overwrite starts afresh"
+                f"config.json; its checkpoint is gone): {details}; --overwrite starts afresh"
             )
 
     def load_model(self, stage: str, name: str | None = None, dtype: str | None = None):
