@@ -695,12 +695,15 @@ def test_micro_batched_grpo_step_equals_the_unbatched_one(monkeypatch, loss_type
         assert getattr(b, key) == pytest.approx(getattr(a, key), rel=1e-4, abs=1e-7), key
 
 
-def test_chunked_logprobs_equal_the_plain_ones_with_their_gradient():
+@pytest.mark.parametrize("temperature", [0.7, 1.0])
+def test_chunked_logprobs_equal_the_plain_ones_with_their_gradient(temperature):
+    """Against log_softmax in float64, values and gradient, at T = 1 (SFT, where the division is
+    skipped) and T = 0.7 (GRPO's sampling temperature)."""
     torch.manual_seed(0)
     logits = (torch.randn(3, 7, 50) * 3).requires_grad_()
     targets = torch.randint(0, 50, (3, 7))
-    logp, entropy = token_logprobs(logits, targets, temperature=0.7, chunk_size=3, with_entropy=True)
-    plain_all = (logits.double() / 0.7).log_softmax(-1)
+    logp, entropy = token_logprobs(logits, targets, temperature=temperature, chunk_size=3, with_entropy=True)
+    plain_all = (logits.double() / temperature).log_softmax(-1)
     plain = plain_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
     torch.testing.assert_close(logp.double(), plain, rtol=0, atol=1e-5)
     torch.testing.assert_close(entropy.double(), -(plain_all.exp() * plain_all).sum(-1), rtol=0, atol=1e-5)
@@ -709,6 +712,22 @@ def test_chunked_logprobs_equal_the_plain_ones_with_their_gradient():
     (plain_grad,) = torch.autograd.grad((plain * weights.double()).sum(), logits)
     torch.testing.assert_close(grad, plain_grad.float(), rtol=0, atol=1e-5)
     assert token_logprobs(logits.bfloat16(), targets)[0].dtype == torch.float32
+
+
+def test_suppressed_tokens_leave_the_softmax_of_the_scored_logprobs():
+    """A token the sampler never draws is out of the normaliser: the others' log-probs are those of
+    the softmax over the rest, and a suppressed target scores -inf."""
+    torch.manual_seed(1)
+    logits = torch.randn(2, 5, 20)
+    targets = torch.randint(1, 20, (2, 5))
+    targets[1, 4] = 0
+    suppress = torch.tensor([0, 7])
+    logp, _ = token_logprobs(logits, targets, temperature=0.9, chunk_size=2, suppress=suppress)
+    kept = logits.double() / 0.9
+    kept[..., suppress] = float("-inf")
+    expected = kept.log_softmax(-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    torch.testing.assert_close(logp.double(), expected, rtol=0, atol=1e-5)
+    assert logp[1, 4] == float("-inf")
 
 
 def test_planner_against_a_hand_computation(tmp_path):
