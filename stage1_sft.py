@@ -64,7 +64,7 @@ from srt.data_io import DataError, read_jsonl, read_mixture, write_json
 from srt.distributed import accumulate, clip_grad_norm, full_weights
 from srt.generation import generate, target_logprobs
 from srt.loading import end_of_turn_id
-from srt.precision import peak_gpu_gb, resolve_dtype
+from srt.precision import peak_gpu_gb, resolve_dtype, training_attention
 from srt.probe import add_eval_flags
 from srt.prompt import fit_history, format_target
 from srt.recall import RECALL_MODES, copied_spans
@@ -318,6 +318,8 @@ def train(cfg, parser=None):
     model.train()
     model, train_model, optimizer = run.prepare(model, tokenizer)
     autocast_dtype = run.autocast_dtype
+    loaded_attention = model.config._attn_implementation
+    model.set_attn_implementation(training_attention(device, autocast_dtype))  # precision.py: why
     run.resume()
     data = {
         p: PhaseData(
@@ -365,6 +367,7 @@ def train(cfg, parser=None):
         if cfg.snapshot_every and step % cfg.snapshot_every == 0 and step < total_steps:
             run.save_final(run.out / "snapshots" / f"step-{step}")
     bar.close()
+    model.set_attn_implementation(loaded_attention)  # generation keeps the kernel it was loaded with
 
     run.save(step)
     run.save_final()

@@ -499,6 +499,87 @@ def test_auto_dtype_autocasts_bf16_only_where_the_cpu_has_bf16_units(monkeypatch
     assert precision.resolve_dtype("float32", "cuda") == (torch.float32, None)
 
 
+def test_stage1_trains_with_eager_attention_only_on_a_cpu_under_bf16_autocast(monkeypatch, tmp_path):
+    """SDPA's flash kernel is the slow one on a bf16 CPU (bench/README.md, "Where a step's time
+    goes"): stage 1 trains there with bf16_eager_attention, everywhere else with SDPA, and hands the
+    model back with the kernel it was loaded with (generation, saving). The kernel seen by each
+    step's loss is read from inside sft_loss_sums."""
+    assert precision.training_attention("cpu", torch.bfloat16) == "bf16_eager"
+    assert precision.training_attention("cpu", None) == "sdpa"  # AVX2: fp32, no autocast
+    assert precision.training_attention("cuda", torch.bfloat16) == "sdpa"
+    assert precision.training_attention("cuda:1", None) == "sdpa"
+    seen = []
+    real_sums = stage1_sft.sft_loss_sums
+
+    def spy(model, batch, autocast_dtype=None):
+        seen.append((model.config._attn_implementation, autocast_dtype))
+        return real_sums(model, batch, autocast_dtype)
+
+    monkeypatch.setattr(stage1_sft, "sft_loss_sums", spy)
+    data = write_records(tmp_path, [make_record(i, rounds=3 + i) for i in range(2)])
+    common = ("--phase", "2", "--max-steps", "1", "--batch-size", "2")
+    fp32 = stage1_sft.train(run_args(data, tmp_path / "fp32", *common))
+    monkeypatch.setattr(precision, "cpu_flags", lambda: set(AVX2_FLAGS) | {"avx512f", "avx512_bf16"})
+    args = run_args(data, tmp_path / "bf16", *common)
+    args.dtype = "auto"
+    bf16 = stage1_sft.train(args)
+    assert seen == [("sdpa", None), ("bf16_eager", torch.bfloat16)]
+    assert fp32.config._attn_implementation == bf16.config._attn_implementation == "sdpa"
+    assert "eager" not in (tmp_path / "bf16" / "final" / "config.json").read_text()
+
+
+def test_bf16_eager_attention_is_softmax_qk_v_by_hand():
+    """The kernel against softmax(Q K^T / sqrt(d) + mask) V written out in float64, with 6 heads
+    sharing 2 key/value heads (head h reads key/value head h // 3), a causal mask, a row whose last
+    key is padding, and a query with no key to attend (left padding): uniform over the keys, as
+    eager gives it, not NaN. fp32 against float64: 1e-5."""
+    torch.manual_seed(0)
+    rows, heads, kv_heads, tokens, dim = 2, 6, 2, 5, 8
+    query = torch.randn(rows, heads, tokens, dim)
+    key, value = torch.randn(rows, kv_heads, tokens, dim), torch.randn(rows, kv_heads, tokens, dim)
+    allowed = torch.ones(tokens, tokens).tril().bool().expand(rows, 1, tokens, tokens).clone()
+    allowed[0, :, :, 4] = False  # row 0: its last token is padding
+    allowed[1, :, 0, :] = False  # row 1: a query with nothing to attend
+    module = torch.nn.Module()
+    module.num_key_value_groups, module.training = 3, False
+    out, _ = precision.bf16_eager_attention(module, query, key, value, allowed, dim**-0.5)
+    assert out.shape == (rows, tokens, heads, dim)
+    for r in range(rows):
+        for h in range(heads):
+            q, k, v = query[r, h].double(), key[r, h // 3].double(), value[r, h // 3].double()
+            scores = (q @ k.T * dim**-0.5).masked_fill(~allowed[r, 0], float("-inf"))
+            expected = scores.softmax(-1) @ v
+            if r == 1:
+                expected[0] = v.mean(0)
+            torch.testing.assert_close(out[r, :, h].double(), expected, rtol=0, atol=1e-5)
+
+
+def test_every_attention_kernel_gives_one_loss_on_a_padded_batch(tiny):
+    """SDPA, eager and bf16_eager compute one function: Eq. (3)'s sums over a right-padded
+    micro-batch agree to fp32 rounding (rel 1e-5: a few hundred terms summed in another order), and
+    under bf16 autocast to bf16's (8 significant bits: a logit off by a few 1e-3 relative moves a
+    mean token loss of about ln(vocab) by far less than rel 1e-2). A mask read the wrong way round,
+    or none (every token attending to the ones after it), moves the loss by the whole attention
+    pattern."""
+    model, tok = tiny
+    records = [make_record(1), make_record(2, rounds=4, recall=("A1",), pruned_extra=())]
+    batch = collate([build_example(tok, r, phase=2, max_length=2048) for r in records], tok.pad_token_id)
+    assert batch["attention_mask"].eq(0).any()  # padded
+    sums = {}
+    try:
+        for kind in ("sdpa", "eager", precision.training_attention("cpu", torch.bfloat16)):
+            model.set_attn_implementation(kind)
+            with torch.no_grad():
+                sums[kind, None] = sft_loss_sums(model, batch)["nll"].item()
+                sums[kind, torch.bfloat16] = sft_loss_sums(model, batch, torch.bfloat16)["nll"].item()
+    finally:
+        model.set_attn_implementation("sdpa")
+    for kind in ("eager", "bf16_eager"):
+        assert sums[kind, None] == pytest.approx(sums["sdpa", None], rel=1e-5)
+        assert sums[kind, torch.bfloat16] == pytest.approx(sums["sdpa", None], rel=1e-2)
+    assert sums["sdpa", torch.bfloat16] == pytest.approx(sums["sdpa", None], rel=1e-2)
+
+
 def test_cpu_flags_are_read_from_proc_cpuinfo_and_torch_decides_without_them(monkeypatch, tmp_path):
     """The probe reads the "flags" line (on Linux); where there is none it falls back on torch's AMX
     probe. The tests themselves run as on an AVX2-only CPU (conftest.py), so that `--dtype auto` is
