@@ -259,32 +259,28 @@ def token_logprobs(logits, targets, temperature=1.0, chunk_size=256, with_entrop
     """logits [B, C, V] (any dtype), targets [B, C] -> (log softmax(logits / T)[target] [B, C] fp32,
     entropy [B, C] or None). suppress: token ids the sampler never draws (generation_config's
     suppress_tokens), left out of the softmax as the sampler leaves them out. Computed `chunk_size`
-    positions at a time by cross_entropy over the chunk's rows (one fused log-softmax pass forward
-    and one backward; a log-sum-exp written out of gather, subtraction and exp took three times as
-    long on a CPU, bench/README.md): the fp32 copy of one chunk is the only full-vocabulary
-    temporary. Under autograd each chunk is recomputed in backward (activation checkpointing)
-    instead of kept, so memory holds the logits in their own dtype (bf16 on a GPU) and one fp32
-    chunk, where `log_softmax(logits.float())` kept two fp32 copies of all of them (~10 GB each for
+    positions at a time as the chosen token's logit minus a log-sum-exp: the fp32 copy of one chunk is the
+    only full-vocabulary temporary. Under autograd each chunk is recomputed in backward (activation
+    checkpointing) instead of kept, so memory holds the logits in their own dtype (bf16 on a GPU) and one
+    fp32 chunk, where `log_softmax(logits.float())` kept two fp32 copies of all of them (~10 GB each for
     16 rows of 1024 tokens over Qwen2.5's 152k vocabulary). The entropy is a no-grad diagnostic."""
 
     def tempered(x):
-        x = x.float() if temperature == 1.0 else x.float() / temperature
+        x = x.float() / temperature
         return x if suppress is None else x.index_fill(-1, suppress.to(x.device), float("-inf"))
 
-    def chosen_logprobs(x, t):
-        z = tempered(x)
-        rows, positions, vocab = z.shape
-        nll = torch.nn.functional.cross_entropy(z.reshape(-1, vocab), t.reshape(-1), reduction="none")
-        return -nll.view(rows, positions)
+    def chosen_minus_lse(x, t):
+        x = tempered(x)
+        return x.gather(-1, t.unsqueeze(-1)).squeeze(-1) - x.logsumexp(-1)
 
     logprobs, entropy = [], []
     for x, t in zip(logits.split(chunk_size, dim=1), targets.split(chunk_size, dim=1)):
         if torch.is_grad_enabled() and x.requires_grad:
             from torch.utils.checkpoint import checkpoint
 
-            logprobs.append(checkpoint(chosen_logprobs, x, t, use_reentrant=False))
+            logprobs.append(checkpoint(chosen_minus_lse, x, t, use_reentrant=False))
         else:
-            logprobs.append(chosen_logprobs(x, t))
+            logprobs.append(chosen_minus_lse(x, t))
         if with_entropy:
             with torch.no_grad():  # H = lse - sum_v p_v z_v, with z = logits / T
                 z = tempered(x)

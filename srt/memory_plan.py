@@ -32,9 +32,9 @@ Per rank, in GB (10^9 bytes), on a GPU (bf16 compute: autocast, or FSDP's MixedP
                    residual stream is in the weights' dtype (fp32): the layer inputs and the four
                    numbers a token the RMSNorms keep
     logits         the logits of the positions that carry a loss (bf16), the gradients of the
-                   chunks already back-propagated and three fp32 copies of the chunk of 256
-                   positions in back-propagation (four in the first pass's entropy); or, where
-                   they are joined, three bf16 copies of them all (generation.token_logprobs)
+                   chunks already back-propagated and four fp32 copies of the chunk of 256
+                   positions in back-propagation; or, where they are joined, three bf16 copies of
+                   them all (generation.token_logprobs)
 
 peak = weights + moments + buckets + pi_ref + sampling copy
        + max(rollout, gradients + copies + activations + logits):
@@ -237,17 +237,16 @@ def plan(shape: Shape, run: Run) -> dict:
 def logit_bytes(rows: int, positions: int, vocab: int, c: int) -> int:
     """The loss's logits at their largest (generation.token_logprobs, measured with a dispatch-mode
     count of live tensors): `positions` logits a row in the compute dtype, the last predicting
-    nothing, the others split into chunks of LOGIT_CHUNK. Back-propagating a chunk holds three fp32
-    copies of it (logits / T recomputed, cross_entropy's log-softmax kept for its backward, the
-    gradient it returns) beside the bf16 gradients of the chunks done before it; the entropy of the
-    first pass holds four in the forward (z, its softmax, z masked, their product). Once every chunk
-    is done, their gradients are joined into one tensor, then padded to all the positions: three
-    copies of the logits at once."""
+    nothing, the others split into chunks of LOGIT_CHUNK. Back-propagating a chunk holds four fp32
+    copies of it (logits / T, kept for the backward; the gather's gradient; logsumexp's z - lse and
+    its exp) beside the bf16 gradients of the chunks done before it; the entropy of the first pass
+    holds as many in the forward. Once every chunk is done, their gradients are joined into one
+    tensor, then padded to all the positions: three copies of the logits at once."""
     logits = c * rows * positions * vocab
     scored = max(positions - 1, 1)
     chunks = -(-scored // LOGIT_CHUNK)
     chunk_fp32 = 4 * rows * min(scored, LOGIT_CHUNK) * vocab
-    return logits + max(logits * (chunks - 1) / chunks + 3 * chunk_fp32, 4 * chunk_fp32, 2 * logits)
+    return logits + max(logits * (chunks - 1) / chunks + 4 * chunk_fp32, 2 * logits)
 
 
 def fits(peak_bytes: float, gpu_gb: float) -> bool:

@@ -697,8 +697,8 @@ def test_micro_batched_grpo_step_equals_the_unbatched_one(monkeypatch, loss_type
 
 @pytest.mark.parametrize("temperature", [0.7, 1.0])
 def test_chunked_logprobs_equal_the_plain_ones_with_their_gradient(temperature):
-    """Against log_softmax in float64, values and gradient, at T = 1 (SFT, where the division is
-    skipped) and T = 0.7 (GRPO's sampling temperature)."""
+    """Against log_softmax in float64, values and gradient, at T = 1 (SFT) and T = 0.7 (GRPO's
+    sampling temperature)."""
     torch.manual_seed(0)
     logits = (torch.randn(3, 7, 50) * 3).requires_grad_()
     targets = torch.randint(0, 50, (3, 7))
