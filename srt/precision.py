@@ -92,14 +92,17 @@ def resolve_dtype(dtype: str, device) -> tuple[torch.dtype, torch.dtype | None]:
 
 
 def bf16_eager_attention(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
-    """softmax(Q K^T * scaling, masked) V, written out as Hugging Face's eager attention is, but
-    with the scores kept in bf16 from the product to the softmax (which sums in fp32 inside): eager
-    adds an fp32 mask to them, so the widest tensor of a layer, rows x heads x tokens x tokens, is
-    written in fp32, softmaxed, then cast back to bf16 for the product with V (the same rounding as
-    here, where the softmax writes bf16 at once). `attention_mask`: True where a query may attend
-    (precision.boolean_mask); a masked score becomes bf16's lowest, not -inf, so that a row with
-    nothing to attend (left padding) is uniform, as in eager, not NaN. Grouped keys and values
-    (3 for SmolLM2's 9 heads) are repeated to every head, as eager's repeat_kv does."""
+    """stage 1's --attention bf16_eager: softmax(Q K^T * scaling, masked) V, written out as Hugging
+    Face's eager attention is, but with the scores kept in bf16 from the product to the softmax
+    (which sums in fp32 inside). On a bf16 CPU SDPA's flash kernel, its backward most of all, is
+    slow, and eager adds an fp32 mask to the scores, so the widest tensor of a layer, rows x heads x
+    tokens x tokens, is written in fp32, softmaxed, then cast back to bf16 for the product with V
+    (the same rounding as here, where the softmax writes bf16 at once): a lesson step in 0.84x
+    SDPA's time, with the scores rounded to bf16 where SDPA keeps them in fp32 (bench/README.md).
+    `attention_mask`: True where a query may attend (boolean_mask); a masked score becomes bf16's
+    lowest, not -inf, so that a row with nothing to attend (left padding) is uniform, as in eager,
+    not NaN. Grouped keys and values (3 for SmolLM2's 9 heads) are repeated to every head, as
+    eager's repeat_kv does."""
     groups = module.num_key_value_groups
     key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
     scores = torch.matmul(query * scaling, key.transpose(2, 3))
@@ -115,16 +118,6 @@ def boolean_mask(*args, **kwargs):
 
     kwargs.pop("allow_is_causal_skip", None)
     return sdpa_mask(*args, allow_is_causal_skip=False, **kwargs)
-
-
-def training_attention(device, autocast_dtype) -> str:
-    """The attention kernel a training step runs: bf16_eager_attention on a CPU under bf16
-    autocast, where SDPA's flash kernel (its backward most of all) and eager's fp32 scores are
-    slower (bench/README.md, "Where a step's time goes": 0.8x SDPA's step on an AMD EPYC);
-    "sdpa" everywhere else."""
-    if torch.device(device).type != "cpu" or autocast_dtype != torch.bfloat16:
-        return "sdpa"
-    return register_bf16_eager()
 
 
 def register_bf16_eager() -> str:

@@ -499,33 +499,27 @@ def test_auto_dtype_autocasts_bf16_only_where_the_cpu_has_bf16_units(monkeypatch
     assert precision.resolve_dtype("float32", "cuda") == (torch.float32, None)
 
 
-def test_stage1_trains_with_eager_attention_only_on_a_cpu_under_bf16_autocast(monkeypatch, tmp_path):
-    """SDPA's flash kernel is the slow one on a bf16 CPU (bench/README.md, "Where a step's time
-    goes"): stage 1 trains there with bf16_eager_attention, everywhere else with SDPA, and hands the
-    model back with the kernel it was loaded with (generation, saving). The kernel seen by each
-    step's loss is read from inside sft_loss_sums."""
-    assert precision.training_attention("cpu", torch.bfloat16) == "bf16_eager"
-    assert precision.training_attention("cpu", None) == "sdpa"  # AVX2: fp32, no autocast
-    assert precision.training_attention("cuda", torch.bfloat16) == "sdpa"
-    assert precision.training_attention("cuda:1", None) == "sdpa"
+def test_attention_flag_trains_with_bf16_eager_and_gives_the_model_back_on_sdpa(monkeypatch, tmp_path):
+    """--attention bf16_eager trains with precision.bf16_eager_attention (faster on a bf16 CPU,
+    bench/README.md), the default with SDPA; either way the model comes back with the kernel it was
+    loaded with (generation, saving). The kernel seen by each step's loss is read from inside
+    sft_loss_sums."""
     seen = []
     real_sums = stage1_sft.sft_loss_sums
 
     def spy(model, batch, autocast_dtype=None):
-        seen.append((model.config._attn_implementation, autocast_dtype))
+        seen.append(model.config._attn_implementation)
         return real_sums(model, batch, autocast_dtype)
 
     monkeypatch.setattr(stage1_sft, "sft_loss_sums", spy)
     data = write_records(tmp_path, [make_record(i, rounds=3 + i) for i in range(2)])
     common = ("--phase", "2", "--max-steps", "1", "--batch-size", "2")
-    fp32 = stage1_sft.train(run_args(data, tmp_path / "fp32", *common))
-    monkeypatch.setattr(precision, "cpu_flags", lambda: set(AVX2_FLAGS) | {"avx512f", "avx512_bf16"})
-    args = run_args(data, tmp_path / "bf16", *common)
-    args.dtype = "auto"
-    bf16 = stage1_sft.train(args)
-    assert seen == [("sdpa", None), ("bf16_eager", torch.bfloat16)]
-    assert fp32.config._attn_implementation == bf16.config._attn_implementation == "sdpa"
+    default = stage1_sft.train(run_args(data, tmp_path / "sdpa", *common))
+    chosen = stage1_sft.train(run_args(data, tmp_path / "bf16", *common, "--attention", "bf16_eager"))
+    assert seen == ["sdpa", "bf16_eager"]
+    assert default.config._attn_implementation == chosen.config._attn_implementation == "sdpa"
     assert "eager" not in (tmp_path / "bf16" / "final" / "config.json").read_text()
+    assert json.loads((tmp_path / "bf16" / "config.json").read_text())["attention"] == "bf16_eager"
 
 
 def test_bf16_eager_attention_is_softmax_qk_v_by_hand():
@@ -567,7 +561,7 @@ def test_every_attention_kernel_gives_one_loss_on_a_padded_batch(tiny):
     assert batch["attention_mask"].eq(0).any()  # padded
     sums = {}
     try:
-        for kind in ("sdpa", "eager", precision.training_attention("cpu", torch.bfloat16)):
+        for kind in ("sdpa", "eager", precision.register_bf16_eager()):
             model.set_attn_implementation(kind)
             with torch.no_grad():
                 sums[kind, None] = sft_loss_sums(model, batch)["nll"].item()
