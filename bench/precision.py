@@ -108,7 +108,7 @@ def sft_part(args, model, tokenizer, data_path):
 
     def run(side, rep):
         batches, global_tokens, record_tokens = sft_step.step_batches(data, cfg, tokenizer, rep)
-        forward_backward, step = sft_step.timed_step(
+        forward_backward, step, _ = sft_step.timed_step(
             model, batches, global_tokens, optimizer, autocast_of(side), cfg.max_grad_norm
         )
         return forward_backward + step, record_tokens

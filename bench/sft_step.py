@@ -1,6 +1,8 @@
 """Benchmark: one optimizer step of stage 1 on a preset's own batches, split into its parts, with
 torch's default AdamW (on a CPU a Python loop of small ops over every tensor) against the fused
-kernel srt/training.adamw uses, and optionally with another attention implementation.
+kernel srt/training.adamw uses, SDPA's attention against eager's and stage 1's --attention
+bf16_eager, and the loss's log-probabilities as stage 1 computes them (a gather minus a logsumexp,
+generation.token_logprobs) against cross_entropy over each chunk (cross_entropy_logprobs below).
 
 Each side runs the same global batches (stage1_sft.PhaseData, the preset's micro-batches) through
 stage1_sft's own collate and sft_loss_sums: forward and backward of every micro-batch, the
@@ -8,17 +10,21 @@ gradient clip, then the optimizer step at learning rate 0, so that the weights n
 every side sees the same ones (AdamW does all its work at lr 0). Sides alternate step by step,
 so that a slow spell of a shared machine falls on all; one untimed warm-up step each (the first
 AdamW step allocates its moments). Reported: median seconds (min-max) of the whole step, of
-forward + backward, and of the optimizer step, and each side's step against the first side's.
+forward + backward, and of the optimizer step; each side's step against the first side's on the
+same batch, as the median (min-max) of the steps' ratios; and the largest relative difference of
+a step's loss from the first side's.
 
     python bench/sft_step.py --preset cpu-lesson --data runs/demo/data/train.jsonl
-    python bench/sft_step.py --preset cpu-lesson --data runs/demo/data/train.jsonl --attention sdpa eager
+    python bench/sft_step.py --preset cpu-lesson --data runs/demo/data/train.jsonl --optimizers fused \
+        --attention sdpa eager bf16_eager --loss logsumexp cross-entropy
     python bench/sft_step.py --preset cpu-lesson --data runs/demo/data/train.jsonl --profile --steps 3
 
---profile instead runs the steps once, with stage 1's own fused AdamW, under torch.profiler and says
-where a step's time goes: each op's self time, grouped by what it does (OP_KINDS), as seconds a
-step and a share of the step's wall time, and the GFLOP/s the weight products reach (the
-profiler's FLOP count of aten::mm / addmm / bmm over their time). What no op holds (Python, the
-data path, waiting) is the rest of the wall time. The profiler adds its own overhead to small ops.
+--profile instead runs the steps once, with stage 1's own fused AdamW and the first --attention and
+--loss, under torch.profiler and says where a step's time goes: each op's self time, grouped by
+what it does (OP_KINDS), as seconds a step and a share of the step's wall time, and the GFLOP/s
+the weight products reach (the profiler's FLOP count of aten::mm / addmm / bmm over their time).
+What no op holds (Python, the data path, waiting) is the rest of the wall time. The profiler adds
+its own overhead to small ops.
 """
 
 from __future__ import annotations
@@ -33,13 +39,34 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from measure import check_out, describe, fmt_stat, machine, machine_line, markdown_table, write_results  # noqa: E402
 
 import stage1_sft  # noqa: E402
+from srt import generation  # noqa: E402
 from srt.config import at_least  # noqa: E402
 from srt.data_io import DataError, read_mixture  # noqa: E402
 from srt.distributed import clip_grad_norm  # noqa: E402
 from srt.loading import load_model_and_tokenizer  # noqa: E402
-from srt.precision import resolve_dtype
+from srt.precision import register_bf16_eager, resolve_dtype  # noqa: E402
 
 OPTIMIZERS = ("loop", "fused")  # torch.optim.AdamW's default on a CPU, and fused=True
+
+
+def cross_entropy_logprobs(logits, targets, temperature=1.0, chunk_size=256, **_):
+    """generation.token_logprobs written with cross_entropy over each chunk's rows (one fused
+    log-softmax pass forward, one backward) instead of a gather minus a logsumexp; the same
+    checkpointed chunks, T = 1 and nothing suppressed (SFT's case)."""
+    import torch
+    from torch.utils.checkpoint import checkpoint
+
+    def chosen_logprobs(x, t):
+        rows, positions, vocab = x.shape
+        nll = torch.nn.functional.cross_entropy(x.float().reshape(-1, vocab), t.reshape(-1), reduction="none")
+        return -nll.view(rows, positions)
+
+    chunks = zip(logits.split(chunk_size, dim=1), targets.split(chunk_size, dim=1))
+    logprobs = [checkpoint(chosen_logprobs, x, t, use_reentrant=False) for x, t in chunks]
+    return torch.cat(logprobs, dim=1), None
+
+
+LOSSES = {"logsumexp": generation.token_logprobs, "cross-entropy": cross_entropy_logprobs}
 
 # --profile: an op's kind, by its exact name or, failing that, a part of it; first match wins.
 WEIGHT_PRODUCTS = "weight products (mm, addmm, bmm)"
@@ -69,7 +96,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--phase", type=int, default=2, choices=[1, 2])
     p.add_argument("--steps", type=at_least(1), default=10, help="timed steps a side")
     p.add_argument("--optimizers", nargs="+", default=list(OPTIMIZERS), choices=OPTIMIZERS)
-    p.add_argument("--attention", nargs="+", default=["sdpa"], choices=["sdpa", "eager"])
+    p.add_argument("--attention", nargs="+", default=["sdpa"], choices=["sdpa", "eager", "bf16_eager"])
+    p.add_argument("--loss", nargs="+", default=["logsumexp"], choices=sorted(LOSSES))
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
     p.add_argument("--profile", action="store_true", help="where a step's time goes, by kind of op (above)")
     p.add_argument("--out", default="runs/bench/sft_step")
@@ -97,16 +125,17 @@ def step_batches(data, cfg, tokenizer, k: int) -> tuple[list[dict], int, int]:
 def timed_step(model, batches, global_tokens, optimizer, autocast_dtype, max_grad_norm) -> tuple:
     """One optimizer step of stage 1 (forward and backward of every micro-batch under
     `autocast_dtype`, the clip, the optimizer step) -> (seconds of forward + backward and clip,
-    seconds of the optimizer step)."""
-    start = time.perf_counter()
+    seconds of the optimizer step, the step's loss: Eq. (3) over the global batch's target tokens)."""
+    start, loss = time.perf_counter(), 0.0
     for batch in batches:
         sums = stage1_sft.sft_loss_sums(model, batch, autocast_dtype)
         (sums["nll"] / global_tokens).backward()
+        loss += sums["nll"].item() / global_tokens
     clip_grad_norm(model.parameters(), max_grad_norm)
     middle = time.perf_counter()
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    return middle - start, time.perf_counter() - middle
+    return middle - start, time.perf_counter() - middle, loss
 
 
 def op_kind(name: str) -> str:
@@ -131,7 +160,7 @@ def profile_steps(model, data, cfg, tokenizer, autocast_dtype, steps: int) -> di
         for k in range(1, steps + 1):
             batches, global_tokens, _ = step_batches(data, cfg, tokenizer, k)
             wall += sum(
-                timed_step(model, batches, global_tokens, optimizer, autocast_dtype, cfg.max_grad_norm)
+                timed_step(model, batches, global_tokens, optimizer, autocast_dtype, cfg.max_grad_norm)[:2]
             )
     seconds, flops = dict.fromkeys([kind for kind, _, _ in OP_KINDS] + [OTHER_OPS], 0.0), 0
     for event in profiler.key_averages():
@@ -179,42 +208,61 @@ def main(argv=None) -> None:
     _, autocast_dtype = resolve_dtype(args.dtype, torch.device("cpu"))
     model.train()
     data = phase_data(cfg, tokenizer, args.phase)
+    register_bf16_eager()
+    attentions = args.attention
     title = (
         f"# Stage 1 step, {args.preset}, phase {args.phase}, --target {args.target}: "
         f"{cfg.batch_size * cfg.grad_accum} records a step, micro-batches of {cfg.batch_size}"
     )
     if args.profile:
+        model.set_attn_implementation(attentions[0])
+        generation.token_logprobs = LOSSES[args.loss[0]]
         profiled = profile_steps(model, data, cfg, tokenizer, autocast_dtype, args.steps)
         info = machine()
-        markdown = profile_markdown(profiled, f"{title}, {args.steps} steps profiled\n\n{machine_line(info)}")
+        markdown = profile_markdown(
+            profiled,
+            f"{title}, {attentions[0]} attention, {args.loss[0]} loss, {args.steps} steps profiled\n\n"
+            f"{machine_line(info)}",
+        )
         report(args, "profile-", {"machine": info, "profile": profiled}, markdown)
         return
     sides = {}
-    for attention in args.attention:
-        for kind in args.optimizers:
-            optimizer = torch.optim.AdamW(model.parameters(), lr=0.0, fused=True if kind == "fused" else None)
-            sides[f"AdamW {kind}, {attention}"] = (attention, optimizer)
+    for attention in attentions:
+        for loss in args.loss:
+            for kind in args.optimizers:
+                fused = True if kind == "fused" else None
+                optimizer = torch.optim.AdamW(model.parameters(), lr=0.0, fused=fused)
+                sides[f"AdamW {kind}, {attention}, {loss}"] = (attention, LOSSES[loss], optimizer)
     parts = {name: {"step": [], "forward + backward": [], "optimizer": []} for name in sides}
+    losses = {name: [] for name in sides}
     tokens = []
     for k in range(args.steps + 1):
         batches, global_tokens, record_tokens = step_batches(data, cfg, tokenizer, k)
         tokens.append(record_tokens)
-        for name, (attention, optimizer) in sides.items():
+        for name, (attention, logprobs, optimizer) in sides.items():
             model.set_attn_implementation(attention)
-            forward_backward, step = timed_step(
+            generation.token_logprobs = logprobs  # what stage1_sft.sft_loss_sums calls
+            forward_backward, step, loss = timed_step(
                 model, batches, global_tokens, optimizer, autocast_dtype, cfg.max_grad_norm
             )
+            losses[name].append(loss)
             if k:  # step 0 warms up
                 parts[name]["step"].append(forward_backward + step)
                 parts[name]["forward + backward"].append(forward_backward)
                 parts[name]["optimizer"].append(step)
+    generation.token_logprobs = LOSSES["logsumexp"]
+    first = next(iter(sides))
     results = {name: {part: describe(v) for part, v in timing.items()} for name, timing in parts.items()}
-    base = next(iter(results.values()))["step"]["median"]
+    for name in results:
+        results[name]["loss vs first side"] = max(abs(a / b - 1) for a, b in zip(losses[name], losses[first]))
+        # the same batch on both sides: the median of the steps' ratios, robust to a step's length
+        ratios = [a / b for a, b in zip(parts[name]["step"], parts[first]["step"])]
+        results[name]["step vs first side"] = describe(ratios)
+    columns = ("step", "forward + backward", "optimizer", "step vs first side")
     rows = [
-        [name, *(fmt_stat(r[part]) for part in ("step", "forward + backward", "optimizer")),
-         f"{r['step']['median'] / base:.2f}x"]
+        [name, *(fmt_stat(r[column]) for column in columns), f"{r['loss vs first side']:.1e}"]
         for name, r in results.items()
-    ]  # fmt: skip
+    ]
     info = machine()
     markdown = "\n\n".join(
         [
@@ -228,7 +276,8 @@ def main(argv=None) -> None:
                     "step (s), median (min-max)",
                     "forward + backward (s)",
                     "optimizer step (s)",
-                    "step vs first side",
+                    "step vs first side, median (min-max) of the steps' ratios",
+                    "loss vs first side (largest relative difference)",
                 ],
                 rows,
             ),

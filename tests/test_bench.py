@@ -807,16 +807,28 @@ def test_sft_step_times_every_side_on_the_same_batches_without_moving_the_weight
     sft_step.load_model_and_tokenizer = keep
     try:
         out = str(tmp_path / "out")
-        sft_step.main(["--model", "tiny-random", "--data", str(data), "--steps", "2", "--out", out])
+        sft_step.main(
+            ["--model", "tiny-random", "--data", str(data), "--steps", "2", "--out", out]
+            + ["--loss", "logsumexp", "cross-entropy"]
+        )
     finally:
         sft_step.load_model_and_tokenizer = real_load
     for name, value in loaded["model"].state_dict().items():
         assert torch.equal(value, loaded["before"][name]), name
     results = json.loads((tmp_path / "out" / "cpu-lesson-phase2-full.json").read_text())["results"]
-    assert list(results) == ["AdamW loop, sdpa", "AdamW fused, sdpa"]
+    assert list(results) == [
+        f"AdamW {optimizer}, sdpa, {loss}"  # an AVX2 CPU (conftest.py): fp32, SDPA
+        for loss in ("logsumexp", "cross-entropy")
+        for optimizer in ("loop", "fused")
+    ]
     for side in results.values():
         assert all(side[part]["n"] == 2 for part in ("step", "forward + backward", "optimizer"))
         assert side["step"]["min"] >= side["forward + backward"]["min"] > 0
+        # stage 1's log-sum-exp and cross_entropy: one loss in fp32, up to summation order
+        assert side["loss vs first side"] < 1e-5
+        assert side["step vs first side"]["n"] == 2 and side["step vs first side"]["min"] > 0
+    assert results["AdamW loop, sdpa, logsumexp"]["step vs first side"]["median"] == 1.0
+    assert sft_step.generation.token_logprobs is sft_step.LOSSES["logsumexp"]  # put back
 
 
 def test_sft_step_profile_accounts_for_the_step_by_kind_of_op(tmp_path):
