@@ -49,10 +49,10 @@ from srt.precision import register_bf16_eager, resolve_dtype  # noqa: E402
 OPTIMIZERS = ("loop", "fused")  # torch.optim.AdamW's default on a CPU, and fused=True
 
 
-def cross_entropy_logprobs(logits, targets, temperature=1.0, chunk_size=256, **_):
-    """generation.token_logprobs written with cross_entropy over each chunk's rows (one fused
-    log-softmax pass forward, one backward) instead of a gather minus a logsumexp; the same
-    checkpointed chunks, T = 1 and nothing suppressed (SFT's case)."""
+def cross_entropy_logprobs(logits, targets, chunk_size=256):
+    """generation.token_logprobs as SFT calls it (T = 1, nothing suppressed, no entropy), written
+    with cross_entropy over each chunk's rows (one fused log-softmax pass forward, one backward)
+    instead of a gather minus a logsumexp; the same checkpointed chunks."""
     import torch
     from torch.utils.checkpoint import checkpoint
 

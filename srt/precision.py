@@ -1,6 +1,7 @@
 """Devices and precision: the --device flag's check, the CPU's feature flags, the dtype of the
 weights and of autocast (fp32 master weights with bf16 autocast where the hardware has bf16 units),
-and the peak GPU memory a run reports."""
+stage 1's optional attention kernel with its scores kept in bf16 (--attention bf16_eager), and the
+peak GPU memory a run reports."""
 
 from __future__ import annotations
 
