@@ -3,10 +3,19 @@
 Reads any number of result.json files of bench/grpo_replicate.py. Per replicate, its paired
 differences as the replicate computed them (GRPO - start, placebo - start, GRPO - placebo). Pooled,
 the mean of the replicates' gains, each replicate weighing the same whatever its number of queries,
-with a two-level bootstrap 95% interval: each resample draws the replicates with replacement and,
-within each drawn replicate, its queries with replacement, so the interval holds both the spread
-between replicates (SFT seed and GRPO seed) and the noise of a finite dev set. A replicate drawn twice
-gets two independent query draws.
+with two 95% intervals side by side:
+
+- a two-level bootstrap: each resample draws the replicates with replacement and one draw of the
+  queries. Replicates that answered the same queries (the same ids, as the recipe's do) share that
+  draw: a hard query is hard for every replicate, and drawing it for one replicate and not for
+  another would count the same query noise once per replicate and widen nothing real. Replicates
+  on other queries get a draw each.
+- a t(R-1) interval over the R replicates' means: the runs are the units, the queries' noise is
+  inside each mean.
+
+20,000 resamples by default. A bound whose sign changes with the bootstrap's seed (checked over
+--sign-seeds seeds) is printed "borderline": it is not a result either way. A comparison that only
+one replicate holds is labelled "one run, queries only" and gets no verdict.
 
     python bench/pool_replicates.py runs/replicate-1/result.json runs/replicate-2/result.json \\
         runs/replicate-3/result.json
@@ -20,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -35,6 +45,8 @@ from measure import check_out, write_results  # noqa: E402
 
 from srt.config import at_least  # noqa: E402
 
+RESAMPLES = 20_000  # at 2,000 a pooled bound near 0 changed its sign with the bootstrap's seed
+SIGN_SEEDS = 5  # bootstrap seeds over which a bound's sign is checked
 MEASURES = ("jaccard", "f1", "accuracy", "right_without_recall")
 LABELS = {
     "jaccard": "Δ recall Jaccard",
@@ -55,51 +67,101 @@ def build_parser() -> argparse.ArgumentParser:
         description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
     )
     p.add_argument("results", nargs="+", help="result.json files of bench/grpo_replicate.py")
-    p.add_argument("--resamples", type=at_least(1000), default=2000, help="bootstrap resamples")
+    p.add_argument("--resamples", type=at_least(1000), default=RESAMPLES, help="bootstrap resamples")
     p.add_argument("--seed", type=at_least(0), default=0, help="the bootstrap's seed")
+    p.add_argument(
+        "--sign-seeds",
+        type=at_least(1),
+        default=SIGN_SEEDS,
+        help="bootstrap seeds over which each pooled bound's sign is checked (1: not checked)",
+    )
     p.add_argument("--out", default="runs/bench/pool_replicates")
     return p
 
 
 def query_differences(per_query: dict, measure: str, base: str, other: str) -> np.ndarray | None:
-    """other - base per query, the queries where both have the measure (as compare_variants pairs
-    them); None when the replicate has no such model."""
+    """other - base per query, in the order of per_query["ids"], NaN where either lacks the measure
+    (as compare_variants pairs them); None when the replicate has no such model."""
     if base not in per_query or other not in per_query:
         return None
-    pairs = [
-        (a, b)
-        for a, b in zip(per_query[base][measure], per_query[other][measure])
-        if a is not None and b is not None
-    ]
-    return np.array([b - a for a, b in pairs], dtype=float)
+    return np.array(
+        [
+            np.nan if a is None or b is None else b - a
+            for a, b in zip(per_query[base][measure], per_query[other][measure])
+        ],
+        dtype=float,
+    )
+
+
+def t_interval(means, confidence: float = 0.95) -> dict:
+    """mean +- t(R-1) * SD / sqrt(R) over the replicates' means; none from one replicate."""
+    from scipy.stats import t as student_t
+
+    means = np.asarray(means, dtype=float)
+    if means.size < 2:
+        return {"low": None, "high": None, "sd": None}
+    sd = float(means.std(ddof=1))
+    half = float(student_t.ppf((1 + confidence) / 2, means.size - 1)) * sd / np.sqrt(means.size)
+    return {"low": float(means.mean() - half), "high": float(means.mean() + half), "sd": sd}
 
 
 def pooled_gain(
-    diffs: list[np.ndarray], resamples: int = 2000, seed: int = 0, confidence: float = 0.95
+    diffs: list[np.ndarray],
+    resamples: int = RESAMPLES,
+    seed: int = 0,
+    confidence: float = 0.95,
+    ids: list[list[str]] | None = None,
 ) -> dict:
-    """The mean over replicates of each replicate's mean per-query difference, and the percentile
-    interval of a two-level bootstrap: per resample, R replicates drawn with replacement, then each
-    drawn replicate's n_i queries drawn with replacement (independently for every draw)."""
-    diffs = [np.asarray(d, dtype=float) for d in diffs if d is not None and len(d)]
+    """The mean over replicates of each replicate's mean per-query difference (NaN: no value), the
+    percentile interval of a two-level bootstrap (per resample, R replicates drawn with replacement,
+    then the queries: one draw shared by all when `ids` says the replicates answered the same queries,
+    otherwise one per drawn slot), and the t(R-1) interval over the replicates' means."""
+    keep = [i for i, d in enumerate(diffs) if d is not None and np.isfinite(d).any()]
+    diffs = [np.asarray(diffs[i], dtype=float) for i in keep]
     if not diffs:
         return {"diff": None, "low": None, "high": None, "replicates": 0, "resamples": resamples}
+    shared = ids is not None and all(list(ids[i]) == list(ids[keep[0]]) for i in keep)
     rng = np.random.default_rng(seed)
     R = len(diffs)
     drawn = rng.integers(0, R, size=(resamples, R))  # which replicate fills each slot of a resample
-    means = np.empty((resamples, R))
-    for i, d in enumerate(diffs):  # every slot that drew replicate i gets its own query resample
-        slots = drawn == i
-        means[slots] = d[rng.integers(0, d.size, size=(int(slots.sum()), d.size))].mean(axis=1)
-    pooled = means.mean(axis=1)
+    if shared:
+        table = np.vstack(diffs)  # R x n, the same queries in the same order
+        pooled = np.empty(resamples)
+        for start in range(0, resamples, 1000):  # chunks: 1000 x R x n values at a time
+            stop = min(start + 1000, resamples)
+            queries = rng.integers(0, table.shape[1], size=(stop - start, table.shape[1]))
+            picked = table[drawn[start:stop, :, None], queries[:, None, :]]
+            with np.errstate(invalid="ignore"), warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)  # a draw of only missing values
+                pooled[start:stop] = np.nanmean(np.nanmean(picked, axis=2), axis=1)
+    else:
+        values = [d[np.isfinite(d)] for d in diffs]
+        means = np.empty((resamples, R))
+        for i, d in enumerate(values):  # every slot that drew replicate i gets its own query resample
+            slots = drawn == i
+            means[slots] = d[rng.integers(0, d.size, size=(int(slots.sum()), d.size))].mean(axis=1)
+        pooled = means.mean(axis=1)
     tail = 100 * (1 - confidence) / 2
-    low, high = np.percentile(pooled, [tail, 100 - tail])
+    low, high = np.nanpercentile(pooled, [tail, 100 - tail])
+    replicate_means = [float(np.nanmean(d)) for d in diffs]
     return {
-        "diff": float(np.mean([d.mean() for d in diffs])),
+        "diff": float(np.mean(replicate_means)),
         "low": float(low),
         "high": float(high),
         "replicates": R,
         "resamples": resamples,
+        "shared_queries": bool(shared),
+        "t": t_interval(replicate_means, confidence),
     }
+
+
+def bound_signs(diffs, ids, resamples: int, seeds: int) -> dict:
+    """The bootstrap's bounds under `seeds` seeds of the bootstrap: "borderline" where a bound's sign
+    (above 0 or not, below 0 or not) changes from seed to seed."""
+    runs = [pooled_gain(diffs, resamples, seed, ids=ids) for seed in range(seeds)]
+    lows, highs = [r["low"] for r in runs], [r["high"] for r in runs]
+    flips = len({low > 0 for low in lows}) > 1 or len({high < 0 for high in highs}) > 1
+    return {"low_range": [min(lows), max(lows)], "high_range": [min(highs), max(highs)], "borderline": flips}
 
 
 def read_result(path: str) -> dict:
@@ -124,32 +186,49 @@ def check_distinct(paths: list[str], results: list[dict]) -> None:
             seen[key] = path
 
 
-def pool(results: list[dict], resamples: int, seed: int) -> dict:
-    """comparison -> measure -> pooled_gain over the replicates that hold that comparison."""
+def pool(results: list[dict], resamples: int, seed: int, sign_seeds: int = SIGN_SEEDS) -> dict:
+    """comparison -> measure -> pooled_gain over the replicates that hold that comparison, with the
+    bootstrap bounds' stability over `sign_seeds` bootstrap seeds."""
     pooled = {}
     for name, (base, other) in COMPARISONS.items():
         per_measure = {}
         for measure in MEASURES:
-            diffs = [query_differences(r["per_query"], measure, base, other) for r in results]
-            per_measure[measure] = pooled_gain([d for d in diffs if d is not None], resamples, seed)
+            holding = [r for r in results if base in r["per_query"] and other in r["per_query"]]
+            diffs = [query_differences(r["per_query"], measure, base, other) for r in holding]
+            ids = [r["per_query"].get("ids") for r in holding]
+            ids = ids if all(i is not None for i in ids) else None
+            gain = pooled_gain(diffs, resamples, seed, ids=ids)
+            if gain["replicates"] > 1 and sign_seeds > 1:
+                gain["signs"] = bound_signs(diffs, ids, resamples, sign_seeds)
+            per_measure[measure] = gain
         if per_measure["jaccard"]["replicates"]:
             pooled[name] = per_measure
     return pooled
 
 
+def borderline(gain: dict) -> bool:
+    return bool(gain.get("signs", {}).get("borderline"))
+
+
 def verdict(pooled: dict) -> dict:
     """The decision rule on the pooled gain: the Jaccard interval above 0 and above the placebo
-    (GRPO - placebo above 0, where a placebo ran), F1 not lower by more than 2 points."""
+    (GRPO - placebo above 0, where at least two replicates ran a placebo: one is one run, and a
+    verdict over runs needs runs), F1 not lower by more than 2 points. A bound whose sign depends
+    on the bootstrap's seed gives no verdict: "borderline"."""
     gain = pooled["grpo-start"]
     above_zero = gain["jaccard"]["low"] is not None and gain["jaccard"]["low"] > 0
     versus = pooled.get("grpo-placebo", {}).get("jaccard")
-    above_placebo = None if versus is None else bool(versus["low"] > 0)
+    above_placebo = None if versus is None or versus["replicates"] < 2 else bool(versus["low"] > 0)
     f1_kept = gain["f1"]["diff"] is not None and gain["f1"]["diff"] >= -MAX_F1_DROP
     return {
         "jaccard_above_zero": bool(above_zero),
+        "jaccard_above_zero_borderline": borderline(gain["jaccard"]),
         "jaccard_above_placebo": above_placebo,
+        "placebo_replicates": 0 if versus is None else versus["replicates"],
         "f1_within_2_points": bool(f1_kept),
-        "passes": bool(above_zero and f1_kept and above_placebo is not False),
+        "passes": bool(
+            above_zero and f1_kept and above_placebo is not False and not borderline(gain["jaccard"])
+        ),
     }
 
 
@@ -166,13 +245,24 @@ def plural(count: int, noun: str) -> str:
 def _ci(d: dict | None) -> str:
     if d is None or d.get("diff") is None:
         return "-"
-    return f"{100 * d['diff']:+.1f} [{100 * d['low']:+.1f}, {100 * d['high']:+.1f}]"
+    text = f"{100 * d['diff']:+.1f} [{100 * d['low']:+.1f}, {100 * d['high']:+.1f}]"
+    if d.get("t", {}).get("low") is not None:
+        text += f"; t [{100 * d['t']['low']:+.1f}, {100 * d['t']['high']:+.1f}]"
+    return text + (" **borderline**" if borderline(d) else "")
+
+
+def pooled_label(per_measure: dict) -> str:
+    count = per_measure["jaccard"]["replicates"]
+    if count == 1:
+        return "**one run, queries only**"
+    shared = "one query draw shared" if per_measure["jaccard"].get("shared_queries") else "query draws apart"
+    return f"**pooled, {plural(count, 'replicate')}** ({shared})"
 
 
 def table(results: list[dict], paths: list[str], pooled: dict, decision: dict) -> str:
     lines = [
         "| replicate | comparison | queries | "
-        + " | ".join(f"{LABELS[m]} [95% CI]" for m in MEASURES)
+        + " | ".join(f"{LABELS[m]} [95% over queries]" for m in MEASURES)
         + " |",
         "|---|---|---|" + "---|" * len(MEASURES),
     ]
@@ -185,15 +275,36 @@ def table(results: list[dict], paths: list[str], pooled: dict, decision: dict) -
             )
     for name, per_measure in pooled.items():
         lines.append(
-            f"| **pooled, {plural(per_measure['jaccard']['replicates'], 'replicate')}** | {name} | - | "
+            f"| {pooled_label(per_measure)} | {name} | - | "
             + " | ".join(_ci(per_measure[m]) for m in MEASURES)
             + " |"
         )
-    above = decision["jaccard_above_placebo"]
+    resamples = next(iter(pooled.values()))["jaccard"]["resamples"]
+    above, placebos = decision["jaccard_above_placebo"], decision["placebo_replicates"]
+    zero = (
+        "borderline"
+        if decision["jaccard_above_zero_borderline"]
+        else "yes"
+        if decision["jaccard_above_zero"]
+        else "no"
+    )
+    placebo = (
+        "-"
+        if placebos == 0
+        else "no verdict (one replicate ran a placebo: one run, queries only)"
+        if above is None
+        else "yes"
+        if above
+        else "no"
+    )
     lines += [
         "",
-        f"Pooled Jaccard gain above 0: {'yes' if decision['jaccard_above_zero'] else 'no'}; above the "
-        f"placebo: {'-' if above is None else 'yes' if above else 'no'}; F1 not lower by more than 2 "
+        "A replicate's row: its paired bootstrap over its queries (one run). A pooled row: the mean of "
+        f"the replicates' means; in brackets the two-level bootstrap ({resamples} resamples: replicates, "
+        "then queries), after 't' the t(R-1) interval over the replicates' means; **borderline**: a bound "
+        "whose sign changes with the bootstrap's seed.",
+        "",
+        f"Pooled Jaccard gain above 0: {zero}; above the placebo: {placebo}; F1 not lower by more than 2 "
         f"points: {'yes' if decision['f1_within_2_points'] else 'no'}. Passes: "
         f"{'yes' if decision['passes'] else 'no'}.",
     ]
@@ -213,7 +324,15 @@ def plot(results: list[dict], pooled: dict, path: Path) -> None:
         for name, d in r["differences"].items()
         if name != "grpo-placebo"
     ]
-    rows += [("pooled", name, pooled[name]) for name in ("grpo-start", "placebo-start") if name in pooled]
+    rows += [
+        (
+            "pooled" if pooled[name]["jaccard"]["replicates"] > 1 else "one run, queries only",
+            name,
+            pooled[name],
+        )
+        for name in ("grpo-start", "placebo-start")
+        if name in pooled
+    ]
     colors = {"grpo-start": "tab:blue", "placebo-start": "tab:gray"}
     fig, axes = plt.subplots(1, 2, figsize=(11, 0.45 * len(rows) + 1.6), sharey=True)
     for ax, measure in zip(axes, ("jaccard", "f1")):
@@ -247,7 +366,7 @@ def main(argv=None) -> dict:
     check_out(args.out)
     results = [read_result(p) for p in args.results]
     check_distinct(args.results, results)
-    pooled = pool(results, args.resamples, args.seed)
+    pooled = pool(results, args.resamples, args.seed, args.sign_seeds)
     if "grpo-start" not in pooled:
         sys.exit("error: no replicate holds a GRPO - start comparison with per-query values")
     decision = verdict(pooled)

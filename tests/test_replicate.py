@@ -72,22 +72,27 @@ def test_the_interval_resamples_queries_within_each_replicate():
     assert 0.2 <= got["low"] <= 0.35 and 0.65 <= got["high"] <= 0.8
 
 
-def test_query_differences_pair_by_position_and_skip_missing_values():
+def test_query_differences_pair_by_position_and_mark_missing_values():
+    """Aligned with the ids, NaN where a value is missing: replicates on the same queries then share
+    one query draw position by position."""
     per_query = {
         "ids": ["a", "b", "c"],
         "start": {"jaccard": [0.5, None, 0.0]},
         "grpo": {"jaccard": [1.0, 1.0, 0.25]},
     }
     got = pool.query_differences(per_query, "jaccard", "start", "grpo")
-    assert got.tolist() == [0.5, 0.25]
+    assert got[0] == 0.5 and np.isnan(got[1]) and got[2] == 0.25
+    assert pool.pooled_gain([got], resamples=1000)["diff"] == pytest.approx(0.375, abs=1e-12)
     assert pool.query_differences(per_query, "jaccard", "placebo", "grpo") is None
 
 
-def _pooled(jaccard_low, f1_diff, versus_low=None):
+def _pooled(jaccard_low, f1_diff, versus_low=None, placebos=2):
     one = {"diff": 0.05, "low": jaccard_low, "high": 0.1}
     pooled = {"grpo-start": {"jaccard": one, "f1": {"diff": f1_diff, "low": -0.1, "high": 0.1}}}
     if versus_low is not None:
-        pooled["grpo-placebo"] = {"jaccard": {"diff": 0.04, "low": versus_low, "high": 0.1}}
+        pooled["grpo-placebo"] = {
+            "jaccard": {"diff": 0.04, "low": versus_low, "high": 0.1, "replicates": placebos}
+        }
     return pooled
 
 
@@ -101,6 +106,55 @@ def test_the_pooled_verdict_at_its_boundaries():
     with_placebo = pool.verdict(_pooled(0.01, 0.0, versus_low=0.001))
     assert with_placebo["passes"] and with_placebo["jaccard_above_placebo"]
     assert pool.verdict(_pooled(0.01, 0.0))["jaccard_above_placebo"] is None
+
+
+def test_one_placebo_gives_no_verdict_and_a_borderline_bound_does_not_pass():
+    """One replicate's placebo is one run: "above the placebo" needs at least two. A pooled bound
+    whose sign changes with the bootstrap's seed decides nothing."""
+    one = pool.verdict(_pooled(0.01, 0.0, versus_low=0.05, placebos=1))
+    assert one["jaccard_above_placebo"] is None and one["placebo_replicates"] == 1
+    shaky = _pooled(0.001, 0.0)
+    shaky["grpo-start"]["jaccard"]["signs"] = {"borderline": True}
+    decision = pool.verdict(shaky)
+    assert decision["jaccard_above_zero_borderline"] and not decision["passes"]
+
+
+def test_replicates_on_the_same_queries_share_one_query_draw():
+    """Three copies of one replicate on the same queries are one replicate's evidence about those
+    queries: with one shared draw the pooled interval is that replicate's own; drawing each copy's
+    queries apart would average the query noise down by sqrt(3) and narrow it for nothing."""
+    d = np.array([0.0, 1.0] * 5)
+    ids = [f"q{i}" for i in range(10)]
+    alone = pool.pooled_gain([d], resamples=20_000, seed=1)
+    shared = pool.pooled_gain([d, d.copy(), d.copy()], resamples=20_000, seed=1, ids=[ids] * 3)
+    apart = pool.pooled_gain([d, d.copy(), d.copy()], resamples=20_000, seed=1)
+    assert shared["shared_queries"] and not apart["shared_queries"]
+    assert (shared["low"], shared["high"]) == pytest.approx((alone["low"], alone["high"]), abs=1e-12)
+    assert apart["high"] - apart["low"] < 0.75 * (shared["high"] - shared["low"])
+    # other ids: each replicate gets its own draw again
+    other = [f"x{i}" for i in range(10)]
+    assert not pool.pooled_gain([d, d.copy()], resamples=1000, ids=[ids, other])["shared_queries"]
+
+
+def test_the_t_interval_over_replicates_by_hand_and_the_default_resamples():
+    """Replicate means 0.1, 0.2, 0.6: mean 0.3, SD sqrt(0.07) = 0.264575, t(2) 97.5% = 4.302653, so
+    0.3 +- 4.302653 * 0.264575 / sqrt(3) = 0.3 +- 0.657241. One replicate has none."""
+    got = pool.pooled_gain([np.full(4, 0.1), np.full(6, 0.2), np.full(5, 0.6)], resamples=1000)
+    assert got["t"]["low"] == pytest.approx(0.3 - 0.657241, abs=1e-6)
+    assert got["t"]["high"] == pytest.approx(0.3 + 0.657241, abs=1e-6)
+    assert pool.pooled_gain([np.full(4, 0.1)], resamples=1000)["t"]["low"] is None
+    assert pool.build_parser().parse_args(["x.json"]).resamples >= 20_000
+    assert pool.pooled_gain([np.full(4, 0.1)])["resamples"] >= 20_000
+
+
+def test_a_bound_whose_sign_follows_the_bootstrap_seed_is_borderline(monkeypatch):
+    lows = iter([-0.002, 0.003, 0.001])
+    monkeypatch.setattr(pool, "pooled_gain", lambda *a, **k: {"low": next(lows), "high": 0.08})
+    assert pool.bound_signs([], None, 1000, 3)["borderline"]
+    steady = iter([0.01, 0.02, 0.015])
+    monkeypatch.setattr(pool, "pooled_gain", lambda *a, **k: {"low": next(steady), "high": 0.08})
+    signs = pool.bound_signs([], None, 1000, 3)
+    assert not signs["borderline"] and signs["low_range"] == [0.01, 0.02]
 
 
 def _result(seed, start, grpo, placebo=None):
@@ -138,7 +192,9 @@ def test_pool_script_reads_results_and_writes_its_table_json_and_plot(tmp_path):
     assert payload["pooled"]["grpo-placebo"]["jaccard"]["diff"] == pytest.approx(0.375, abs=1e-12)
     table = (out / "pooled.md").read_text()
     assert (out / "pooled.png").stat().st_size > 0 and "pooled, 2 replicates" in table
-    assert "**pooled, 1 replicate** | placebo-start" in table  # one placebo: the singular
+    assert "**one run, queries only** | placebo-start" in table  # one placebo: one run, not a pool
+    assert "above the placebo: no verdict" in table and "above the placebo: yes" not in table
+    assert "one query draw shared" not in table  # seed 1 and 2 answered other numbers of queries
     assert "| seed 1 (replicate-1) | grpo-start |" in table
     assert pool.replicate_name("docs/experiments/grpo-replicates/k8-seed-2.json") == "k8-seed-2"
 
