@@ -27,15 +27,32 @@ test: setup
 	$(VENV)/bin/ruff format --check .
 	$(PYTHON) -m pytest -q tests
 
-# The lesson (docs/experiments/demo.md): SRT learns to recall on a 2-core CPU in 24-31 minutes.
+# The lesson (docs/experiments/demo.md): SRT learns to recall on a 2-core CPU in 23-36 minutes.
 # Stage 0 on short dialogues (8-11 rounds), SRT's SFT and its control (w/o CoT: the same records in
 # the same batches, the answer alone), GRPO from the SFT model, then SRT, the control and RAG answer
 # the same test queries, with paired intervals against SRT. Each stage resumes (--resume): a second
 # `make demo` redoes only what is missing.
-LESSON ?= runs/demo
-.PHONY: table2
-demo: setup
+#
+# SEEDS="1 2 3 4 5": the lesson over paired training runs instead (demo.md, "Across training runs").
+# Each seed trains SRT and its control with that seed (the two see the same batches; another seed
+# draws other batches and samples other groups) into $(LESSON)/seed-N/, and both answer the same
+# test queries; stage 0 and the base model's row (RAG, with its latency) run once. The runs report,
+# $(LESSON)/runs/, reads them together: per run, and across runs. THREADS=1 with make -j2 trains
+# two seeds at once, one thread each (on 2 cores about as fast in all as one after the other).
+LESSON  ?= runs/demo
+SEEDS   ?=
+THREADS ?=
+# the spread over training runs measured for the lesson (demo.md), printed beside one run's Δ
+RUNS_SPREAD ?= $(if $(wildcard docs/experiments/demo-runs/spread.json),--runs-spread docs/experiments/demo-runs/spread.json)
+RUN_ENV  = $(if $(THREADS),OMP_NUM_THREADS=$(THREADS))
+LESSON_SEEDS := $(addprefix lesson-seed-,$(SEEDS))
+.PHONY: table2 lesson lesson-data lesson-base lesson-runs $(LESSON_SEEDS)
+demo: $(if $(strip $(SEEDS)),lesson-runs,lesson)
+
+lesson-data: setup
 	$(PYTHON) stage0_build.py --preset cpu-lesson --out $(LESSON)/data --resume
+
+lesson: lesson-data
 	$(PYTHON) stage1_sft.py --preset cpu-lesson --model smollm2-135m --data $(LESSON)/data/train.jsonl \
 	    --out $(LESSON)/sft --resume
 	$(PYTHON) stage1_sft.py --preset cpu-lesson --model smollm2-135m --data $(LESSON)/data/train.jsonl \
@@ -44,7 +61,28 @@ demo: setup
 	    --out $(LESSON)/grpo --resume
 	$(PYTHON) evaluate.py --preset cpu-lesson --data $(LESSON)/data/test.jsonl --out $(LESSON)/eval --resume \
 	    --compare srt=srt:$(LESSON)/grpo/final nocot=srt:$(LESSON)/sft-nocot/final rag=rag:smollm2-135m \
-	    --table2 "SRT=srt,w/o CoT=nocot,RAG=rag"
+	    --table2 "SRT=srt,w/o CoT=nocot,RAG=rag" $(RUNS_SPREAD)
+
+# One paired run: the lesson's trained rows with training seed N. evaluate.py keeps its own --seed (0),
+# so every run answers the same test queries.
+lesson-seed-%: lesson-data
+	$(RUN_ENV) $(PYTHON) stage1_sft.py --preset cpu-lesson --model smollm2-135m --data $(LESSON)/data/train.jsonl \
+	    --seed $* --out $(LESSON)/seed-$*/sft --resume
+	$(RUN_ENV) $(PYTHON) stage1_sft.py --preset cpu-lesson --model smollm2-135m --data $(LESSON)/data/train.jsonl \
+	    --seed $* --out $(LESSON)/seed-$*/sft-nocot --target answer --resume
+	$(RUN_ENV) $(PYTHON) stage2_grpo.py --preset cpu-lesson --model $(LESSON)/seed-$*/sft/final \
+	    --data $(LESSON)/data/train.jsonl --seed $* --out $(LESSON)/seed-$*/grpo --resume
+	$(RUN_ENV) $(PYTHON) evaluate.py --preset cpu-lesson --data $(LESSON)/data/test.jsonl --out $(LESSON)/seed-$*/eval \
+	    --compare srt=srt:$(LESSON)/seed-$*/grpo/final nocot=srt:$(LESSON)/seed-$*/sft-nocot/final \
+	    --table2 "SRT=srt,w/o CoT=nocot" --latency-per-bucket 0 --attention-examples 0 --resume
+
+lesson-base: lesson-data
+	$(PYTHON) evaluate.py --preset cpu-lesson --data $(LESSON)/data/test.jsonl --out $(LESSON)/eval-base --resume \
+	    --compare rag=rag:smollm2-135m --attention-examples 0
+
+lesson-runs: $(LESSON_SEEDS) lesson-base
+	$(PYTHON) -m srt.runs_report --out $(LESSON)/runs --base $(LESSON)/eval-base \
+	    $(foreach s,$(SEEDS),"seed $(s)=$(LESSON)/seed-$(s)/eval")
 
 # The whole of Table 2 (README; docs/experiments/table2.md) on every Fig. 4 length bucket,
 # 8-32 rounds: about 70 minutes to 3.5 hours on 2 CPU cores. Each stage resumes (--resume): a second

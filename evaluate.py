@@ -1139,6 +1139,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="paired bootstrap resamples (>= 1000)",
     )
     p.add_argument(
+        "--runs-spread",
+        default=None,
+        metavar="SPREAD_JSON",
+        help="spread.json of a runs report (python -m srt.runs_report) on the same test file: report.md "
+        "prints the spread of Δ over those training runs beside this one run's",
+    )
+    p.add_argument(
         "--attention-examples",
         type=at_least(0),
         default=2,
@@ -1242,6 +1249,30 @@ def same_data_as_before(out_dir: Path, args) -> None:
         print(f"note: {changed}: the records that changed are answered again")
 
 
+def read_runs_spread(path, data, data_sha256) -> dict | None:
+    """--runs-spread: the spread between training runs that a runs report measured on this test file.
+    A spread measured on other queries says nothing about these: left out of the report, with a note
+    (`make demo` passes the lesson's measured spread, and another machine's stage 0 may draw other
+    test queries)."""
+    if path is None:
+        return None
+    try:
+        spread = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as e:
+        sys.exit(f"error: --runs-spread {path}: {e}")
+    if not isinstance(spread, dict) or not isinstance(spread.get("delta_accuracy"), dict):
+        sys.exit(
+            f"error: --runs-spread {path}: no field 'delta_accuracy'; is it a spread.json of srt.runs_report?"
+        )
+    if spread.get("data_sha256") != data_sha256:
+        print(
+            f"note: --runs-spread {path}: its runs answered another test file than {data} (data_sha256 "
+            "differs); report.md leaves their spread out"
+        )
+        return None
+    return {**spread, "path": str(path)}
+
+
 def main(argv=None) -> None:
     args = resolve_config(argv)
     with interruptible(
@@ -1273,6 +1304,7 @@ def evaluate_all(args) -> None:
     args.data_sha256 = files_sha256([args.data])
     if args.resume:
         same_data_as_before(out_dir, args)
+    runs_spread = read_runs_spread(args.runs_spread, args.data, args.data_sha256)
     # a missing model fails now, before config.json is written, not after the variants before it
     models = [v["model"] for v in variants if not v["model"].startswith("api:")]
     for model_name in dict.fromkeys(models + [args.cuemem_extractor_model or "smollm2-135m"]):
@@ -1344,6 +1376,7 @@ def evaluate_all(args) -> None:
         "comparisons": report.compare_variants(rows_by_name, srt_name, args.bootstrap, args.seed),
         "pairs": report.compare_pairs(rows_by_name, args.pairs, args.bootstrap, args.seed),
         "locomo_comparisons": locomo_eval.compare(rows_by_name, srt_name, args.bootstrap, args.seed),
+        "runs_spread": runs_spread,
     }
     path = report.write_outputs(summary, out_dir)
     print(report.table1(summary))

@@ -305,9 +305,10 @@ def table2(summary) -> str:
     need none apart; how long the answers are and how often they state several candidates."""
     comparisons = summary.get("comparisons", {})
     lines = [
-        "| Variant | Name | n (needs recall) | Acc. (%) | Δ Acc. vs SRT [95% CI] | "
-        "McNemar p (variant only / SRT only) | F1 | Δ F1 [95% CI] | key-F1 | Jaccard (%) | "
-        "Δ Recall [95% CI] | Acc. on 'none' (%, n) | answer tokens (median) | several candidates (%) |",
+        "| Variant | Name | n (needs recall) | Acc. (%) | Δ Acc. vs SRT [95% over queries] | "
+        "McNemar p (variant only / SRT only) | F1 | Δ F1 [95% over queries] | key-F1 | Jaccard (%) | "
+        "Δ Recall [95% over queries] | Acc. on 'none' (%, n) | answer tokens (median) | "
+        "several candidates (%) |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in TABLE2_ROWS:
@@ -328,8 +329,9 @@ def table2(summary) -> str:
 
 def comparison_table(summary) -> str:
     lines = [
-        "| Variant | Paired n | Δ Acc. [95% CI] | McNemar p | Δ F1 [95% CI] | Δ key-F1 [95% CI] | "
-        "Δ Recall [95% CI] | Δ Jaccard [95% CI] | Δ label Jaccard [95% CI] |",
+        "| Variant | Paired n | Δ Acc. [95% over queries] | McNemar p | Δ F1 [95% over queries] | "
+        "Δ key-F1 [95% over queries] | Δ Recall [95% over queries] | Δ Jaccard [95% over queries] | "
+        "Δ label Jaccard [95% over queries] |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for name, c in summary.get("comparisons", {}).items():
@@ -361,8 +363,9 @@ def compare_pairs(rows_by_name, pairs, resamples=2000, seed=0) -> dict:
 
 def pairs_table(summary) -> str:
     lines = [
-        "| B vs A | Paired n | Δ Acc. [95% CI] | McNemar p | Δ F1 [95% CI] | Δ Jaccard [95% CI] | "
-        "Δ label Jaccard [95% CI] | decoded tokens A, Δ [95% CI] | latency b=1 A / B (s, mean) |",
+        "| B vs A | Paired n | Δ Acc. [95% over queries] | McNemar p | Δ F1 [95% over queries] | "
+        "Δ Jaccard [95% over queries] | Δ label Jaccard [95% over queries] | "
+        "decoded tokens A, Δ [95% over queries] | latency b=1 A / B (s, mean) |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for name, c in summary.get("pairs", {}).items():
@@ -419,7 +422,7 @@ def locomo_comparison_table(summary) -> str:
     with paired bootstrap intervals."""
     categories = [str(c) for c in locomo_eval.CATEGORY_ORDER]
     lines = [
-        "| Variant | Paired n | Δ score [95% CI] | Δ score on 1-4 | Δ F1 (ours) | Δ F1 on 1-4 | "
+        "| Variant | Paired n | Δ score [95% over queries] | Δ score on 1-4 | Δ F1 (ours) | Δ F1 on 1-4 | "
         "Δ evidence recall | Δ Jaccard | "
         + " | ".join(f"Δ score {LOCOMO_CATEGORIES[int(k)]} ({k})" for k in categories)
         + " |",
@@ -576,6 +579,44 @@ def _options_note(summary) -> str:
     return "Settings per variant: " + "; ".join(notes) if notes else ""
 
 
+def interval_note(summary) -> str:
+    """What Table 2's intervals resample: the test queries, with one trained checkpoint per variant."""
+    config, srt = summary["config"], summary["srt_variant"]
+    n = summary["variants"][srt].get("needs_recall", {}).get("n") if srt in summary["variants"] else None
+    return (
+        f"Δ: variant minus SRT in points, mean over the paired test queries, with a {config.get('bootstrap')}"
+        f"-resample seeded paired bootstrap 95% interval **over the {n or 'paired'} test queries of one "
+        "training run per variant**: it holds the noise of a finite test set, not the spread between "
+        "training runs; another training seed can move Δ by as much as the interval is wide "
+        "(`python -m srt.runs_report` reads paired runs; `make demo SEEDS=...`)."
+    )
+
+
+def runs_spread_note(spread) -> str:
+    """--runs-spread: the spread over training runs of this configuration, beside this one run's Δ."""
+    d, j = spread["delta_accuracy"], spread.get("jaccard")
+    k = d["runs"]
+    interval = (
+        ""
+        if d.get("low") is None
+        else f", t({k - 1}) 95% over runs [{100 * d['low']:+.1f}, {100 * d['high']:+.1f}]"
+    )
+    sd = "" if d.get("sd") is None else f", SD {100 * d['sd']:.1f}"
+    jaccard = (
+        ""
+        if not j
+        else f" SRT's recall Jaccard over the same runs: mean {100 * j['mean']:.1f}%"
+        + ("" if j.get("sd") is None else f", SD {100 * j['sd']:.1f}")
+        + f", range {100 * j['min']:.1f} to {100 * j['max']:.1f}."
+    )
+    return (
+        f"**Across {k} training runs of this configuration** (`{spread['path']}`, the same "
+        f"{spread['queries']} test queries): the control minus SRT in accuracy had mean "
+        f"{100 * d['mean']:+.1f} points{sd}{interval}, range {100 * d['min']:+.1f} to {100 * d['max']:+.1f}. "
+        "This report's Δ is one draw from that spread." + jaccard
+    )
+
+
 def write_report(summary, out_dir, plots) -> Path:
     config = summary["config"]
     counts = {s["n"] for s in summary["variants"].values()}
@@ -629,12 +670,12 @@ def write_report(summary, out_dir, plots) -> Path:
         else "Every variant stops before the token cap on more than 95% of its answers.",
         f"## Table 2: ablations, each against SRT ({srt or 'n/a'}) on the same queries",
         table2(summary) if summary["table2"] else "(no Table 2 variants; name them with --table2)",
-        f"Δ: variant minus SRT in points, mean over paired queries, with a {config.get('bootstrap')}"
-        "-resample seeded paired bootstrap 95% interval; McNemar: exact two-sided test of paired accuracy "
+        interval_note(summary) + " McNemar: exact two-sided test of paired accuracy "
         "(queries only the variant / only SRT got right). Recall is that of the <HIS> tags: a w/o CoT "
         "model writes none, so its recall is 0 by construction here (the paper does not say how it "
         "measured recall for that variant).",
-        "## Every variant against SRT (paired)",
+        *([runs_spread_note(summary["runs_spread"])] if summary.get("runs_spread") else []),
+        "## Every variant against SRT (paired; 95% over the test queries, one training run each)",
         comparison_table(summary) or "-",
     ]
     if summary.get("pairs"):
