@@ -90,6 +90,9 @@ def read_eval(label: str, folder: str, srt: str, control: str) -> dict:
         "srt_correct": [int(bool(rows[srt][i]["accuracy"])) for i in ids],
         "control_correct": [int(bool(rows[control][i]["accuracy"])) for i in ids],
         "srt_jaccard": [rows[srt][i].get("jaccard") for i in ids],
+        # the cost of a query in tokens the model generates: machine-independent, unlike seconds
+        "srt_tokens": [rows[srt][i].get("generated_tokens") for i in ids],
+        "control_tokens": [rows[control][i].get("generated_tokens") for i in ids],
     }
 
 
@@ -97,6 +100,11 @@ def run_statistics(run: dict, resamples: int = RESAMPLES) -> dict:
     """A run's row: accuracies, Δ accuracy (control - SRT, report.md's sign) with its paired query
     interval and McNemar's test, and SRT's Jaccard with its query interval."""
     jaccard = [j for j in run["srt_jaccard"] if j is not None]
+
+    def mean_tokens(side):
+        tokens = [t for t in run.get(f"{side}_tokens", []) if t is not None]
+        return float(np.mean(tokens)) if tokens else None
+
     return {
         "n": len(run["ids"]),
         "srt_accuracy": float(np.mean(run["srt_correct"])),
@@ -104,6 +112,8 @@ def run_statistics(run: dict, resamples: int = RESAMPLES) -> dict:
         "delta": paired_bootstrap(run["srt_correct"], run["control_correct"], resamples, seed=0),
         "mcnemar": mcnemar_exact(run["srt_correct"], run["control_correct"]),
         "jaccard": mean_interval(jaccard, resamples) if jaccard else None,
+        "srt_tokens": mean_tokens("srt"),
+        "control_tokens": mean_tokens("control"),
     }
 
 
@@ -123,6 +133,11 @@ def across_runs(values) -> dict:
     sd = float(values.std(ddof=1))
     half = float(student_t.ppf(0.975, k - 1)) * sd / math.sqrt(k)
     return {**out, "sd": sd, "low": out["mean"] - half, "high": out["mean"] + half}
+
+
+def mean_of(values) -> float | None:
+    values = [v for v in values if v is not None]
+    return float(np.mean(values)) if values else None
 
 
 def wins(deltas: list[dict]) -> dict:
@@ -147,6 +162,8 @@ def summarize(runs: list[dict], resamples: int = RESAMPLES) -> dict:
             "jaccard": across_runs(jaccards) if jaccards else None,
             "srt_accuracy": across_runs([row["srt_accuracy"] for row in rows]),
             "control_accuracy": across_runs([row["control_accuracy"] for row in rows]),
+            "srt_tokens": mean_of([row["srt_tokens"] for row in rows]),
+            "control_tokens": mean_of([row["control_tokens"] for row in rows]),
             # the typical width of one run's query interval, to set beside the SD between runs
             "query_se_delta": float(np.mean([(r["delta"]["high"] - r["delta"]["low"]) / 3.92 for r in rows])),
         },
@@ -220,6 +237,10 @@ def _pts(x, signed=False) -> str:
     return "-" if x is None else (f"{100 * x:+.1f}" if signed else f"{100 * x:.1f}")
 
 
+def _tokens(x) -> str:
+    return "-" if x is None else f"{x:.0f}"
+
+
 def _interval(d, signed=False) -> str:
     if d is None or d.get("low") is None:
         return "-"
@@ -231,8 +252,8 @@ def markdown(report: dict, base: dict) -> str:
     n = runs[0]["n"]
     lines = [
         f"| run | SRT Jaccard (%) [95% over {n} queries] | SRT acc. (%) | control acc. (%) | "
-        f"Δ acc., control - SRT [95% over {n} queries] | McNemar p |",
-        "|---|---|---|---|---|---|",
+        f"Δ acc., control - SRT [95% over {n} queries] | McNemar p | tokens a query, SRT / control |",
+        "|---|---|---|---|---|---|---|",
     ]
     for r in runs:
         j = r["jaccard"]
@@ -240,7 +261,7 @@ def markdown(report: dict, base: dict) -> str:
             f"| {r['label']} | {_pts(j and j['mean'])} {_interval(j)} | {_pts(r['srt_accuracy'])} | "
             f"{_pts(r['control_accuracy'])} | "
             f"{_pts(r['delta']['diff'], True)} {_interval(r['delta'], True)} | "
-            f"{r['mcnemar']['p']:.3f} |"
+            f"{r['mcnemar']['p']:.3f} | {_tokens(r['srt_tokens'])} / {_tokens(r['control_tokens'])} |"
         )
     d, j = across["delta_accuracy"], across["jaccard"]
     k = d["runs"]
@@ -250,7 +271,8 @@ def markdown(report: dict, base: dict) -> str:
         f"| **mean of {k} runs** [95% t({k - 1}) over runs] | "
         f"{_pts(j and j['mean'])} {_interval(j)}, {jsd} | "
         f"{_pts(across['srt_accuracy']['mean'])} | {_pts(across['control_accuracy']['mean'])} | "
-        f"**{_pts(d['mean'], True)}** {_interval(d, True)}, {sd} | - |"
+        f"**{_pts(d['mean'], True)}** {_interval(d, True)}, {sd} | - | "
+        f"{_tokens(across['srt_tokens'])} / {_tokens(across['control_tokens'])} |"
     )
     text = [
         "\n".join(lines),

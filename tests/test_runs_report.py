@@ -168,6 +168,8 @@ def test_runs_report_on_tiny_evaluations_and_a_pooled_earlier_report(tmp_path):
         [f"seed 1={first}", f"seed 2={second}", "--out", str(tmp_path / "runs"), "--base", str(first)]
     )
     assert [r["delta"]["diff"] for r in report["runs"]] == [pytest.approx(0.25), pytest.approx(-0.25)]
+    rows = [json.loads(line) for line in (first / "srt.jsonl").read_text().splitlines()]
+    assert report["runs"][0]["srt_tokens"] == pytest.approx(np.mean([r["generated_tokens"] for r in rows]))
     assert report["across"]["delta_accuracy"]["mean"] == pytest.approx(0.0)
     assert report["across"]["delta_accuracy"]["sd"] == pytest.approx(math.sqrt(2) * 0.25)
     text = (tmp_path / "runs" / "runs.md").read_text()
