@@ -237,6 +237,10 @@ def _pts(x, signed=False) -> str:
     return "-" if x is None else (f"{100 * x:+.1f}" if signed else f"{100 * x:.1f}")
 
 
+def _p(p: float) -> str:
+    return "<0.001" if p < 0.001 else f"{p:.3f}"
+
+
 def _tokens(x) -> str:
     return "-" if x is None else f"{x:.0f}"
 
@@ -261,14 +265,19 @@ def markdown(report: dict, base: dict) -> str:
             f"| {r['label']} | {_pts(j and j['mean'])} {_interval(j)} | {_pts(r['srt_accuracy'])} | "
             f"{_pts(r['control_accuracy'])} | "
             f"{_pts(r['delta']['diff'], True)} {_interval(r['delta'], True)} | "
-            f"{r['mcnemar']['p']:.3f} | {_tokens(r['srt_tokens'])} / {_tokens(r['control_tokens'])} |"
+            f"{_p(r['mcnemar']['p'])} | {_tokens(r['srt_tokens'])} / {_tokens(r['control_tokens'])} |"
         )
     d, j = across["delta_accuracy"], across["jaccard"]
     k = d["runs"]
     sd = "-" if d["sd"] is None else f"SD {100 * d['sd']:.1f}"
     jsd = "-" if not j or j["sd"] is None else f"SD {100 * j['sd']:.1f}"
+    label = (
+        "**one run** (no spread between runs)"
+        if k == 1
+        else f"**mean of {k} runs** [95% t({k - 1}) over runs]"
+    )
     lines.append(
-        f"| **mean of {k} runs** [95% t({k - 1}) over runs] | "
+        f"| {label} | "
         f"{_pts(j and j['mean'])} {_interval(j)}, {jsd} | "
         f"{_pts(across['srt_accuracy']['mean'])} | {_pts(across['control_accuracy']['mean'])} | "
         f"**{_pts(d['mean'], True)}** {_interval(d, True)}, {sd} | - | "
