@@ -243,6 +243,7 @@ class Run:
         if cfg.resume:
             self.refuse_a_damaged_checkpoint()
         elif cfg.overwrite and earlier:
+            self.refuse_to_clear_the_model()
             self.clear_earlier_run()
         self.rank, self.world_size, _, self.device = setup_distributed(
             cfg.dist_timeout_minutes, always=cfg.fsdp
@@ -268,15 +269,30 @@ class Run:
                 "with --overwrite"
             )
 
+    CLEARED = ("checkpoint", "final", "summary.json", "config.json")  # what --overwrite deletes
+
+    def refuse_to_clear_the_model(self) -> None:
+        """--overwrite would delete the --model this run trains from (--model out/final with --out
+        out): the weights would be gone before they were read, and nothing could bring them back."""
+        model = Path(self.cfg.model).resolve()
+        for name in self.CLEARED:
+            cleared = (self.out / name).resolve()
+            if cleared.exists() and (model == cleared or cleared in model.parents):
+                sys.exit(
+                    f"error: --overwrite would delete {self.out / name}, which holds --model "
+                    f"{self.cfg.model} this run trains from; copy the model to another folder and give "
+                    "that as --model, or give another --out"
+                )
+
     def clear_earlier_run(self) -> None:
         """--overwrite of an earlier run: its checkpoint, final model, summary and config go before
         this run writes anything. Kept, a run stopped before its first save would leave the earlier
         run's checkpoint as if it were its own, and that run's summary.json would call it finished."""
         if int(os.environ.get("RANK", "0")) != 0:
             return
-        for name in ("checkpoint", "final"):
+        for name in self.CLEARED[:2]:
             shutil.rmtree(self.out / name, ignore_errors=True)
-        for name in ("summary.json", "config.json"):
+        for name in self.CLEARED[2:]:
             (self.out / name).unlink(missing_ok=True)
 
     def record_data(self) -> None:

@@ -1284,3 +1284,19 @@ def test_a_bench_out_holding_the_users_files_is_refused(tmp_path, monkeypatch):
     assert (mine / "pooled.json").read_text() == "the user's own\n"
     module.main([str(result), "--out", str(tmp_path / "b")])
     module.main([str(result), "--out", str(tmp_path / "b")])  # its own folder: replaced
+
+
+# ---- a run never loses what it reads -----------------------------------------------------------
+@pytest.mark.parametrize("script", ["stage1_sft.py", "stage2_grpo.py"])
+def test_overwrite_refuses_to_delete_the_model_it_trains_from(capsys, tmp_path, script):
+    data = records_file(tmp_path / "d.jsonl")
+    out = tmp_path / "run"
+    args = stage1_args if script == "stage1_sft.py" else stage2_args
+    SCRIPTS[script].main(args(data, out))
+    before = fingerprint(out)
+    for model in (out / "final", f"{out}/./final"):
+        message = error_of(
+            capsys, SCRIPTS[script].main, [*args(data, out), "--model", str(model), "--overwrite"]
+        )
+        assert f"--overwrite would delete {out / 'final'}, which holds --model {model}" in message
+    assert fingerprint(out) == before
