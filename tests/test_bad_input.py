@@ -1300,3 +1300,39 @@ def test_overwrite_refuses_to_delete_the_model_it_trains_from(capsys, tmp_path, 
         )
         assert f"--overwrite would delete {out / 'final'}, which holds --model {model}" in message
     assert fingerprint(out) == before
+
+
+def test_evaluate_resume_with_another_setting_is_refused_naming_it(capsys, tmp_path):
+    data = records_file(tmp_path / "d.jsonl")
+    out = tmp_path / "e"
+    evaluate.main(usage_argv("evaluate.py", data, out))  # --max-new-tokens-direct 2
+    before = fingerprint(out)
+    for extra, says in (
+        (["--max-new-tokens-direct", "5"], "max_new_tokens_direct (2 there, 5 now)"),
+        (["--dtype", "bfloat16"], "dtype ('auto' there, 'bfloat16' now)"),
+        (["--variant-options", 'full={"recency_k": 2}'], "variant full: recency_k (4 there, 2 now)"),
+    ):
+        message = error_of(capsys, evaluate.main, [*usage_argv("evaluate.py", data, out), *extra, "--resume"])
+        assert f"--resume with different settings than the evaluation in {out}: {says}" in message
+        assert "--overwrite replaces its rows" in message
+    assert fingerprint(out) == before
+    capsys.readouterr()  # what only the report reads may change
+    evaluate.main([*usage_argv("evaluate.py", data, out), "--bootstrap", "1000", "--resume"])
+
+
+def test_evaluate_resume_with_a_smaller_limit_keeps_the_answered_rows(capsys, tmp_path):
+    data = records_file(tmp_path / "d.jsonl", n=7)
+    out = tmp_path / "e"
+    evaluate.main(usage_argv("evaluate.py", data, out))
+    before = fingerprint(out)
+    message = error_of(
+        capsys, evaluate.main, [*usage_argv("evaluate.py", data, out), "--resume", "--limit", "3"]
+    )
+    assert f"--resume --limit 3: {out / 'full.jsonl'} holds 7 answered rows, 4 of them" in message
+    assert fingerprint(out) == before
+    small = tmp_path / "small"
+    evaluate.main([*usage_argv("evaluate.py", data, small), "--limit", "3"])
+    evaluate.main(
+        [*usage_argv("evaluate.py", data, small), "--resume", "--limit", "5"]
+    )  # a larger one goes on
+    assert len((small / "full.jsonl").read_text().splitlines()) == 5
