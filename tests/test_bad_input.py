@@ -1336,3 +1336,16 @@ def test_evaluate_resume_with_a_smaller_limit_keeps_the_answered_rows(capsys, tm
         [*usage_argv("evaluate.py", data, small), "--resume", "--limit", "5"]
     )  # a larger one goes on
     assert len((small / "full.jsonl").read_text().splitlines()) == 5
+
+
+def test_a_model_folder_that_does_not_exist_is_not_read_as_a_hub_id(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.chdir(tmp_path)
+    data = records_file(tmp_path / "d.jsonl")
+    (tmp_path / "out").mkdir()
+    for model in ("./nomodel", "out/final", str(tmp_path / "nomodel")):
+        message = error_of(capsys, stage1_sft.main, [*stage1_args(data, tmp_path / "s"), "--model", model])
+        assert f"error: model folder {model} does not exist" in message and "hf download" not in message
+    argv = [*evaluate_argv(data, tmp_path / "e"), "--compare", "s=srt:./nomodel"]
+    assert "model folder ./nomodel does not exist" in error_of(capsys, evaluate.main, argv)
+    assert not (tmp_path / "e" / "config.json").exists()
