@@ -1349,3 +1349,39 @@ def test_a_model_folder_that_does_not_exist_is_not_read_as_a_hub_id(capsys, tmp_
     argv = [*evaluate_argv(data, tmp_path / "e"), "--compare", "s=srt:./nomodel"]
     assert "model folder ./nomodel does not exist" in error_of(capsys, evaluate.main, argv)
     assert not (tmp_path / "e" / "config.json").exists()
+
+
+def test_exercises_out_at_a_bad_path_is_one_line_and_a_full_disk_leaves_nothing(
+    capsys, tmp_path, monkeypatch
+):
+    from srt import exercises
+
+    (tmp_path / "file").write_text("precious\n")
+    (tmp_path / "link").symlink_to(tmp_path / "gone")
+    for out, says in (
+        (tmp_path / "file", "is a file, not a folder"),
+        (tmp_path / "file" / "sub", f"{tmp_path / 'file'} is a file, not a folder"),
+        (tmp_path / "link", f"is a link to {tmp_path / 'gone'}, which does not exist"),
+        (tmp_path / ("x" * 300), "cannot write there (File name too long)"),
+    ):
+        assert exercises.main(["--out", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: --out {out}") and says in err and err.count("\n") == 1, err
+    assert "argument --out: is empty" in error_of(capsys, exercises.main, ["--out", ""])
+    assert (tmp_path / "file").read_text() == "precious\n" and not (tmp_path / "gone").exists()
+    real_copy, copied = shutil.copy2, []
+
+    def copy_until_the_disk_is_full(src, dst):
+        if len(copied) == 30:
+            raise OSError(28, "No space left on device", str(dst))
+        copied.append(dst)
+        return real_copy(src, dst)
+
+    monkeypatch.setattr(exercises.shutil, "copy2", copy_until_the_disk_is_full)
+    out = tmp_path / "ex"
+    assert exercises.main(["--out", str(out)]) == 2
+    assert (
+        capsys.readouterr().err
+        == f"error: --out {out}: No space left on device; nothing of the copy was kept\n"
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file", "link"]  # no half copy, no staging folder
