@@ -1350,7 +1350,8 @@ def main(argv=None) -> None:
         lambda: (
             f"the answers so far are in {args.out}/<variant>.jsonl (written after every batch); "
             "the same command with --resume goes on from them"
-        )
+        ),
+        args.out,
     ):
         evaluate_all(args)
 

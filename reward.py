@@ -524,7 +524,8 @@ def load_reward(path: str):
 def main(argv=None):
     args = parse_args(argv)
     with interruptible(
-        lambda: "nothing was written: the scores are written at the end; run the command again"
+        lambda: "nothing was written: the scores are written at the end; run the command again",
+        args.out,
     ):
         return score(args)
 

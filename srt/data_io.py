@@ -278,9 +278,11 @@ def atomic_write_text(path, text: str) -> None:
             f.write(text)
         os.chmod(tmp, 0o644)  # mkstemp makes owner-only files; outputs are meant to be shared
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         if os.path.exists(tmp):
             os.unlink(tmp)
+        if isinstance(e, OSError) and e.filename is None:  # a failed write names no file
+            raise OSError(e.errno, e.strerror, str(path)) from e
         raise
 
 

@@ -499,7 +499,7 @@ def main(cfg, stage: str, work) -> None:
         print(memory_plan.stage_plan(stage, cfg, cfg.world_size or int(os.environ.get("WORLD_SIZE", 1))))
         return
     try:
-        with interruptible(lambda: interrupted(cfg.out)):
+        with interruptible(lambda: interrupted(cfg.out), cfg.out):
             work(cfg)
     except (DataError, FileNotFoundError) as e:
         sys.exit(f"error: {e}")

@@ -1385,3 +1385,47 @@ def test_exercises_out_at_a_bad_path_is_one_line_and_a_full_disk_leaves_nothing(
         == f"error: --out {out}: No space left on device; nothing of the copy was kept\n"
     )
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file", "link"]  # no half copy, no staging folder
+
+
+class FullDisk:
+    """srt.data_io's `os`, whose files opened for writing under `folder` fail as on a full disk."""
+
+    def __init__(self, folder):
+        self.folder = str(folder)
+
+    def __getattr__(self, name):
+        return getattr(os, name)
+
+    def fdopen(self, fd, *args, **kwargs):
+        if os.readlink(f"/proc/self/fd/{fd}").startswith(self.folder):
+            raise OSError(28, "No space left on device")
+        return os.fdopen(fd, *args, **kwargs)
+
+
+@pytest.mark.parametrize("script", sorted(SCRIPTS))
+def test_a_full_disk_is_one_line_naming_the_file(capsys, tmp_path, monkeypatch, script):
+    from srt import data_io
+
+    data = records_file(tmp_path / "d.jsonl")
+    write_jsonl(tmp_path / "c.jsonl", [{"index": 0, "completion": "x"}])
+    out = tmp_path / "out"
+    monkeypatch.setattr(data_io, "os", FullDisk(out))
+    message = error_of(capsys, SCRIPTS[script].main, usage_argv(script, data, out))
+    assert re.match(
+        rf"error: {re.escape(str(out))}/[\w./]+: No space left on device; free some space", message
+    )
+    assert [p.name for p in out.iterdir() if p.name.startswith(".")] == [LOCK_NAME]  # no temporary left
+
+
+def test_a_full_disk_at_a_checkpoint_leaves_the_one_before_whole(capsys, tmp_path, monkeypatch):
+    from srt import data_io
+
+    data = records_file(tmp_path / "d.jsonl")
+    out = tmp_path / "sft"
+    stage1_sft.main(stage1_args(data, out, "--max-steps", "1"))
+    before = fingerprint(out / "checkpoint")
+    monkeypatch.setattr(data_io, "os", FullDisk(out))
+    message = error_of(capsys, stage1_sft.main, [*stage1_args(data, out, "--max-steps", "2"), "--resume"])
+    assert "No space left on device; free some space: " in message
+    assert f"{out / 'checkpoint'} holds step 1; the same command with --resume continues" in message
+    assert fingerprint(out / "checkpoint") == before
