@@ -1429,3 +1429,11 @@ def test_a_full_disk_at_a_checkpoint_leaves_the_one_before_whole(capsys, tmp_pat
     assert "No space left on device; free some space: " in message
     assert f"{out / 'checkpoint'} holds step 1; the same command with --resume continues" in message
     assert fingerprint(out / "checkpoint") == before
+
+
+def test_a_reward_in_a_file_not_named_py_is_read_as_python(capsys, tmp_path):
+    text = tmp_path / "r.txt"
+    shutil.copy(REPO / "docs" / "rewards" / "keyword_answer.py", text)
+    capsys.readouterr()
+    reward.main(["--gallery", "--reward", str(text)])
+    assert "compute_rewards" in capsys.readouterr().out
