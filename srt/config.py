@@ -258,6 +258,11 @@ def claim_out(
     given, or one another run is writing to now. Creates the folder and takes its lock (lock_out);
     writes nothing else in it."""
     out = Path(out)
+    if resume and overwrite:  # argparse takes both; one of them would be ignored without a word
+        sys.exit(
+            "error: --resume and --overwrite ask for opposites (continue the run in --out, replace it); "
+            "give one"
+        )
     if out.exists() and not out.is_dir():
         sys.exit(f"error: --out {out} is a file, not a folder")
     writer = run_in(out)

@@ -1437,3 +1437,13 @@ def test_a_reward_in_a_file_not_named_py_is_read_as_python(capsys, tmp_path):
     capsys.readouterr()
     reward.main(["--gallery", "--reward", str(text)])
     assert "compute_rewards" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("script", sorted(set(SCRIPTS) - {"reward.py"}))  # reward.py has no --resume
+def test_resume_and_overwrite_together_are_refused(capsys, tmp_path, script):
+    data = records_file(tmp_path / "d.jsonl")
+    out = tmp_path / "out"
+    message = error_of(
+        capsys, SCRIPTS[script].main, [*usage_argv(script, data, out), "--resume", "--overwrite"]
+    )
+    assert "--resume and --overwrite ask for opposites" in message and not out.exists()
