@@ -73,7 +73,9 @@ from srt.training import TimeBudget, adamw
 # --------------------------------------------------------------------------------------------
 METHOD_GROUPS = "_srt_method_groups"  # the parser attribute that lists the groups a resume must match
 RUN_IDENTITY = ("model", "data", "seed")  # of the run group: what is trained, on what, from which seed
-PRECISION = ("dtype",)  # of the scale group: a bf16 step is another step than an fp32 one
+# of the scale group: a bf16 step is another step than an fp32 one, and so is one through another
+# attention kernel (stage 1's --attention: its scores in bf16); a flag a script lacks is left out
+PRECISION = ("dtype", "attention")
 DERIVED_IDENTITY = ("world_size", "data_sha256", "model_sha256")  # set by the run itself, not by a flag
 
 
@@ -218,14 +220,15 @@ def finish_parser(parser, scale) -> argparse.ArgumentParser:
 
 def resume_keys(parser) -> tuple[str, ...]:
     """The settings a --resume must match: the run's model, data and seed, every flag of a method
-    group, the precision (--dtype), the world size and the data's sha256."""
+    group, the precision (--dtype, --attention), the world size and the data's sha256."""
     method = [
         action.dest
         for group in getattr(parser, METHOD_GROUPS, [])
         for action in group._group_actions
         if action.dest != argparse.SUPPRESS
     ]
-    return tuple(dict.fromkeys((*RUN_IDENTITY, *method, *PRECISION, *DERIVED_IDENTITY)))
+    precision = [key for key in PRECISION if key in {action.dest for action in parser._actions}]
+    return tuple(dict.fromkeys((*RUN_IDENTITY, *method, *precision, *DERIVED_IDENTITY)))
 
 
 # --------------------------------------------------------------------------------------------

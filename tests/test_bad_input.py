@@ -1439,6 +1439,19 @@ def test_a_reward_in_a_file_not_named_py_is_read_as_python(capsys, tmp_path):
     assert "compute_rewards" in capsys.readouterr().out
 
 
+def test_resume_with_another_attention_kernel_is_refused(capsys, tmp_path):
+    data = records_file(tmp_path / "d.jsonl")
+    out = tmp_path / "sft"
+    stage1_sft.main(stage1_args(data, out, "--max-steps", "1"))
+    before = fingerprint(out)
+    resume = [*stage1_args(data, out, "--attention", "bf16_eager"), "--resume"]
+    assert "attention ('sdpa' there, 'bf16_eager' now)" in error_of(capsys, stage1_sft.main, resume)
+    shutil.rmtree(out / "checkpoint")  # a finished run: its config.json is compared
+    before = {k: v for k, v in before.items() if not k.startswith("checkpoint/")}
+    assert "attention ('sdpa' there, 'bf16_eager' now)" in error_of(capsys, stage1_sft.main, resume)
+    assert fingerprint(out) == before
+
+
 @pytest.mark.parametrize("script", sorted(set(SCRIPTS) - {"reward.py"}))  # reward.py has no --resume
 def test_resume_and_overwrite_together_are_refused(capsys, tmp_path, script):
     data = records_file(tmp_path / "d.jsonl")
