@@ -1452,6 +1452,14 @@ def test_resume_with_another_attention_kernel_is_refused(capsys, tmp_path):
     assert fingerprint(out) == before
 
 
+@pytest.mark.parametrize("script", ["stage1_sft.py", "stage2_grpo.py"])
+def test_a_warmup_longer_than_any_run_is_refused(capsys, tmp_path, script):
+    message = error_of(
+        capsys, SCRIPTS[script].main, ["--warmup-steps", str(10**20), "--out", str(tmp_path / "o")]
+    )
+    assert "argument --warmup-steps: must be <= 1000000" in message
+
+
 @pytest.mark.parametrize("script", sorted(set(SCRIPTS) - {"reward.py"}))  # reward.py has no --resume
 def test_resume_and_overwrite_together_are_refused(capsys, tmp_path, script):
     data = records_file(tmp_path / "d.jsonl")
