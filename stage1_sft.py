@@ -299,7 +299,7 @@ def train(cfg, parser=None):
     run = Run(cfg, "stage1_sft.py", parser or build_parser())  # srt/run.py: --out, ranks, budget
     rank, world_size, device = run.rank, run.world_size, run.device
     seed_everything(cfg.seed)
-    records = read_mixture(cfg.data, cfg.seed)  # one file: its records as they are
+    records = read_mixture(cfg.data, cfg.seed, unique=True)  # one file: its records as they are
     run.record_data()
     if cfg.eval_limit > 0 and not Path(cfg.eval_data).is_file():  # read at the end: checked now
         raise DataError(f"--eval-data {cfg.eval_data}: no such file")

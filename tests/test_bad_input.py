@@ -1468,3 +1468,12 @@ def test_resume_and_overwrite_together_are_refused(capsys, tmp_path, script):
         capsys, SCRIPTS[script].main, [*usage_argv(script, data, out), "--resume", "--overwrite"]
     )
     assert "--resume and --overwrite ask for opposites" in message and not out.exists()
+
+
+def test_stage1_refuses_two_records_under_one_id(capsys, tmp_path):
+    data = tmp_path / "d.jsonl"
+    write_jsonl(data, [hand_record(0), hand_record(1), hand_record(0)])
+    out = tmp_path / "sft"
+    message = error_of(capsys, stage1_sft.main, stage1_args(data, out))
+    assert f"{data}:3: field 'id' 'hand-000-t06' is also the id of line 1" in message
+    assert not (out / "config.json").exists()
