@@ -903,7 +903,8 @@ def main(argv=None) -> None:
         lambda: (
             f"the predictions so far are in {args.out}/predictions.jsonl; the same command with "
             "--resume goes on from them"
-        )
+        ),
+        args.out,
     ):
         run(args)
 

@@ -30,7 +30,9 @@ own window, the prompt it was trained on. A variant's "memory" option ("window" 
 "conversation") overrides this; every variant answers the same questions, paired by id.
 
 Saved rows carry the fingerprint of the checkpoint's files and of the evaluation settings, and
-the hash of their record: --resume reuses a row only when all three match.
+the hash of their record: --resume reuses a row only when all three match. A retrained checkpoint
+is answered again; a --resume with another setting that changes a row, or with a smaller --limit
+that would drop answered rows, is refused instead.
 
 Paper vs this implementation, the one list (docs/pipeline.md links here):
 
@@ -1173,7 +1175,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--resume",
         action="store_true",
-        help="reuse rows of <out>/<name>.jsonl written by the same checkpoint and settings",
+        help="reuse rows of <out>/<name>.jsonl written by the same checkpoint (another setting that "
+        "changes a row: refused)",
     )
     p.add_argument(
         "--overwrite",
@@ -1249,6 +1252,74 @@ def same_data_as_before(out_dir: Path, args) -> None:
         print(f"note: {changed}: the records that changed are answered again")
 
 
+# What a --resume may change: where the rows go, the device, the key's variable, the progress bars,
+# and what only the report reads (it is rebuilt from the rows). The variants are compared one by one
+# (changed_variants: adding one is no change to the others), --data by same_data_as_before and
+# --limit by the rows it would drop (refuse_to_drop_rows); every other flag changes a row.
+RESUME_MAY_CHANGE = (
+    *("out", "resume", "overwrite", "preset", "device", "api_key_env", "quiet"),
+    *("pairs", "table2", "bootstrap", "runs_spread", "attention_examples", "latency_per_bucket"),
+    *("compare", "method", "model", "variant_options", "variants", "limit", "data", "data_sha256"),
+)
+
+
+def row_settings(variant: dict) -> dict:
+    return {
+        "method": variant.get("method"),
+        "model": variant.get("model"),
+        **variant["options"],
+        "limit": None,
+    }
+
+
+def changed_variants(saved: list, variants: list) -> list[str]:
+    """'variant NAME: setting (there, now)' for each variant of both runs whose method, model or
+    options (--limit aside) differ."""
+    before = {v.get("name"): v for v in saved if isinstance(v, dict) and "options" in v}
+    return [
+        f"variant {v['name']}: {change}"
+        for v in variants
+        if v["name"] in before
+        for change in changed_settings(row_settings(before[v["name"]]), row_settings(v))
+    ]
+
+
+def same_settings_as_before(out_dir: Path, args, config: dict) -> None:
+    """--resume keeps the rows written under the settings config.json recorded: another setting
+    would answer the rest of the records otherwise, or (the rows carry their settings' key) answer
+    them all again and replace the earlier answers without a word. Refused, naming what differs. A
+    key an older config.json lacks is not checked."""
+    path = out_dir / "config.json"
+    saved = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    now = {k: v for k, v in config.items() if k not in RESUME_MAY_CHANGE}
+    changes = [*changed_settings(saved, now, [k for k in now if k in saved])]
+    changes += changed_variants(saved.get("variants") or [], args.variants)
+    if changes:
+        sys.exit(
+            f"error: --resume with different settings than the evaluation in {out_dir}: "
+            f"{', '.join(changes)}; --overwrite replaces its rows, or give another --out"
+        )
+
+
+def refuse_to_drop_rows(out_dir: Path, args, all_records) -> None:
+    """A --resume rewrites <name>.jsonl to hold the rows of the records it selects: the answered
+    rows of the records a smaller --limit leaves out would be gone without a word."""
+    ids = {r["id"] for r in all_records}
+    for v in args.variants:
+        path = out_dir / f"{v['name']}.jsonl"
+        key = variant_key(v, v["options"], args, model_fingerprint(v["model"], args.api_base))
+        kept = {r["id"] for r in select_examples(all_records, v["options"]["limit"], args.seed)}
+        answered = [i for i in read_rows(path, key) if i in ids]
+        dropped = [i for i in answered if i not in kept]
+        if dropped:
+            sys.exit(
+                f"error: --resume --limit {v['options']['limit']}: {path} holds {len(answered)} answered "
+                f"rows, {len(dropped)} of them of records this --limit leaves out, which would be dropped; "
+                "resume with the --limit it ran with or a larger one (none: every record), or give "
+                "another --out"
+            )
+
+
 def read_runs_spread(path, data, data_sha256) -> dict | None:
     """--runs-spread: the spread between training runs that a runs report measured on this test file.
     A spread measured on other queries says nothing about these: left out of the report, with a note
@@ -1279,7 +1350,8 @@ def main(argv=None) -> None:
         lambda: (
             f"the answers so far are in {args.out}/<variant>.jsonl (written after every batch); "
             "the same command with --resume goes on from them"
-        )
+        ),
+        args.out,
     ):
         evaluate_all(args)
 
@@ -1302,8 +1374,10 @@ def evaluate_all(args) -> None:
     srt_name = srt_variant_name(variants, table2)
     out_dir = claim_out(args.out, "evaluate.py", args.resume, args.overwrite)
     args.data_sha256 = files_sha256([args.data])
+    config = {k: (list(v) if isinstance(v, tuple) else v) for k, v in vars(args).items()}
     if args.resume:
         same_data_as_before(out_dir, args)
+        same_settings_as_before(out_dir, args, config)
     runs_spread = read_runs_spread(args.runs_spread, args.data, args.data_sha256)
     # a missing model fails now, before config.json is written, not after the variants before it
     models = [v["model"] for v in variants if not v["model"].startswith("api:")]
@@ -1312,7 +1386,8 @@ def evaluate_all(args) -> None:
     random.seed(args.seed)
     torch.manual_seed(args.seed)
     records = select_examples(all_records, args.limit, args.seed)
-    config = {k: (list(v) if isinstance(v, tuple) else v) for k, v in vars(args).items()}
+    if args.resume:
+        refuse_to_drop_rows(out_dir, args, all_records)
     write_config(out_dir, config, "evaluate.py")
 
     records_by_id = {r["id"]: r for r in all_records}

@@ -73,6 +73,7 @@ Paper vs this implementation, the one list (docs/pipeline.md links here):
 from __future__ import annotations
 
 import argparse
+import importlib.machinery
 import importlib.util
 import inspect
 import os
@@ -493,10 +494,11 @@ def load_reward(path: str):
     where = f"error: --reward {path}:"
     if not os.path.isfile(path):
         sys.exit(f"{where} no such file")
-    spec = importlib.util.spec_from_file_location("student_reward", path)
-    module = importlib.util.module_from_spec(spec)
+    # read as Python whatever its suffix: by suffix, a .txt file had no loader at all
+    loader = importlib.machinery.SourceFileLoader("student_reward", path)
+    module = importlib.util.module_from_spec(importlib.util.spec_from_loader("student_reward", loader))
     try:
-        spec.loader.exec_module(module)
+        loader.exec_module(module)
     except Exception as e:  # a syntax error or a failed import in the student's file
         sys.exit(f"{where} importing it raised {type(e).__name__}: {e}")
     functions = {
@@ -524,7 +526,8 @@ def load_reward(path: str):
 def main(argv=None):
     args = parse_args(argv)
     with interruptible(
-        lambda: "nothing was written: the scores are written at the end; run the command again"
+        lambda: "nothing was written: the scores are written at the end; run the command again",
+        args.out,
     ):
         return score(args)
 

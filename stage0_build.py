@@ -960,7 +960,8 @@ def main(argv=None) -> None:
         lambda: (
             f"a build is published whole (config.json last) or not at all, so {args.out} holds no "
             "half build; run the same command again (--resume skips a build already there)"
-        )
+        ),
+        args.out,
     ):
         build(args)
 

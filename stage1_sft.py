@@ -299,7 +299,7 @@ def train(cfg, parser=None):
     run = Run(cfg, "stage1_sft.py", parser or build_parser())  # srt/run.py: --out, ranks, budget
     rank, world_size, device = run.rank, run.world_size, run.device
     seed_everything(cfg.seed)
-    records = read_mixture(cfg.data, cfg.seed)  # one file: its records as they are
+    records = read_mixture(cfg.data, cfg.seed, unique=True)  # one file: its records as they are
     run.record_data()
     if cfg.eval_limit > 0 and not Path(cfg.eval_data).is_file():  # read at the end: checked now
         raise DataError(f"--eval-data {cfg.eval_data}: no such file")
@@ -514,7 +514,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--phase1-fraction", type=in_range(0.0, 1.0), default=0.5, help="share of --max-steps for phase 1")
     add("--epochs", type=up_to(MAX_EPOCHS), default=1, help="epochs per phase when --max-steps is unset")
     add("--lr", type=at_least(0.0, float), default=5e-6, help="peak learning rate (§4.1: 5e-6)")
-    add("--warmup-steps", type=at_least(0), default=10, help="linear warm-up steps")
+    add("--warmup-steps", type=up_to(MAX_STEPS, low=0), default=10, help="linear warm-up steps")
     add("--weight-decay", type=at_least(0.0, float), default=0.0, help="AdamW weight decay")
     add("--max-grad-norm", type=positive(float), default=1.0, help="gradient clipping norm")
     add(

@@ -83,7 +83,7 @@ from tqdm.auto import tqdm
 from reward import add_answer_flags, compute_rewards
 from srt import grpo_explain, step_page
 from srt import run as harness  # srt/run.py: --out, ranks, loading, resume, checkpoints, logs
-from srt.config import MAX_NEW_TOKENS, Bounded, at_least, parse_config, positive, require, up_to
+from srt.config import MAX_NEW_TOKENS, MAX_STEPS, Bounded, at_least, parse_config, positive, require, up_to
 from srt.data_io import (
     finite_or_none,
     read_jsonl,
@@ -747,7 +747,7 @@ def build_parser() -> argparse.ArgumentParser:
     add(
         "--lr", type=at_least(0.0, float), default=3e-7, help="AdamW learning rate after warm-up (§4.1: 3e-7)"
     )
-    add("--warmup-steps", type=at_least(0), default=2, help="linear warm-up, in GRPO steps")
+    add("--warmup-steps", type=up_to(MAX_STEPS, low=0), default=2, help="linear warm-up, in GRPO steps")
     add("--weight-decay", type=at_least(0.0, float), default=0.0, help="AdamW weight decay")
     add("--max-grad-norm", type=positive(float), default=1.0, help="gradient clipping")
     add(

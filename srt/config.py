@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import fcntl
 import json
 import math
@@ -257,6 +258,11 @@ def claim_out(
     given, or one another run is writing to now. Creates the folder and takes its lock (lock_out);
     writes nothing else in it."""
     out = Path(out)
+    if resume and overwrite:  # argparse takes both; one of them would be ignored without a word
+        sys.exit(
+            "error: --resume and --overwrite ask for opposites (continue the run in --out, replace it); "
+            "give one"
+        )
     if out.exists() and not out.is_dir():
         sys.exit(f"error: --out {out} is a file, not a folder")
     writer = run_in(out)
@@ -324,11 +330,12 @@ def changed_since(saved: dict, now: dict) -> str | None:
 
 
 @contextlib.contextmanager
-def interruptible(saved):
+def interruptible(saved, out=None):
     """The work of a script's main. Ctrl-C (KeyboardInterrupt) ends it with one line, `saved()`:
     what is on disk and how to go on (None: nothing to say, a torchrun rank but the first), and
-    exit status 130 (the shell's for SIGINT), instead of a traceback. However it ends, the --out
-    lock is released."""
+    exit status 130 (the shell's for SIGINT), instead of a traceback. A full disk ends in one line
+    too, naming the file (else `out`) and saying the same. However it ends, the --out lock is
+    released."""
     try:
         yield
     except KeyboardInterrupt:
@@ -336,8 +343,19 @@ def interruptible(saved):
         if message:
             print(f"\ninterrupted: {message}", file=sys.stderr, flush=True)
         sys.exit(130)
+    except OSError as e:
+        if e.errno not in DISK_FULL:
+            raise
+        message = saved()
+        sys.exit(
+            f"error: {e.filename or out or 'a file'}: {e.strerror}; free some space"
+            + (f": {message}" if message else "")
+        )
     finally:
         release_out()
+
+
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT)  # no space left, a quota reached
 
 
 def write_config(out, config, script: str | None = None) -> Path:

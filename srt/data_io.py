@@ -236,15 +236,16 @@ def mix_sources(sources, seed: int) -> list[dict]:
     return mix
 
 
-def read_mixture(specs, seed: int = 0, keep=None, note: str = "") -> list[dict]:
+def read_mixture(specs, seed: int = 0, keep=None, note: str = "", unique: bool = False) -> list[dict]:
     """The training records of --data (a string or a list of PATH[:WEIGHT]): mix_sources over the
-    files, read with read_jsonl. `keep(record)` filters each file before the mix (stage 2's
+    files, read with read_jsonl (read_unique_records when `unique`: a record under a second id is
+    a copy that would weigh twice). `keep(record)` filters each file before the mix (stage 2's
     --train-turns), so the weights apply to what trains; a file left empty is an error (`note`
     says why it may be)."""
     sources = []
     for spec in [specs] if isinstance(specs, str) else specs:
         path, weight = parse_data_spec(spec)
-        records = read_jsonl(path)
+        records = read_unique_records(path) if unique else read_jsonl(path)
         if keep is not None:
             records = [r for r in records if keep(r)]
         if not records:
@@ -278,9 +279,11 @@ def atomic_write_text(path, text: str) -> None:
             f.write(text)
         os.chmod(tmp, 0o644)  # mkstemp makes owner-only files; outputs are meant to be shared
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         if os.path.exists(tmp):
             os.unlink(tmp)
+        if isinstance(e, OSError) and e.filename is None:  # a failed write names no file
+            raise OSError(e.errno, e.strerror, str(path)) from e
         raise
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import ast
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -286,17 +287,49 @@ def write_exercises(out: Path, root: Path = PROJECT, exercises=EXERCISES) -> lis
             )
         source = sources.get(path) or path.read_text(encoding="utf-8")
         sources[path] = replace_body(source, exercise.name, blank_body(exercise), str(exercise.path))
+    try:
+        check_out(out)
+        staging = make_staging(out)
+    except OSError as e:
+        raise ExerciseError(f"--out {out}: cannot write there ({e.strerror})") from e
+    try:
+        for name in tracked_files(root):
+            target = staging / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(root / name, target)
+        for path, source in sources.items():
+            (staging / path.relative_to(root)).write_text(source, encoding="utf-8")
+        os.replace(staging, out)  # whole or not at all: a half copy would be refused as a student's work
+    except OSError as e:
+        raise ExerciseError(f"--out {out}: {e.strerror}; nothing of the copy was kept") from e
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return [out / e.path for e in exercises]
+
+
+def check_out(out: Path) -> None:
+    """--out is a new or empty folder, or a path under folders: a file or a dangling link in its
+    place, or a file above it, ends in one line instead of the copy's traceback."""
+    if out.is_symlink() and not out.exists():
+        raise ExerciseError(f"--out {out} is a link to {os.readlink(out)}, which does not exist")
+    if out.exists() and not out.is_dir():
+        raise ExerciseError(f"--out {out} is a file, not a folder")
     if out.exists() and any(out.iterdir()):
         raise ExerciseError(
             f"{out} already holds files (a student's work?): remove it or choose another --out"
         )
-    for name in tracked_files(root):
-        target = out / name
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(root / name, target)
-    for path, source in sources.items():
-        (out / path.relative_to(root)).write_text(source, encoding="utf-8")
-    return [out / e.path for e in exercises]
+    above = next(p for p in out.absolute().parents if p.exists())
+    if not above.is_dir():
+        raise ExerciseError(f"--out {out}: {above} is a file, not a folder")
+
+
+def make_staging(out: Path) -> Path:
+    """A hidden folder beside --out that the copy is written into, then renamed to --out."""
+    out.absolute().parent.mkdir(parents=True, exist_ok=True)
+    staging = out.absolute().parent / f".exercises-{os.getpid()}"
+    shutil.rmtree(staging, ignore_errors=True)  # left by a killed copy of a process of this pid
+    staging.mkdir()
+    return staging
 
 
 # ==== Grading a copy ====
@@ -339,6 +372,12 @@ def grade(folder: Path, exercises=EXERCISES) -> bool:
     return all(r["passed"] for r in results)
 
 
+def folder_path(text: str) -> Path:
+    if not text.strip():  # Path("") is ".": the copy would land in the current folder
+        raise argparse.ArgumentTypeError("is empty; name the folder of the student copy, e.g. exercises/")
+    return Path(text)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m srt.exercises",
@@ -346,7 +385,9 @@ def build_parser() -> argparse.ArgumentParser:
         "exercise functions raise NotImplementedError, or grade such a copy.",
     )
     action = parser.add_mutually_exclusive_group(required=True)
-    action.add_argument("--out", type=Path, help="write the student copy into this (new or empty) folder")
+    action.add_argument(
+        "--out", type=folder_path, help="write the student copy into this (new or empty) folder"
+    )
     action.add_argument("--grade", type=Path, metavar="DIR", help="grade the student copy in DIR")
     action.add_argument("--list", action="store_true", help="list the exercises in order")
     return parser

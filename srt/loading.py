@@ -276,6 +276,15 @@ def hub_options(repo: str) -> dict:
     )
 
 
+def looks_like_a_path(name: str) -> bool:
+    """A --model that names a folder, not a hub id: ./x, ../x, /x, ~/x, x/ or out/final where out
+    is a folder here. Read as a hub id, a missing folder ended in the hub client's HFValidationError
+    or an advice to download it from the hub."""
+    if name.startswith((".", "/", "~")) or name.endswith("/") or "\\" in name:
+        return True
+    return name.count("/") == 1 and Path(name).parent.is_dir()
+
+
 def check_model_name(name: str) -> dict:
     """Is what --model names there to load? Checked before anything is loaded or written, and a
     one-line error if not. -> from_pretrained's options for it (hub_options for a hub id)."""
@@ -284,6 +293,11 @@ def check_model_name(name: str) -> dict:
     if Path(name).exists():
         check_model_folder(Path(name))
         return {}
+    if looks_like_a_path(name):
+        sys.exit(
+            f"error: model folder {name} does not exist; give the folder save_pretrained wrote (e.g. "
+            "runs/demo/sft/final), or a Hugging Face id owner/name"
+        )
     if name.count("/") != 1:
         sys.exit(
             f"error: --model {name!r} is neither a folder, a Hugging Face id (owner/name), "

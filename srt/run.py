@@ -73,7 +73,9 @@ from srt.training import TimeBudget, adamw
 # --------------------------------------------------------------------------------------------
 METHOD_GROUPS = "_srt_method_groups"  # the parser attribute that lists the groups a resume must match
 RUN_IDENTITY = ("model", "data", "seed")  # of the run group: what is trained, on what, from which seed
-PRECISION = ("dtype",)  # of the scale group: a bf16 step is another step than an fp32 one
+# of the scale group: a bf16 step is another step than an fp32 one, and so is one through another
+# attention kernel (stage 1's --attention: its scores in bf16); a flag a script lacks is left out
+PRECISION = ("dtype", "attention")
 DERIVED_IDENTITY = ("world_size", "data_sha256", "model_sha256")  # set by the run itself, not by a flag
 
 
@@ -218,14 +220,15 @@ def finish_parser(parser, scale) -> argparse.ArgumentParser:
 
 def resume_keys(parser) -> tuple[str, ...]:
     """The settings a --resume must match: the run's model, data and seed, every flag of a method
-    group, the precision (--dtype), the world size and the data's sha256."""
+    group, the precision (--dtype, --attention), the world size and the data's sha256."""
     method = [
         action.dest
         for group in getattr(parser, METHOD_GROUPS, [])
         for action in group._group_actions
         if action.dest != argparse.SUPPRESS
     ]
-    return tuple(dict.fromkeys((*RUN_IDENTITY, *method, *PRECISION, *DERIVED_IDENTITY)))
+    precision = [key for key in PRECISION if key in {action.dest for action in parser._actions}]
+    return tuple(dict.fromkeys((*RUN_IDENTITY, *method, *precision, *DERIVED_IDENTITY)))
 
 
 # --------------------------------------------------------------------------------------------
@@ -243,6 +246,7 @@ class Run:
         if cfg.resume:
             self.refuse_a_damaged_checkpoint()
         elif cfg.overwrite and earlier:
+            self.refuse_to_clear_the_model()
             self.clear_earlier_run()
         self.rank, self.world_size, _, self.device = setup_distributed(
             cfg.dist_timeout_minutes, always=cfg.fsdp
@@ -268,15 +272,30 @@ class Run:
                 "with --overwrite"
             )
 
+    CLEARED = ("checkpoint", "final", "summary.json", "config.json")  # what --overwrite deletes
+
+    def refuse_to_clear_the_model(self) -> None:
+        """--overwrite would delete the --model this run trains from (--model out/final with --out
+        out): the weights would be gone before they were read, and nothing could bring them back."""
+        model = Path(self.cfg.model).resolve()
+        for name in self.CLEARED:
+            cleared = (self.out / name).resolve()
+            if cleared.exists() and (model == cleared or cleared in model.parents):
+                sys.exit(
+                    f"error: --overwrite would delete {self.out / name}, which holds --model "
+                    f"{self.cfg.model} this run trains from; copy the model to another folder and give "
+                    "that as --model, or give another --out"
+                )
+
     def clear_earlier_run(self) -> None:
         """--overwrite of an earlier run: its checkpoint, final model, summary and config go before
         this run writes anything. Kept, a run stopped before its first save would leave the earlier
         run's checkpoint as if it were its own, and that run's summary.json would call it finished."""
         if int(os.environ.get("RANK", "0")) != 0:
             return
-        for name in ("checkpoint", "final"):
+        for name in self.CLEARED[:2]:
             shutil.rmtree(self.out / name, ignore_errors=True)
-        for name in ("summary.json", "config.json"):
+        for name in self.CLEARED[2:]:
             (self.out / name).unlink(missing_ok=True)
 
     def record_data(self) -> None:
@@ -483,7 +502,7 @@ def main(cfg, stage: str, work) -> None:
         print(memory_plan.stage_plan(stage, cfg, cfg.world_size or int(os.environ.get("WORLD_SIZE", 1))))
         return
     try:
-        with interruptible(lambda: interrupted(cfg.out)):
+        with interruptible(lambda: interrupted(cfg.out), cfg.out):
             work(cfg)
     except (DataError, FileNotFoundError) as e:
         sys.exit(f"error: {e}")

@@ -1284,3 +1284,196 @@ def test_a_bench_out_holding_the_users_files_is_refused(tmp_path, monkeypatch):
     assert (mine / "pooled.json").read_text() == "the user's own\n"
     module.main([str(result), "--out", str(tmp_path / "b")])
     module.main([str(result), "--out", str(tmp_path / "b")])  # its own folder: replaced
+
+
+# ---- a run never loses what it reads -----------------------------------------------------------
+@pytest.mark.parametrize("script", ["stage1_sft.py", "stage2_grpo.py"])
+def test_overwrite_refuses_to_delete_the_model_it_trains_from(capsys, tmp_path, script):
+    data = records_file(tmp_path / "d.jsonl")
+    out = tmp_path / "run"
+    args = stage1_args if script == "stage1_sft.py" else stage2_args
+    SCRIPTS[script].main(args(data, out))
+    before = fingerprint(out)
+    for model in (out / "final", f"{out}/./final"):
+        message = error_of(
+            capsys, SCRIPTS[script].main, [*args(data, out), "--model", str(model), "--overwrite"]
+        )
+        assert f"--overwrite would delete {out / 'final'}, which holds --model {model}" in message
+    assert fingerprint(out) == before
+
+
+def test_evaluate_resume_with_another_setting_is_refused_naming_it(capsys, tmp_path):
+    data = records_file(tmp_path / "d.jsonl")
+    out = tmp_path / "e"
+    evaluate.main(usage_argv("evaluate.py", data, out))  # --max-new-tokens-direct 2
+    before = fingerprint(out)
+    for extra, says in (
+        (["--max-new-tokens-direct", "5"], "max_new_tokens_direct (2 there, 5 now)"),
+        (["--dtype", "bfloat16"], "dtype ('auto' there, 'bfloat16' now)"),
+        (["--variant-options", 'full={"recency_k": 2}'], "variant full: recency_k (4 there, 2 now)"),
+    ):
+        message = error_of(capsys, evaluate.main, [*usage_argv("evaluate.py", data, out), *extra, "--resume"])
+        assert f"--resume with different settings than the evaluation in {out}: {says}" in message
+        assert "--overwrite replaces its rows" in message
+    assert fingerprint(out) == before
+    capsys.readouterr()  # what only the report reads may change
+    evaluate.main([*usage_argv("evaluate.py", data, out), "--bootstrap", "1000", "--resume"])
+
+
+def test_evaluate_resume_with_a_smaller_limit_keeps_the_answered_rows(capsys, tmp_path):
+    data = records_file(tmp_path / "d.jsonl", n=7)
+    out = tmp_path / "e"
+    evaluate.main(usage_argv("evaluate.py", data, out))
+    before = fingerprint(out)
+    message = error_of(
+        capsys, evaluate.main, [*usage_argv("evaluate.py", data, out), "--resume", "--limit", "3"]
+    )
+    assert f"--resume --limit 3: {out / 'full.jsonl'} holds 7 answered rows, 4 of them" in message
+    assert fingerprint(out) == before
+    small = tmp_path / "small"
+    evaluate.main([*usage_argv("evaluate.py", data, small), "--limit", "3"])
+    evaluate.main(
+        [*usage_argv("evaluate.py", data, small), "--resume", "--limit", "5"]
+    )  # a larger one goes on
+    assert len((small / "full.jsonl").read_text().splitlines()) == 5
+
+
+def test_a_model_folder_that_does_not_exist_is_not_read_as_a_hub_id(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.chdir(tmp_path)
+    data = records_file(tmp_path / "d.jsonl")
+    (tmp_path / "out").mkdir()
+    for model in ("./nomodel", "out/final", str(tmp_path / "nomodel")):
+        message = error_of(capsys, stage1_sft.main, [*stage1_args(data, tmp_path / "s"), "--model", model])
+        assert f"error: model folder {model} does not exist" in message and "hf download" not in message
+    argv = [*evaluate_argv(data, tmp_path / "e"), "--compare", "s=srt:./nomodel"]
+    assert "model folder ./nomodel does not exist" in error_of(capsys, evaluate.main, argv)
+    assert not (tmp_path / "e" / "config.json").exists()
+
+
+def test_exercises_out_at_a_bad_path_is_one_line_and_a_full_disk_leaves_nothing(
+    capsys, tmp_path, monkeypatch
+):
+    from srt import exercises
+
+    (tmp_path / "file").write_text("precious\n")
+    (tmp_path / "link").symlink_to(tmp_path / "gone")
+    for out, says in (
+        (tmp_path / "file", "is a file, not a folder"),
+        (tmp_path / "file" / "sub", f"{tmp_path / 'file'} is a file, not a folder"),
+        (tmp_path / "link", f"is a link to {tmp_path / 'gone'}, which does not exist"),
+        (tmp_path / ("x" * 300), "cannot write there (File name too long)"),
+    ):
+        assert exercises.main(["--out", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: --out {out}") and says in err and err.count("\n") == 1, err
+    assert "argument --out: is empty" in error_of(capsys, exercises.main, ["--out", ""])
+    assert (tmp_path / "file").read_text() == "precious\n" and not (tmp_path / "gone").exists()
+    real_copy, copied = shutil.copy2, []
+
+    def copy_until_the_disk_is_full(src, dst):
+        if len(copied) == 30:
+            raise OSError(28, "No space left on device", str(dst))
+        copied.append(dst)
+        return real_copy(src, dst)
+
+    monkeypatch.setattr(exercises.shutil, "copy2", copy_until_the_disk_is_full)
+    out = tmp_path / "ex"
+    assert exercises.main(["--out", str(out)]) == 2
+    assert (
+        capsys.readouterr().err
+        == f"error: --out {out}: No space left on device; nothing of the copy was kept\n"
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file", "link"]  # no half copy, no staging folder
+
+
+class FullDisk:
+    """srt.data_io's `os`, whose files opened for writing under `folder` fail as on a full disk."""
+
+    def __init__(self, folder):
+        self.folder = str(folder)
+
+    def __getattr__(self, name):
+        return getattr(os, name)
+
+    def fdopen(self, fd, *args, **kwargs):
+        if os.readlink(f"/proc/self/fd/{fd}").startswith(self.folder):
+            raise OSError(28, "No space left on device")
+        return os.fdopen(fd, *args, **kwargs)
+
+
+@pytest.mark.parametrize("script", sorted(SCRIPTS))
+def test_a_full_disk_is_one_line_naming_the_file(capsys, tmp_path, monkeypatch, script):
+    from srt import data_io
+
+    data = records_file(tmp_path / "d.jsonl")
+    write_jsonl(tmp_path / "c.jsonl", [{"index": 0, "completion": "x"}])
+    out = tmp_path / "out"
+    monkeypatch.setattr(data_io, "os", FullDisk(out))
+    message = error_of(capsys, SCRIPTS[script].main, usage_argv(script, data, out))
+    assert re.match(
+        rf"error: {re.escape(str(out))}/[\w./]+: No space left on device; free some space", message
+    )
+    assert [p.name for p in out.iterdir() if p.name.startswith(".")] == [LOCK_NAME]  # no temporary left
+
+
+def test_a_full_disk_at_a_checkpoint_leaves_the_one_before_whole(capsys, tmp_path, monkeypatch):
+    from srt import data_io
+
+    data = records_file(tmp_path / "d.jsonl")
+    out = tmp_path / "sft"
+    stage1_sft.main(stage1_args(data, out, "--max-steps", "1"))
+    before = fingerprint(out / "checkpoint")
+    monkeypatch.setattr(data_io, "os", FullDisk(out))
+    message = error_of(capsys, stage1_sft.main, [*stage1_args(data, out, "--max-steps", "2"), "--resume"])
+    assert "No space left on device; free some space: " in message
+    assert f"{out / 'checkpoint'} holds step 1; the same command with --resume continues" in message
+    assert fingerprint(out / "checkpoint") == before
+
+
+def test_a_reward_in_a_file_not_named_py_is_read_as_python(capsys, tmp_path):
+    text = tmp_path / "r.txt"
+    shutil.copy(REPO / "docs" / "rewards" / "keyword_answer.py", text)
+    capsys.readouterr()
+    reward.main(["--gallery", "--reward", str(text)])
+    assert "compute_rewards" in capsys.readouterr().out
+
+
+def test_resume_with_another_attention_kernel_is_refused(capsys, tmp_path):
+    data = records_file(tmp_path / "d.jsonl")
+    out = tmp_path / "sft"
+    stage1_sft.main(stage1_args(data, out, "--max-steps", "1"))
+    before = fingerprint(out)
+    resume = [*stage1_args(data, out, "--attention", "bf16_eager"), "--resume"]
+    assert "attention ('sdpa' there, 'bf16_eager' now)" in error_of(capsys, stage1_sft.main, resume)
+    shutil.rmtree(out / "checkpoint")  # a finished run: its config.json is compared
+    before = {k: v for k, v in before.items() if not k.startswith("checkpoint/")}
+    assert "attention ('sdpa' there, 'bf16_eager' now)" in error_of(capsys, stage1_sft.main, resume)
+    assert fingerprint(out) == before
+
+
+@pytest.mark.parametrize("script", ["stage1_sft.py", "stage2_grpo.py"])
+def test_a_warmup_longer_than_any_run_is_refused(capsys, tmp_path, script):
+    message = error_of(
+        capsys, SCRIPTS[script].main, ["--warmup-steps", str(10**20), "--out", str(tmp_path / "o")]
+    )
+    assert "argument --warmup-steps: must be <= 1000000" in message
+
+
+@pytest.mark.parametrize("script", sorted(set(SCRIPTS) - {"reward.py"}))  # reward.py has no --resume
+def test_resume_and_overwrite_together_are_refused(capsys, tmp_path, script):
+    data = records_file(tmp_path / "d.jsonl")
+    out = tmp_path / "out"
+    message = error_of(
+        capsys, SCRIPTS[script].main, [*usage_argv(script, data, out), "--resume", "--overwrite"]
+    )
+    assert "--resume and --overwrite ask for opposites" in message and not out.exists()
+
+
+def test_stage1_refuses_two_records_under_one_id(capsys, tmp_path):
+    data = tmp_path / "d.jsonl"
+    write_jsonl(data, [hand_record(0), hand_record(1), hand_record(0)])
+    out = tmp_path / "sft"
+    message = error_of(capsys, stage1_sft.main, stage1_args(data, out))
+    assert f"{data}:3: field 'id' 'hand-000-t06' is also the id of line 1" in message
+    assert not (out / "config.json").exists()

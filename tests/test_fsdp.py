@@ -886,11 +886,12 @@ def test_resume_check_covers_every_setting_of_the_objective():
 
 def test_stage1_resume_keys_derived_from_its_groups_are_the_settings_of_a_step():
     # every flag of the paper's and the departures' groups, the run's model, data and seed; nothing
-    # of scale (but the global batch's shape and the precision) or logging; --no-cot is an alias of --target
+    # of scale (but the global batch's shape, the precision and the attention kernel) or logging; --no-cot
+    # is an alias of --target
     assert set(resume_keys(stage1_sft.build_parser())) == {
         "data", "data_sha256", "seed", "phase", "phase1_fraction", "batch_size", "grad_accum", "world_size",
         "max_length", "target", "recall", "epochs", "lr", "warmup_steps", "weight_decay", "max_grad_norm",
-        "model", "model_sha256", "dtype",
+        "model", "model_sha256", "dtype", "attention",
     }  # fmt: skip
 
 
