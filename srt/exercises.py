@@ -24,6 +24,7 @@ import subprocess
 import sys
 import textwrap
 import tokenize
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -190,6 +191,30 @@ EXERCISES = [
         ),
     ),
 ]
+
+
+def exercise_that_raised(error: BaseException, exercises=EXERCISES) -> Exercise | None:
+    """The exercise whose function raised `error` (its innermost frame that is one): in a student's
+    copy, the blank that a NotImplementedError came from, however deep the call."""
+    for frame in reversed(traceback.extract_tb(error.__traceback__)):
+        for exercise in exercises:
+            if frame.name == exercise.name and Path(frame.filename).parts[-len(exercise.path.parts) :] == (
+                exercise.path.parts
+            ):
+                return exercise
+    return None
+
+
+def unfinished_exercise(error: NotImplementedError) -> str:
+    """What a caller says when a function it needs is still a blank: "calls reward.format_reward,
+    exercise eq5, which is not done yet"."""
+    exercise = exercise_that_raised(error)
+    if exercise is None:
+        return f"raised NotImplementedError: {error}"
+    return (
+        f"calls {exercise.module}.{exercise.name}, exercise {exercise.key}, which is not done yet: "
+        f"do {exercise.key} first (python -m srt.exercises --grade DIR)"
+    )
 
 
 class ExerciseError(Exception):

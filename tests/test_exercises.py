@@ -216,3 +216,37 @@ def test_help_and_list():
             [sys.executable, "-m", "srt.exercises", flag], cwd=PROJECT, capture_output=True, text=True
         )
         assert done.returncode == 0 and expected in done.stdout
+
+
+def copy_solving(blank: Path, folder: Path, keys: set[str]) -> Path:
+    """A copy of the blank with the project's solution written into the exercises `keys` only."""
+    shutil.copytree(blank, folder)
+    for exercise in (e for e in EXERCISES if e.key in keys):
+        path = folder / exercise.path
+        source = replace_body(path.read_text(encoding="utf-8"), exercise.name, solution(exercise))
+        path.write_text(source, encoding="utf-8")
+    return folder
+
+
+def gallery_in(folder: Path, example: str) -> subprocess.CompletedProcess:
+    command = [sys.executable, "reward.py", "--gallery", "--reward", f"docs/rewards/{example}"]
+    return subprocess.run(command, cwd=folder, capture_output=True, text=True, timeout=300)
+
+
+def test_the_example_rewards_say_which_exercise_they_need_in_a_blank_copy(blank):
+    for example in ("keyword_answer.py", "substring_recall.py"):
+        done = gallery_in(blank, example)
+        assert done.returncode == 1 and done.stdout == ""
+        assert done.stderr.strip() == (
+            f"error: --reward docs/rewards/{example}: compute_rewards calls reward.format_reward, "
+            "exercise eq5, which is not done yet: do eq5 first (python -m srt.exercises --grade DIR)"
+        )
+
+
+def test_the_example_rewards_need_only_eq5_and_eq6(blank, tmp_path):
+    """Class 1 asks for eq5 and eq6; eq4 and eq7 may still be blank when the gallery is tried."""
+    folder = copy_solving(blank, tmp_path / "class1", {"eq5", "eq6"})
+    for example, winners in (("keyword_answer.py", 4), ("substring_recall.py", 6)):
+        done = gallery_in(folder, example)
+        assert done.returncode == 1, done.stderr
+        assert f"FAIL: {winners} of 31 attacks score as high as an honest completion" in done.stdout
