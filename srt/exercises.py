@@ -321,7 +321,24 @@ def write_exercises(out: Path, root: Path = PROJECT, exercises=EXERCISES) -> lis
         shutil.copy2(root / name, target)
     for path, source in sources.items():
         (out / path.relative_to(root)).write_text(source, encoding="utf-8")
+    (out / COPY_MARK).write_text(copy_readme(exercises), encoding="utf-8")
     return [out / e.path for e in exercises]
+
+
+COPY_MARK = "EXERCISES.md"  # in a student's copy only: `make grade` there grades the copy itself
+
+
+def copy_readme(exercises) -> str:
+    """What a student finds at the top of the copy: what it is, how to grade it, the exercises."""
+    rows = "\n".join(f"| {e.key} | `{e.path}:{e.name}` | {e.equation}, {e.section} |" for e in exercises)
+    return (
+        "# Exercises\n\nThis folder is the project with the functions that implement the paper's "
+        "equations left blank: each raises `NotImplementedError` naming its equation, its section and "
+        "a hint, and keeps its signature and docstring (its contract). Fill them in, in this order, "
+        "and grade the folder from inside it, as often as you like:\n\n"
+        "    make grade                           # or: python -m srt.exercises --grade .\n\n"
+        "| exercise | function | equation |\n|---|---|---|\n" + rows + "\n"
+    )
 
 
 # ==== Grading a copy ====
@@ -391,7 +408,10 @@ def main(argv=None) -> int:
             print(f"grade it with: python -m srt.exercises --grade {args.out}")
             return 0
         if not (args.grade / "stage2_grpo.py").is_file():
-            raise ExerciseError(f"{args.grade} holds no copy of the project (no stage2_grpo.py)")
+            raise ExerciseError(
+                f"{args.grade} holds no copy of the project (no stage2_grpo.py): write one with "
+                "`make exercises`, or grade a copy from inside it with `make grade`"
+            )
         return 0 if grade(args.grade) else 1
     except ExerciseError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -111,10 +111,12 @@ def copy_with(blank: Path, folder: Path, bodies: dict[str, str]) -> Path:
     return folder
 
 
-def grade_command(folder: Path) -> subprocess.Popen:
-    """`python -m srt.exercises --grade folder`, started: the grades of one test run side by side."""
-    command = [sys.executable, "-m", "srt.exercises", "--grade", str(folder)]
-    return subprocess.Popen(command, cwd=PROJECT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+def grade_command(folder: Path, inside: bool = False) -> subprocess.Popen:
+    """`python -m srt.exercises --grade folder`, started: the grades of one test run side by side.
+    inside: `python -m srt.exercises --grade .` in the copy, as a student with the copy alone runs it."""
+    where, target = (folder, ".") if inside else (PROJECT, str(folder))
+    command = [sys.executable, "-m", "srt.exercises", "--grade", target]
+    return subprocess.Popen(command, cwd=where, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def grade_lines(process: subprocess.Popen) -> tuple[int, dict[str, str]]:
@@ -136,7 +138,11 @@ def grades(blank, tmp_path_factory) -> dict[str, tuple[int, dict[str, str]]]:
     copy, key, old, new = RENAMED
     path = copies[copy] / BY_KEY[key].path
     path.write_text(path.read_text(encoding="utf-8").replace(old, new), encoding="utf-8")
-    started = {name: grade_command(copy) for name, copy in copies.items()}
+    copies["kl blank"] = copy_solving(blank, folder / "kl blank", {e.key for e in EXERCISES} - {"kl"})
+    copies["reward.py broken"] = copy_with(blank, folder / "broken", {})
+    path = copies["reward.py broken"] / "reward.py"
+    path.write_text(path.read_text(encoding="utf-8") + "\ndef broken(:\n", encoding="utf-8")
+    started = {name: grade_command(copy, inside=name == "blank") for name, copy in copies.items()}
     return {name: grade_lines(process) for name, process in started.items()}
 
 
@@ -174,6 +180,39 @@ def test_every_exercise_passes_on_the_projects_solution(grades):
     code, lines = grades["solved"]
     assert code == 0
     assert list(lines.values()) == [f"PASS {e.key} {e.name}" for e in EXERCISES]
+
+
+def test_a_caller_says_which_exercise_it_waits_for(grades):
+    """A blank k3_kl fails the correct grpo_loss by name, and a wrong callee is blamed beside its
+    caller's failed check."""
+    lines = grades["kl blank"][1]
+    assert lines["eq9"] == (
+        "FAIL eq9 grpo_loss: eq9 calls k3_kl, which is not done yet (exercise kl) — hint: "
+        + BY_KEY["eq9"].hint
+    )
+    assert "not implemented yet" in lines["kl"]
+    assert all(lines[key].startswith("PASS ") for key in BY_KEY if key not in ("kl", "eq9"))
+    wrong_callees = grades["second"][1]
+    assert "eq9 calls k3_kl (kl), which fails its own exercise: pass kl first)" in wrong_callees["eq9"]
+    assert re.search(r"eq4 calls [a-z_]+ \(eq[567]\)", wrong_callees["eq4"]), wrong_callees["eq4"]
+
+
+def test_a_syntax_error_is_reported_once_for_its_module(grades):
+    code, lines = grades["reward.py broken"]
+    assert code != 0 and lines["eq2"] == "PASS eq2 dependency_score" and lines["eq3"].startswith("PASS ")
+    assert lines["eq5"].startswith("FAIL eq5 format_reward: importing reward (reward.py line ")
+    for key in ("eq6", "eq7", "eq4", "eq8", "kl", "eq9", "weights"):  # stage2_grpo imports reward
+        assert "(the same error as eq5) — hint:" in lines[key], lines[key]
+
+
+def test_make_grade_grades_the_copy_from_inside_it(blank):
+    """A handed-out copy holds EXERCISES.md, so its Makefile grades '.' (the blank's grade above runs
+    `python -m srt.exercises --grade .` from inside it)."""
+    assert "make grade" in (blank / "EXERCISES.md").read_text(encoding="utf-8")
+    done = subprocess.run(["make", "-n", "grade"], cwd=blank, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and "-m srt.exercises --grade .\n" in done.stdout, done.stdout + done.stderr
+    done = subprocess.run(["make", "-n", "grade"], cwd=PROJECT, capture_output=True, text=True, timeout=60)
+    assert "-m srt.exercises --grade exercises\n" in done.stdout, done.stdout + done.stderr
 
 
 @pytest.mark.parametrize("copy", WRONG_SETS)
