@@ -97,6 +97,7 @@ EXERCISES = [
             "check_reward:format_accepts_the_honest_completion",
             "check_reward:format_fails_a_missing_marker",
             "check_reward:format_fails_a_tag_outside_the_think_block",
+            "check_reward:format_fails_nested_or_out_of_order_tags",
         ),
     ),
     Exercise(
@@ -121,6 +122,7 @@ EXERCISES = [
         "call; a missing answer (None) earns the minimum, -1, and is not embedded; clip to [-1, 1]",
         (
             "check_reward:cosine_by_hand",
+            "check_reward:cosine_against_each_answers_own_reference",
             "check_reward:cosine_of_a_missing_answer",
             "check_reward:cosine_in_one_embedding_call",
         ),
@@ -136,6 +138,8 @@ EXERCISES = [
         (
             "check_reward:composite_of_the_honest_completion",
             "check_reward:composite_is_the_sum_of_its_parts",
+            "check_reward:composite_matches_the_gallery_row_by_row",
+            "check_reward:composite_of_a_completion_without_a_final_answer",
             "check_reward:composite_applies_the_answer_gate",
             "check_reward:composite_refuses_mismatched_lengths",
         ),
@@ -151,6 +155,7 @@ EXERCISES = [
             "check_grpo:advantages_by_hand",
             "check_grpo:advantages_of_a_group_sum_to_zero",
             "check_grpo:an_all_equal_group_gets_exactly_zero",
+            "check_grpo:a_nan_reward_leaves_its_group_nan",
             "check_grpo:advantages_under_every_scale",
         ),
     ),
@@ -174,6 +179,7 @@ EXERCISES = [
             "check_grpo:the_clip_acts_for_both_signs",
             "check_grpo:a_masked_token_gets_no_gradient",
             "check_grpo:the_kl_term_and_the_importance_weights",
+            "check_grpo:the_loss_weights_weigh_every_token",
             "check_grpo:one_step_raises_the_best_completion",
         ),
     ),
@@ -186,6 +192,7 @@ EXERCISES = [
         "world_size); dr_grpo: the constant 1 / (G L) with L = max_new_tokens; 0 where masked",
         (
             "check_grpo:grpo_weights_by_hand",
+            "check_grpo:grpo_weights_count_every_row",
             "check_grpo:dapo_weights_by_hand",
             "check_grpo:dr_grpo_has_no_length_bias",
         ),
