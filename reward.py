@@ -201,7 +201,8 @@ def key_reward(answer: str | None, keys: list[str], reference: str) -> tuple[flo
 
 def answer_cosines(answers: list[str | None], references: list[str]) -> list[float]:
     """Eq. (7): cos(v_A, v_A*) with all-MiniLM-L6-v2 (embedder.embed: unit-norm rows, so a dot
-    product), in one embedding call. A missing answer gets the minimum, -1, and is not embedded."""
+    product), in one embedding call. A missing answer gets the minimum, -1, and is not embedded.
+    -> one float in [-1, 1] per answer: answer i against references[i], its own reference only."""
     rewards = [-1.0] * len(answers)
     present = [i for i, a in enumerate(answers) if a is not None]
     if present:
@@ -253,6 +254,10 @@ def compute_rewards(
     completions: list[str], examples: list[dict], answer_reward: str = "cosine", answer_gate: str = "off"
 ) -> list[dict]:
     """Score completion i against stage-0 record examples[i] (history, recall, answer, answer_keys).
+    ValueError when there are not as many completions as examples, or answer_gate is not one of
+    ANSWER_GATES. H^ is recall_sets' third value: a piece that copies nothing stays in it. A completion
+    without 'Final answer:' has final_answer None, and its answer earns what a missing answer earns,
+    -1 (its text is never read as an answer).
 
     One dict per completion: format, recall, answer, total (Eq. (4)); jaccard (the IoU of Eq. (6)),
     recalled (labels of H^ in history order), unmatched (pieces that copy nothing), final_answer,
