@@ -289,3 +289,33 @@ def test_the_example_rewards_need_only_eq5_and_eq6(blank, tmp_path):
         done = gallery_in(folder, example)
         assert done.returncode == 1, done.stderr
         assert f"FAIL: {winners} of 31 attacks score as high as an honest completion" in done.stdout
+
+
+def distinctive_lines(exercise: Exercise) -> list[str]:
+    """The solution's lines that could give it away (whitespace folded, comments dropped): any of 25
+    characters or more, a plain `return x` or `else:` being no clue."""
+    lines = (re.sub(r"\s+#.*$", "", " ".join(line.split())) for line in solution(exercise).splitlines())
+    return [line for line in lines if len(line) >= 25 and not line.startswith("for ")]  # a loop: no clue
+
+
+def test_the_copy_holds_no_solution_line(blank):
+    """The copy restates no blanked body anywhere (not in a test, a bench script or a document), nor
+    the k3 estimator in code."""
+    texts = {
+        path.relative_to(blank).as_posix(): " ".join(
+            path.read_text(encoding="utf-8", errors="replace").split()
+        )
+        for path in blank.rglob("*")
+        if path.is_file() and path.suffix in (".py", ".md", ".txt", ".sh", "")
+    }
+    assert "tests/test_exercises.py" not in texts and "bench/sampler_mismatch.py" not in texts
+    found = [
+        f"{name}: {exercise.key}: {line}"
+        for exercise in EXERCISES
+        for line in distinctive_lines(exercise)
+        for name, text in texts.items()
+        if line in text
+    ]
+    k3 = re.compile(r"\.exp\(\) - \w+ - 1|torch\.exp\((\w+)\) - \1 - 1")  # Eq. (9)'s KL, in code
+    found += [f"{name}: kl: {k3.search(text).group()}" for name, text in texts.items() if k3.search(text)]
+    assert len(distinctive_lines(BY_KEY["eq9"])) >= 5 and found == []
