@@ -189,8 +189,8 @@ def one_step_raises_the_best_completion():
     prompt = torch.randint(0, VOCAB, (1, 4), generator=generator).expand(4, 4)
     completions = torch.randint(0, VOCAB, (4, 5), generator=generator)
     input_ids = torch.cat([prompt, completions], dim=1)
-    rewards = torch.tensor([0.5, 0.0, 1.0, 0.5])
-    advantages = (rewards - rewards.mean()) / rewards.std(unbiased=False)  # Eq. (8) by hand
+    # rewards 0.5, 0, 1, 0.5: mean 0.5, population std sqrt(1/8); Eq. (8) by hand
+    advantages = torch.tensor([0.0, -math.sqrt(2), math.sqrt(2), 0.0])
     with torch.no_grad():
         old = completion_logprobs(model, input_ids, 4)
     record = experience(old, advantages, ref=old.clone())
