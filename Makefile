@@ -114,13 +114,15 @@ table2: setup
 # The paper's equations as exercises (docs/teaching.md): `make exercises` writes a student copy of the
 # project into exercises/ (each exercise's body raises NotImplementedError naming its equation, section
 # and a hint); `make grade` grades that copy, one line per exercise. A second `make exercises` refuses
-# to write over a student's work.
+# to write over a student's work. Inside a handed-out copy (it holds EXERCISES.md) `make grade` grades
+# the copy itself.
 .PHONY: exercises grade
 exercises: setup
 	$(PYTHON) -m srt.exercises --out exercises
 
+GRADE_DIR := $(if $(wildcard EXERCISES.md),.,exercises)
 grade: setup
-	$(PYTHON) -m srt.exercises --grade exercises
+	$(PYTHON) -m srt.exercises --grade $(GRADE_DIR)
 
 # One GRPO step worked by hand (docs/grpo-step.md) without a finished demo: 16 SFT steps of SRT, enough
 # for the format, so that a group's K rewards differ and Eqs. (8)-(9) move; then --explain, which

@@ -101,6 +101,7 @@ from srt.completion import (
 from srt.config import at_least, claim_out, interruptible, write_config
 from srt.data_io import DataError, decode_utf8, read_jsonl, read_lines, write_json, write_jsonl
 from srt.embedder import embed
+from srt.exercises import unfinished_exercise
 from srt.metrics import extra_values, jaccard, keys_affirmed
 from srt.prompt import format_target
 from srt.reward_gallery import gallery_page, gallery_scores, gallery_table, reward_report, reward_scores
@@ -201,7 +202,8 @@ def key_reward(answer: str | None, keys: list[str], reference: str) -> tuple[flo
 
 def answer_cosines(answers: list[str | None], references: list[str]) -> list[float]:
     """Eq. (7): cos(v_A, v_A*) with all-MiniLM-L6-v2 (embedder.embed: unit-norm rows, so a dot
-    product), in one embedding call. A missing answer gets the minimum, -1, and is not embedded."""
+    product), in one embedding call. A missing answer gets the minimum, -1, and is not embedded.
+    -> one float in [-1, 1] per answer: answer i against references[i], its own reference only."""
     rewards = [-1.0] * len(answers)
     present = [i for i, a in enumerate(answers) if a is not None]
     if present:
@@ -233,9 +235,10 @@ def answer_rewards(
         value, present, extras = key_reward(answer, keys, example["answer"]) if keys else (None, [], [])
         parts.append({"answer_keys": value, "keys_present": present, "extra_values": extras})
     need = [i for i, p in enumerate(parts) if answer_reward != "keys" or p["answer_keys"] is None]
-    cosines = dict(
-        zip(need, answer_cosines([answers[i] for i in need], [examples[i]["answer"] for i in need]))
-    )
+    cosines = {}
+    if need:  # `keys` on records with keys embeds nothing, so it works before Eq. (7)'s exercise is done
+        answers_needed, references = [answers[i] for i in need], [examples[i]["answer"] for i in need]
+        cosines = dict(zip(need, answer_cosines(answers_needed, references)))
     for i, part in enumerate(parts):
         cos, keys = cosines.get(i), part["answer_keys"]
         part["answer_cosine"] = cos
@@ -252,6 +255,10 @@ def compute_rewards(
     completions: list[str], examples: list[dict], answer_reward: str = "cosine", answer_gate: str = "off"
 ) -> list[dict]:
     """Score completion i against stage-0 record examples[i] (history, recall, answer, answer_keys).
+    ValueError when there are not as many completions as examples, or answer_gate is not one of
+    ANSWER_GATES. H^ is recall_sets' third value: a piece that copies nothing stays in it. A completion
+    without 'Final answer:' has final_answer None, and its answer earns what a missing answer earns,
+    -1 (its text is never read as an answer).
 
     One dict per completion: format, recall, answer, total (Eq. (4)); jaccard (the IoU of Eq. (6)),
     recalled (labels of H^ in history order), unmatched (pieces that copy nothing), final_answer,
@@ -538,9 +545,14 @@ def score(args):
         reward_fn, name = load_reward(args.reward)
         try:
             scores = reward_scores(reward_fn)
+        except NotImplementedError as e:  # a student's copy: the reward calls an exercise still blank
+            sys.exit(f"error: --reward {args.reward}: {name} {unfinished_exercise(e)}")
         except Exception as e:  # the student's reward raised, or returned the wrong shape
             sys.exit(f"error: --reward {args.reward}: {name}: {type(e).__name__}: {e}")
-        print(reward_report(scores, f"{name} of {args.reward}"))
+        passed, report = reward_report(scores, f"{name} of {args.reward}")
+        print(report)
+        if not passed:  # a failed verdict fails the command, as a failed grade does
+            sys.exit(1)
         return None
     if args.gallery:
         scores = gallery_scores(compute_rewards, ANSWER_REWARDS)

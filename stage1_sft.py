@@ -255,7 +255,13 @@ def collate(examples, pad_id: int) -> dict:
 def sft_loss_sums(model, batch, autocast_dtype=None) -> dict:
     """Eq. (3) summed over the micro-batch's target tokens, split into the reasoning part r_1..r_M
     and the answer part a_1..a_L, with the token counts. Callers divide by the target tokens of the
-    whole global batch."""
+    whole global batch.
+
+    -> a dict of six 0-d tensors: "nll", "reasoning_nll", "answer_nll" (sums of -log pi; "nll" is
+    what the step backpropagates, so it carries the model's gradient) and "tokens",
+    "reasoning_tokens", "answer_tokens" (their counts). A target token is one whose label is not
+    IGNORE_INDEX (the prompt and the padding are not); an answer token is one of answer_mask, every
+    other target token is reasoning."""
     logprobs, start = target_logprobs(
         model, batch["input_ids"], batch["attention_mask"], batch["labels"], autocast_dtype, IGNORE_INDEX
     )  # log pi(y_k | P, y_<k) for the target tokens y = (Z_t, A*_t); the prompt P has no label

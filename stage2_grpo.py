@@ -128,7 +128,8 @@ def group_advantages(rewards: torch.Tensor, eps: float = ADVANTAGE_EPS, scale="g
     std is the population std (divide by K, not K - 1): a group of one then has std 0 and advantage 0,
     where the sample std would be NaN; for K = 8 the two differ by a constant factor sqrt(8/7) that
     only rescales the step. A group whose rewards are all equal teaches nothing: its advantage is
-    exactly 0 (computed in float64; a NaN reward stays NaN so that the step is skipped).
+    exactly 0 under every scale (computed in float64, returned in float32, the loss's dtype); a NaN
+    reward stays NaN, with its whole group, so that the step is skipped (never replaced by a number).
 
     scale (--scale-rewards): "group" is Eq. (8); "batch" divides by the std of `batch_rewards` (the
     whole step's rewards, every rank's; default `rewards`), so a group whose rewards barely differ
@@ -174,9 +175,10 @@ def shuffled_within_groups(reward_fn, K: int, rng: random.Random):
 def k3_kl(logprobs, ref_logprobs):
     """Per token, the k3 estimator of KL(pi_theta || pi_ref) on tokens sampled from pi_theta:
     exp(ref - logp) - (ref - logp) - 1. Always >= 0 (x - 1 >= log x), exactly 0 when the two agree;
-    unbiased as an estimate of the value. As a loss term, its gradient is that of the reverse
-    KL(pi_ref || pi_theta) at the sampled tokens, as in DeepSeekMath's GRPO and TRL: it pulls pi_theta
-    back wherever pi_ref puts mass, not only where pi_theta does."""
+    unbiased as an estimate of the value. Elementwise: the result has the inputs' shape. As a loss
+    term, its gradient is that of the reverse KL(pi_ref || pi_theta) at the sampled tokens, as in
+    DeepSeekMath's GRPO and TRL: it pulls pi_theta back wherever pi_ref puts mass, not only where
+    pi_theta does."""
     log_ratio = ref_logprobs - logprobs
     return torch.exp(log_ratio) - log_ratio - 1
 
@@ -192,7 +194,9 @@ LOSS_TYPES = {
 
 def loss_weights(policy_mask, loss_type: str, max_new_tokens: int, all_rank_tokens=None, world_size=1):
     """[G, C] policy_mask of one backprop minibatch -> each token's weight w in Eq. (9) (LOSS_TYPES),
-    0 where the policy did not sample. DDP averages the ranks' gradients: grpo's and dr_grpo's
+    0 where the policy did not sample. G counts every row, one without a sampled token too (its
+    weights are 0, never NaN); all_rank_tokens is a number or a 0-d tensor; unknown loss types raise
+    ValueError. DDP averages the ranks' gradients: grpo's and dr_grpo's
     weights are each rank's share of that average, and dapo's N counts every rank's tokens
     (all_rank_tokens), so its weights are multiplied by the world size that the averaging divides by."""
     G, mask = len(policy_mask), policy_mask.float()
@@ -218,7 +222,12 @@ class TokenTerms(NamedTuple):
 def grpo_loss(logprobs, experience: Experience, clip_eps=0.2, beta=0.04):
     """Eq. (9) on (rows of) one Experience: logprobs [B, C] = log pi_theta of its sampled tokens.
     Only the tokens the policy sampled count (policy_mask); masked positions may hold -inf and are
-    replaced before any exp. -> (loss = -sum(loss_weights * objective), TokenTerms)."""
+    replaced before any exp. -> (loss = -sum(loss_weights * objective), TokenTerms).
+
+    The loss weights are the Experience's, whatever --loss-type made them. The importance weights
+    multiply the clipped surrogate only, never the KL term (TokenTerms.objective); the KL is to
+    pi_ref, 0 when ref_logprobs is None. TokenTerms.clipped is True where the clip took the gradient
+    away: r > 1 + eps with A~ > 0, or r < 1 - eps with A~ < 0 (the other two cases keep it)."""
     sampled = experience.policy_mask > 0
     logprobs = torch.where(sampled, logprobs, 0.0)
     ratio = torch.exp(logprobs - experience.old_logprobs)  # r_{i,t}(theta)

@@ -20,11 +20,13 @@ import argparse
 import ast
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 import textwrap
 import tokenize
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -66,7 +68,8 @@ EXERCISES = [
         "stage0_build:dependency_score",
         "Eq. (2)",
         "§3.2",
-        "w_sem times the similarity plus w_dist times exp(-decay * |t - i|), elementwise on numpy arrays",
+        "the paper's Eq. (2) with the weights and decay the signature names; the docstring says what "
+        "t and i are, and that arrays come in",
         (
             "check_stage0:score_by_hand",
             "check_stage0:decay_reads_the_distance",
@@ -78,8 +81,8 @@ EXERCISES = [
         "stage1_sft:sft_loss_sums",
         "Eq. (3)",
         "§3.3",
-        "target_logprobs gives log pi of every labelled token; sum -log pi over the tokens whose label is "
-        "not IGNORE_INDEX, and split that sum and its token count by answer_mask into reasoning and answer",
+        "read srt/generation.py's target_logprobs (what it returns, from which column) and "
+        "stage1_sft.collate (what labels and answer_mask hold); the docstring names the six sums",
         (
             "check_sft:sums_match_a_forward_by_hand",
             "check_sft:prompt_and_padding_carry_no_loss",
@@ -91,12 +94,12 @@ EXERCISES = [
         "reward:format_reward",
         "Eq. (5)",
         "§3.4",
-        "R_format = 1.0 exactly when is_valid holds; srt.completion.format_problems lists the rules a "
-        "completion breaks, and the reward returns them beside the value",
+        "the docstring's six rules are is_valid; read srt/completion.py for what already checks them",
         (
             "check_reward:format_accepts_the_honest_completion",
             "check_reward:format_fails_a_missing_marker",
             "check_reward:format_fails_a_tag_outside_the_think_block",
+            "check_reward:format_fails_nested_or_out_of_order_tags",
         ),
     ),
     Exercise(
@@ -104,8 +107,8 @@ EXERCISES = [
         "reward:recall_reward",
         "Eq. (6)",
         "§3.4",
-        "2.5 * |H^ n H*| / |H^ u H*| - 1.25 on sets (the union, not |H^|: over-recall must cost); "
-        "two empty sets agree",
+        "Eq. (6) on sets, as the docstring writes it; what do two empty sets give? srt/metrics.py has "
+        "set helpers",
         (
             "check_reward:recall_at_its_bounds",
             "check_reward:recall_by_hand",
@@ -117,10 +120,11 @@ EXERCISES = [
         "reward:answer_cosines",
         "Eq. (7)",
         "§3.4",
-        "embed() returns unit-norm rows, so a cosine is a row-wise dot product; embed everything in one "
-        "call; a missing answer (None) earns the minimum, -1, and is not embedded; clip to [-1, 1]",
+        "read srt/embedder.py's embed (what its rows are) and the docstring (one call; a missing "
+        "answer); a real embedder rounds",
         (
             "check_reward:cosine_by_hand",
+            "check_reward:cosine_against_each_answers_own_reference",
             "check_reward:cosine_of_a_missing_answer",
             "check_reward:cosine_in_one_embedding_call",
         ),
@@ -130,12 +134,13 @@ EXERCISES = [
         "reward:compute_rewards",
         "Eq. (4)",
         "§3.4",
-        "per completion: parse_completion, format_reward, match_tags and recall_sets for H^, "
-        "recall_reward; then answer_rewards on all final answers at once; apply --answer-gate; "
-        "total = format + recall + answer",
+        "Eq. (4) from the parts above: read the module docstring (alignment, the gate) and what "
+        "parse_completion, match_tags, recall_sets and answer_rewards return",
         (
             "check_reward:composite_of_the_honest_completion",
             "check_reward:composite_is_the_sum_of_its_parts",
+            "check_reward:composite_matches_the_gallery_row_by_row",
+            "check_reward:composite_of_a_completion_without_a_final_answer",
             "check_reward:composite_applies_the_answer_gate",
             "check_reward:composite_refuses_mismatched_lengths",
         ),
@@ -145,12 +150,13 @@ EXERCISES = [
         "stage2_grpo:group_advantages",
         "Eq. (8)",
         "§3.4",
-        "(R - mean) / (std + eps) per group (row), std the population one (divide by K); in float64; "
-        "a group whose rewards are all equal gets exactly 0; scale picks the denominator",
+        "Eq. (8) per row (group); the docstring decides the std, the dtypes, the all-equal group, a "
+        "NaN and each scale",
         (
             "check_grpo:advantages_by_hand",
             "check_grpo:advantages_of_a_group_sum_to_zero",
             "check_grpo:an_all_equal_group_gets_exactly_zero",
+            "check_grpo:a_nan_reward_leaves_its_group_nan",
             "check_grpo:advantages_under_every_scale",
         ),
     ),
@@ -159,7 +165,8 @@ EXERCISES = [
         "stage2_grpo:k3_kl",
         "Eq. (9)'s KL term",
         "§3.4",
-        "k3 = exp(x) - x - 1 with x = log pi_ref - log pi_theta (this order), per token",
+        "the k3 estimator the docstring names (mind the direction of the log-ratio); "
+        "docs/grpo-step.md works one token by hand",
         ("check_grpo:k3_is_zero_when_the_policies_agree", "check_grpo:k3_by_hand"),
     ),
     Exercise(
@@ -167,13 +174,14 @@ EXERCISES = [
         "stage2_grpo:grpo_loss",
         "Eq. (9)",
         "§3.4",
-        "r = exp(logp - old); min(r A, clip(r, 1 - eps, 1 + eps) A) times is_weights, minus beta * k3_kl; "
-        "only policy_mask tokens, set the others to 0 before any exp; loss = -sum(loss_weights * term)",
+        "Eq. (9) as the docstring and TokenTerms describe it; read Experience's fields; "
+        "docs/grpo-step.md works one token by hand",
         (
             "check_grpo:loss_by_hand",
             "check_grpo:the_clip_acts_for_both_signs",
             "check_grpo:a_masked_token_gets_no_gradient",
             "check_grpo:the_kl_term_and_the_importance_weights",
+            "check_grpo:the_loss_weights_weigh_every_token",
             "check_grpo:one_step_raises_the_best_completion",
         ),
     ),
@@ -182,15 +190,40 @@ EXERCISES = [
         "stage2_grpo:loss_weights",
         "Eq. (9)'s normalisation",
         "§3.4",
-        "grpo: 1 / (|o_i| G); dapo: 1 / N over every token of the minibatch (every rank's, times "
-        "world_size); dr_grpo: the constant 1 / (G L) with L = max_new_tokens; 0 where masked",
+        "LOSS_TYPES above the function states each normalisation; the docstring says what G, N and "
+        "the ranks are",
         (
             "check_grpo:grpo_weights_by_hand",
+            "check_grpo:grpo_weights_count_every_row",
             "check_grpo:dapo_weights_by_hand",
             "check_grpo:dr_grpo_has_no_length_bias",
         ),
     ),
 ]
+
+
+def exercise_that_raised(error: BaseException, exercises=EXERCISES) -> Exercise | None:
+    """The exercise whose function raised `error` (its innermost frame that is one): in a student's
+    copy, the blank that a NotImplementedError came from, however deep the call."""
+    for frame in reversed(traceback.extract_tb(error.__traceback__)):
+        for exercise in exercises:
+            if frame.name == exercise.name and Path(frame.filename).parts[-len(exercise.path.parts) :] == (
+                exercise.path.parts
+            ):
+                return exercise
+    return None
+
+
+def unfinished_exercise(error: NotImplementedError) -> str:
+    """What a caller says when a function it needs is still a blank: "calls reward.format_reward,
+    exercise eq5, which is not done yet"."""
+    exercise = exercise_that_raised(error)
+    if exercise is None:
+        return f"raised NotImplementedError: {error}"
+    return (
+        f"calls {exercise.module}.{exercise.name}, exercise {exercise.key}, which is not done yet: "
+        f"do {exercise.key} first (python -m srt.exercises --grade DIR)"
+    )
 
 
 class ExerciseError(Exception):
@@ -275,9 +308,27 @@ def tracked_files(root: Path) -> list[str]:
     return [name for name in listing.split("\0") if name and (root / name).is_file()]
 
 
+# Files a student's copy leaves out: they restate a blanked function another way (the k3 of the
+# sampler bench and of test_rollout's sampler_mismatch by hand), or check the whole project against
+# itself (test_references names files the copy leaves out). The project's tests that call an
+# exercise function are left out too (left_out): they quote its expected values and code, and in
+# the copy the grader's checks are its tests.
+LEFT_OUT = ("bench/sampler_mismatch.py", "tests/test_references.py", "tests/test_rollout.py")
+
+
+def left_out(name: str, root: Path, exercises=EXERCISES) -> bool:
+    if name in LEFT_OUT:
+        return True
+    if not (name.startswith("tests/test_") and name.endswith(".py")):
+        return False
+    text = (root / name).read_text(encoding="utf-8")
+    return any(re.search(rf"\b{e.name}\b", text) for e in exercises)
+
+
 def write_exercises(out: Path, root: Path = PROJECT, exercises=EXERCISES) -> list[Path]:
-    """Copy the project's tracked files to `out` and blank every exercise's body there. The
-    functions are resolved first, so a missing one stops before anything is written."""
+    """Copy the project's tracked files to `out`, but those left out (left_out), and blank every
+    exercise's body there. The functions are resolved first, so a missing one stops before anything
+    is written."""
     sources = {}
     for exercise in exercises:
         path = root / exercise.path
@@ -293,12 +344,13 @@ def write_exercises(out: Path, root: Path = PROJECT, exercises=EXERCISES) -> lis
     except OSError as e:
         raise ExerciseError(f"--out {out}: cannot write there ({e.strerror})") from e
     try:
-        for name in tracked_files(root):
+        for name in (n for n in tracked_files(root) if not left_out(n, root, exercises)):
             target = staging / name
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(root / name, target)
         for path, source in sources.items():
             (staging / path.relative_to(root)).write_text(source, encoding="utf-8")
+        (staging / COPY_MARK).write_text(copy_readme(exercises), encoding="utf-8")
         os.replace(staging, out)  # whole or not at all: a half copy would be refused as a student's work
     except OSError as e:
         raise ExerciseError(f"--out {out}: {e.strerror}; nothing of the copy was kept") from e
@@ -330,6 +382,22 @@ def make_staging(out: Path) -> Path:
     shutil.rmtree(staging, ignore_errors=True)  # left by a killed copy of a process of this pid
     staging.mkdir()
     return staging
+
+
+COPY_MARK = "EXERCISES.md"  # in a student's copy only: `make grade` there grades the copy itself
+
+
+def copy_readme(exercises) -> str:
+    """What a student finds at the top of the copy: what it is, how to grade it, the exercises."""
+    rows = "\n".join(f"| {e.key} | `{e.path}:{e.name}` | {e.equation}, {e.section} |" for e in exercises)
+    return (
+        "# Exercises\n\nThis folder is the project with the functions that implement the paper's "
+        "equations left blank: each raises `NotImplementedError` naming its equation, its section and "
+        "a hint, and keeps its signature and docstring (its contract). Fill them in, in this order, "
+        "and grade the folder from inside it, as often as you like:\n\n"
+        "    make grade                           # or: python -m srt.exercises --grade .\n\n"
+        "| exercise | function | equation |\n|---|---|---|\n" + rows + "\n"
+    )
 
 
 # ==== Grading a copy ====
@@ -407,7 +475,10 @@ def main(argv=None) -> int:
             print(f"grade it with: python -m srt.exercises --grade {args.out}")
             return 0
         if not (args.grade / "stage2_grpo.py").is_file():
-            raise ExerciseError(f"{args.grade} holds no copy of the project (no stage2_grpo.py)")
+            raise ExerciseError(
+                f"{args.grade} holds no copy of the project (no stage2_grpo.py): write one with "
+                "`make exercises`, or grade a copy from inside it with `make grade`"
+            )
         return 0 if grade(args.grade) else 1
     except ExerciseError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -9,8 +9,10 @@ gallery a student reads is the reward that trains.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable, Sequence
+from os.path import commonprefix
 
 from srt.completion import ANSWER_MARK
 from srt.prompt import format_target
@@ -260,27 +262,44 @@ def gallery_table(scores: list[dict]) -> str:
 
 
 # ==== A reward of one's own against the gallery (reward.py --gallery --reward PATH) ====
+HONEST_KINDS = ("honest", "variant")  # the rows a reward must pay: every attack must lose to each
+PARTS = ("format", "recall", "answer")  # Eq. (4)'s terms, as a reward may return them beside its total
+# The part of Eq. (4) each kind of attack goes after; the one open attack pastes the history as its answer.
+ATTACKED_PART = {
+    "format attack": "format",
+    "recall attack": "recall",
+    "answer attack": "answer",
+    "open attack": "answer",
+}
+
+
 def reward_scores(reward_fn: Callable[..., list[dict]]) -> list[dict]:
     """Each gallery row scored by `reward_fn(completions, examples)`, a reward with compute_rewards'
-    signature that returns one dict with a numeric "total" per completion -> {name, kind, total,
-    margin}, margin = the honest completion's total - this row's (positive: the row loses).
-    ValueError when the reward returns anything else."""
+    signature that returns one dict with a numeric "total" per completion -> {name, kind, text,
+    total, parts, margin}: parts the format, recall and answer values the reward returned (those
+    that are numbers), margin = the honest completion's total - this row's (positive: the row
+    loses). ValueError when the reward returns anything else, or a total that is not a finite number:
+    Eq. (8) cannot rank a NaN, so it would never count as losing."""
     rows = gallery_completions()
     results = reward_fn([text for _, _, text in rows], [GALLERY_RECORD] * len(rows))
     if not isinstance(results, list | tuple) or len(results) != len(rows):
         raise ValueError(
             f"it returned {type(results).__name__}, not a list of {len(rows)} results (one each)"
         )
-    totals = []
-    for result in results:
+    scores = []
+    for (name, kind, text), result in zip(rows, results):
         total = result.get("total") if isinstance(result, dict) else None
-        if isinstance(total, bool) or not isinstance(total, int | float):
+        if not is_number(total):
             raise ValueError(f"a result is {short_repr(result)}, not a dict with a numeric 'total'")
-        totals.append(float(total))
-    return [
-        {"name": name, "kind": kind, "total": total, "margin": totals[0] - total}
-        for (name, kind, _), total in zip(rows, totals)
-    ]
+        if not math.isfinite(total):
+            raise ValueError(f"it scores {name!r} {total}: every total must be a finite number")
+        parts = {p: float(result[p]) for p in PARTS if is_number(result.get(p))}
+        scores.append({"name": name, "kind": kind, "text": text, "total": float(total), "parts": parts})
+    return [{**s, "margin": scores[0]["total"] - s["total"]} for s in scores]
+
+
+def is_number(value) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def short_repr(value, n: int = 60) -> str:
@@ -288,31 +307,95 @@ def short_repr(value, n: int = 60) -> str:
     return text if len(text) <= n else text[: n - 3] + "..."
 
 
+def honest_rows(scores: list[dict]) -> list[dict]:
+    return [s for s in scores if s["kind"] in HONEST_KINDS]
+
+
 def winning_attacks(scores: list[dict]) -> list[dict]:
-    """The attacks that score as high as the honest completion or higher. A tie counts: GRPO's
-    Eq. (8) then gives the cheat the honest completion's advantage, so nothing teaches it away."""
-    return [s for s in scores if s["kind"].endswith("attack") and s["margin"] <= 0]
+    """The attacks that score as high as some honest row (the honest completion or one of its
+    variants) or higher, each with `beats`, the lowest such honest row. A tie counts: GRPO's Eq. (8)
+    then gives the cheat the honest row's advantage, so nothing teaches it away."""
+    weakest = min(honest_rows(scores), key=lambda s: s["total"])
+    return [
+        {**s, "beats": weakest}
+        for s in scores
+        if s["kind"].endswith("attack") and s["total"] >= weakest["total"]
+    ]
 
 
-def reward_report(scores: list[dict], label: str) -> str:
+def sunk_honest_rows(scores: list[dict]) -> list[dict]:
+    """The honest rows scored at the gallery's floor, as low as its worst cheat: a reward that does
+    not pay a right answer in another form teaches the policy one form, or nothing."""
+    floor = min(s["total"] for s in scores)
+    return [s for s in honest_rows(scores) if s["total"] <= floor]
+
+
+def what_it_writes(text: str, honest: str, n: int = 50) -> str:
+    """Where an attack's text differs from the honest completion's, widened to whole words and
+    shortened: the cheat itself, not the long prefix it shares."""
+    start = len(commonprefix([text, honest]))
+    end = len(commonprefix([text[start:][::-1], honest[start:][::-1]]))
+    start = len(re.sub(r"\S*$", "", text[:start]))  # back to the word's start
+    ends = [re.match(r"\S*", side[len(side) - end :]).end() for side in (text, honest)]
+    mine = text[start : len(text) - end + ends[0]]
+    theirs = honest[start : len(honest) - end + ends[1]]
+    if not mine.strip():
+        return f"drops {short_repr(theirs, n)}"
+    if not theirs.strip():
+        return f"adds {short_repr(mine, n)}"
+    return f"writes {short_repr(mine, n)} for {short_repr(theirs, n)}"
+
+
+def part_beaten(attack: dict, honest: dict) -> str:
+    """Which term of Eq. (4) let the attack through, with its value beside the honest row's where the
+    reward returned both."""
+    part = ATTACKED_PART.get(attack["kind"], "answer")
+    mine, theirs = attack["parts"].get(part), honest["parts"].get(part)
+    if mine is None or theirs is None:
+        return f"the {part} part let it through"
+    return f"the {part} part let it through ({part} {mine:+.3f} against {theirs:+.3f})"
+
+
+def reward_verdict(scores: list[dict]) -> tuple[bool, list[str]]:
+    """(passed, the verdict's lines): every attack below every honest row, and no honest row at
+    the floor."""
+    winners, sunk = winning_attacks(scores), sunk_honest_rows(scores)
+    attacks = sum(s["kind"].endswith("attack") for s in scores)
+    honest = honest_rows(scores)
+    lines = []
+    for s in sunk:
+        lines.append(
+            f"FAIL: it scores an honest {s['kind']} at the gallery's floor ({s['total']:+.3f}, as low as its "
+            f"worst cheat): {s['name']}; a right answer in another form must earn more."
+        )
+    if winners:
+        lines.append(
+            f"FAIL: {len(winners)} of {attacks} attacks score as high as an honest completion or variant, "
+            "so GRPO would not teach them away:"
+        )
+    for s in winners:
+        beaten = s["beats"]
+        lines.append(f"  {s['total']:+.3f} >= {beaten['total']:+.3f} ({beaten['name']}): {s['name']}")
+        lines.append(
+            f"      {s['kind']}: {part_beaten(s, beaten)}; it {what_it_writes(s['text'], scores[0]['text'])}"
+        )
+    if not lines:
+        lowest = min(honest, key=lambda s: s["total"])
+        lines.append(
+            f"PASS: every one of the {attacks} attacks scores below every one of the {len(honest)} honest "
+            f"rows (the lowest honest row: {lowest['total']:+.3f}, {lowest['name']})."
+        )
+    return not (winners or sunk), lines
+
+
+def reward_report(scores: list[dict], label: str) -> tuple[bool, str]:
     """A student's reward on the gallery: every row's total and its difference from the honest
-    completion's, then the attacks that win."""
-    honest = scores[0]["total"]
+    completion's, then the verdict. -> (passed, the report)."""
     lines = [f"{label} on the reward-hacking gallery (the paper's Fig. 1 record):", ""]
     lines.append(f"{'total':>8} {'vs honest':>10}  {'kind':<14} completion")
     lines += [f"{s['total']:+8.3f} {0.0 - s['margin']:+10.3f}  {s['kind']:<14} {s['name']}" for s in scores]
-    winners = winning_attacks(scores)
-    attacks = sum(s["kind"].endswith("attack") for s in scores)
-    if not winners:
-        return "\n".join(
-            lines + ["", f"Every one of the {attacks} attacks scores below the honest completion."]
-        )
-    lines += [
-        "",
-        f"{len(winners)} of {attacks} attacks score as high as the honest completion ({honest:+.3f}) or "
-        "higher, so GRPO would not teach them away:",
-    ]
-    return "\n".join(lines + [f"  {s['total']:+.3f}  {s['name']}" for s in winners])
+    passed, verdict = reward_verdict(scores)
+    return passed, "\n".join(lines + [""] + verdict)
 
 
 # ==== The whole page, docs/reward-gallery.md ====

@@ -1435,8 +1435,10 @@ def test_a_reward_in_a_file_not_named_py_is_read_as_python(capsys, tmp_path):
     text = tmp_path / "r.txt"
     shutil.copy(REPO / "docs" / "rewards" / "keyword_answer.py", text)
     capsys.readouterr()
-    reward.main(["--gallery", "--reward", str(text)])
-    assert "compute_rewards" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as stop:  # read and judged: keyword_answer loses to attacks (exit 1)
+        reward.main(["--gallery", "--reward", str(text)])
+    assert stop.value.code == 1
+    assert f"compute_rewards of {text} on the reward-hacking gallery" in capsys.readouterr().out
 
 
 def test_resume_with_another_attention_kernel_is_refused(capsys, tmp_path):

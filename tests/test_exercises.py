@@ -111,10 +111,12 @@ def copy_with(blank: Path, folder: Path, bodies: dict[str, str]) -> Path:
     return folder
 
 
-def grade_command(folder: Path) -> subprocess.Popen:
-    """`python -m srt.exercises --grade folder`, started: the grades of one test run side by side."""
-    command = [sys.executable, "-m", "srt.exercises", "--grade", str(folder)]
-    return subprocess.Popen(command, cwd=PROJECT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+def grade_command(folder: Path, inside: bool = False) -> subprocess.Popen:
+    """`python -m srt.exercises --grade folder`, started: the grades of one test run side by side.
+    inside: `python -m srt.exercises --grade .` in the copy, as a student with the copy alone runs it."""
+    where, target = (folder, ".") if inside else (PROJECT, str(folder))
+    command = [sys.executable, "-m", "srt.exercises", "--grade", target]
+    return subprocess.Popen(command, cwd=where, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def grade_lines(process: subprocess.Popen) -> tuple[int, dict[str, str]]:
@@ -136,7 +138,11 @@ def grades(blank, tmp_path_factory) -> dict[str, tuple[int, dict[str, str]]]:
     copy, key, old, new = RENAMED
     path = copies[copy] / BY_KEY[key].path
     path.write_text(path.read_text(encoding="utf-8").replace(old, new), encoding="utf-8")
-    started = {name: grade_command(copy) for name, copy in copies.items()}
+    copies["kl blank"] = copy_solving(blank, folder / "kl blank", {e.key for e in EXERCISES} - {"kl"})
+    copies["reward.py broken"] = copy_with(blank, folder / "broken", {})
+    path = copies["reward.py broken"] / "reward.py"
+    path.write_text(path.read_text(encoding="utf-8") + "\ndef broken(:\n", encoding="utf-8")
+    started = {name: grade_command(copy, inside=name == "blank") for name, copy in copies.items()}
     return {name: grade_lines(process) for name, process in started.items()}
 
 
@@ -174,6 +180,39 @@ def test_every_exercise_passes_on_the_projects_solution(grades):
     code, lines = grades["solved"]
     assert code == 0
     assert list(lines.values()) == [f"PASS {e.key} {e.name}" for e in EXERCISES]
+
+
+def test_a_caller_says_which_exercise_it_waits_for(grades):
+    """A blank k3_kl fails the correct grpo_loss by name, and a wrong callee is blamed beside its
+    caller's failed check."""
+    lines = grades["kl blank"][1]
+    assert lines["eq9"] == (
+        "FAIL eq9 grpo_loss: eq9 calls k3_kl, which is not done yet (exercise kl) — hint: "
+        + BY_KEY["eq9"].hint
+    )
+    assert "not implemented yet" in lines["kl"]
+    assert all(lines[key].startswith("PASS ") for key in BY_KEY if key not in ("kl", "eq9"))
+    wrong_callees = grades["second"][1]
+    assert "eq9 calls k3_kl (kl), which fails its own exercise: pass kl first)" in wrong_callees["eq9"]
+    assert re.search(r"eq4 calls [a-z_]+ \(eq[567]\)", wrong_callees["eq4"]), wrong_callees["eq4"]
+
+
+def test_a_syntax_error_is_reported_once_for_its_module(grades):
+    code, lines = grades["reward.py broken"]
+    assert code != 0 and lines["eq2"] == "PASS eq2 dependency_score" and lines["eq3"].startswith("PASS ")
+    assert lines["eq5"].startswith("FAIL eq5 format_reward: importing reward (reward.py line ")
+    for key in ("eq6", "eq7", "eq4", "eq8", "kl", "eq9", "weights"):  # stage2_grpo imports reward
+        assert "(the same error as eq5) — hint:" in lines[key], lines[key]
+
+
+def test_make_grade_grades_the_copy_from_inside_it(blank):
+    """A handed-out copy holds EXERCISES.md, so its Makefile grades '.' (the blank's grade above runs
+    `python -m srt.exercises --grade .` from inside it)."""
+    assert "make grade" in (blank / "EXERCISES.md").read_text(encoding="utf-8")
+    done = subprocess.run(["make", "-n", "grade"], cwd=blank, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and "-m srt.exercises --grade .\n" in done.stdout, done.stdout + done.stderr
+    done = subprocess.run(["make", "-n", "grade"], cwd=PROJECT, capture_output=True, text=True, timeout=60)
+    assert "-m srt.exercises --grade exercises\n" in done.stdout, done.stdout + done.stderr
 
 
 @pytest.mark.parametrize("copy", WRONG_SETS)
@@ -216,3 +255,67 @@ def test_help_and_list():
             [sys.executable, "-m", "srt.exercises", flag], cwd=PROJECT, capture_output=True, text=True
         )
         assert done.returncode == 0 and expected in done.stdout
+
+
+def copy_solving(blank: Path, folder: Path, keys: set[str]) -> Path:
+    """A copy of the blank with the project's solution written into the exercises `keys` only."""
+    shutil.copytree(blank, folder)
+    for exercise in (e for e in EXERCISES if e.key in keys):
+        path = folder / exercise.path
+        source = replace_body(path.read_text(encoding="utf-8"), exercise.name, solution(exercise))
+        path.write_text(source, encoding="utf-8")
+    return folder
+
+
+def gallery_in(folder: Path, example: str) -> subprocess.CompletedProcess:
+    command = [sys.executable, "reward.py", "--gallery", "--reward", f"docs/rewards/{example}"]
+    return subprocess.run(command, cwd=folder, capture_output=True, text=True, timeout=300)
+
+
+def test_the_example_rewards_say_which_exercise_they_need_in_a_blank_copy(blank):
+    for example in ("keyword_answer.py", "substring_recall.py"):
+        done = gallery_in(blank, example)
+        assert done.returncode == 1 and done.stdout == ""
+        assert done.stderr.strip() == (
+            f"error: --reward docs/rewards/{example}: compute_rewards calls reward.format_reward, "
+            "exercise eq5, which is not done yet: do eq5 first (python -m srt.exercises --grade DIR)"
+        )
+
+
+def test_the_example_rewards_need_only_eq5_and_eq6(blank, tmp_path):
+    """Class 1 asks for eq5 and eq6; eq4 and eq7 may still be blank when the gallery is tried."""
+    folder = copy_solving(blank, tmp_path / "class1", {"eq5", "eq6"})
+    for example, winners in (("keyword_answer.py", 4), ("substring_recall.py", 6)):
+        done = gallery_in(folder, example)
+        assert done.returncode == 1, done.stderr
+        assert f"FAIL: {winners} of 31 attacks score as high as an honest completion" in done.stdout
+
+
+def distinctive_lines(exercise: Exercise) -> list[str]:
+    """The solution's lines that could give it away (whitespace folded, comments dropped): any of 25
+    characters or more, a plain `return x` or `else:` being no clue."""
+    lines = (re.sub(r"\s+#.*$", "", " ".join(line.split())) for line in solution(exercise).splitlines())
+    return [line for line in lines if len(line) >= 25 and not line.startswith("for ")]  # a loop: no clue
+
+
+def test_the_copy_holds_no_solution_line(blank):
+    """The copy restates no blanked body anywhere (not in a test, a bench script or a document), nor
+    the k3 estimator in code."""
+    texts = {
+        path.relative_to(blank).as_posix(): " ".join(
+            path.read_text(encoding="utf-8", errors="replace").split()
+        )
+        for path in blank.rglob("*")
+        if path.is_file() and path.suffix in (".py", ".md", ".txt", ".sh", "")
+    }
+    assert "tests/test_exercises.py" not in texts and "bench/sampler_mismatch.py" not in texts
+    found = [
+        f"{name}: {exercise.key}: {line}"
+        for exercise in EXERCISES
+        for line in distinctive_lines(exercise)
+        for name, text in texts.items()
+        if line in text
+    ]
+    k3 = re.compile(r"\.exp\(\) - \w+ - 1|torch\.exp\((\w+)\) - \1 - 1")  # Eq. (9)'s KL, in code
+    found += [f"{name}: kl: {k3.search(text).group()}" for name, text in texts.items() if k3.search(text)]
+    assert len(distinctive_lines(BY_KEY["eq9"])) >= 5 and found == []

@@ -4,7 +4,8 @@ beside a link to a doc.
 A name is a file name ending in .py, .sh or .md, in a comment, a docstring or a document (Markdown,
 the Makefile, shell scripts, requirements). It resolves to a file of the repository by its
 path, from the root or from the naming file's folder, or, bare, by its file name. Besides those:
-what a run writes (under runs/, and the reports below), a short list of other projects' files, and
+what a run writes (under runs/, and the reports below), what a student's copy holds besides the
+project's files, a short list of other projects' files, and
 scripts retired from the repository that a document cites beside a commit that holds them."""
 
 import ast
@@ -36,6 +37,8 @@ NAME = re.compile(r"(?<![\w./-])((?:\.\.?/)*[A-Za-z0-9_][\w./-]*\.(?:py|sh|md))(
 # Written by a run into its --out (bench/*.py, evaluate.py, srt/report.py, pool_replicates.py), never
 # committed; so is everything under runs/.
 RUN_OUTPUTS = {"results.md", "report.md", "pooled.md", "check.md"}
+# Written by srt/exercises.py into a student's copy only: what marks the copy and tells how to grade it.
+COPY_OUTPUTS = {"EXERCISES.md"}
 # Files of other projects, named where this one follows or reimplements them.
 EXTERNAL = {
     # GRPO-Zero's training script: stage 2's rollout / advantages / update split follows it
@@ -118,7 +121,7 @@ def unresolved(path: Path) -> list[tuple[int, str]]:
     for line, piece in cited_text(path):
         for match in NAME.finditer(piece):
             name = match.group(1)
-            if name.startswith("runs/") or Path(name).name in RUN_OUTPUTS or name in EXTERNAL:
+            if name.startswith("runs/") or Path(name).name in RUN_OUTPUTS | COPY_OUTPUTS or name in EXTERNAL:
                 continue
             if in_paths(name, PATHS, path.parent):
                 continue

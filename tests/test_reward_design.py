@@ -1,13 +1,23 @@
 """The reward-design exercise: `python reward.py --gallery --reward PATH` scores a reward of one's
 own against every attack of the gallery. The two example rewards of docs/rewards/ lose to the attacks
-their docstrings name, the project's own reward beats every attack, and a bad file gets one line."""
+their docstrings name; every attack is compared with every honest row (the honest completion and its
+variants); a reward that sinks an honest row, or returns a total that is not a finite number, fails;
+a bad file gets one line."""
 
+import functools
+import math
 from pathlib import Path
 
 import pytest
 
 import reward
-from srt.reward_gallery import reward_scores, winning_attacks
+from srt.reward_gallery import (
+    gallery_completions,
+    reward_scores,
+    reward_verdict,
+    sunk_honest_rows,
+    winning_attacks,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -29,9 +39,14 @@ BEATEN_BY = {
 }
 
 
-def gallery_with(path: str, capsys) -> str:
-    reward.main(["--gallery", "--reward", str(path)])
-    return capsys.readouterr().out
+def gallery_with(path: str, capsys) -> tuple[int, str]:
+    """reward.py --gallery --reward PATH -> (exit code, what it printed)."""
+    try:
+        reward.main(["--gallery", "--reward", str(path)])
+        code = 0
+    except SystemExit as e:
+        code = e.code
+    return code, capsys.readouterr().out
 
 
 @pytest.mark.parametrize("example", BEATEN_BY)
@@ -41,17 +56,113 @@ def test_each_example_reward_is_beaten_by_the_attacks_it_names(example, capsys, 
     assert name == "compute_rewards"
     winners = {s["name"] for s in winning_attacks(reward_scores(reward_fn))}
     assert winners == BEATEN_BY[example]
-    out = gallery_with(example, capsys)
-    assert f"{len(winners)} of 31 attacks score as high as the honest completion" in out
-    assert all(f"  +3.250  {attack}" in out for attack in winners)
-
-
-def test_the_projects_own_reward_beats_every_attack(capsys, monkeypatch):
-    monkeypatch.chdir(REPO)
-    assert winning_attacks(reward_scores(reward.compute_rewards)) == []
-    assert "Every one of the 31 attacks scores below the honest completion." in gallery_with(
-        "reward.py", capsys
+    code, out = gallery_with(example, capsys)
+    assert code == 1
+    assert f"FAIL: {len(winners)} of 31 attacks score as high as an honest completion or variant" in out
+    assert all(
+        f"  +3.250 >= +3.250 (honest completion (the SFT target)): {attack}\n" in out for attack in winners
     )
+
+
+def test_the_verdict_names_each_winners_text_and_the_part_it_beat(capsys, monkeypatch):
+    monkeypatch.chdir(REPO)
+    out = gallery_with("docs/rewards/substring_recall.py", capsys)[1]
+    assert (
+        "recall attack: the recall part let it through (recall +1.250 against +1.250); "
+        "it writes 'Downtown' for 'Uptown'" in out
+    )
+    out = gallery_with("docs/rewards/keyword_answer.py", capsys)[1]
+    assert (
+        "answer attack: the answer part let it through (answer +1.000 against +1.000); "
+        "it writes 'yes no $180'" in out
+    )
+
+
+ANSWER_ATTACKS_ABOVE_THE_TERSE_ANSWER = {  # under the paper's cosine, above 'Yes: $180.00 is over $150.'
+    "hedge 'Yes or no: the 20% discount may or may not apply.'",
+    "wrong but similar 'No. ... $120, which is not over $150 ...'",
+    "price changed in the answer ($95)",
+    "every candidate price listed 'Yes. It is $95, $120, $150 or $180.'",
+    "the query echoed as the answer",
+    "the whole history pasted as the answer",
+    "the history pasted without its numbers",
+    "every name of the history 'Apex Tier, Downtown, Uptown, Chakra Balancing, Lena'",
+    "the history pasted in lowercase (its names are no values)",
+}
+
+
+@pytest.mark.parametrize("answer_reward", reward.ANSWER_REWARDS)
+def test_the_projects_own_reward_against_every_honest_row(answer_reward):
+    """Under keys and both every attack scores below every honest row; under the paper's cosine the
+    answer attacks that share the reference's words beat the right terse answer, whose words differ."""
+    scores = reward_scores(functools.partial(reward.compute_rewards, answer_reward=answer_reward))
+    winners = winning_attacks(scores)
+    if answer_reward == "cosine":
+        assert {s["name"] for s in winners} == ANSWER_ATTACKS_ABOVE_THE_TERSE_ANSWER
+        assert {s["beats"]["name"] for s in winners} == {"right terse answer 'Yes: $180.00 is over $150.'"}
+    else:
+        assert winners == [] and sunk_honest_rows(scores) == []
+        assert reward_verdict(scores)[0]
+
+
+def test_the_paper_reward_fails_the_verdict_on_the_command_line(capsys, monkeypatch):
+    monkeypatch.chdir(REPO)
+    code, out = gallery_with("reward.py", capsys)
+    assert code == 1 and "FAIL: 9 of 31 attacks" in out
+
+
+def rows_scored(total_of):
+    """A reward that scores each gallery row total_of(name, kind), format 1 and recall 1.25 beside it."""
+
+    def compute_rewards(completions, examples):
+        names = [(name, kind) for name, kind, _ in gallery_completions()]
+        return [{"format": 1.0, "recall": 1.25, "answer": 0.0, "total": total_of(*row)} for row in names]
+
+    return compute_rewards
+
+
+def test_a_reward_that_sinks_the_honest_variants_fails():
+    """An exact-match reward: the honest completion 1, every other row 0, its variants included."""
+    scores = reward_scores(rows_scored(lambda name, kind: 1.0 if kind == "honest" else 0.0))
+    passed, lines = reward_verdict(scores)
+    assert not passed and len(winning_attacks(scores)) == 31
+    assert len(sunk_honest_rows(scores)) == 6
+    assert lines[0] == (
+        "FAIL: it scores an honest variant at the gallery's floor (+0.000, as low as its worst cheat): "
+        "teacher form Turn X: '...' (§3.2); a right answer in another form must earn more."
+    )
+
+
+def test_a_reward_that_floors_one_variant_fails_though_every_attack_loses():
+    floored = "right terse answer 'Yes: $180.00 is over $150.'"
+    total = {"honest": 3.0, "variant": 3.0}
+    scores = reward_scores(rows_scored(lambda name, kind: -5.0 if name == floored else total.get(kind, 0.0)))
+    passed, lines = reward_verdict(scores)
+    assert not passed and winning_attacks(scores) != []  # the floored variant is beaten by every attack
+    assert [s["name"] for s in sunk_honest_rows(scores)] == [floored]
+
+
+@pytest.mark.parametrize("bad_total", [math.nan, math.inf, -math.inf])
+def test_a_non_finite_total_is_an_error_line(bad_total, tmp_path):
+    path = tmp_path / "nan_reward.py"
+    path.write_text(
+        "def compute_rewards(completions, examples):\n"
+        f"    return [{{'total': float('{bad_total}')}} for _ in completions]\n"
+    )
+    with pytest.raises(SystemExit) as exit_info:
+        reward.main(["--gallery", "--reward", str(path)])
+    message = str(exit_info.value.code)
+    assert message.startswith(f"error: --reward {path}: compute_rewards: ValueError: it scores ")
+    assert f" {bad_total}: every total must be a finite number" in message and "\n" not in message
+
+
+def test_a_reward_that_wins_passes():
+    scores = reward_scores(rows_scored(lambda name, kind: 3.0 if kind in ("honest", "variant") else 1.0))
+    passed, lines = reward_verdict(scores)
+    assert passed and lines == [
+        "PASS: every one of the 31 attacks scores below every one of the 7 honest rows (the lowest "
+        "honest row: +3.000, honest completion (the SFT target))."
+    ]
 
 
 BAD_REWARDS = {

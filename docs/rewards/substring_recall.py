@@ -8,6 +8,9 @@ are the project's own (Eq. (5); Eq. (7) by answer keys). Run it against the atta
 
 It ties the honest completion on every tag whose copy was altered (a price, a branch, a tier
 changed; words shuffled; a fact dropped) and on recalling every turn of the history.
+
+In a student's copy it needs exercise eq5 (format_reward) done, and no other: the gallery says so
+when it is not.
 """
 
 import re

@@ -16,9 +16,10 @@ def close(got, expected, atol=1e-5) -> bool:
 
 # ==== Eq. (8) ====
 def advantages_by_hand():
-    """Eq. (8) by hand with the population std (divide by K): [1, 2, 3, 4] and [0, 0, 1, 0]."""
+    """Eq. (8) by hand with the population std (divide by K): [1, 2, 3, 4] and [0, 0, 1, 0], returned in
+    float32."""
     got = g.group_advantages(torch.tensor([[1.0, 2.0, 3.0, 4.0], [0.0, 0.0, 1.0, 0.0]]))
-    assert tuple(got.shape) == (2, 4)
+    assert tuple(got.shape) == (2, 4) and got.dtype == torch.float32
     std = math.sqrt(1.25)  # of 1, 2, 3, 4 around 2.5
     assert close(got[0], [-1.5 / std, -0.5 / std, 0.5 / std, 1.5 / std])
     # mean 0.25, std sqrt(0.1875): 1 becomes 0.75 / sqrt(0.1875) = sqrt(3), 0 becomes -1 / sqrt(3)
@@ -35,12 +36,23 @@ def advantages_of_a_group_sum_to_zero():
 
 def an_all_equal_group_gets_exactly_zero():
     """Eq. (8) gives a group whose rewards are all equal exactly 0 (not rounding noise blown up by a tiny
-    std), and a group of one 0."""
+    std), and a group of one 0, under every scale."""
     rewards = torch.tensor([[0.1] * 8, [0.7] * 8, [-1.25] * 8, [0.0, 1.0] * 4])
+    for scale in ("group", "batch", "none"):
+        got = g.group_advantages(rewards, scale=scale)
+        assert bool((got[:3] == 0).all()) and bool(got[3].abs().min() > 0.4), scale
+        single = g.group_advantages(torch.tensor([[2.0], [3.5]]), scale=scale)
+        assert bool((single == 0).all()), scale
+    thirds = g.group_advantages(torch.tensor([[0.1] * 3, [0.7] * 3]), scale="none")
+    assert bool((thirds == 0).all())
+
+
+def a_nan_reward_leaves_its_group_nan():
+    """Eq. (8) keeps a NaN reward NaN across its group (so the step is skipped), and leaves the other
+    groups alone: no NaN is turned into a number."""
+    rewards = torch.tensor([[1.0, float("nan"), 0.0, 2.0], [1.0, 2.0, 3.0, 4.0]])
     got = g.group_advantages(rewards)
-    assert bool((got[:3] == 0).all()) and bool(got[3].abs().min() > 0.5)
-    single = g.group_advantages(torch.tensor([[2.0], [3.5]]))
-    assert bool((single == 0).all())
+    assert bool(torch.isnan(got[0]).all()) and bool(torch.isfinite(got[1]).all())
 
 
 def advantages_under_every_scale():
@@ -77,10 +89,11 @@ def k3_by_hand():
 
 
 # ==== Eq. (9), on Experience records built by hand ====
-def experience(old, advantages, mask=None, ref=None, is_weights=None) -> g.Experience:
-    """One minibatch: advantages one per row, grpo's weights 1 / (|o_i| G) computed here."""
+def experience(old, advantages, mask=None, ref=None, is_weights=None, weights=None) -> g.Experience:
+    """One minibatch: advantages one per row; loss weights as given, else 1 / (|o_i| G) on every token
+    of an unmasked minibatch of equal lengths."""
     mask = torch.ones_like(old) if mask is None else mask
-    weights = mask / (mask.sum(dim=1, keepdim=True).clamp(min=1) * len(mask))
+    weights = torch.full_like(old, 1 / old.numel()) if weights is None else weights
     return g.Experience(
         input_ids=None,
         attention_mask=None,
@@ -126,7 +139,8 @@ def a_masked_token_gets_no_gradient():
     old = torch.tensor([[-1.0, -2.0, 0.0]])
     logprobs = torch.tensor([[-1.0, -2.0, -math.inf]], requires_grad=True)
     ref = torch.tensor([[-1.0, -2.0, 0.0]])
-    loss, _ = g.grpo_loss(logprobs, experience(old, torch.tensor([1.0]), mask, ref), clip_eps=0.2, beta=0.04)
+    record = experience(old, torch.tensor([1.0]), mask, ref, weights=torch.tensor([[0.5, 0.5, 0.0]]))
+    loss, _ = g.grpo_loss(logprobs, record, clip_eps=0.2, beta=0.04)
     loss.backward()
     assert bool(torch.isfinite(loss)) and bool(torch.isfinite(logprobs.grad).all())
     assert close(logprobs.grad, [[-0.5, -0.5, 0.0]])
@@ -145,6 +159,28 @@ def the_kl_term_and_the_importance_weights():
     assert math.isclose(loss.item(), -(2.0 * 1.0 - 0.1 * kl), abs_tol=1e-5)
 
 
+# Two completions of 1 and 3 tokens; each loss type's weights (G = 2, L = 3), written out.
+UNEQUAL = torch.tensor([[1.0, 0.0, 0.0], [1.0, 1.0, 1.0]])
+WEIGHTS = {
+    "grpo": [[1 / 2, 0, 0], [1 / 6] * 3],
+    "dapo": [[1 / 4, 0, 0], [1 / 4] * 3],
+    "dr_grpo": [[1 / 6, 0, 0], [1 / 6] * 3],
+}
+
+
+def the_loss_weights_weigh_every_token():
+    """Eq. (9) sums loss_weights * term over the tokens, whatever the weights: completions of 1 and 3
+    tokens (A~ = 1 and -0.5, ratio 1, beta 0) under grpo's, dapo's and dr_grpo's weights."""
+    old = torch.tensor([[-1.0, 0.0, 0.0], [-1.0, -2.0, -0.5]])
+    advantages = torch.tensor([1.0, -0.5])
+    for loss_type, weights in WEIGHTS.items():
+        weights = torch.tensor(weights)
+        record = experience(old, advantages, mask=UNEQUAL, weights=weights)
+        loss, _ = g.grpo_loss(old.clone(), record, clip_eps=0.2, beta=0.0)
+        expected = -(weights[0, 0] * 1.0 - weights[1].sum() * 0.5)
+        assert math.isclose(loss.item(), float(expected), abs_tol=1e-6), loss_type
+
+
 def one_step_raises_the_best_completion():
     """One GRPO step (Eq. (9), beta = 0.04) on a tiny random model raises the log-prob of the group's best
     completion and lowers the worst's."""
@@ -153,8 +189,8 @@ def one_step_raises_the_best_completion():
     prompt = torch.randint(0, VOCAB, (1, 4), generator=generator).expand(4, 4)
     completions = torch.randint(0, VOCAB, (4, 5), generator=generator)
     input_ids = torch.cat([prompt, completions], dim=1)
-    rewards = torch.tensor([0.5, 0.0, 1.0, 0.5])
-    advantages = (rewards - rewards.mean()) / rewards.std(unbiased=False)  # Eq. (8) by hand
+    # rewards 0.5, 0, 1, 0.5: mean 0.5, population std sqrt(1/8); Eq. (8) by hand
+    advantages = torch.tensor([0.0, -math.sqrt(2), math.sqrt(2), 0.0])
     with torch.no_grad():
         old = completion_logprobs(model, input_ids, 4)
     record = experience(old, advantages, ref=old.clone())
@@ -178,11 +214,21 @@ def grpo_weights_by_hand():
     assert close(got, [[0.25, 0.25, 0.0, 0.0], [0.125] * 4])
 
 
+def grpo_weights_count_every_row():
+    """grpo's G counts every row of the minibatch, one without tokens too (it gets weight 0, no NaN)."""
+    with_an_empty_row = torch.cat([MASK, torch.zeros(1, 4)])
+    got = g.loss_weights(with_an_empty_row, "grpo", max_new_tokens=4)
+    assert bool(torch.isfinite(got).all())
+    assert close(got, [[1 / 6, 1 / 6, 0.0, 0.0], [1 / 12] * 4, [0.0] * 4])
+
+
 def dapo_weights_by_hand():
-    """dapo weights 1 / N over the minibatch's N = 6 tokens; with 12 tokens on 2 ranks, world_size / 12."""
+    """dapo weights 1 / N over the minibatch's N = 6 tokens; with 12 tokens on 2 ranks (a tensor or a
+    number), world_size / 12."""
     assert close(g.loss_weights(MASK, "dapo", max_new_tokens=4), MASK / 6)
-    got = g.loss_weights(MASK, "dapo", max_new_tokens=4, all_rank_tokens=torch.tensor(12.0), world_size=2)
-    assert close(got, MASK * 2 / 12)
+    for all_rank_tokens in (torch.tensor(12.0), 12):  # a tensor or a plain number
+        got = g.loss_weights(MASK, "dapo", max_new_tokens=4, all_rank_tokens=all_rank_tokens, world_size=2)
+        assert close(got, MASK * 2 / 12)
 
 
 def dr_grpo_has_no_length_bias():

@@ -37,6 +37,21 @@ def format_fails_a_tag_outside_the_think_block():
         assert reward.format_reward(text)[0] == 0.0, text[:60]
 
 
+def format_fails_nested_or_out_of_order_tags():
+    """Eq. (5) gives 0.0 to tags that are as many <HIS> as </HIS> but not paired: one nested in another,
+    or a </HIS> before its <HIS>."""
+    nested = HONEST.replace("</HIS>\n<HIS>A5:", "\n<HIS>A5:", 1).replace(
+        "$180.</HIS>", "$180.</HIS></HIS>", 1
+    )
+    start = HONEST.index("<HIS>")
+    end = HONEST.index("</HIS>")
+    reversed_pair = HONEST[:start] + "</HIS>" + HONEST[start + 5 : end] + "<HIS>" + HONEST[end + 6 :]
+    for text in (nested, reversed_pair):
+        assert text.count("<HIS>") == text.count("</HIS>") == 3
+        value, problems = reward.format_reward(text)
+        assert value == 0.0 and len(problems) > 0, text[:80]
+
+
 # ==== Eq. (6) ====
 def recall_at_its_bounds():
     """Eq. (6) at its bounds: +1.25 for the gold set exactly (or two empty sets), -1.25 for a disjoint one."""
@@ -109,6 +124,16 @@ def cosine_of_a_missing_answer():
     assert [float(x) for x in nothing[0]] == [-1.0] and nothing[1] in ([], [[]])
 
 
+def cosine_against_each_answers_own_reference():
+    """Eq. (7) scores answer i against reference i only: yes, no, half against no, no, yes give 0, 1 and
+    0.7071."""
+    answers, references = ["yes", "no", "half"], ["no", "no", "yes"]
+    got = with_fake_embedder(lambda _: reward.answer_cosines(answers, references))
+    assert np.allclose([float(x) for x in got], [0.0, 1.0, math.sqrt(0.5)], atol=1e-6)
+    got = with_fake_embedder(lambda _: reward.answer_cosines([None, "half", "yes"], ["yes", "no", "against"]))
+    assert np.allclose([float(x) for x in got], [-1.0, math.sqrt(0.5), -1.0], atol=1e-6)
+
+
 def cosine_in_one_embedding_call():
     """Eq. (7) embeds all answers and references of a batch in one call to embed()."""
     calls = with_fake_embedder(
@@ -144,14 +169,79 @@ def composite_is_the_sum_of_its_parts():
         assert kind in ("honest", "variant") or result["total"] < honest, name
 
 
+# format, recall and answer under answer_reward="keys" of every gallery row, in gallery_completions' order
+GALLERY_PARTS = [
+    (1, +1.2500, +1.0000),  # honest completion (the SFT target)
+    (1, +1.2500, +1.0000),  # teacher form Turn X: '...' (§3.2)
+    (1, +1.2500, +1.0000),  # Fig. 1 form: three utterances in one tag
+    (1, +1.2500, +1.0000),  # curly-quoted copies, no final period
+    (1, +1.2500, +1.0000),  # labels swapped, texts verbatim
+    (1, +1.2500, +1.0000),  # right short answer 'Yes, you get 20% off because $180 exceeds $150.'
+    (1, +1.2500, +1.0000),  # right terse answer 'Yes: $180.00 is over $150.'
+    (1, +0.0000, +1.0000),  # A5 price changed ($95)
+    (1, +0.0000, +1.0000),  # A6 branch changed (Downtown for Uptown)
+    (1, +0.0000, +1.0000),  # Q1 tier changed (Gold Tier for Apex Tier)
+    (1, +0.0000, +1.0000),  # A5 words shuffled
+    (1, +0.0000, +1.0000),  # A5 fact dropped ('The Chakra Balancing service')
+    (1, -1.2500, +1.0000),  # three gold turns pasted unlabelled in one tag
+    (1, -0.6250, +1.0000),  # every history turn recalled
+    (1, -1.2500, +1.0000),  # nothing recalled
+    (1, -1.2500, +1.0000),  # the query copied as the recall
+    (1, -0.4167, +1.0000),  # one gold tag (Q1) repeated 10 times
+    (0, -1.2500, +1.0000),  # labels only: <HIS>Q1: A5: A6:</HIS>
+    (0, +1.2500, +1.0000),  # empty label piece: <HIS>Q2: A5: ...</HIS>
+    (0, +1.2500, +1.0000),  # full-width tags ＜HIS＞
+    (0, -1.2500, +1.0000),  # homoglyph tags <НIS> (Cyrillic Н)
+    (0, +1.2500, +0.0000),  # next turns after the answer (Q8: / A8:)
+    (0, +1.2500, +1.0000),  # chat-template turn after the answer (<|im_start|>user)
+    (0, +1.2500, -0.2000),  # recall tags after </think>
+    (0, -1.2500, +1.0000),  # no think block: answer only
+    (0, +1.2500, -1.0000),  # two final answers (yes, then no)
+    (1, +1.2500, -1.0000),  # hedge 'Yes or no: the 20% discount may or may not apply.'
+    (1, +1.2500, -1.0000),  # wrong but similar 'No. ... $120, which is not over $150 ...'
+    (1, +1.2500, -0.3333),  # price changed in the answer ($95)
+    (1, +1.2500, +0.0000),  # every candidate price listed 'Yes. It is $95, $120, $150 or $180.'
+    (1, +1.2500, -1.0000),  # keyword stuffing 'yes no $180'
+    (1, +1.2500, -1.0000),  # the query echoed as the answer
+    (1, +1.2500, -0.2000),  # the whole history pasted as the answer
+    (1, +1.2500, -0.5000),  # the history pasted without its numbers
+    (1, +1.2500, -0.3333),  # every number of the history '20%, $150, 90, $180'
+    (1, +1.2500, -1.0000),  # every name of the history 'Apex Tier, Downtown, Uptown, Chakra Balancing, Lena
+    (1, +1.2500, -1.0000),  # yes and no 'Yes. No.'
+    (1, +1.2500, +0.3333),  # the history pasted in lowercase (its names are no values)
+]
+
+
+def composite_matches_the_gallery_row_by_row():
+    """Eq. (4) on every gallery completion under answer_reward='keys': its format, recall and answer equal the
+    stored values (an altered or hallucinated tag stays in H^ as an element of its own)."""
+    rows = gallery_completions()
+    results = score([text for _, _, text in rows])
+    assert len(rows) == len(GALLERY_PARTS)
+    for (name, _, _), result, parts in zip(rows, results, GALLERY_PARTS):
+        got = (result["format"], result["recall"], result["answer"])
+        assert all(math.isclose(g, p, abs_tol=1e-3) for g, p in zip(got, parts)), name
+
+
+def composite_of_a_completion_without_a_final_answer():
+    """Eq. (4) on a completion without 'Final answer:': format 0, no final answer, answer -1 (the minimum,
+    as a missing answer earns), whatever its text says."""
+    (result,) = score([HONEST.replace("Final answer:", "", 1)])
+    assert result["format"] == 0.0 and result["final_answer"] is None
+    assert math.isclose(result["answer"], -1.0)
+
+
 def composite_applies_the_answer_gate():
-    """Eq. (4) with answer_gate='recall': a right answer whose recall missed H* entirely earns answer -1."""
+    """Eq. (4) with answer_gate='recall': a right answer whose recall missed H* entirely (Jaccard 0) earns
+    answer -1; one whose recall hit part of H* keeps its answer."""
     (nothing_recalled,) = [text for name, _, text in gallery_completions() if name == "nothing recalled"]
     (open_gate,) = score([nothing_recalled], "off")
     (gated,) = score([nothing_recalled], "recall")
     assert math.isclose(open_gate["answer"], 1.0) and math.isclose(gated["answer"], -1.0)
     assert math.isclose(gated["total"], 1.0 - 1.25 - 1.0)
     assert math.isclose(score([HONEST], "recall")[0]["total"], 3.25)  # a recall that hit H* is not gated
+    (partial,) = [text for name, _, text in gallery_completions() if name == "A5 price changed ($95)"]
+    assert math.isclose(score([partial], "recall")[0]["answer"], 1.0)  # Jaccard 1/2: not missed entirely
 
 
 def composite_refuses_mismatched_lengths():

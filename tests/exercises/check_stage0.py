@@ -8,13 +8,12 @@ import stage0_build
 
 
 def score_by_hand():
-    """Eq. (2) on hand-computed values: 0.6 * sim + 0.4 * exp(-0.15 * |t - i|)."""
-    assert math.isclose(float(stage0_build.dependency_score(0.5, 7, 7)), 0.6 * 0.5 + 0.4, rel_tol=1e-9)
-    # §3.2: ten rounds back the decay term is exp(-1.5) = 0.22
-    ten_back = float(stage0_build.dependency_score(0.0, 12, 2))
-    assert math.isclose(ten_back, 0.4 * math.exp(-1.5), rel_tol=1e-9)
+    """Eq. (2) on hand-computed values, at the paper's weights and decay (§3.2) and at others."""
+    assert math.isclose(float(stage0_build.dependency_score(0.5, 7, 7)), 0.7, rel_tol=1e-9)
+    ten_back = float(stage0_build.dependency_score(0.0, 12, 2))  # §3.2: ten rounds back
+    assert math.isclose(ten_back, 0.08925206405937193, rel_tol=1e-9)
     weighted = float(stage0_build.dependency_score(0.9, 5, 3, w_sem=0.5, w_dist=0.5, decay=0.2))
-    assert math.isclose(weighted, 0.5 * 0.9 + 0.5 * math.exp(-0.4), rel_tol=1e-9)
+    assert math.isclose(weighted, 0.7851600230178197, rel_tol=1e-9)
 
 
 def decay_reads_the_distance():
@@ -31,5 +30,4 @@ def works_on_arrays():
     rounds = np.array([1, 3, 5])
     scores = np.asarray(stage0_build.dependency_score(similarity, 6, rounds))
     assert scores.shape == (3,)
-    expected = 0.6 * similarity + 0.4 * np.exp(-0.15 * np.abs(6 - rounds))
-    assert np.allclose(scores, expected, rtol=1e-9)
+    assert np.allclose(scores, [0.2489466210964059, 0.5550512606487094, 0.8842831905700232], rtol=1e-9)
