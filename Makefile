@@ -47,7 +47,8 @@ THREADS ?=
 RUNS_SPREAD ?= $(if $(wildcard docs/experiments/demo-runs/spread.json),--runs-spread docs/experiments/demo-runs/spread.json)
 RUN_ENV  = $(if $(THREADS),OMP_NUM_THREADS=$(THREADS))
 LESSON_SEEDS := $(addprefix lesson-seed-,$(SEEDS))
-.PHONY: table2 lesson lesson-data lesson-base lesson-runs $(LESSON_SEEDS)
+# lesson-seed-N stays off .PHONY: make skips the pattern rule for a phony target (and runs nothing)
+.PHONY: table2 lesson lesson-data lesson-base lesson-runs
 demo: $(if $(strip $(SEEDS)),lesson-runs,lesson)
 
 lesson-data: setup

@@ -253,6 +253,9 @@ def test_every_seed_trains_both_sides_and_grpo_with_its_seed_and_answers_the_sam
 def test_demo_with_seeds_runs_each_seed_the_base_rows_once_and_the_report():
     lines = commands(make_dry_run("demo", SEEDS="1 2"))
     assert sum("stage0_build.py" in line for line in lines) == 1
+    for seed in (1, 2):  # each seed trains both sides and GRPO, then evaluates (a phony seed ran nothing)
+        assert sum(f"--seed {seed} " in line for line in lines) == 3
+        assert sum(f"--out runs/demo/seed-{seed}/eval" in line for line in lines) == 1
     assert sum("rag=rag:" in line for line in lines) == 1
     (report,) = [line for line in lines if "srt.runs_report" in line]
     assert '"seed 1=runs/demo/seed-1/eval"' in report and '"seed 2=runs/demo/seed-2/eval"' in report
