@@ -172,6 +172,66 @@ def summarize(runs: list[dict], resamples: int = RESAMPLES) -> dict:
 
 
 # --------------------------------------------------------------------------------------------
+# A speed lever against the lesson's runs: the rule of demo.md, written before any lever ran
+# --------------------------------------------------------------------------------------------
+MIN_RUNS = 3  # fewer runs have no spread of their own worth reading
+MIN_JACCARD = 0.40  # every run must still learn to recall
+
+
+def judge_lever(report: dict, runs: list[dict], reference: dict, source: str = "spread.json") -> dict:
+    """demo.md, "When a speed lever may become the lesson's default": over at least 3 paired seeds
+    of the reference runs, the lever's mean Jaccard and its mean Δ (control - SRT) each lie within
+    one SD (between the reference runs) of the reference's mean, and every lever run recalls with
+    Jaccard >= 40%. Wall time is the rule's last condition; it is measured side by side, outside
+    these folders, and left to the caller."""
+    if reference.get("data_sha256") != runs[0]["data_sha256"]:
+        raise RunsError(
+            f"{source}: measured on another test file (data_sha256 differs); the runs do not pair"
+        )
+    unknown = [r["label"] for r in runs if r["label"] not in reference.get("runs", [])]
+    if unknown:
+        raise RunsError(
+            f"{source}: holds no run labelled {unknown[0]!r}; judge a lever on the reference's seeds"
+        )
+    checks = []
+    for name, key in (("mean recall Jaccard", "jaccard"), ("mean Δ accuracy", "delta_accuracy")):
+        ref, got = reference[key], report["across"][key]
+        if ref is None or ref.get("sd") is None or got is None:
+            raise RunsError(f"{source}: no spread for {key}; the reference needs at least 2 runs")
+        low, high = ref["mean"] - ref["sd"], ref["mean"] + ref["sd"]
+        checks.append({"check": f"{name} within one SD of the reference's", "value": got["mean"],
+                       "low": low, "high": high, "passed": low <= got["mean"] <= high})  # fmt: skip
+    lowest = min(r["jaccard"]["mean"] for r in report["runs"])
+    checks.append({"check": f"every run's Jaccard at least {MIN_JACCARD:.0%}", "value": lowest,
+                   "low": MIN_JACCARD, "high": None, "passed": lowest >= MIN_JACCARD})  # fmt: skip
+    checks.append({"check": f"at least {MIN_RUNS} paired seeds", "value": len(runs),
+                   "low": MIN_RUNS, "high": None, "passed": len(runs) >= MIN_RUNS})  # fmt: skip
+    return {"reference": source, "checks": checks, "passed": all(c["passed"] for c in checks)}
+
+
+def judge_markdown(verdict: dict) -> str:
+    lines = [
+        f"Against the lesson's rule (demo.md), reference {verdict['reference']}:",
+        "",
+        "| check | this lever | bound | passed |",
+        "|---|---|---|---|",
+    ]
+    for c in verdict["checks"]:
+        if c["check"].startswith("at least"):
+            value, bound = str(c["value"]), f">= {c['low']}"
+        elif c["high"] is None:
+            value, bound = _pts(c["value"]), f">= {_pts(c['low'])}"
+        else:
+            signed = "Δ" in c["check"]
+            value, bound = _pts(c["value"], signed), f"[{_pts(c['low'], signed)}, {_pts(c['high'], signed)}]"
+        lines.append(f"| {c['check']} | {value} | {bound} | {'yes' if c['passed'] else '**no**'} |")
+    outcome = "passes" if verdict["passed"] else "**fails**"
+    lines += ["", f"Verdict on recall and answers: {outcome}; the rule's last condition, a lower wall time "
+              "side by side, is measured apart."]  # fmt: skip
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------------------------
 # Input: evaluate folders and earlier reports, checked to pair
 # --------------------------------------------------------------------------------------------
 def load_runs(specs: list[str], srt: str, control: str) -> list[dict]:
@@ -216,6 +276,20 @@ def check_paired(runs: list[dict]) -> None:
             raise RunsError(
                 f"{run['source']}: answered other queries than {first['source']}; the runs do not pair"
             )
+
+
+def read_reference(path: str) -> dict:
+    try:
+        reference = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise RunsError(f"{path}: {e}") from e
+    if not isinstance(reference, dict) or not {"data_sha256", "runs", "jaccard", "delta_accuracy"} <= set(
+        reference
+    ):
+        raise RunsError(
+            f"{path}: not the spread.json of srt.runs_report (data_sha256, runs, jaccard, delta_accuracy)"
+        )
+    return reference
 
 
 def read_base(folder: str | None) -> dict:
@@ -368,6 +442,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--control", default="nocot", help="the control's variant name in each run")
     p.add_argument("--base", default=None, help="an evaluate.py folder of the base model's rows (once)")
     p.add_argument("--out", default="runs/demo/runs", help="output folder")
+    p.add_argument(
+        "--judge-against",
+        default=None,
+        metavar="SPREAD",
+        help="the spread.json of the lesson's runs: judge these runs as a speed lever by demo.md's rule",
+    )
     return p
 
 
@@ -376,14 +456,20 @@ def main(argv=None) -> dict:
     try:
         runs = load_runs(args.runs, args.srt, args.control)
         base = read_base(args.base)
+        report = summarize(runs)
+        verdict = None
+        if args.judge_against:
+            verdict = judge_lever(report, runs, read_reference(args.judge_against), args.judge_against)
     except RunsError as e:
         sys.exit(f"error: {e}")
-    report = summarize(runs)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / "runs.json", {**report, "base": base, "per_query": runs})
     write_json(out / "spread.json", spread(report, runs))
     text = markdown(report, base)
+    if verdict:
+        write_json(out / "verdict.json", verdict)
+        text += "\n" + judge_markdown(verdict) + "\n"
     atomic_write_text(out / "runs.md", text)
     plot(report, out / "runs.png")
     print(

@@ -278,3 +278,66 @@ def test_two_seeds_draw_other_batches_while_both_sides_of_a_seed_share_theirs(ti
     assert plan(1, "full") == plan(1, "answer")
     assert plan(2, "full") == plan(2, "answer")
     assert plan(1, "full") != plan(2, "full")
+
+
+# ---------------------------------------------------------------------------------------------
+# A speed lever judged by demo.md's rule against the lesson's runs
+# ---------------------------------------------------------------------------------------------
+REFERENCE = {  # the lesson's runs: Jaccard 50 +- 9, Δ +18 +- 12 (points)
+    "data_sha256": "abc",
+    "runs": ["seed 1", "seed 2", "seed 3", "seed 4"],
+    "jaccard": {"mean": 0.50, "sd": 0.09},
+    "delta_accuracy": {"mean": 0.18, "sd": 0.12},
+}
+
+
+def lever_report(jaccards, deltas):
+    runs = [planted_run(f"seed {i + 1}", [1, 0], [1, 1]) for i in range(len(jaccards))]
+    report = {
+        "runs": [{"label": r["label"], "jaccard": {"mean": j}} for r, j in zip(runs, jaccards)],
+        "across": {
+            "jaccard": runs_report.across_runs(jaccards),
+            "delta_accuracy": runs_report.across_runs(deltas),
+        },
+    }
+    return report, runs
+
+
+def verdicts(jaccards, deltas):
+    verdict = runs_report.judge_lever(*lever_report(jaccards, deltas), REFERENCE)
+    return [c["passed"] for c in verdict["checks"]], verdict["passed"]
+
+
+def test_a_lever_passes_within_one_sd_of_the_lessons_means_and_fails_outside():
+    # Jaccard mean 0.45 in [0.41, 0.59]; Δ mean 0.20 in [0.06, 0.30]; lowest run 0.42; 3 runs
+    assert verdicts([0.42, 0.45, 0.48], [0.10, 0.20, 0.30]) == ([True, True, True, True], True)
+    # Δ mean 0.31 lies above 0.18 + 0.12: the lever moved the answers by more than a seed does
+    assert verdicts([0.42, 0.45, 0.48], [0.25, 0.31, 0.37]) == ([True, False, True, True], False)
+    # a Δ below the band fails as well (the rule is two-sided: SRT suddenly winning is a change too)
+    assert verdicts([0.42, 0.45, 0.48], [-0.05, 0.05, 0.0]) == ([True, False, True, True], False)
+    # Jaccard mean 0.40 is below 0.50 - 0.09
+    assert verdicts([0.40, 0.40, 0.40], [0.18, 0.18, 0.18]) == ([False, True, True, True], False)
+
+
+def test_a_lever_fails_on_one_run_that_stops_recalling_or_on_too_few_runs():
+    # the mean 0.46 is inside the band, but one run recalls at 39%
+    assert verdicts([0.39, 0.49, 0.50], [0.18, 0.18, 0.18]) == ([True, True, False, True], False)
+    assert verdicts([0.45, 0.50], [0.18, 0.18]) == ([True, True, True, False], False)
+
+
+def test_a_lever_on_another_test_file_or_other_seeds_is_refused():
+    report, runs = lever_report([0.5, 0.5, 0.5], [0.2, 0.2, 0.2])
+    with pytest.raises(runs_report.RunsError, match="data_sha256"):
+        runs_report.judge_lever(report, runs, {**REFERENCE, "data_sha256": "other"})
+    with pytest.raises(runs_report.RunsError, match="seed 3"):
+        runs_report.judge_lever(report, runs, {**REFERENCE, "runs": ["seed 1", "seed 2"]})
+
+
+def test_make_passes_a_levers_flags_to_both_sides_and_judges_it():
+    lines = commands(make_dry_run("demo", SEEDS="1 2", SFT_FLAGS="--attention bf16_eager", JUDGE="ref.json"))
+    sft = [line for line in lines if "stage1_sft.py" in line]
+    assert len(sft) == 4 and all(line.rstrip().endswith("--attention bf16_eager") for line in sft)
+    (report,) = [line for line in lines if "srt.runs_report" in line]
+    assert "--judge-against ref.json" in report
+    plain = commands(make_dry_run("demo", SEEDS="1"))
+    assert not any("bf16_eager" in line or "--judge-against" in line for line in plain)
