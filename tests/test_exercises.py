@@ -7,7 +7,6 @@ import re
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -95,9 +94,7 @@ RENAMED = ("first", "weights", "def loss_weights(", "def loss_weights_of(")
 @pytest.fixture(scope="module")
 def blank(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("exercises") / "exercises"
-    started = time.perf_counter()
     write_exercises(out)
-    assert time.perf_counter() - started < 10.0  # seconds, on a shared 2-core box
     return out
 
 
