@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from srt.data_io import write_jsonl
 from srt.exercises import (
     EXERCISES,
     PROJECT,
@@ -20,6 +21,7 @@ from srt.exercises import (
     replace_body,
     write_exercises,
 )
+from srt.reward_gallery import GALLERY_RECORD
 
 BY_KEY = {e.key: e for e in EXERCISES}
 
@@ -286,6 +288,26 @@ def test_the_example_rewards_need_only_eq5_and_eq6(blank, tmp_path):
         done = gallery_in(folder, example)
         assert done.returncode == 1, done.stderr
         assert f"FAIL: {winners} of 31 attacks score as high as an honest completion" in done.stdout
+
+
+def score_one_completion_in(folder: Path, tmp_path: Path) -> subprocess.CompletedProcess:
+    """`python reward.py --data ... --answer-reward keys` in `folder`: the honest completion of the
+    gallery's record scored and explained, with no embedder (its keys judge the answer)."""
+    data = tmp_path / "record.jsonl"
+    write_jsonl(data, [GALLERY_RECORD])
+    command = [sys.executable, "reward.py", "--data", str(data), "--answer-reward", "keys"]
+    return subprocess.run(command, cwd=folder, capture_output=True, text=True, timeout=300)
+
+
+def test_a_script_names_the_blank_it_reaches(blank, tmp_path):
+    """A script run in a blank copy ends in one line naming the exercise it needs, not in a
+    traceback, and never in a number."""
+    done = score_one_completion_in(blank, tmp_path)
+    assert done.returncode == 1 and done.stdout == ""
+    assert done.stderr.strip() == (
+        "error: reward.py calls reward.compute_rewards, exercise eq4, which is not done yet: do eq4 "
+        "first (python -m srt.exercises --grade DIR)"
+    )
 
 
 def distinctive_lines(exercise: Exercise) -> list[str]:
