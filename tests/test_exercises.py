@@ -57,9 +57,7 @@ WRONG = {
         'return (1.0 if ok else 0.0), ([] if ok else ["a marker is missing"])\n'
     ),
     "eq6": lambda: (  # precision |H^ n H*| / |H^| where Eq. (6) asks for the IoU
-        "recalled = set(recalled_set)\n"
-        "precision = len(recalled & set(gold_set)) / len(recalled) if recalled else 1.0\n"
-        "return 2.5 * precision - 1.25\n"
+        "a = set(a)\nreturn len(a & set(b)) / len(a) if a else 1.0\n"
     ),
     "eq7": lambda: patched(
         BY_KEY["eq7"], "rewards = [-1.0] * len(answers)", "rewards = [0.0] * len(answers)"
@@ -82,8 +80,9 @@ WRONG = {
 }
 
 # Two copies, each with half the exercises wrong and the other half the solution. A function that
-# calls another exercise fails with it: compute_rewards calls format_reward and recall_reward,
-# grpo_loss calls k3_kl; so each copy's wrong set keeps the callers apart from their callees.
+# calls another exercise fails with it: compute_rewards calls format_reward and jaccard (through
+# recall_reward), grpo_loss calls k3_kl; so each copy's wrong set keeps the callers apart from their
+# callees.
 WRONG_SETS = {
     "first": ({"eq2", "eq3", "eq4", "eq8", "eq9"}, set()),
     "second": ({"eq5", "eq6", "eq7", "kl", "weights"}, {"eq4", "eq9"}),  # (wrong, failing with them)
@@ -300,14 +299,20 @@ def score_one_completion_in(folder: Path, tmp_path: Path) -> subprocess.Complete
 
 
 def test_a_script_names_the_blank_it_reaches(blank, tmp_path):
-    """A script run in a blank copy ends in one line naming the exercise it needs, not in a
-    traceback, and never in a number."""
-    done = score_one_completion_in(blank, tmp_path)
-    assert done.returncode == 1 and done.stdout == ""
-    assert done.stderr.strip() == (
-        "error: reward.py calls reward.compute_rewards, exercise eq4, which is not done yet: do eq4 "
-        "first (python -m srt.exercises --grade DIR)"
-    )
+    """A script run in a copy ends in one line naming the exercise it needs, not in a traceback,
+    and never in a number: in a blank copy the composite's own blank, and with eq4 and eq5 done the
+    IoU of Eq. (6), which the recall reward calls (the reward and the metrics share it)."""
+    for done_keys, function, key in (
+        (set(), "reward.compute_rewards", "eq4"),
+        ({"eq4", "eq5"}, "srt.metrics.jaccard", "eq6"),
+    ):
+        folder = copy_solving(blank, tmp_path / f"solved {sorted(done_keys)}", done_keys)
+        done = score_one_completion_in(folder, tmp_path)
+        assert done.returncode == 1 and done.stdout == "", done.stdout + done.stderr
+        assert done.stderr.strip() == (
+            f"error: reward.py calls {function}, exercise {key}, which is not done yet: do {key} first "
+            "(python -m srt.exercises --grade DIR)"
+        )
 
 
 def distinctive_lines(exercise: Exercise) -> list[str]:
