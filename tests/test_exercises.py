@@ -322,9 +322,18 @@ def distinctive_lines(exercise: Exercise) -> list[str]:
     return [line for line in lines if len(line) >= 25 and not line.startswith("for ")]  # a loop: no clue
 
 
+# A blanked formula written again under other names, in code: Eq. (6)'s IoU, Eq. (9)'s clip and its
+# min() of the two surrogates, the k3 estimator of Eq. (9)'s KL.
+RESTATED = {
+    "eq6": re.compile(r"len\((\w+) & (\w+)\) / len\(\1 \| \2\)"),
+    "eq9": re.compile(r"clamp\(\w+, 1 - \w+, 1 \+ \w+\)|\bmin\((\w+) \* (\w+), \w+ \* \2\)"),
+    "kl": re.compile(r"\.exp\(\) - \w+ - 1|torch\.exp\((\w+)\) - \1 - 1"),
+}
+
+
 def test_the_copy_holds_no_solution_line(blank):
     """The copy restates no blanked body anywhere (not in a test, a bench script or a document), nor
-    the k3 estimator in code."""
+    any of the formulas of RESTATED in code under other names (a metric's IoU, --explain's clip)."""
     texts = {
         path.relative_to(blank).as_posix(): " ".join(
             path.read_text(encoding="utf-8", errors="replace").split()
@@ -340,6 +349,12 @@ def test_the_copy_holds_no_solution_line(blank):
         for name, text in texts.items()
         if line in text
     ]
-    k3 = re.compile(r"\.exp\(\) - \w+ - 1|torch\.exp\((\w+)\) - \1 - 1")  # Eq. (9)'s KL, in code
-    found += [f"{name}: kl: {k3.search(text).group()}" for name, text in texts.items() if k3.search(text)]
+    found += [
+        f"{name}: {key}: {match.group()}"
+        for key, pattern in RESTATED.items()
+        for name, text in texts.items()
+        for match in pattern.finditer(text)
+    ]
     assert len(distinctive_lines(BY_KEY["eq9"])) >= 5 and found == []
+    for key, pattern in RESTATED.items():  # each pattern finds its formula in the project's solution
+        assert pattern.search(" ".join(solution(BY_KEY[key]).split())), key
