@@ -185,7 +185,8 @@ def recall_sets(matches: list[TagMatch], history_labels: list[str]) -> tuple[lis
 
 def recall_reward(recalled_set, gold_set) -> float:
     """Eq. (6): R_recall = 2.5 * |H^ n H*| / |H^ u H*| - 1.25 in [-1.25, 1.25], H^ the recalled set
-    and H* the gold one (any iterables of labels, read as sets; two empty sets agree: IoU 1)."""
+    and H* the gold one (any iterables of labels, read as sets; two empty sets agree: IoU 1). The IoU
+    is srt.metrics.jaccard, the one the evaluation reports."""
     return RECALL_SCALE * jaccard(recalled_set, gold_set) - RECALL_SHIFT
 
 

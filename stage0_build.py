@@ -77,7 +77,7 @@ from srt.data.synthetic_common import keys_outside_recall
 from srt.data.teacher import gold_is_complete, grounded, make_teacher
 from srt.data_io import BUCKETS, bucket_of, files_sha256, write_json, write_jsonl
 from srt.embedder import embed
-from srt.metrics import DISTANCE_BINS, distance_bin
+from srt.metrics import DISTANCE_BINS, distance_bin, jaccard
 from srt.precision import device_flag
 from srt.prompt import format_target, his_tag
 
@@ -108,7 +108,8 @@ def utterances(dialogue) -> list[dict]:
 # §3.2 step 1: deduplication. Turn-level feature hashing gives each dialogue a set of turn
 # fingerprints; dialogues are first clustered on hashed intent features (the opening words of
 # every user turn), and inside a cluster two dialogues whose fingerprint sets overlap by at least
-# --dedup-jaccard are near-identical: the later one is merged into the earlier (dropped).
+# --dedup-jaccard (srt.metrics.jaccard, the IoU of Eq. (6)) are near-identical: the later one is
+# merged into the earlier (dropped).
 # Dialogues that share meta.split_group (LoCoMo's windows of one conversation) overlap by
 # construction and are never compared with each other.
 # --------------------------------------------------------------------------------------------
@@ -147,7 +148,7 @@ def deduplicate(dialogues, intent_threshold=0.9, jaccard_threshold=0.8):
             clusters.append([])
             cluster = clusters[-1]
         if any(
-            (group is None or g != group) and len(prints & p) / len(prints | p) >= jaccard_threshold
+            (group is None or g != group) and jaccard(prints, p) >= jaccard_threshold
             for g, p in cluster
         ):
             merged += 1

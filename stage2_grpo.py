@@ -1106,6 +1106,7 @@ def explain(cfg, reward_fn=None, print_fn=print) -> dict:
         make_experience=make_experience,
         update=update,
         experience_loss=experience_loss,
+        loss=grpo_loss,
         loss_types=LOSS_TYPES,
         compute_rewards=compute_rewards,
     )

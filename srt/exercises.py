@@ -20,7 +20,6 @@ import argparse
 import ast
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -102,17 +101,20 @@ EXERCISES = [
             "check_reward:format_fails_nested_or_out_of_order_tags",
         ),
     ),
+    # Eq. (6)'s IoU, which reward.recall_reward scales; one definition, so that the reward and the
+    # evaluation's recall Jaccard cannot disagree, and no second IoU stays in the copy.
     Exercise(
         "eq6",
-        "reward:recall_reward",
+        "srt.metrics:jaccard",
         "Eq. (6)",
         "§3.4",
-        "Eq. (6) on sets, as the docstring writes it; what do two empty sets give? srt/metrics.py has "
-        "set helpers",
+        "the IoU inside Eq. (6), on sets, as the docstring writes it (reward.py's recall_reward "
+        "scales it); what do two empty sets give?",
         (
-            "check_reward:recall_at_its_bounds",
-            "check_reward:recall_by_hand",
-            "check_reward:recall_charges_over_recall",
+            "check_reward:iou_at_its_bounds",
+            "check_reward:iou_by_hand",
+            "check_reward:iou_charges_over_recall",
+            "check_reward:recall_reward_scales_the_iou",
         ),
     ),
     Exercise(
@@ -309,11 +311,18 @@ def tracked_files(root: Path) -> list[str]:
 
 
 # Files a student's copy leaves out: they restate a blanked function another way (the k3 of the
-# sampler bench and of test_rollout's sampler_mismatch by hand), or check the whole project against
-# itself (test_references names files the copy leaves out). The project's tests that call an
-# exercise function are left out too (left_out): they quote its expected values and code, and in
-# the copy the grader's checks are its tests.
-LEFT_OUT = ("bench/sampler_mismatch.py", "tests/test_references.py", "tests/test_rollout.py")
+# sampler bench and of test_rollout's sampler_mismatch by hand), check the whole project against
+# itself (test_references names files the copy leaves out), or are the grader's own tests (they
+# patch the solutions into wrong ones). The project's tests that use an exercise function are left
+# out too (left_out): they quote its expected values and code, and in the copy the grader's checks
+# are its tests.
+LEFT_OUT = (
+    "bench/sampler_mismatch.py",
+    "tests/test_exercises.py",
+    "tests/test_references.py",
+    "tests/test_rollout.py",
+    "tests/test_wrong_solutions.py",
+)
 
 
 def left_out(name: str, root: Path, exercises=EXERCISES) -> bool:
@@ -321,8 +330,25 @@ def left_out(name: str, root: Path, exercises=EXERCISES) -> bool:
         return True
     if not (name.startswith("tests/test_") and name.endswith(".py")):
         return False
-    text = (root / name).read_text(encoding="utf-8")
-    return any(re.search(rf"\b{e.name}\b", text) for e in exercises)
+    tree = ast.parse((root / name).read_text(encoding="utf-8"))
+    return any(uses(tree, e.name) for e in exercises)
+
+
+def uses(tree: ast.Module, name: str) -> bool:
+    """Does the code call, import or reach for (module.name) a function `name`? Its name as a word
+    is not enough: a metric's key or a parameter may be spelled "jaccard" too."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+            found = node.func.id  # jaccard(...); a bare name elsewhere may be a parameter's
+        elif isinstance(node, ast.Attribute):
+            found = node.attr  # metrics.jaccard
+        elif isinstance(node, ast.alias):
+            found = node.name  # from srt.metrics import jaccard
+        else:
+            continue
+        if found == name:
+            return True
+    return False
 
 
 def write_exercises(out: Path, root: Path = PROJECT, exercises=EXERCISES) -> list[Path]:

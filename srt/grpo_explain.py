@@ -5,11 +5,13 @@ page (srt/step_page.py).
 The package imports no script, so the script hands its step in (GRPOStep): its sampling, the
 Experience record it fills before the update (advantages, pi_old, pi_ref, importance and
 normalisation weights), its update, and Eq. (9) on that record after the update. This module prints
-what those return and computes nothing of its own; only the one token written out is done by hand,
-and its last line is grpo_loss's own term for that token."""
+what those return and computes nothing of its own; the one token written out shows each step of
+Eq. (9) by hand, but its clip and its min() are grpo_loss's own (worked_numbers), and its last line
+is grpo_loss's own term for that token."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 from dataclasses import dataclass
@@ -37,6 +39,7 @@ class GRPOStep:
     make_experience: Callable  # Eq. (8), pi_old, pi_ref and the weights, filled once
     update: Callable  # Eq. (9), one AdamW step a minibatch
     experience_loss: Callable  # Eq. (9) on the record at the weights now: (loss, TokenTerms, log pi_theta)
+    loss: Callable  # grpo_loss, Eq. (9) itself: the worked token's clip and min() are its own
     loss_types: dict  # --loss-type -> its normalisation weight, written out
     compute_rewards: Callable  # reward.py
 
@@ -348,7 +351,7 @@ def print_worked_token(
     min() of the clipped surrogate, and the token's term, which is grpo_loss's own."""
     eps, beta = cfg.clip_eps, cfg.beta
     k, t, why = worked_token(terms.ratio, experience.advantages, terms.clipped, experience.policy_mask)
-    w = worked_numbers(eps, rollout, experience, terms, new_logprobs, (k, t))
+    w = worked_numbers(step.loss, eps, rollout, experience, terms, new_logprobs, (k, t))
     ref, sampler = experience.ref_logprobs, rollout.sampler_logprobs
     print_fn(
         f"\nEq. (9) for one token, written out: completion {w['k']}, token {w['t']} of "
@@ -401,11 +404,11 @@ def print_worked_token(
     return w
 
 
-def worked_numbers(eps, rollout, experience, terms, new_logprobs, at) -> dict:
+def worked_numbers(loss, eps, rollout, experience, terms, new_logprobs, at) -> dict:
     """Every number of the token written out: the record's, grpo_loss's, and the steps of the
-    clipped surrogate between them."""
+    clipped surrogate between them, the clip and the min() taken from grpo_loss (surrogates)."""
     r, a = terms.ratio[at], experience.advantages[at]
-    clip_r = torch.clamp(r, 1 - eps, 1 + eps)
+    clip_r, surrogate = surrogates(loss, eps, experience, new_logprobs, at, r)
     ref, sampler = experience.ref_logprobs, rollout.sampler_logprobs
     return {
         "k": at[0] + 1,
@@ -420,7 +423,7 @@ def worked_numbers(eps, rollout, experience, terms, new_logprobs, at) -> dict:
         "unclipped": (r * a).item(),
         "clip_ratio": clip_r.item(),
         "clipped_term": (clip_r * a).item(),
-        "surrogate": torch.min(r * a, clip_r * a).item(),
+        "surrogate": surrogate.item(),
         "clipped": bool(terms.clipped[at].item()),
         "is_weight": experience.is_weights[at].item(),
         "ref_minus_new": None if ref is None else (ref - new_logprobs)[at].item(),
@@ -428,6 +431,27 @@ def worked_numbers(eps, rollout, experience, terms, new_logprobs, at) -> dict:
         "term": terms.objective[at].item(),
         "weight": experience.loss_weights[at].item(),
     }
+
+
+def surrogates(loss, eps, experience, new_logprobs, at, r) -> tuple[torch.Tensor, torch.Tensor]:
+    """(clip(r, 1 - eps, 1 + eps), min(r A~, clip(r) A~)) at token `at` (ratio r), one the policy sampled
+    (worked_token picks one), both read off grpo_loss (`loss`) instead of written a second time here.
+    With no importance weight (w = 1) and no KL (beta 0, no pi_ref), a token's term of Eq. (9) is
+    min(r A~, clip(r) A~) alone: at the record's own A~ that is the min(); at A~ = +1 it is
+    min(r, clip(r)), which is clip(r) when r >= 1; at A~ = -1 it is -max(r, clip(r)), which is
+    -clip(r) when r < 1. The record is taken whole, so r is the very float of the step's TokenTerms."""
+
+    def term_at(advantages) -> torch.Tensor:
+        alone = dataclasses.replace(
+            experience, advantages=advantages, is_weights=torch.ones_like(experience.is_weights),
+            ref_logprobs=None,
+        )  # fmt: skip
+        with torch.no_grad():
+            return loss(new_logprobs, alone, eps, 0.0)[1].objective[at]
+
+    ones = torch.ones_like(experience.advantages)
+    clip_r = term_at(ones) if r >= 1 else -term_at(-ones)
+    return clip_r, term_at(experience.advantages)
 
 
 def page_of(cfg, lr, record, rollout, rewards, advantages, per_token, tries, differs, update) -> dict:

@@ -17,9 +17,10 @@
 - paired comparisons of two variants on the same items: a seeded paired bootstrap interval of the
   mean difference and the exact McNemar test of accuracy.
 
-A library module: it imports no stage. The two small pieces it shares with reward.py (where a
-completion's final answer starts, and the Jaccard of two sets) are written out here with the same
-rules; tests/test_evaluate.py checks that both agree.
+A library module: it imports no stage. Where a completion's final answer starts is written out here
+with the rules of srt/completion.py, which the reward reads it with (tests/test_evaluate.py checks
+that both agree); `jaccard`, Eq. (6)'s IoU, is the one definition that reward.py's recall reward
+scales and the recall metrics report, so the two cannot disagree.
 """
 
 from __future__ import annotations
@@ -436,7 +437,9 @@ def tag_labels(completion: str) -> list[str]:
 
 
 def jaccard(a, b) -> float:
-    """IoU |a n b| / |a u b| of two sets; two empty sets agree perfectly (1.0), as in Eq. (6)."""
+    """Eq. (6)'s IoU |a n b| / |a u b| of two collections of labels, each read as a set (a repeat is
+    one element), in [0, 1]; two empty sets agree perfectly (1.0). reward.recall_reward scales it
+    to Eq. (6)'s reward; recall_metrics, evaluate.py and stage 0's near-duplicate test use it as is."""
     a, b = set(a), set(b)
     return len(a & b) / len(a | b) if a | b else 1.0
 

@@ -169,59 +169,64 @@ WRONG = [
         return (0.0 if problems else 1.0), problems
         """),
     ),
-    # ==== Eq. (6) ====
+    # ==== Eq. (6): the IoU, srt.metrics.jaccard(a, b), H^ and H* ====
     (
         "eq6",
         "precision |H^ n H*| / |H^| for the IoU",
         body("""\
-        recalled = set(recalled_set)
-        precision = len(recalled & set(gold_set)) / len(recalled) if recalled else 1.0
-        return 2.5 * precision - 1.25
+        a = set(a)
+        return len(a & set(b)) / len(a) if a else 1.0
         """),
     ),
     (
         "eq6",
         "recall |H^ n H*| / |H*|: over-recall free",
         body("""\
-        gold = set(gold_set)
-        return 2.5 * (len(set(recalled_set) & gold) / len(gold) if gold else 1.0) - 1.25
+        b = set(b)
+        return len(set(a) & b) / len(b) if b else 1.0
         """),
     ),
     (
         "eq6",
         "lists, not sets: a repeat counts twice",
         body("""\
-        recalled, gold = list(recalled_set), list(gold_set)
-        both = [x for x in recalled if x in gold]
-        union = len(recalled) + len(gold) - len(both)
-        return 2.5 * (len(both) / union if union else 1.0) - 1.25
+        a, b = list(a), list(b)
+        both = [x for x in a if x in b]
+        union = len(a) + len(b) - len(both)
+        return len(both) / union if union else 1.0
         """),
     ),
     (
         "eq6",
         "two empty sets disagree",
         body("""\
-        recalled, gold = set(recalled_set), set(gold_set)
-        union = recalled | gold
-        return 2.5 * (len(recalled & gold) / len(union) if union else 0.0) - 1.25
+        a, b = set(a), set(b)
+        return len(a & b) / len(a | b) if a | b else 0.0
         """),
     ),
     (
         "eq6",
-        "the union without its intersection removed",
+        "the union without its intersection removed (Dice)",
         body("""\
-        recalled, gold = set(recalled_set), set(gold_set)
-        total = len(recalled) + len(gold)
-        return 2.5 * (2 * len(recalled & gold) / total if total else 1.0) - 1.25
+        a, b = set(a), set(b)
+        total = len(a) + len(b)
+        return 2 * len(a & b) / total if total else 1.0
         """),
     ),
     (
         "eq6",
-        "the IoU unscaled",
+        "Eq. (6) whole, scaled here where recall_reward scales the IoU",
         body("""\
-        recalled, gold = set(recalled_set), set(gold_set)
-        union = recalled | gold
-        return len(recalled & gold) / len(union) if union else 1.0
+        a, b = set(a), set(b)
+        return 2.5 * (len(a & b) / len(a | b) if a | b else 1.0) - 1.25
+        """),
+    ),
+    (
+        "eq6",
+        "the Jaccard distance 1 - IoU",
+        body("""\
+        a, b = set(a), set(b)
+        return 1.0 - (len(a & b) / len(a | b) if a | b else 1.0)
         """),
     ),
     # ==== Eq. (7) ====
@@ -532,9 +537,10 @@ def runner(tmp_path_factory):
 
 
 @contextmanager
-def applied(key: str, wrong_body: str):
+def applied(key: str, runner, wrong_body: str):
     """The project's module with the exercise's function replaced by one of the wrong body,
-    compiled under the module's file name and in its globals, as the copy's would be."""
+    compiled under the module's file name and in its globals, as the copy's would be, and bound in
+    its place wherever the project imported it by name (reward.py's jaccard)."""
     exercise = BY_KEY[key]
     module = importlib.import_module(exercise.module)
     path = PROJECT / exercise.path
@@ -542,11 +548,16 @@ def applied(key: str, wrong_body: str):
     node = next(n for n in ast.parse(source).body if getattr(n, "name", None) == exercise.name)
     definition = "\n".join(source.splitlines()[node.lineno - 1 : node.end_lineno])
     original = getattr(module, exercise.name)
+    holders = runner.bindings(original, runner.copy_modules(PROJECT))
+    assert (module, exercise.name) in holders
     exec(compile(definition, str(path), "exec"), vars(module))
+    for holder, name in holders:
+        setattr(holder, name, getattr(module, exercise.name))
     try:
         yield
     finally:
-        setattr(module, exercise.name, original)
+        for holder, name in holders:
+            setattr(holder, name, original)
 
 
 def first_lines(runner, key: str) -> set[str]:
@@ -573,7 +584,7 @@ def test_there_are_wrong_solutions_for_every_exercise():
 def test_the_grader_fails_a_wrong_solution(runner, key, mistake, wrong_body):
     exercise = BY_KEY[key]
     everything = plan()
-    with applied(key, wrong_body()):
+    with applied(key, runner, wrong_body()):
         result = runner.run_exercise(everything[EXERCISES.index(exercise)], str(PROJECT), everything, {})
     assert not result["passed"], f"{key}: the grader passes a wrong solution: {mistake}"
     assert result["checked"] in first_lines(runner, key), result

@@ -9,8 +9,8 @@ It ties the honest completion on keyword stuffing ("yes no $180"), on listing ev
 price, and on pasting the whole history as the answer, as written or in lowercase (it says "Yes"
 and "$180" somewhere).
 
-In a student's copy it needs exercises eq5 (format_reward) and eq6 (recall_reward) done, and no
-other: the gallery says which one is missing.
+In a student's copy it needs exercises eq5 (format_reward) and eq6 (jaccard, which recall_reward
+scales) done, and no other: the gallery says which one is missing.
 """
 
 from reward import format_reward, match_tags, recall_reward, recall_sets

@@ -1,11 +1,13 @@
-"""Checks of the reward exercises (reward.py): Eqs. (5), (6), (7) and the composite, Eq. (4), on the
-paper's Fig. 1 record and the attacks of the reward-hacking gallery (srt/reward_gallery.py)."""
+"""Checks of the reward exercises (reward.py, and srt/metrics.py's jaccard): Eqs. (5), (6), (7) and
+the composite, Eq. (4), on the paper's Fig. 1 record and the attacks of the reward-hacking gallery
+(srt/reward_gallery.py)."""
 
 import math
 
 import numpy as np
 
 import reward
+from srt import metrics
 from srt.prompt import format_target
 from srt.reward_gallery import GALLERY_RECORD, gallery_completions
 
@@ -52,26 +54,34 @@ def format_fails_nested_or_out_of_order_tags():
         assert value == 0.0 and len(problems) > 0, text[:80]
 
 
-# ==== Eq. (6) ====
-def recall_at_its_bounds():
-    """Eq. (6) at its bounds: +1.25 for the gold set exactly (or two empty sets), -1.25 for a disjoint one."""
+# ==== Eq. (6): its IoU (srt.metrics.jaccard), and the reward that scales it ====
+def iou_at_its_bounds():
+    """Eq. (6)'s IoU at its bounds: 1 for the gold set exactly (in any order, or two empty sets), 0 for a
+    disjoint one or an empty recall."""
+    assert math.isclose(metrics.jaccard({"Q1", "A5"}, ["A5", "Q1"]), 1.0)
+    assert math.isclose(metrics.jaccard(set(), []), 1.0)
+    assert math.isclose(metrics.jaccard({"Q2"}, ["Q1", "A5"]), 0.0, abs_tol=1e-12)
+    assert math.isclose(metrics.jaccard(set(), ["Q1"]), 0.0, abs_tol=1e-12)
+
+
+def iou_by_hand():
+    """Eq. (6)'s IoU on a missing recall: H^ = {Q1, A5} against H* = {Q1, A5, A6} gives 2/3."""
+    assert math.isclose(metrics.jaccard({"Q1", "A5"}, ["Q1", "A5", "A6"]), 0.6666666666666666)
+
+
+def iou_charges_over_recall():
+    """Eq. (6)'s IoU charges over-recall: H^ = {Q1, A2, A5, A6} against H* = {Q1, A5, A6} gives 3/4, and
+    a repeated label is one element of its set."""
+    assert math.isclose(metrics.jaccard({"Q1", "A2", "A5", "A6"}, ["Q1", "A5", "A6"]), 0.75)
+    assert math.isclose(metrics.jaccard(["Q1", "Q1"], ["Q1"]), 1.0)
+
+
+def recall_reward_scales_the_iou():
+    """Eq. (6) as the reward pays it (reward.recall_reward on your IoU): +1.25 for the gold set, -1.25 for
+    a disjoint one, 0.4166... for a missing recall."""
     assert math.isclose(reward.recall_reward({"Q1", "A5"}, ["A5", "Q1"]), 1.25)
-    assert math.isclose(reward.recall_reward(set(), []), 1.25)
     assert math.isclose(reward.recall_reward({"Q2"}, ["Q1", "A5"]), -1.25)
-    assert math.isclose(reward.recall_reward(set(), ["Q1"]), -1.25)
-
-
-def recall_by_hand():
-    """Eq. (6) on a missing recall: H^ = {Q1, A5} against H* = {Q1, A5, A6} gives 2.5 * 2/3 - 1.25."""
-    assert math.isclose(reward.recall_reward({"Q1", "A5"}, ["Q1", "A5", "A6"]), 2.5 * 2 / 3 - 1.25)
-
-
-def recall_charges_over_recall():
-    """Eq. (6) charges over-recall: H^ = {Q1, A2, A5, A6} against H* = {Q1, A5, A6} gives 2.5 * 3/4 - 1.25."""
-    assert math.isclose(
-        reward.recall_reward({"Q1", "A2", "A5", "A6"}, ["Q1", "A5", "A6"]), 2.5 * 3 / 4 - 1.25
-    )
-    assert math.isclose(reward.recall_reward(["Q1", "Q1"], ["Q1"]), 1.25)  # a set: a repeat is one element
+    assert math.isclose(reward.recall_reward({"Q1", "A5"}, ["Q1", "A5", "A6"]), 0.4166666666666667)
 
 
 # ==== Eq. (7), with a stand-in for the sentence embedder ====

@@ -43,6 +43,19 @@ def exercise_that_raised(error: BaseException, plan: list[dict]) -> dict | None:
     return None
 
 
+def module_in(error: Exception, folder: str) -> str | None:
+    """The copy's module that an import failed in (dotted, as imported): the file of a syntax
+    error, else the innermost frame in the copy; None when the failure is outside it."""
+    root = Path(folder).resolve()
+    files = [error.filename] if isinstance(error, SyntaxError) and error.filename else []
+    files += [frame.filename for frame in reversed(traceback.extract_tb(error.__traceback__))]
+    for file in files:
+        path = Path(file).resolve()
+        if path.is_relative_to(root) and path.suffix == ".py":
+            return ".".join(path.relative_to(root).with_suffix("").parts)
+    return None
+
+
 def import_failure(error: Exception) -> str:
     if isinstance(error, SyntaxError):
         return f"{Path(error.filename or '?').name} line {error.lineno}: {error.msg}"
@@ -50,20 +63,25 @@ def import_failure(error: Exception) -> str:
 
 
 class Calls:
-    """Wraps the other exercises' functions in their modules while one exercise's checks run,
-    recording which of them were called (the module's globals are what its functions look up)."""
+    """Wraps the other exercises' functions while one exercise's checks run, recording which of them
+    were called: in their module and in every module of the copy that imported them by name (what
+    its functions look up), as reward.py imports srt.metrics' jaccard."""
 
-    def __init__(self, exercise: dict, plan: list[dict]):
+    def __init__(self, exercise: dict, plan: list[dict], folder: str):
         self.others = [e for e in plan if e["key"] != exercise["key"]]
+        self.folder = Path(folder).resolve()
         self.called, self.saved = [], []
 
     def __enter__(self):
+        modules = copy_modules(self.folder)
         for other in self.others:
             module = sys.modules.get(split_function(other)[0])
             function = getattr(module, split_function(other)[1], None)
             if callable(function):
-                self.saved.append((module, function))
-                setattr(module, function.__name__, self.recording(other, function))
+                wrapped = self.recording(other, function)
+                for holder, name in bindings(function, modules):
+                    self.saved.append((holder, name, function))
+                    setattr(holder, name, wrapped)
         return self
 
     def recording(self, other: dict, function):
@@ -76,16 +94,27 @@ class Calls:
         return called
 
     def __exit__(self, *exc):
-        for module, function in self.saved:
-            setattr(module, function.__name__, function)
+        for holder, name, function in self.saved:
+            setattr(holder, name, function)
 
 
-def run_check(check: str, exercise: dict, plan: list[dict]) -> dict | None:
+def copy_modules(folder: Path) -> list:
+    """The imported modules whose file is in `folder`."""
+    files = [(module, getattr(module, "__file__", None)) for module in list(sys.modules.values())]
+    return [module for module, file in files if file and Path(file).resolve().is_relative_to(folder)]
+
+
+def bindings(function, modules: list) -> list[tuple[object, str]]:
+    """(module, name) for every module of `modules` whose global `name` is `function`."""
+    return [(module, name) for module in modules for name, value in vars(module).items() if value is function]
+
+
+def run_check(check: str, exercise: dict, plan: list[dict], folder: str) -> dict | None:
     """One check of `exercise` -> None when it passes, else {checked, error, called}."""
     check_module, _, check_name = check.partition(":")
     function = getattr(importlib.import_module(check_module), check_name)
     checked = first_line(function.__doc__)
-    with Calls(exercise, plan) as calls:
+    with Calls(exercise, plan, folder) as calls:
         try:
             function()
             return None
@@ -116,11 +145,14 @@ def run_exercise(exercise: dict, folder: str, plan: list[dict], import_errors: d
     result = {"key": exercise["key"], "passed": True, "checked": "", "error": "", "called": []}
     try:
         module = importlib.import_module(module_name)
+        for check_module in dict.fromkeys(c.partition(":")[0] for c in exercise["checks"]):
+            importlib.import_module(check_module)  # the checks import the copy's modules too
     except Exception as e:  # a syntax error in the student's module is theirs to see, once
         failure = import_failure(e)
         first = import_errors.setdefault(failure, exercise["key"])
         error = failure if first == exercise["key"] else f"the same error as {first}"
-        return {**result, "passed": False, "checked": f"importing {module_name}", "error": error}
+        importing = module_in(e, folder) or module_name
+        return {**result, "passed": False, "checked": f"importing {importing}", "error": error}
     if not callable(getattr(module, function_name, None)):
         return {
             **result,
@@ -128,7 +160,7 @@ def run_exercise(exercise: dict, folder: str, plan: list[dict], import_errors: d
             "checked": f"{folder}/{module_name}.py has no function {function_name}",
         }
     for check in exercise["checks"]:
-        failure = run_check(check, exercise, plan)
+        failure = run_check(check, exercise, plan, folder)
         if failure is not None:
             called = [e["key"] for e in failure.pop("called")]
             return {**result, **failure, "passed": False, "called": called}
