@@ -40,13 +40,15 @@ from measure import check_out, describe, fmt_stat, machine, machine_line, markdo
 
 import stage1_sft  # noqa: E402
 from srt import generation  # noqa: E402
-from srt.config import at_least  # noqa: E402
+from srt.config import up_to  # noqa: E402
 from srt.data_io import DataError, read_mixture  # noqa: E402
 from srt.distributed import clip_grad_norm  # noqa: E402
 from srt.loading import load_model_and_tokenizer  # noqa: E402
 from srt.precision import register_bf16_eager, resolve_dtype  # noqa: E402
 
 OPTIMIZERS = ("loop", "fused")  # torch.optim.AdamW's default on a CPU, and fused=True
+# a step of the lesson preset takes seconds a side: a thousand is hours, more is a typo
+MAX_STEPS = 1_000
 
 
 def cross_entropy_logprobs(logits, targets, chunk_size=256):
@@ -94,7 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--target", default="full", choices=sorted(stage1_sft.TARGETS))
     p.add_argument("--phase", type=int, default=2, choices=[1, 2])
-    p.add_argument("--steps", type=at_least(1), default=10, help="timed steps a side")
+    p.add_argument("--steps", type=up_to(MAX_STEPS), default=10, help="timed steps a side")
     p.add_argument("--optimizers", nargs="+", default=list(OPTIMIZERS), choices=OPTIMIZERS)
     p.add_argument("--attention", nargs="+", default=["sdpa"], choices=["sdpa", "eager", "bf16_eager"])
     p.add_argument("--loss", nargs="+", default=["logsumexp"], choices=sorted(LOSSES))

@@ -1479,3 +1479,50 @@ def test_stage1_refuses_two_records_under_one_id(capsys, tmp_path):
     message = error_of(capsys, stage1_sft.main, stage1_args(data, out))
     assert f"{data}:3: field 'id' 'hand-000-t06' is also the id of line 1" in message
     assert not (out / "config.json").exists()
+
+
+# ---- the benchmarks: their --out, their size, a full disk at their end -----------------------------
+def test_a_bench_out_at_a_dangling_link_or_a_long_name_and_too_many_steps_are_one_line(
+    capsys, tmp_path, monkeypatch
+):
+    monkeypatch.syspath_prepend(str(REPO / "bench"))
+    module = bench_script("sft_step")
+    (tmp_path / "link").symlink_to(tmp_path / "gone")
+    long_name = tmp_path / ("x" * 300)
+    for out, says in (
+        (tmp_path / "link", f" is a link to {tmp_path / 'gone'}, which does not exist"),
+        (long_name, ": cannot write there (File name too long)"),
+    ):
+        with pytest.raises(SystemExit) as stop:
+            module.main(["--model", "tiny-random", "--data", "d.jsonl", "--out", str(out)])
+        assert stop.value.code == f"error: --out {out}{says}"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["link"]
+    argv = ["--data", "d.jsonl", "--steps", "1000000000", "--out", str(tmp_path / "b")]
+    assert "argument --steps: must be <= 1000, got 1000000000" in error_of(capsys, module.main, argv)
+    assert not (tmp_path / "b").exists()
+
+
+def test_a_full_disk_at_a_benchmarks_end_prints_its_table_and_keeps_the_earlier_results(
+    capsys, tmp_path, monkeypatch
+):
+    from srt import data_io
+
+    monkeypatch.syspath_prepend(str(REPO / "bench"))
+    module = bench_script("sft_step")
+    import measure
+
+    data = records_file(tmp_path / "d.jsonl", n=8)
+    out = measure.check_out(tmp_path / "b")
+    measure.write_results(out, "cpu-lesson-phase2-full", {"earlier": True}, "the earlier table\n")
+    before = fingerprint(out)
+    monkeypatch.setattr(data_io, "os", FullDisk(out))
+    argv = ["--model", "tiny-random", "--data", data, "--steps", "1", "--optimizers", "fused",
+            "--dtype", "float32", "--out", str(out)]  # fmt: skip
+    with pytest.raises(SystemExit) as stop:
+        module.main(argv)
+    assert stop.value.code == (
+        f"error: {out / 'cpu-lesson-phase2-full.json'}: No space left on device; the results are printed "
+        f"above, not saved (what {out} held before is as it was)"
+    )
+    assert "| AdamW fused, sdpa, logsumexp |" in capsys.readouterr().out
+    assert fingerprint(out) == before  # the earlier pair whole, no temporary file beside it
