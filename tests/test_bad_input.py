@@ -1526,3 +1526,54 @@ def test_a_full_disk_at_a_benchmarks_end_prints_its_table_and_keeps_the_earlier_
     )
     assert "| AdamW fused, sdpa, logsumexp |" in capsys.readouterr().out
     assert fingerprint(out) == before  # the earlier pair whole, no temporary file beside it
+
+
+# ---- --explain-html: a folder it cannot write, a full disk ----------------------------------------
+def test_explain_html_in_a_read_only_folder_is_refused_before_the_step(capsys, tmp_path, monkeypatch):
+    """As root chmod cannot make a folder read-only: a write into it is made to fail instead."""
+    import tempfile
+
+    from srt import grpo_explain
+
+    data = records_file(tmp_path / "d.jsonl")
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    real_mkstemp = tempfile.mkstemp
+
+    def refuse_in_ro(*args, dir=None, **kwargs):
+        if dir is not None and Path(dir) == ro:
+            raise PermissionError(13, "Permission denied")
+        return real_mkstemp(*args, dir=dir, **kwargs)
+
+    def the_step(*args, **kwargs):
+        raise AssertionError("the step ran before the page's folder was checked")
+
+    monkeypatch.setattr(tempfile, "mkstemp", refuse_in_ro)
+    monkeypatch.setattr(grpo_explain, "load_step", the_step)
+    page = ro / "step.html"
+    argv = ["--explain", "--model", "tiny-random", "--data", data, "--explain-html", str(page)]
+    message = error_of(capsys, stage2_grpo.main, argv)
+    assert message == f"error: --explain-html {page}: cannot write a page there (Permission denied)"
+    assert not list(ro.iterdir())
+
+
+def test_a_full_disk_at_the_explain_page_is_one_line_and_keeps_the_earlier_page(
+    capsys, tmp_path, monkeypatch
+):
+    from srt import data_io
+    from srt.step_page import GENERATOR
+
+    data = records_file(tmp_path / "d.jsonl")
+    page = tmp_path / "pages" / "step.html"
+    page.parent.mkdir()
+    page.write_text(f"<!DOCTYPE html>\n<html><head>{GENERATOR}</head>an earlier step</html>\n")
+    before = fingerprint(page.parent)
+    monkeypatch.setattr(data_io, "os", FullDisk(page.parent))
+    argv = ["--explain", "--model", "tiny-random", "--data", data, "--explain-html", str(page), "-K", "2",
+            "--max-new-tokens", "3", "--explain-tries", "1", "--dtype", "float32"]  # fmt: skip
+    message = error_of(capsys, stage2_grpo.main, argv)
+    assert message == (
+        f"error: {page}: No space left on device; free some space: --explain saves no run, and an earlier "
+        "page stays until a new one is whole; the same command runs it again"
+    )
+    assert fingerprint(page.parent) == before
