@@ -1577,3 +1577,13 @@ def test_a_full_disk_at_the_explain_page_is_one_line_and_keeps_the_earlier_page(
         "page stays until a new one is whole; the same command runs it again"
     )
     assert fingerprint(page.parent) == before
+
+
+@pytest.mark.parametrize("script", sorted(SCRIPTS))
+def test_an_out_whose_name_is_too_long_is_one_line(capsys, tmp_path, script):
+    data = records_file(tmp_path / "d.jsonl")
+    write_jsonl(tmp_path / "c.jsonl", [{"index": 0, "completion": "x"}])
+    out = tmp_path / ("x" * 300)
+    message = error_of(capsys, SCRIPTS[script].main, usage_argv(script, data, out))
+    assert message == f"error: --out {out}: cannot write there (File name too long)"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.jsonl", "d.jsonl"]
