@@ -39,6 +39,8 @@ Run `python stage0_build.py --help`.
 
 from __future__ import annotations
 
+import srt.startup  # noqa: F401  # isort: skip  (first: Ctrl-C while torch loads is one line)
+
 import argparse
 import hashlib
 import json

@@ -38,6 +38,8 @@ tokens), eval_format.json (with --eval-limit). Run `python stage1_sft.py --help`
 
 from __future__ import annotations
 
+import srt.startup  # noqa: F401  # isort: skip  (first: Ctrl-C while torch loads is one line)
+
 import argparse
 import math
 import time

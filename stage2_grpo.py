@@ -64,6 +64,8 @@ probe.jsonl, learning_curve.png; summary.json.
 
 from __future__ import annotations
 
+import srt.startup  # noqa: F401  # isort: skip  (first: Ctrl-C while torch loads is one line)
+
 import argparse
 import dataclasses
 import functools

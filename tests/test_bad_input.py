@@ -8,6 +8,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import zlib
@@ -948,6 +949,36 @@ def test_ctrl_c_exits_130_without_a_traceback_in_a_real_process(tmp_path):
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True)
     assert proc.returncode == 130 and "Traceback" not in proc.stderr, proc.stderr
     assert proc.stderr.strip().startswith("interrupted: a build is published whole")
+
+
+@pytest.mark.parametrize("script", ["stage1_sft.py", "evaluate.py"])
+def test_ctrl_c_while_a_script_still_loads_torch_is_one_line(tmp_path, script):
+    """The real torch loads for seconds; a stand-in that says so and waits makes the moment certain."""
+    from srt import startup
+
+    slow = tmp_path / "slow"
+    slow.mkdir()
+    (slow / "torch.py").write_text(
+        "import sys, time\nprint('loading', file=sys.stderr, flush=True)\ntime.sleep(120)\n"
+    )
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(slow)}
+    proc = subprocess.Popen(
+        [sys.executable, script, "--help"],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stderr.readline() == "loading\n"
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130 and "Traceback" not in err and not out, err
+    assert err.strip() == f"interrupted: {script} was still loading its libraries; it had done nothing"
+    assert startup.started_script() is None  # a script imported here (by pytest) changes nothing
 
 
 # ================================================================================================
