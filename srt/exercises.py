@@ -447,7 +447,8 @@ def checks_process(folder: Path, plan: list[dict], keys: list[str], time_limit: 
         str(write_end),
         limits,
     ]
-    env = dict(os.environ)
+    # the copy's code alone: a PYTHONPATH naming the project would fill a file the copy lacks from it
+    env = {name: value for name, value in os.environ.items() if name != "PYTHONPATH"}
     env["PYTHONBREAKPOINT"] = "0"  # a breakpoint() left in an exercise is passed: no one could answer it
     with tempfile.TemporaryFile() as stderr:
         try:

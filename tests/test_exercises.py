@@ -3,6 +3,7 @@ every exercise fails on its blank, passes on the project's own solution, and fai
 and without its solution, on a plausible wrong solution written into the copy's function body."""
 
 import ast
+import os
 import re
 import shutil
 import subprocess
@@ -111,12 +112,16 @@ def copy_with(blank: Path, folder: Path, bodies: dict[str, str]) -> Path:
     return folder
 
 
-def grade_command(folder: Path, *extra: str, inside: bool = False) -> subprocess.Popen:
+def grade_command(
+    folder: Path, *extra: str, inside: bool = False, env: dict | None = None
+) -> subprocess.Popen:
     """`python -m srt.exercises --grade folder`, started: the grades of one test run side by side.
     inside: `python -m srt.exercises --grade .` in the copy, as a student with the copy alone runs it."""
     where, target = (folder, ".") if inside else (PROJECT, str(folder))
     command = [sys.executable, "-m", "srt.exercises", "--grade", target, *extra]
-    return subprocess.Popen(command, cwd=where, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        command, cwd=where, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+    )
 
 
 def grade_lines(process: subprocess.Popen) -> tuple[int, dict[str, str]]:
@@ -164,8 +169,11 @@ def grades(blank, tmp_path_factory) -> dict[str, tuple[int, dict[str, str]]]:
         folder / "misbehaving",
         {key: code + (solution(BY_KEY[key]) if then else "") for key, (code, then) in MISBEHAVING.items()},
     )
+    copies["no reward.py"] = copy_with(blank, folder / "no reward", {})
+    (copies["no reward.py"] / "reward.py").unlink()
+    on_the_path = {**os.environ, "PYTHONPATH": str(PROJECT)}  # the project's reward.py, which is not graded
     started = {
-        name: grade_command(copy, inside=name == "blank")
+        name: grade_command(copy, inside=name == "blank", env=on_the_path if name == "no reward.py" else None)
         for name, copy in copies.items()
         if name != "misbehaving"
     }
@@ -251,6 +259,16 @@ def test_each_exercise_is_judged_alone_whatever_its_code_does(grades):
     for key, says in expected.items():
         assert lines[key].startswith(f"FAIL {key} {BY_KEY[key].name}: ") and says in lines[key], lines[key]
     assert "(the checks give input() nothing to read)" in lines["weights"]
+
+
+def test_a_copy_is_graded_on_its_own_files_whatever_pythonpath_says(grades):
+    code, lines = grades["no reward.py"]
+    assert code == 1 and lines["eq2"].startswith("PASS ") and lines["eq3"].startswith("PASS ")
+    assert lines["eq5"].startswith(
+        "FAIL eq5 format_reward: importing reward (ModuleNotFoundError(\"No module named 'reward'\"))"
+    ), lines["eq5"]
+    for key in ("eq6", "eq7", "eq4", "eq8", "kl", "eq9", "weights"):  # stage2_grpo imports reward
+        assert "(the same error as eq5) — hint:" in lines[key], lines[key]
 
 
 def test_make_grade_grades_the_copy_from_inside_it(blank):

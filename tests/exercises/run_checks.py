@@ -145,6 +145,14 @@ def run_exercise(exercise: dict, folder: str, plan: list[dict], import_errors: d
         first = import_errors.setdefault(failure, exercise["key"])
         error = failure if first == exercise["key"] else f"the same error as {first}"
         return {**result, "passed": False, "checked": f"importing {module_name}", "error": error}
+    where = Path(getattr(module, "__file__", None) or "?").resolve()
+    if not where.is_relative_to(Path(folder).resolve()):  # the copy lacks it; another copy is on the path
+        return {
+            **result,
+            "passed": False,
+            "checked": f"importing {module_name}",
+            "error": f"{folder} has no {module_name}.py (it was found at {where}, which is not graded)",
+        }
     if not callable(getattr(module, function_name, None)):
         return {
             **result,
