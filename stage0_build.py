@@ -794,7 +794,8 @@ def built_with(out: Path, config: dict, outputs) -> bool:
         return False
     saved = json.loads((out / "config.json").read_text(encoding="utf-8"))
     recorded = saved.pop(FILES_KEY, {})
-    saved = {k: v for k, v in saved.items() if k != "script"}
+    saved = {k: v for k, v in saved.items() if k not in ("script", *WHERE)}
+    config = {k: v for k, v in config.items() if k not in WHERE}
     if saved != config:
         sys.exit(
             f"error: --resume with another config than the build in {out}: "
@@ -808,6 +809,9 @@ def built_with(out: Path, config: dict, outputs) -> bool:
 
 # config.json's record of the build's files, by name: their sha256 when the build published them.
 FILES_KEY = "files_sha256"
+# Where the build lies is not what it is: ./out, out/ and a folder moved since hold the same build,
+# and its files are checked by their sha256 (check_built_files), not by the path they were written to.
+WHERE = ("out",)
 
 
 def built_files(folder: Path, outputs) -> dict:

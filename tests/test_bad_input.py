@@ -591,6 +591,22 @@ def test_stage0_resume_with_another_config_is_refused(capsys, tmp_path):
     assert "already built" in capsys.readouterr().out
 
 
+def test_stage0_resume_takes_the_build_under_another_spelling_of_its_folder(capsys, tmp_path, monkeypatch):
+    out = tmp_path / "data"
+    s0.main(stage0_args(out, "--seed", "1"))
+    before = fingerprint(out)
+    monkeypatch.chdir(tmp_path)
+    moved = tmp_path / "moved"
+    for spelling in (f"{out}/", "./data", "data/.", None):
+        if spelling is None:  # the folder moved since it was built
+            out.rename(moved)
+            spelling = str(moved)
+        capsys.readouterr()
+        s0.main(stage0_args(spelling, "--seed", "1", "--resume"))
+        assert "already built with this config (--resume), nothing to do" in capsys.readouterr().out
+    assert fingerprint(moved) == before
+
+
 def test_stage1_resume_on_a_damaged_checkpoint_is_refused(capsys, tmp_path):
     data = records_file(tmp_path / "d.jsonl")
     out = tmp_path / "sft"
