@@ -1634,3 +1634,29 @@ def test_an_out_whose_name_is_too_long_is_one_line(capsys, tmp_path, script):
     message = error_of(capsys, SCRIPTS[script].main, usage_argv(script, data, out))
     assert message == f"error: --out {out}: cannot write there (File name too long)"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c.jsonl", "d.jsonl"]
+
+
+# ---- --attention bf16_eager where nothing is bf16 ---------------------------------------------------
+def test_bf16_eager_in_an_fp32_run_says_it_is_eager_in_fp32(capsys, tmp_path, monkeypatch):
+    data = records_file(tmp_path / "d.jsonl", n=8)
+    note = (
+        "note: --attention bf16_eager in an fp32 run ({}): nothing runs in bf16, so it is the eager "
+        "attention kernel in fp32"
+    )
+    for dtype, why in (("float32", "--dtype float32"), ("auto", "--dtype auto, which is fp32 here")):
+        out = tmp_path / f"sft-{dtype}"
+        stage1_sft.main(
+            [*stage1_args(data, out, "--attention", "bf16_eager", "--max-steps", "1"), "--dtype", dtype]
+        )
+        assert note.format(why) in capsys.readouterr().err
+    monkeypatch.syspath_prepend(str(REPO / "bench"))
+    module = bench_script("sft_step")
+    out = tmp_path / "bench"
+    module.main(["--model", "tiny-random", "--data", data, "--steps", "1", "--optimizers", "fused",
+                 "--attention", "sdpa", "bf16_eager", "--dtype", "float32", "--out", str(out)])  # fmt: skip
+    assert note.format("--dtype float32") in capsys.readouterr().err
+    results = json.loads((out / "cpu-lesson-phase2-full.json").read_text())["results"]
+    assert list(results) == [
+        "AdamW fused, sdpa, logsumexp",
+        "AdamW fused, bf16_eager in fp32 (no bf16), logsumexp",
+    ]
