@@ -189,9 +189,11 @@ def read_unique_records(path) -> list[dict]:
 # records exactly as before; `--data syn/train.jsonl:0.5 locomo/train.jsonl:0.5` on a mix.
 # --------------------------------------------------------------------------------------------
 def parse_data_spec(spec: str) -> tuple[str, float]:
-    """'PATH:WEIGHT' -> (PATH, WEIGHT); a bare PATH has weight 1. A weight is a finite number > 0."""
+    """'PATH:WEIGHT' -> (PATH, WEIGHT); a bare PATH has weight 1. A weight is a finite number > 0.
+    A path may hold a colon itself (a run named run:1): the whole text is a PATH when it names a
+    file, or when what follows its last colon holds a '/' (a folder, never a weight)."""
     path, colon, weight = str(spec).rpartition(":")
-    if not colon:
+    if not colon or "/" in weight or os.path.isfile(spec):
         return str(spec), 1.0
     try:
         value = float(weight)
