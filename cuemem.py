@@ -31,6 +31,8 @@ CLI:      python cuemem.py --data runs/data/test.jsonl --retrieval-only
 
 from __future__ import annotations
 
+import srt.startup  # noqa: F401  # isort: skip  (first: Ctrl-C while torch loads is one line)
+
 import argparse
 import json
 import re

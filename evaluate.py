@@ -60,6 +60,8 @@ Run `python evaluate.py --help`.
 
 from __future__ import annotations
 
+import srt.startup  # noqa: F401  # isort: skip  (first: Ctrl-C while torch loads is one line)
+
 import argparse
 import functools
 import gc

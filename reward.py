@@ -72,6 +72,8 @@ Paper vs this implementation, the one list (docs/pipeline.md links here):
 
 from __future__ import annotations
 
+import srt.startup  # noqa: F401  # isort: skip  (first: Ctrl-C while torch loads is one line)
+
 import argparse
 import importlib.machinery
 import importlib.util

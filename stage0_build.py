@@ -39,6 +39,8 @@ Run `python stage0_build.py --help`.
 
 from __future__ import annotations
 
+import srt.startup  # noqa: F401  # isort: skip  (first: Ctrl-C while torch loads is one line)
+
 import argparse
 import hashlib
 import json
@@ -147,10 +149,7 @@ def deduplicate(dialogues, intent_threshold=0.9, jaccard_threshold=0.8):
             leaders.append(vec)
             clusters.append([])
             cluster = clusters[-1]
-        if any(
-            (group is None or g != group) and jaccard(prints, p) >= jaccard_threshold
-            for g, p in cluster
-        ):
+        if any((group is None or g != group) and jaccard(prints, p) >= jaccard_threshold for g, p in cluster):
             merged += 1
             continue
         cluster.append((group, prints))
@@ -793,7 +792,8 @@ def built_with(out: Path, config: dict, outputs) -> bool:
         return False
     saved = json.loads((out / "config.json").read_text(encoding="utf-8"))
     recorded = saved.pop(FILES_KEY, {})
-    saved = {k: v for k, v in saved.items() if k != "script"}
+    saved = {k: v for k, v in saved.items() if k not in ("script", *WHERE)}
+    config = {k: v for k, v in config.items() if k not in WHERE}
     if saved != config:
         sys.exit(
             f"error: --resume with another config than the build in {out}: "
@@ -807,6 +807,9 @@ def built_with(out: Path, config: dict, outputs) -> bool:
 
 # config.json's record of the build's files, by name: their sha256 when the build published them.
 FILES_KEY = "files_sha256"
+# Where the build lies is not what it is: ./out, out/ and a folder moved since hold the same build,
+# and its files are checked by their sha256 (check_built_files), not by the path they were written to.
+WHERE = ("out",)
 
 
 def built_files(folder: Path, outputs) -> dict:

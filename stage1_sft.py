@@ -38,8 +38,11 @@ tokens), eval_format.json (with --eval-limit). Run `python stage1_sft.py --help`
 
 from __future__ import annotations
 
+import srt.startup  # noqa: F401  # isort: skip  (first: Ctrl-C while torch loads is one line)
+
 import argparse
 import math
+import sys
 import time
 from pathlib import Path
 
@@ -64,7 +67,7 @@ from srt.data_io import DataError, read_jsonl, read_mixture, write_json
 from srt.distributed import accumulate, clip_grad_norm, full_weights
 from srt.generation import generate, target_logprobs
 from srt.loading import end_of_turn_id
-from srt.precision import peak_gpu_gb, register_bf16_eager, resolve_dtype
+from srt.precision import bf16_eager_in_fp32, bf16_eager_note, peak_gpu_gb, register_bf16_eager, resolve_dtype
 from srt.probe import add_eval_flags
 from srt.prompt import fit_history, format_target
 from srt.recall import RECALL_MODES, copied_spans
@@ -327,6 +330,8 @@ def train(cfg, parser=None):
     loaded_attention = model.config._attn_implementation
     if cfg.attention == "bf16_eager":  # faster on a bf16 CPU, other rounding: not the default
         model.set_attn_implementation(register_bf16_eager())
+        if run.main_process and bf16_eager_in_fp32(resolve_dtype(cfg.dtype, device)[0], autocast_dtype):
+            print(bf16_eager_note(cfg.dtype), file=sys.stderr, flush=True)
     run.resume()
     data = {
         p: PhaseData(

@@ -64,6 +64,8 @@ probe.jsonl, learning_curve.png; summary.json.
 
 from __future__ import annotations
 
+import srt.startup  # noqa: F401  # isort: skip  (first: Ctrl-C while torch loads is one line)
+
 import argparse
 import dataclasses
 import functools
@@ -1093,7 +1095,10 @@ def finish(run, cfg, policy, step) -> dict:
 
 def main(argv=None) -> None:
     cfg = parse_args(argv)
-    harness.main(cfg, "grpo", explain if cfg.explain else train)
+    if cfg.explain:  # one step that trains no run: no checkpoint to speak of, only its page
+        harness.main(cfg, "grpo", explain, saved=lambda: grpo_explain.LEAVES)
+    else:
+        harness.main(cfg, "grpo", train)
 
 
 def explain(cfg, reward_fn=None, print_fn=print) -> dict:

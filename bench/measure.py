@@ -209,18 +209,23 @@ def check_out(out) -> Path:
     later): a folder, or a path where one can be made, holding nothing but what benchmarks wrote;
     else one line naming what is wrong. The folder is made and marked as a benchmark's (BENCH_MARK)."""
     out = Path(out)
-    if out.exists() and not out.is_dir():
-        sys.exit(f"error: --out {out} is a file, not a folder")
-    there = out
-    while not there.exists():  # the nearest folder that exists: write_results makes the rest
-        there = there.parent
-    if not there.is_dir():
-        sys.exit(f"error: --out {out}: {there} is a file, not a folder")
-    if not os.access(there, os.W_OK):
-        sys.exit(f"error: --out {out} is not a folder this benchmark can write ({there} is read-only)")
-    check_no_foreign_files(out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / BENCH_MARK).touch()
+    try:
+        if out.is_symlink() and not out.exists():
+            sys.exit(f"error: --out {out} is a link to {os.readlink(out)}, which does not exist")
+        if out.exists() and not out.is_dir():
+            sys.exit(f"error: --out {out} is a file, not a folder")
+        there = out
+        while not there.exists():  # the nearest folder that exists: write_results makes the rest
+            there = there.parent
+        if not there.is_dir():
+            sys.exit(f"error: --out {out}: {there} is a file, not a folder")
+        if not os.access(there, os.W_OK):
+            sys.exit(f"error: --out {out} is not a folder this benchmark can write ({there} is read-only)")
+        check_no_foreign_files(out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / BENCH_MARK).touch()
+    except OSError as e:  # a name too long, a full disk, a folder of another user
+        sys.exit(f"error: --out {out}: cannot write there ({e.strerror})")
     return out
 
 
@@ -236,13 +241,25 @@ def check_no_foreign_files(out: Path) -> None:
 
 
 def write_results(out: Path, name: str, payload: dict, markdown: str) -> tuple[Path, Path]:
-    """<out>/<name>.json and <out>/<name>.md, written atomically."""
-    from srt.data_io import atomic_write_text
+    """<out>/<name>.json and <out>/<name>.md, written together (atomic_write_texts). Where they
+    cannot be written (a full disk), the table is printed, so that the measurement is not lost
+    with them, and the benchmark ends in one line naming the file; an earlier result there stays."""
+    from srt.data_io import atomic_write_texts
 
-    out.mkdir(parents=True, exist_ok=True)
     json_path, md_path = out / f"{name}.json", out / f"{name}.md"
-    atomic_write_text(json_path, json.dumps(payload, indent=2, default=str) + "\n")
-    atomic_write_text(md_path, markdown if markdown.endswith("\n") else markdown + "\n")
+    try:
+        atomic_write_texts(
+            {
+                json_path: json.dumps(payload, indent=2, default=str) + "\n",
+                md_path: markdown if markdown.endswith("\n") else markdown + "\n",
+            }
+        )
+    except OSError as e:
+        print(markdown, flush=True)
+        sys.exit(
+            f"error: {e.filename or out}: {e.strerror}; the results are printed above, not saved "
+            f"(what {out} held before is as it was)"
+        )
     return json_path, md_path
 
 

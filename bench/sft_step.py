@@ -12,7 +12,8 @@ so that a slow spell of a shared machine falls on all; one untimed warm-up step 
 AdamW step allocates its moments). Reported: median seconds (min-max) of the whole step, of
 forward + backward, and of the optimizer step; each side's step against the first side's on the
 same batch, as the median (min-max) of the steps' ratios; and the largest relative difference of
-a step's loss from the first side's.
+a step's loss from the first side's. In an fp32 run (--dtype float32, or auto on a CPU without bf16
+units) nothing is bf16: the bf16_eager side is eager attention in fp32, and is named so.
 
     python bench/sft_step.py --preset cpu-lesson --data runs/demo/data/train.jsonl
     python bench/sft_step.py --preset cpu-lesson --data runs/demo/data/train.jsonl --optimizers fused \
@@ -40,13 +41,15 @@ from measure import check_out, describe, fmt_stat, machine, machine_line, markdo
 
 import stage1_sft  # noqa: E402
 from srt import generation  # noqa: E402
-from srt.config import at_least  # noqa: E402
+from srt.config import up_to  # noqa: E402
 from srt.data_io import DataError, read_mixture  # noqa: E402
 from srt.distributed import clip_grad_norm  # noqa: E402
 from srt.loading import load_model_and_tokenizer  # noqa: E402
-from srt.precision import register_bf16_eager, resolve_dtype  # noqa: E402
+from srt.precision import bf16_eager_in_fp32, bf16_eager_note, register_bf16_eager, resolve_dtype  # noqa: E402
 
 OPTIMIZERS = ("loop", "fused")  # torch.optim.AdamW's default on a CPU, and fused=True
+# a step of the lesson preset takes seconds a side: a thousand is hours, more is a typo
+MAX_STEPS = 1_000
 
 
 def cross_entropy_logprobs(logits, targets, chunk_size=256):
@@ -94,7 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--target", default="full", choices=sorted(stage1_sft.TARGETS))
     p.add_argument("--phase", type=int, default=2, choices=[1, 2])
-    p.add_argument("--steps", type=at_least(1), default=10, help="timed steps a side")
+    p.add_argument("--steps", type=up_to(MAX_STEPS), default=10, help="timed steps a side")
     p.add_argument("--optimizers", nargs="+", default=list(OPTIMIZERS), choices=OPTIMIZERS)
     p.add_argument("--attention", nargs="+", default=["sdpa"], choices=["sdpa", "eager", "bf16_eager"])
     p.add_argument("--loss", nargs="+", default=["logsumexp"], choices=sorted(LOSSES))
@@ -205,7 +208,14 @@ def main(argv=None) -> None:
 
     cfg = stage1_sft.parse_args(["--preset", args.preset, "--data", args.data, "--target", args.target])
     model, tokenizer = load_model_and_tokenizer(args.model, dtype=args.dtype)
-    _, autocast_dtype = resolve_dtype(args.dtype, torch.device("cpu"))
+    weight_dtype, autocast_dtype = resolve_dtype(args.dtype, torch.device("cpu"))
+    fp32 = bf16_eager_in_fp32(weight_dtype, autocast_dtype)
+    if fp32 and "bf16_eager" in args.attention:
+        print(bf16_eager_note(args.dtype), file=sys.stderr, flush=True)
+
+    def named(attention: str) -> str:  # the side's name in the tables says what ran
+        return f"{attention} in fp32 (no bf16)" if fp32 and attention == "bf16_eager" else attention
+
     model.train()
     data = phase_data(cfg, tokenizer, args.phase)
     register_bf16_eager()
@@ -221,7 +231,7 @@ def main(argv=None) -> None:
         info = machine()
         markdown = profile_markdown(
             profiled,
-            f"{title}, {attentions[0]} attention, {args.loss[0]} loss, {args.steps} steps profiled\n\n"
+            f"{title}, {named(attentions[0])} attention, {args.loss[0]} loss, {args.steps} steps profiled\n\n"
             f"{machine_line(info)}",
         )
         report(args, "profile-", {"machine": info, "profile": profiled}, markdown)
@@ -232,7 +242,7 @@ def main(argv=None) -> None:
             for kind in args.optimizers:
                 fused = True if kind == "fused" else None
                 optimizer = torch.optim.AdamW(model.parameters(), lr=0.0, fused=fused)
-                sides[f"AdamW {kind}, {attention}, {loss}"] = (attention, LOSSES[loss], optimizer)
+                sides[f"AdamW {kind}, {named(attention)}, {loss}"] = (attention, LOSSES[loss], optimizer)
     parts = {name: {"step": [], "forward + backward": [], "optimizer": []} for name in sides}
     losses = {name: [] for name in sides}
     tokens = []

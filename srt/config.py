@@ -32,7 +32,6 @@ import tempfile
 from pathlib import Path
 
 from srt.data_io import write_json
-from srt.exercises import exercise_that_raised, unfinished_exercise
 
 
 class Bounded:
@@ -171,7 +170,10 @@ def run_in(out) -> str | None:
     """Who wrote the run in folder `out`: a script's name, "a model (save_pretrained)", "a config.json
     of another program", or None when there is no config.json."""
     path = Path(out) / "config.json"
-    if not path.is_file():
+    try:
+        if not path.is_file():
+            return None
+    except OSError:  # a path that cannot name a file (too long): no run there; claim_out says why
         return None
     try:
         config = json.loads(path.read_bytes())
@@ -264,6 +266,12 @@ def claim_out(
             "error: --resume and --overwrite ask for opposites (continue the run in --out, replace it); "
             "give one"
         )
+    try:
+        os.stat(out)
+    except (FileNotFoundError, NotADirectoryError):  # a folder to make; one under a file fails below
+        pass
+    except OSError as e:  # a name longer than the file system takes, a loop of links
+        sys.exit(f"error: --out {out}: cannot write there ({e.strerror})")
     if out.exists() and not out.is_dir():
         sys.exit(f"error: --out {out} is a file, not a folder")
     writer = run_in(out)
@@ -342,6 +350,9 @@ def interruptible(saved, out=None):
     try:
         yield
     except NotImplementedError as e:
+        # here, not at the top: srt.exercises reads its flags' types from this module
+        from srt.exercises import exercise_that_raised, unfinished_exercise
+
         if exercise_that_raised(e) is None:  # not an exercise's blank: a genuine fault, traceback kept
             raise
         sys.exit(f"error: {Path(sys.argv[0]).name} {unfinished_exercise(e)}")

@@ -189,9 +189,11 @@ def read_unique_records(path) -> list[dict]:
 # records exactly as before; `--data syn/train.jsonl:0.5 locomo/train.jsonl:0.5` on a mix.
 # --------------------------------------------------------------------------------------------
 def parse_data_spec(spec: str) -> tuple[str, float]:
-    """'PATH:WEIGHT' -> (PATH, WEIGHT); a bare PATH has weight 1. A weight is a finite number > 0."""
+    """'PATH:WEIGHT' -> (PATH, WEIGHT); a bare PATH has weight 1. A weight is a finite number > 0.
+    A path may hold a colon itself (a run named run:1): the whole text is a PATH when it names a
+    file, or when what follows its last colon holds a '/' (a folder, never a weight)."""
     path, colon, weight = str(spec).rpartition(":")
-    if not colon:
+    if not colon or "/" in weight or os.path.isfile(spec):
         return str(spec), 1.0
     try:
         value = float(weight)
@@ -271,18 +273,30 @@ def files_sha256(paths) -> str:
 def atomic_write_text(path, text: str) -> None:
     """Write to a temporary file in the same folder, then rename: a killed run never leaves a
     half-written file behind."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    atomic_write_texts({path: text})
+
+
+def atomic_write_texts(files: dict) -> None:
+    """{path: text}: every file written to a temporary file beside it first, then all renamed. A
+    write that fails (a full disk) leaves every earlier file as it was, not one new file beside
+    an old one. The OSError names the file it was writing."""
+    staged, path = [], None
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.chmod(tmp, 0o644)  # mkstemp makes owner-only files; outputs are meant to be shared
-        os.replace(tmp, path)
+        for path, text in files.items():
+            path = Path(path)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+            staged.append((tmp, path))
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(text)
+            os.chmod(tmp, 0o644)  # mkstemp makes owner-only files; outputs are meant to be shared
+        for tmp, path in staged:
+            os.replace(tmp, path)
     except BaseException as e:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        if isinstance(e, OSError) and e.filename is None:  # a failed write names no file
+        for tmp, _ in staged:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+        if isinstance(e, OSError) and e.filename is None and path is not None:  # a write names no file
             raise OSError(e.errno, e.strerror, str(path)) from e
         raise
 

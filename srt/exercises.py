@@ -20,18 +20,33 @@ import argparse
 import ast
 import json
 import os
+import select
 import shutil
+import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
+import time
 import tokenize
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
+from srt.config import up_to
+
 PROJECT = Path(__file__).resolve().parents[1]
 CHECKS = PROJECT / "tests" / "exercises"  # the checks always come from this project, never the copy
-GRADE_TIMEOUT_S = 600
+# An exercise's checks, from the first on, take a few seconds of CPU on tiny models: a minute of CPU
+# is a loop that never ends (--time-limit changes it). CPU time, not the clock: on a busy machine (a
+# class's shared server, a training run beside it) correct code takes longer by the clock, never by
+# the CPU it uses. run_checks.py has the kernel end its process past the limit (RLIMIT_CPU).
+TIME_LIMIT_S = 60
+# Starting the checks' process and importing an exercise's module: CPU for torch and transformers,
+# which are slow to load; only a module whose top level never ends uses it up.
+LOAD_LIMIT_S = 300
+# By the clock, for code that waits instead of computing (a sleep, a lock), which uses no CPU.
+WAIT_LIMIT_S = 600
 
 
 @dataclass(frozen=True)
@@ -427,27 +442,139 @@ def copy_readme(exercises) -> str:
 
 
 # ==== Grading a copy ====
-def run_checks(folder: Path, exercises=EXERCISES) -> list[dict]:
-    """Run every exercise's checks on the code in `folder`, in one subprocess whose sys.path starts
-    with `folder` (so `import stage2_grpo` is the student's), -> one result per exercise:
-    {key, passed, checked (what the failing check checks), error}."""
+def run_checks(folder: Path, exercises=EXERCISES, time_limit: float = TIME_LIMIT_S) -> list[dict]:
+    """Run every exercise's checks on the code in `folder` -> one result per exercise: {key, passed,
+    checked (what the failing check checks), error}. The checks run in a subprocess whose sys.path
+    starts with `folder` (so `import stage2_grpo` is the student's), one exercise after another,
+    each with `time_limit` seconds of CPU; an exercise whose code never returns or ends the process
+    fails alone, and a fresh process runs the exercises after it."""
     plan = [{"key": e.key, "function": e.function, "checks": list(e.checks)} for e in exercises]
-    command = [sys.executable, str(CHECKS / "run_checks.py"), str(folder.resolve()), json.dumps(plan)]
-    try:
-        done = subprocess.run(command, cwd=folder, capture_output=True, text=True, timeout=GRADE_TIMEOUT_S)
-        output, trouble = (
-            done.stdout,
-            done.stderr.strip().splitlines()[-1:] or [f"exit code {done.returncode}"],
-        )
-    except subprocess.TimeoutExpired:
-        output, trouble = "", [f"the checks ran past {GRADE_TIMEOUT_S} s"]
     results = {}
-    for line in output.splitlines():
-        if line.startswith("RESULT "):
-            result = json.loads(line[len("RESULT ") :])
-            results[result["key"]] = result
-    missing = {"passed": False, "checked": "the checks did not run", "error": trouble[0]}
-    return [results.get(e.key, {"key": e.key, **missing}) for e in exercises]
+    while len(results) < len(exercises):  # each process gives at least one result
+        pending = [e.key for e in exercises if e.key not in results]
+        results.update(checks_process(folder, plan, pending, time_limit))
+    blame_callees(results, plan)
+    return [results[e.key] for e in exercises]
+
+
+def checks_process(folder: Path, plan: list[dict], keys: list[str], time_limit: float) -> dict[str, dict]:
+    """One process of tests/exercises/run_checks.py on the exercises `keys` -> their results, up to
+    the one whose code ended the process or ran out of time (that one's result says so); when none
+    began, every one of `keys` says why. The results come over a pipe of their own: the student's
+    prints go to stdout, which is not read, and input() reads an empty stdin."""
+    read_end, write_end = os.pipe()
+    limits = json.dumps({"time": time_limit, "load": LOAD_LIMIT_S})
+    command = [
+        sys.executable,
+        str(CHECKS / "run_checks.py"),
+        str(folder.resolve()),
+        json.dumps(plan),
+        ",".join(keys),
+        str(write_end),
+        limits,
+    ]
+    # the copy's code alone: a PYTHONPATH naming the project would fill a file the copy lacks from it
+    env = {name: value for name, value in os.environ.items() if name != "PYTHONPATH"}
+    env["PYTHONBREAKPOINT"] = "0"  # a breakpoint() left in an exercise is passed: no one could answer it
+    with tempfile.TemporaryFile() as stderr:
+        try:
+            process = subprocess.Popen(
+                command,
+                cwd=folder,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=stderr,
+                pass_fds=(write_end,),
+            )
+        finally:
+            os.close(write_end)
+        progress = Progress(time_limit)
+        try:
+            progress.follow(read_end)
+        finally:
+            os.close(read_end)
+            process.kill()
+            process.wait()
+        stderr.seek(0)
+        said = stderr.read().decode("utf-8", "replace").strip().splitlines()[-1:]
+    results, code = progress.results, process.returncode
+    out_of_cpu = code == -signal.SIGXCPU
+    if progress.running is not None:
+        if out_of_cpu:
+            why = f"did not finish in {progress.limit:g} s"
+        elif progress.ended:
+            why = f"its code ended the process of the checks, exit code {code}"
+            why += f": {said[0][:160]}" if said else ""
+        else:
+            why = f"did not finish, and waited {WAIT_LIMIT_S} s for something"
+        results[progress.running] = failed(progress.running, progress.doing or "the checks", why)
+    elif not results:
+        if progress.ended and not out_of_cpu:
+            why = said[0][:200] if said else f"exit code {code}"
+        else:
+            why = "python and torch did not load in time"
+        results = {key: failed(key, "the checks did not run", why) for key in keys}
+    return results
+
+
+def failed(key: str, checked: str, error: str) -> dict:
+    return {"key": key, "passed": False, "checked": checked, "error": error, "called": []}
+
+
+class Progress:
+    """What a process of the checks has said over its pipe (run_checks.py's events): the results so
+    far, the exercise it is running, what it is doing there and the CPU seconds it has for it (which
+    run_checks.py enforces), and whether the process ended (else it waited WAIT_LIMIT_S by the clock)."""
+
+    def __init__(self, time_limit: float):
+        self.time_limit, self.results = time_limit, {}
+        self.running, self.doing, self.ended, self.timed = None, "", False, False
+        self.limit, self.deadline = LOAD_LIMIT_S, time.monotonic() + WAIT_LIMIT_S
+
+    def follow(self, fd: int) -> None:
+        """Read events from `fd` until it ends (the process ended) or the deadline passes."""
+        buffer = b""
+        while True:
+            left = self.deadline - time.monotonic()
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
+                return
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                self.ended = True
+                return
+            *lines, buffer = (buffer + chunk).split(b"\n")
+            for line in lines:
+                self.on(json.loads(line))
+
+    def on(self, event: dict) -> None:
+        if "start" in event:
+            self.running, self.doing, self.timed = event["start"], "", False
+            self.limit, self.deadline = LOAD_LIMIT_S, time.monotonic() + WAIT_LIMIT_S
+        elif "import" in event:
+            self.doing = f"importing {event['import']}"
+        elif "check" in event:
+            self.doing = event["check"]
+            if not self.timed:  # the exercise's time runs from its first check on
+                self.limit, self.deadline = self.time_limit, time.monotonic() + WAIT_LIMIT_S
+                self.timed = True
+        else:
+            self.results[self.running], self.running = event["result"], None
+
+
+def blame_callees(results: dict[str, dict], plan: list[dict]) -> None:
+    """A failing exercise whose failing check called another exercise that fails its own checks is
+    told so: fixing the other comes first."""
+    names = {e["key"]: e["function"].partition(":")[2] for e in plan}
+    for result in results.values():
+        failing = [key for key in result.get("called", []) if not results[key]["passed"]]
+        if result["passed"] or not failing:
+            continue
+        calls = ", ".join(f"{names[key]} ({key})" for key in failing)
+        keys = ", ".join(failing)
+        fails = "fails its own exercise" if len(failing) == 1 else "fail their own exercises"
+        note = f"{result['key']} calls {calls}, which {fails}: pass {keys} first"
+        result["error"] = "; ".join(filter(None, [result["error"], note]))
 
 
 def grade_line(exercise: Exercise, result: dict) -> str:
@@ -458,9 +585,9 @@ def grade_line(exercise: Exercise, result: dict) -> str:
     return f"FAIL {exercise.key} {exercise.name}: {checked} — hint: {exercise.hint}"
 
 
-def grade(folder: Path, exercises=EXERCISES) -> bool:
+def grade(folder: Path, exercises=EXERCISES, time_limit: float = TIME_LIMIT_S) -> bool:
     """Print one line per exercise; True when every exercise passed."""
-    results = run_checks(folder, exercises)
+    results = run_checks(folder, exercises, time_limit)
     for exercise, result in zip(exercises, results):
         print(grade_line(exercise, result), flush=True)
     return all(r["passed"] for r in results)
@@ -484,6 +611,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     action.add_argument("--grade", type=Path, metavar="DIR", help="grade the student copy in DIR")
     action.add_argument("--list", action="store_true", help="list the exercises in order")
+    parser.add_argument(
+        "--time-limit",
+        type=up_to(3600),
+        default=TIME_LIMIT_S,
+        metavar="S",
+        help="--grade: seconds each exercise's checks may take; an exercise that takes longer fails alone",
+    )
     return parser
 
 
@@ -505,10 +639,13 @@ def main(argv=None) -> int:
                 f"{args.grade} holds no copy of the project (no stage2_grpo.py): write one with "
                 "`make exercises`, or grade a copy from inside it with `make grade`"
             )
-        return 0 if grade(args.grade) else 1
+        return 0 if grade(args.grade, time_limit=args.time_limit) else 1
     except ExerciseError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # the checks' process is gone with it (checks_process kills it)
+        print("\ninterrupted: grading stopped; the copy is as it was", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+import sys
 from dataclasses import dataclass
 from typing import Callable
 
@@ -25,7 +26,7 @@ from srt.distributed import setup_distributed
 from srt.loading import GRPO_DROPOUT_NOTE, load_model_and_tokenizer, zero_dropout
 from srt.precision import resolve_dtype
 from srt.rollouts import PromptStream
-from srt.step_page import write_step_page
+from srt.step_page import unwritable, write_step_page
 from srt.training import adamw, seed_everything, warmup_lr
 
 
@@ -42,6 +43,14 @@ class GRPOStep:
     loss: Callable  # grpo_loss, Eq. (9) itself: the worked token's clip and min() are its own
     loss_types: dict  # --loss-type -> its normalisation weight, written out
     compute_rewards: Callable  # reward.py
+
+
+# What a Ctrl-C or a full disk during --explain leaves (the script's one line after "interrupted:"
+# or the disk's error): a page is renamed into place only when whole (step_page.write_step_page).
+LEAVES = (
+    "--explain saves no run, and an earlier page stays until a new one is whole; the same command "
+    "runs it again"
+)
 
 
 def add_flags(group) -> None:
@@ -128,6 +137,9 @@ def explain(cfg, step: GRPOStep, reward_fn=None, print_fn=print) -> dict:
     the record after the update), "tries", "differs", "texts": [K], "tokens": [K per-token dicts:
     text, new / old / ref log-probs, ratio, is_weight, kl, clipped, objective, weight, policy_mask],
     "worked": the one token written out, "html": the page's path}."""
+    problem = unwritable(cfg.explain_html)  # now, not after the model has loaded and the step run
+    if problem:
+        sys.exit(f"error: {problem}")
     reward_fn = reward_fn or functools.partial(
         step.compute_rewards, answer_reward=cfg.answer_reward, answer_gate=cfg.answer_gate
     )

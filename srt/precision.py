@@ -121,6 +121,22 @@ def boolean_mask(*args, **kwargs):
     return sdpa_mask(*args, allow_is_causal_skip=False, **kwargs)
 
 
+def bf16_eager_in_fp32(weight_dtype, autocast_dtype) -> bool:
+    """bf16_eager_attention computes in the dtype its inputs come in: bf16 under bf16 autocast or with
+    bf16 weights. In an fp32 run (--dtype float32, or auto on a CPU without bf16 units) nothing is
+    bf16, and it is eager attention in fp32: what a run or a benchmark says of it must say so."""
+    return weight_dtype == torch.float32 and autocast_dtype is None
+
+
+def bf16_eager_note(dtype: str) -> str:
+    """The line a run with --attention bf16_eager prints where bf16_eager_in_fp32."""
+    why = "--dtype float32" if dtype == "float32" else f"--dtype {dtype}, which is fp32 here"
+    return (
+        f"note: --attention bf16_eager in an fp32 run ({why}): nothing runs in bf16, so it is the eager "
+        "attention kernel in fp32"
+    )
+
+
 def register_bf16_eager() -> str:
     """Make bf16_eager_attention a kernel `model.set_attn_implementation` can name -> its name."""
     from transformers import AttentionInterface

@@ -10,6 +10,7 @@ gallery a student reads is the reward that trains.
 from __future__ import annotations
 
 import math
+import numbers
 import re
 from collections.abc import Callable, Sequence
 from os.path import commonprefix
@@ -288,18 +289,25 @@ def reward_scores(reward_fn: Callable[..., list[dict]]) -> list[dict]:
         )
     scores = []
     for (name, kind, text), result in zip(rows, results):
-        total = result.get("total") if isinstance(result, dict) else None
-        if not is_number(total):
+        total = real_number(result.get("total")) if isinstance(result, dict) else None
+        if total is None:
             raise ValueError(f"a result is {short_repr(result)}, not a dict with a numeric 'total'")
         if not math.isfinite(total):
             raise ValueError(f"it scores {name!r} {total}: every total must be a finite number")
-        parts = {p: float(result[p]) for p in PARTS if is_number(result.get(p))}
-        scores.append({"name": name, "kind": kind, "text": text, "total": float(total), "parts": parts})
+        parts = {p: value for p in PARTS if (value := real_number(result.get(p))) is not None}
+        scores.append({"name": name, "kind": kind, "text": text, "total": total, "parts": parts})
     return [{**s, "margin": scores[0]["total"] - s["total"]} for s in scores]
 
 
-def is_number(value) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
+def real_number(value) -> float | None:
+    """`value` as a float when it is one real number: an int or a float, or what a reward computed
+    with NumPy or torch returns for one (np.float32, a 0-d array or tensor); else None. A bool is no
+    score, nor a complex number, nor a tensor of several values."""
+    if getattr(value, "shape", None) == () and callable(getattr(value, "item", None)):
+        value = value.item()
+    if isinstance(value, numbers.Real) and not isinstance(value, bool):
+        return float(value)
+    return None
 
 
 def short_repr(value, n: int = 60) -> str:

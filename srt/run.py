@@ -494,15 +494,16 @@ def interrupted(out) -> str | None:
     return f"{checkpoint} holds step {step}; the same command with --resume continues from there"
 
 
-def main(cfg, stage: str, work) -> None:
+def main(cfg, stage: str, work, saved=None) -> None:
     """A training script's main: --dry-run prints the memory plan alone (nothing is loaded or
     downloaded, for a machine this need not be); else `work(cfg)`, a bad input ending in one line,
-    and Ctrl-C in one line saying where the run can be continued from."""
+    and Ctrl-C or a full disk in one line saying where the run can be continued from (`saved()`,
+    for work that is no training run: what it leaves)."""
     if cfg.dry_run:
         print(memory_plan.stage_plan(stage, cfg, cfg.world_size or int(os.environ.get("WORLD_SIZE", 1))))
         return
     try:
-        with interruptible(lambda: interrupted(cfg.out), cfg.out):
+        with interruptible(saved or (lambda: interrupted(cfg.out)), cfg.out):
             work(cfg)
     except (DataError, FileNotFoundError) as e:
         sys.exit(f"error: {e}")

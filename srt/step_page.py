@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import html
 import math
+import os
+import tempfile
 from pathlib import Path
 
 from srt.data_io import atomic_write_text
@@ -218,6 +220,20 @@ def page_problem(path, overwrite: bool = False) -> str | None:
                 f"--explain-html {path} holds a file that is not a page --explain wrote; give another "
                 "path, or --overwrite to replace it"
             )
+    return None
+
+
+def unwritable(path) -> str | None:
+    """Why no page can be written at `path`, or None: found by making its folder and a file in it
+    (as root, a read-only folder passes os.access), before the step that would end in it runs."""
+    folder = Path(path).parent
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(dir=folder, prefix=".write-check.")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        return f"--explain-html {path}: cannot write a page there ({e.strerror})"
     return None
 
 

@@ -8,6 +8,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import zlib
@@ -590,6 +591,22 @@ def test_stage0_resume_with_another_config_is_refused(capsys, tmp_path):
     assert "already built" in capsys.readouterr().out
 
 
+def test_stage0_resume_takes_the_build_under_another_spelling_of_its_folder(capsys, tmp_path, monkeypatch):
+    out = tmp_path / "data"
+    s0.main(stage0_args(out, "--seed", "1"))
+    before = fingerprint(out)
+    monkeypatch.chdir(tmp_path)
+    moved = tmp_path / "moved"
+    for spelling in (f"{out}/", "./data", "data/.", None):
+        if spelling is None:  # the folder moved since it was built
+            out.rename(moved)
+            spelling = str(moved)
+        capsys.readouterr()
+        s0.main(stage0_args(spelling, "--seed", "1", "--resume"))
+        assert "already built with this config (--resume), nothing to do" in capsys.readouterr().out
+    assert fingerprint(moved) == before
+
+
 def test_stage1_resume_on_a_damaged_checkpoint_is_refused(capsys, tmp_path):
     data = records_file(tmp_path / "d.jsonl")
     out = tmp_path / "sft"
@@ -948,6 +965,36 @@ def test_ctrl_c_exits_130_without_a_traceback_in_a_real_process(tmp_path):
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True)
     assert proc.returncode == 130 and "Traceback" not in proc.stderr, proc.stderr
     assert proc.stderr.strip().startswith("interrupted: a build is published whole")
+
+
+@pytest.mark.parametrize("script", ["stage1_sft.py", "evaluate.py"])
+def test_ctrl_c_while_a_script_still_loads_torch_is_one_line(tmp_path, script):
+    """The real torch loads for seconds; a stand-in that says so and waits makes the moment certain."""
+    from srt import startup
+
+    slow = tmp_path / "slow"
+    slow.mkdir()
+    (slow / "torch.py").write_text(
+        "import sys, time\nprint('loading', file=sys.stderr, flush=True)\ntime.sleep(120)\n"
+    )
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(slow)}
+    proc = subprocess.Popen(
+        [sys.executable, script, "--help"],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stderr.readline() == "loading\n"
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130 and "Traceback" not in err and not out, err
+    assert err.strip() == f"interrupted: {script} was still loading its libraries; it had done nothing"
+    assert startup.started_script() is None  # a script imported here (by pytest) changes nothing
 
 
 # ================================================================================================
@@ -1479,3 +1526,137 @@ def test_stage1_refuses_two_records_under_one_id(capsys, tmp_path):
     message = error_of(capsys, stage1_sft.main, stage1_args(data, out))
     assert f"{data}:3: field 'id' 'hand-000-t06' is also the id of line 1" in message
     assert not (out / "config.json").exists()
+
+
+# ---- the benchmarks: their --out, their size, a full disk at their end -----------------------------
+def test_a_bench_out_at_a_dangling_link_or_a_long_name_and_too_many_steps_are_one_line(
+    capsys, tmp_path, monkeypatch
+):
+    monkeypatch.syspath_prepend(str(REPO / "bench"))
+    module = bench_script("sft_step")
+    (tmp_path / "link").symlink_to(tmp_path / "gone")
+    long_name = tmp_path / ("x" * 300)
+    for out, says in (
+        (tmp_path / "link", f" is a link to {tmp_path / 'gone'}, which does not exist"),
+        (long_name, ": cannot write there (File name too long)"),
+    ):
+        with pytest.raises(SystemExit) as stop:
+            module.main(["--model", "tiny-random", "--data", "d.jsonl", "--out", str(out)])
+        assert stop.value.code == f"error: --out {out}{says}"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["link"]
+    argv = ["--data", "d.jsonl", "--steps", "1000000000", "--out", str(tmp_path / "b")]
+    assert "argument --steps: must be <= 1000, got 1000000000" in error_of(capsys, module.main, argv)
+    assert not (tmp_path / "b").exists()
+
+
+def test_a_full_disk_at_a_benchmarks_end_prints_its_table_and_keeps_the_earlier_results(
+    capsys, tmp_path, monkeypatch
+):
+    from srt import data_io
+
+    monkeypatch.syspath_prepend(str(REPO / "bench"))
+    module = bench_script("sft_step")
+    import measure
+
+    data = records_file(tmp_path / "d.jsonl", n=8)
+    out = measure.check_out(tmp_path / "b")
+    measure.write_results(out, "cpu-lesson-phase2-full", {"earlier": True}, "the earlier table\n")
+    before = fingerprint(out)
+    monkeypatch.setattr(data_io, "os", FullDisk(out))
+    argv = ["--model", "tiny-random", "--data", data, "--steps", "1", "--optimizers", "fused",
+            "--dtype", "float32", "--out", str(out)]  # fmt: skip
+    with pytest.raises(SystemExit) as stop:
+        module.main(argv)
+    assert stop.value.code == (
+        f"error: {out / 'cpu-lesson-phase2-full.json'}: No space left on device; the results are printed "
+        f"above, not saved (what {out} held before is as it was)"
+    )
+    assert "| AdamW fused, sdpa, logsumexp |" in capsys.readouterr().out
+    assert fingerprint(out) == before  # the earlier pair whole, no temporary file beside it
+
+
+# ---- --explain-html: a folder it cannot write, a full disk ----------------------------------------
+def test_explain_html_in_a_read_only_folder_is_refused_before_the_step(capsys, tmp_path, monkeypatch):
+    """As root chmod cannot make a folder read-only: a write into it is made to fail instead."""
+    import tempfile
+
+    from srt import grpo_explain
+
+    data = records_file(tmp_path / "d.jsonl")
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    real_mkstemp = tempfile.mkstemp
+
+    def refuse_in_ro(*args, dir=None, **kwargs):
+        if dir is not None and Path(dir) == ro:
+            raise PermissionError(13, "Permission denied")
+        return real_mkstemp(*args, dir=dir, **kwargs)
+
+    def the_step(*args, **kwargs):
+        raise AssertionError("the step ran before the page's folder was checked")
+
+    monkeypatch.setattr(tempfile, "mkstemp", refuse_in_ro)
+    monkeypatch.setattr(grpo_explain, "load_step", the_step)
+    page = ro / "step.html"
+    argv = ["--explain", "--model", "tiny-random", "--data", data, "--explain-html", str(page)]
+    message = error_of(capsys, stage2_grpo.main, argv)
+    assert message == f"error: --explain-html {page}: cannot write a page there (Permission denied)"
+    assert not list(ro.iterdir())
+
+
+def test_a_full_disk_at_the_explain_page_is_one_line_and_keeps_the_earlier_page(
+    capsys, tmp_path, monkeypatch
+):
+    from srt import data_io
+    from srt.step_page import GENERATOR
+
+    data = records_file(tmp_path / "d.jsonl")
+    page = tmp_path / "pages" / "step.html"
+    page.parent.mkdir()
+    page.write_text(f"<!DOCTYPE html>\n<html><head>{GENERATOR}</head>an earlier step</html>\n")
+    before = fingerprint(page.parent)
+    monkeypatch.setattr(data_io, "os", FullDisk(page.parent))
+    argv = ["--explain", "--model", "tiny-random", "--data", data, "--explain-html", str(page), "-K", "2",
+            "--max-new-tokens", "3", "--explain-tries", "1", "--dtype", "float32"]  # fmt: skip
+    message = error_of(capsys, stage2_grpo.main, argv)
+    assert message == (
+        f"error: {page}: No space left on device; free some space: --explain saves no run, and an earlier "
+        "page stays until a new one is whole; the same command runs it again"
+    )
+    assert fingerprint(page.parent) == before
+
+
+@pytest.mark.parametrize("script", sorted(SCRIPTS))
+def test_an_out_whose_name_is_too_long_is_one_line(capsys, tmp_path, script):
+    data = records_file(tmp_path / "d.jsonl")
+    write_jsonl(tmp_path / "c.jsonl", [{"index": 0, "completion": "x"}])
+    out = tmp_path / ("x" * 300)
+    message = error_of(capsys, SCRIPTS[script].main, usage_argv(script, data, out))
+    assert message == f"error: --out {out}: cannot write there (File name too long)"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.jsonl", "d.jsonl"]
+
+
+# ---- --attention bf16_eager where nothing is bf16 ---------------------------------------------------
+def test_bf16_eager_in_an_fp32_run_says_it_is_eager_in_fp32(capsys, tmp_path, monkeypatch):
+    data = records_file(tmp_path / "d.jsonl", n=8)
+    note = (
+        "note: --attention bf16_eager in an fp32 run ({}): nothing runs in bf16, so it is the eager "
+        "attention kernel in fp32"
+    )
+    for dtype, why in (("float32", "--dtype float32"), ("auto", "--dtype auto, which is fp32 here")):
+        out = tmp_path / f"sft-{dtype}"
+        stage1_sft.main(
+            [*stage1_args(data, out, "--attention", "bf16_eager", "--max-steps", "1"), "--dtype", dtype]
+        )
+        assert note.format(why) in capsys.readouterr().err
+    monkeypatch.syspath_prepend(str(REPO / "bench"))
+    module = bench_script("sft_step")
+    out = tmp_path / "bench"
+    module.main(["--model", "tiny-random", "--data", data, "--steps", "1", "--optimizers", "fused",
+                 "--attention", "sdpa", "bf16_eager", "--dtype", "float32", "--out", str(out)])  # fmt: skip
+    assert note.format("--dtype float32") in capsys.readouterr().err
+    results = json.loads((out / "cpu-lesson-phase2-full.json").read_text())["results"]
+    assert list(results) == [
+        "AdamW fused, sdpa, logsumexp",
+        "AdamW fused, bf16_eager in fp32 (no bf16), logsumexp",
+    ]

@@ -3,6 +3,7 @@ every exercise fails on its blank, passes on the project's own solution, and fai
 and without its solution, on a plausible wrong solution written into the copy's function body."""
 
 import ast
+import os
 import re
 import shutil
 import subprocess
@@ -109,12 +110,16 @@ def copy_with(blank: Path, folder: Path, bodies: dict[str, str]) -> Path:
     return folder
 
 
-def grade_command(folder: Path, inside: bool = False) -> subprocess.Popen:
+def grade_command(
+    folder: Path, *extra: str, inside: bool = False, env: dict | None = None
+) -> subprocess.Popen:
     """`python -m srt.exercises --grade folder`, started: the grades of one test run side by side.
     inside: `python -m srt.exercises --grade .` in the copy, as a student with the copy alone runs it."""
     where, target = (folder, ".") if inside else (PROJECT, str(folder))
-    command = [sys.executable, "-m", "srt.exercises", "--grade", target]
-    return subprocess.Popen(command, cwd=where, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    command = [sys.executable, "-m", "srt.exercises", "--grade", target, *extra]
+    return subprocess.Popen(
+        command, cwd=where, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+    )
 
 
 def grade_lines(process: subprocess.Popen) -> tuple[int, dict[str, str]]:
@@ -123,6 +128,23 @@ def grade_lines(process: subprocess.Popen) -> tuple[int, dict[str, str]]:
     lines = {line.split()[1]: line for line in stdout.splitlines() if line.startswith(("PASS ", "FAIL "))}
     assert list(lines) == [e.key for e in EXERCISES], stdout + stderr
     return process.returncode, lines
+
+
+# What a student's function may do besides its equation, one exercise each: (code, whether the
+# solution follows it). Prints (one that mimics the grader's own protocol, one without a newline) and a
+# breakpoint() left in pass; reading input, Ctrl-C, sys.exit, a loop that never ends and os._exit
+# fail their own exercise alone.
+MISBEHAVING = {
+    "eq2": ('print("RESULT", {"key": "eq2", "passed": False})\n', True),
+    "eq3": ('print("a line without its end", end="")\n', True),
+    "eq5": ("breakpoint()\n", True),
+    "eq6": ("raise KeyboardInterrupt\n", False),
+    "eq4": ("import sys\n\nsys.exit(3)\n", False),
+    "eq8": ("while True:\n    pass\n", False),
+    "eq9": ("import os\n\nos._exit(0)\n", False),
+    "weights": ('input("the answer? ")\n', True),
+}
+MISBEHAVING_LIMIT_S = 20
 
 
 @pytest.fixture(scope="module")
@@ -140,7 +162,21 @@ def grades(blank, tmp_path_factory) -> dict[str, tuple[int, dict[str, str]]]:
     copies["reward.py broken"] = copy_with(blank, folder / "broken", {})
     path = copies["reward.py broken"] / "reward.py"
     path.write_text(path.read_text(encoding="utf-8") + "\ndef broken(:\n", encoding="utf-8")
-    started = {name: grade_command(copy, inside=name == "blank") for name, copy in copies.items()}
+    copies["misbehaving"] = copy_with(
+        blank,
+        folder / "misbehaving",
+        {key: code + (solution(BY_KEY[key]) if then else "") for key, (code, then) in MISBEHAVING.items()},
+    )
+    copies["no reward.py"] = copy_with(blank, folder / "no reward", {})
+    (copies["no reward.py"] / "reward.py").unlink()
+    on_the_path = {**os.environ, "PYTHONPATH": str(PROJECT)}  # the project's reward.py, which is not graded
+    started = {
+        name: grade_command(copy, inside=name == "blank", env=on_the_path if name == "no reward.py" else None)
+        for name, copy in copies.items()
+        if name != "misbehaving"
+    }
+    # CPU seconds (an endless loop uses them up), which correct code here stays far below, however busy
+    started["misbehaving"] = grade_command(copies["misbehaving"], "--time-limit", str(MISBEHAVING_LIMIT_S))
     return {name: grade_lines(process) for name, process in started.items()}
 
 
@@ -199,6 +235,36 @@ def test_a_syntax_error_is_reported_once_for_its_module(grades):
     code, lines = grades["reward.py broken"]
     assert code != 0 and lines["eq2"] == "PASS eq2 dependency_score" and lines["eq3"].startswith("PASS ")
     assert lines["eq5"].startswith("FAIL eq5 format_reward: importing reward (reward.py line ")
+    for key in ("eq6", "eq7", "eq4", "eq8", "kl", "eq9", "weights"):  # stage2_grpo imports reward
+        assert "(the same error as eq5) — hint:" in lines[key], lines[key]
+
+
+def test_each_exercise_is_judged_alone_whatever_its_code_does(grades):
+    """A function that prints, stops in a debugger, reads input, raises KeyboardInterrupt, exits,
+    ends the process or never returns fails its own exercise (or passes, when it is right) and no
+    other: the results come over a pipe of their own, and each exercise has its own time limit."""
+    code, lines = grades["misbehaving"]
+    assert code == 1
+    for key in ("eq2", "eq3", "eq5", "eq7", "kl"):
+        assert lines[key] == f"PASS {key} {BY_KEY[key].name}"
+    expected = {
+        "eq6": "(raised KeyboardInterrupt at reward.py:",
+        "eq4": "(raised SystemExit: 3 at reward.py:",
+        "eq8": f"(did not finish in {MISBEHAVING_LIMIT_S} s) — hint:",
+        "eq9": "(its code ended the process of the checks, exit code 0) — hint:",
+        "weights": "(raised EOFError: EOF when reading a line at stage2_grpo.py:",
+    }
+    for key, says in expected.items():
+        assert lines[key].startswith(f"FAIL {key} {BY_KEY[key].name}: ") and says in lines[key], lines[key]
+    assert "(the checks give input() nothing to read)" in lines["weights"]
+
+
+def test_a_copy_is_graded_on_its_own_files_whatever_pythonpath_says(grades):
+    code, lines = grades["no reward.py"]
+    assert code == 1 and lines["eq2"].startswith("PASS ") and lines["eq3"].startswith("PASS ")
+    assert lines["eq5"].startswith(
+        "FAIL eq5 format_reward: importing reward (ModuleNotFoundError(\"No module named 'reward'\"))"
+    ), lines["eq5"]
     for key in ("eq6", "eq7", "eq4", "eq8", "kl", "eq9", "weights"):  # stage2_grpo imports reward
         assert "(the same error as eq5) — hint:" in lines[key], lines[key]
 

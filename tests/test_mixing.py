@@ -5,6 +5,7 @@ the prompt-stream checks and one two-step tiny-random SFT run."""
 
 import json
 from collections import Counter
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -59,6 +60,20 @@ def test_a_bare_path_weighs_one_and_a_weight_follows_the_last_colon():
         "a.jsonl",
         "b.jsonl",
     ]
+
+
+def test_a_path_with_a_colon_is_a_path(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert parse_data_spec("run:1/train.jsonl") == ("run:1/train.jsonl", 1.0)  # a folder, not a weight
+    assert parse_data_spec("run:1/train.jsonl:2") == ("run:1/train.jsonl", 2.0)
+    Path("odd:3").write_text("")
+    assert parse_data_spec("odd:3") == ("odd:3", 1.0)  # a file of that name: what the user typed
+    assert parse_data_spec("odd:3:0.5") == ("odd:3", 0.5)
+    for stage in (stage1_sft, stage2_grpo):
+        assert stage.parse_args(["--data", "run:1/train.jsonl", "odd:3"]).data == [
+            "run:1/train.jsonl",
+            "odd:3",
+        ]
 
 
 @pytest.mark.parametrize(

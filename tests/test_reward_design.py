@@ -121,6 +121,25 @@ def rows_scored(total_of):
     return compute_rewards
 
 
+def test_a_total_computed_with_numpy_or_torch_is_a_number():
+    """np.float32, a 0-d array or a 0-d tensor is one real number: read as its float. Not finite, or
+    more than one value, is still refused."""
+    import numpy as np
+    import torch
+
+    for number in (np.float32, np.array, torch.tensor):
+        scores = reward_scores(
+            rows_scored(lambda name, kind: number(3.0 if kind in ("honest", "variant") else 1.0))
+        )
+        assert all(type(s["total"]) is float for s in scores)
+        assert reward_verdict(scores)[0]
+    with pytest.raises(ValueError, match="every total must be a finite number"):
+        reward_scores(rows_scored(lambda name, kind: torch.tensor(float("nan"))))
+    for not_one_number in (torch.tensor([1.0, 2.0]), np.bool_(True), True, "3"):
+        with pytest.raises(ValueError, match="not a dict with a numeric 'total'"):
+            reward_scores(rows_scored(lambda name, kind: not_one_number))
+
+
 def test_a_reward_that_sinks_the_honest_variants_fails():
     """An exact-match reward: the honest completion 1, every other row 0, its variants included."""
     scores = reward_scores(rows_scored(lambda name, kind: 1.0 if kind == "honest" else 0.0))

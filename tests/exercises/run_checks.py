@@ -1,24 +1,39 @@
-"""Run the exercises' checks on a student copy: `python tests/exercises/run_checks.py DIR PLAN`, PLAN
-a JSON list of {"key", "function": "module:function", "checks": ["check_module:function", ...]}.
+"""Run the exercises' checks on a student copy:
+`python tests/exercises/run_checks.py DIR PLAN KEYS FD LIMITS`, PLAN a JSON list of {"key", "function":
+"module:function", "checks": ["check_module:function", ...]}, KEYS the comma-separated keys of the
+exercises to run (in PLAN's order), FD a file descriptor open for writing, LIMITS {"time", "load"}: the
+CPU seconds of an exercise's checks, and of starting and of importing an exercise's module.
 
 srt/exercises.py starts this in a subprocess with DIR (the copy) first on sys.path, so that the
-checks' `import stage2_grpo` is the student's code, and reads one line per exercise:
-RESULT {"key", "passed", "checked", "error"}. "checked" is the first line of the failing check's
-docstring (what it checks, never the expected code); "error" names an exception that is not a
-failed assertion, so a student sees a crash in their own code for what it is.
+checks' `import stage2_grpo` is the student's code, and reads one JSON line per event from FD, never
+from stdout, which belongs to the student's prints: {"start": key}, {"import": module}, {"check":
+what it checks}, then {"result": {"key", "passed", "checked", "error", "called"}}. "checked" is the
+first line of the failing check's docstring (what it checks, never the expected code); "error"
+names an exception that is not a failed assertion, so a student sees a crash in their own code for
+what it is. The kernel ends this process when an exercise uses up its CPU (RLIMIT_CPU: SIGXCPU),
+whatever its code is doing; from the events the grader then names the exercise and the check it was
+in, and starts a fresh process for the exercises after it, as it does when the code ends the process.
 
 An exercise that calls another (compute_rewards calls format_reward; grpo_loss calls k3_kl) can fail
 for the other's sake. The other exercises' functions are wrapped while its checks run, so that its
-line says so: "eq9 calls k3_kl, which is not done yet (exercise kl)", or that the function it calls
-fails its own exercise. A module that does not import is reported once, on its first exercise.
+line says so: "eq9 calls k3_kl, which is not done yet (exercise kl)", or (srt/exercises.py, from
+"called") that the function it calls fails its own exercise. A module that does not import is
+reported once, on its first exercise.
 """
 
 import functools
 import importlib
 import json
+import math
+import os
+import resource
 import sys
 import traceback
 from pathlib import Path
+
+# What a student's code may raise that is no Exception: its own sys.exit() or KeyboardInterrupt ends
+# the check it is in, with its own line, and the checks of the next exercises run.
+STOPS = (Exception, SystemExit, KeyboardInterrupt)
 
 
 def first_line(doc: str | None) -> str:
@@ -109,11 +124,14 @@ def bindings(function, modules: list) -> list[tuple[object, str]]:
     return [(module, name) for module in modules for name, value in vars(module).items() if value is function]
 
 
-def run_check(check: str, exercise: dict, plan: list[dict], folder: str) -> dict | None:
-    """One check of `exercise` -> None when it passes, else {checked, error, called}."""
+def run_check(check: str, exercise: dict, plan: list[dict], folder: str, announce=None) -> dict | None:
+    """One check of `exercise` -> None when it passes, else {checked, error, called}. `announce`
+    is told what the check checks before it runs."""
     check_module, _, check_name = check.partition(":")
     function = getattr(importlib.import_module(check_module), check_name)
     checked = first_line(function.__doc__)
+    if announce:
+        announce({"check": checked})
     with Calls(exercise, plan, folder) as calls:
         try:
             function()
@@ -130,29 +148,43 @@ def run_check(check: str, exercise: dict, plan: list[dict], folder: str) -> dict
                 "error": "",
                 "called": [],
             }
-        except Exception as e:
+        except STOPS as e:
             where = traceback.extract_tb(e.__traceback__)[-1]
             place = f"{where.filename.rsplit('/', 1)[-1]}:{where.lineno}"
-            error = f"raised {type(e).__name__}: {str(e)[:160]} at {place}"
+            said = f": {str(e)[:160]}" if str(e) else ""
+            error = f"raised {type(e).__name__}{said} at {place}"
+            if isinstance(e, EOFError):
+                error += " (the checks give input() nothing to read)"
             return {"checked": checked, "error": error, "called": calls.called}
 
 
-def run_exercise(exercise: dict, folder: str, plan: list[dict], import_errors: dict) -> dict:
+def run_exercise(exercise: dict, folder: str, plan: list[dict], import_errors: dict, announce=None) -> dict:
     """One exercise's checks, in order, up to the first that fails -> {key, passed, checked, error,
     called (the keys of the other exercises the failing check called)}. import_errors maps a failed
-    import's message to the first exercise that reported it."""
+    import's message to the first exercise that reported it. `announce` (optional) is told of the
+    import and of each check before it runs."""
     module_name, function_name = split_function(exercise)
     result = {"key": exercise["key"], "passed": True, "checked": "", "error": "", "called": []}
+    if announce:
+        announce({"import": module_name})
     try:
         module = importlib.import_module(module_name)
         for check_module in dict.fromkeys(c.partition(":")[0] for c in exercise["checks"]):
             importlib.import_module(check_module)  # the checks import the copy's modules too
-    except Exception as e:  # a syntax error in the student's module is theirs to see, once
+    except STOPS as e:  # a syntax error in the student's module is theirs to see, once
         failure = import_failure(e)
         first = import_errors.setdefault(failure, exercise["key"])
         error = failure if first == exercise["key"] else f"the same error as {first}"
         importing = module_in(e, folder) or module_name
         return {**result, "passed": False, "checked": f"importing {importing}", "error": error}
+    where = Path(getattr(module, "__file__", None) or "?").resolve()
+    if not where.is_relative_to(Path(folder).resolve()):  # the copy lacks it; another copy is on the path
+        return {
+            **result,
+            "passed": False,
+            "checked": f"importing {module_name}",
+            "error": f"{folder} has no {module_name}.py (it was found at {where}, which is not graded)",
+        }
     if not callable(getattr(module, function_name, None)):
         return {
             **result,
@@ -160,43 +192,52 @@ def run_exercise(exercise: dict, folder: str, plan: list[dict], import_errors: d
             "checked": f"{folder}/{module_name}.py has no function {function_name}",
         }
     for check in exercise["checks"]:
-        failure = run_check(check, exercise, plan, folder)
+        failure = run_check(check, exercise, plan, folder, announce)
         if failure is not None:
             called = [e["key"] for e in failure.pop("called")]
             return {**result, **failure, "passed": False, "called": called}
     return result
 
 
-def blame_callees(results: dict[str, dict], plan: list[dict]) -> None:
-    """A failing exercise whose failing check called another exercise that fails its own checks is
-    told so: fixing the other comes first."""
-    names = {e["key"]: split_function(e)[1] for e in plan}
-    for result in results.values():
-        failing = [key for key in result["called"] if not results[key]["passed"]]
-        if result["passed"] or not failing:
-            continue
-        calls = ", ".join(f"{names[key]} ({key})" for key in failing)
-        keys = ", ".join(failing)
-        fails = "fails its own exercise" if len(failing) == 1 else "fail their own exercises"
-        note = f"{result['key']} calls {calls}, which {fails}: pass {keys} first"
-        result["error"] = "; ".join(filter(None, [result["error"], note]))
+def allow_cpu(seconds: float) -> None:
+    """Let this process use `seconds` more CPU time; past that the kernel ends it (SIGXCPU), even in a
+    loop that never returns to Python."""
+    used = resource.getrusage(resource.RUSAGE_SELF)
+    _, hard = resource.getrlimit(resource.RLIMIT_CPU)
+    soft = math.ceil(used.ru_utime + used.ru_stime + seconds)
+    resource.setrlimit(
+        resource.RLIMIT_CPU, (soft if hard == resource.RLIM_INFINITY else min(soft, hard), hard)
+    )
 
 
 def main() -> None:
-    if len(sys.argv) != 3 or sys.argv[1] in ("-h", "--help"):
+    if len(sys.argv) != 6 or sys.argv[1] in ("-h", "--help"):
         print(__doc__.strip())  # srt/exercises.py starts it; `python -m srt.exercises --grade DIR` for people
         sys.exit(0 if sys.argv[1:2] in (["-h"], ["--help"]) else 2)
-    folder, plan = sys.argv[1], json.loads(sys.argv[2])
+    folder, plan, keys = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3].split(",")
+    channel, limits = os.fdopen(int(sys.argv[4]), "w", encoding="utf-8"), json.loads(sys.argv[5])
+    timed = []  # the exercise whose checks have begun: its time runs from its first check
+
+    def announce(event: dict) -> None:
+        if "start" in event:
+            allow_cpu(limits["load"])
+        elif "check" in event and not timed:
+            allow_cpu(limits["time"])
+            timed.append(True)
+        channel.write(json.dumps(event) + "\n")
+        channel.flush()
+
+    allow_cpu(limits["load"])
     sys.path.insert(0, folder)  # the student's copy before everything, the checks' folder next
     import torch
 
     torch.set_num_threads(1)  # tiny tensors: a second thread only adds contention
-    import_errors, results = {}, {}
+    import_errors = {}
     for exercise in plan:
-        results[exercise["key"]] = run_exercise(exercise, folder, plan, import_errors)
-    blame_callees(results, plan)
-    for result in results.values():
-        print("RESULT " + json.dumps(result), flush=True)
+        if exercise["key"] in keys:
+            timed.clear()
+            announce({"start": exercise["key"]})
+            announce({"result": run_exercise(exercise, folder, plan, import_errors, announce)})
 
 
 if __name__ == "__main__":
