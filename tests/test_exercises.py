@@ -248,7 +248,7 @@ def test_each_exercise_is_judged_alone_whatever_its_code_does(grades):
     for key in ("eq2", "eq3", "eq5", "eq7", "kl"):
         assert lines[key] == f"PASS {key} {BY_KEY[key].name}"
     expected = {
-        "eq6": "(raised KeyboardInterrupt at reward.py:",
+        "eq6": "(raised KeyboardInterrupt at metrics.py:",
         "eq4": "(raised SystemExit: 3 at reward.py:",
         "eq8": f"(did not finish in {MISBEHAVING_LIMIT_S} s) — hint:",
         "eq9": "(its code ended the process of the checks, exit code 0) — hint:",
