@@ -103,7 +103,7 @@ from srt.completion import (
 from srt.config import at_least, claim_out, interruptible, write_config
 from srt.data_io import DataError, decode_utf8, read_jsonl, read_lines, write_json, write_jsonl
 from srt.embedder import embed
-from srt.exercises import unfinished_exercise
+from srt.exercise_list import unfinished_exercise
 from srt.metrics import extra_values, jaccard, keys_affirmed
 from srt.prompt import format_target
 from srt.reward_gallery import gallery_page, gallery_scores, gallery_table, reward_report, reward_scores

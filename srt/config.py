@@ -32,6 +32,7 @@ import tempfile
 from pathlib import Path
 
 from srt.data_io import write_json
+from srt.exercise_list import exercise_that_raised, unfinished_exercise
 
 
 class Bounded:
@@ -350,9 +351,6 @@ def interruptible(saved, out=None):
     try:
         yield
     except NotImplementedError as e:
-        # here, not at the top: srt.exercises reads its flags' types from this module
-        from srt.exercises import exercise_that_raised, unfinished_exercise
-
         if exercise_that_raised(e) is None:  # not an exercise's blank: a genuine fault, traceback kept
             raise
         sys.exit(f"error: {Path(sys.argv[0]).name} {unfinished_exercise(e)}")
