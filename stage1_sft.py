@@ -65,8 +65,9 @@ from srt.config import (
 )
 from srt.data_io import DataError, read_jsonl, read_mixture, write_json
 from srt.distributed import accumulate, clip_grad_norm, full_weights
-from srt.generation import generate, target_logprobs
+from srt.generation import generate
 from srt.loading import end_of_turn_id
+from srt.logprobs import target_logprobs
 from srt.precision import bf16_eager_in_fp32, bf16_eager_note, peak_gpu_gb, register_bf16_eager, resolve_dtype
 from srt.probe import add_eval_flags
 from srt.prompt import fit_history, format_target
