@@ -80,7 +80,7 @@ import torch
 import cuemem
 import reward
 from srt import generation, locomo_eval, report
-from srt.attention import attention_analysis
+from srt.attention_analysis import attention_analysis
 from srt.completion import is_valid_format
 from srt.config import (
     MAX_BATCH,

@@ -52,6 +52,7 @@ import torch
 import torch.distributed as dist
 from tqdm.auto import tqdm
 
+from srt.attention_kernel import bf16_eager_in_fp32, bf16_eager_note, register_bf16_eager
 from srt.completion import is_valid_format
 from srt.config import (
     MAX_BATCH,
@@ -69,7 +70,7 @@ from srt.distributed import accumulate, clip_grad_norm, full_weights
 from srt.generation import generate
 from srt.loading import end_of_turn_id
 from srt.logprobs import target_logprobs
-from srt.precision import bf16_eager_in_fp32, bf16_eager_note, peak_gpu_gb, register_bf16_eager, resolve_dtype
+from srt.precision import peak_gpu_gb, resolve_dtype
 from srt.probe import add_eval_flags
 from srt.prompt import fit_history, format_target
 from srt.recall import RECALL_MODES, copied_spans
@@ -629,9 +630,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--attention",
         choices=["sdpa", "bf16_eager"],
         default="sdpa",
-        help="the attention kernel of the training steps: bf16_eager (precision.bf16_eager_attention) "
-        "keeps the scores in bf16: a lesson step in 0.84x the time on a bf16 CPU, with other rounding "
-        "(bench/README.md, sft_step.py; docs/experiments/demo.md)",
+        help="the attention kernel of the training steps: bf16_eager "
+        "(attention_kernel.bf16_eager_attention) keeps the scores in bf16: a lesson step in 0.84x the time "
+        "on a bf16 CPU, with other rounding (bench/README.md, sft_step.py; docs/experiments/demo.md)",
     )
     logs = add_log_group(p, save_every_default=50, save_every_low=1)
     add = logs.add_argument

@@ -41,11 +41,12 @@ from measure import check_out, describe, fmt_stat, machine, machine_line, markdo
 
 import stage1_sft  # noqa: E402
 from srt import logprobs  # noqa: E402
+from srt.attention_kernel import bf16_eager_in_fp32, bf16_eager_note, register_bf16_eager  # noqa: E402
 from srt.config import up_to  # noqa: E402
 from srt.data_io import DataError, read_mixture  # noqa: E402
 from srt.distributed import clip_grad_norm  # noqa: E402
 from srt.loading import load_model_and_tokenizer  # noqa: E402
-from srt.precision import bf16_eager_in_fp32, bf16_eager_note, register_bf16_eager, resolve_dtype  # noqa: E402
+from srt.precision import resolve_dtype  # noqa: E402
 
 OPTIMIZERS = ("loop", "fused")  # torch.optim.AdamW's default on a CPU, and fused=True
 # a step of the lesson preset takes seconds a side: a thousand is hours, more is a typo
