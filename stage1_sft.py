@@ -55,13 +55,13 @@ from tqdm.auto import tqdm
 from srt.attention_kernel import bf16_eager_in_fp32, bf16_eager_note, register_bf16_eager
 from srt.completion import is_valid_format
 from srt.config import (
-    MAX_BATCH,
     MAX_EPOCHS,
     MAX_STEPS,
+    add_batch_size,
+    add_trust_remote_code,
     at_least,
     in_range,
     parse_config,
-    positive,
     require,
     up_to,
 )
@@ -73,10 +73,11 @@ from srt.logprobs import target_logprobs
 from srt.precision import peak_gpu_gb, resolve_dtype
 from srt.probe import add_eval_flags
 from srt.prompt import fit_history, format_target
-from srt.recall import RECALL_MODES, copied_spans
+from srt.recall import add_recall_flag, copied_spans
 from srt.run import (
     Run,
     add_log_group,
+    add_optimizer_flags,
     add_run_flags,
     add_scale_group,
     finish_parser,
@@ -567,7 +568,7 @@ PRESETS["cpu-lesson"] = dict(PRESETS["cpu-table2"], lr=2e-4, max_length=1024, ma
 def build_parser() -> argparse.ArgumentParser:
     p = training_parser(__doc__.split("\n\n")[0])
     run = add_run_flags(p, "sft")  # srt/run.py: --model, --data, --out, --resume, --max-steps, ...
-    run.add_argument("--trust-remote-code", action="store_true", help="allow model code from the hub")
+    add_trust_remote_code(run, "allow model code from the hub")
 
     paper = method_group(
         p,
@@ -584,10 +585,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add("--phase1-fraction", type=in_range(0.0, 1.0), default=0.5, help="share of --max-steps for phase 1")
     add("--epochs", type=up_to(MAX_EPOCHS), default=1, help="epochs per phase when --max-steps is unset")
-    add("--lr", type=at_least(0.0, float), default=5e-6, help="peak learning rate (§4.1: 5e-6)")
-    add("--warmup-steps", type=up_to(MAX_STEPS, low=0), default=10, help="linear warm-up steps")
-    add("--weight-decay", type=at_least(0.0, float), default=0.0, help="AdamW weight decay")
-    add("--max-grad-norm", type=positive(float), default=1.0, help="gradient clipping norm")
+    add_optimizer_flags(
+        paper,
+        lr=5e-6,
+        lr_help="peak learning rate (§4.1: 5e-6)",
+        warmup_steps=10,
+        warmup_help="linear warm-up steps",
+    )
     add(
         "--max-length",
         type=at_least(1),
@@ -595,7 +599,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="tokens per example; longer histories lose their oldest turns (a record whose H* "
         "would be cut is replaced by the next one)",
     )
-    add("--batch-size", type=up_to(MAX_BATCH), default=4, help="examples per micro-batch per process")
+    add_batch_size(paper, 4, "examples per micro-batch per process")
     add("--grad-accum", type=at_least(1), default=1, help="micro-batches per optimizer step")
 
     beyond = method_group(
@@ -617,11 +621,9 @@ def build_parser() -> argparse.ArgumentParser:
         default=argparse.SUPPRESS,
         help="the same as --target answer (Table 2 'w/o CoT')",
     )
-    add(
-        "--recall",
-        choices=RECALL_MODES,
-        default="free",
-        help="copy: the turn's text inside each <HIS> tag (and its </HIS>), which the decoder writes in "
+    add_recall_flag(
+        beyond,
+        "copy: the turn's text inside each <HIS> tag (and its </HIS>), which the decoder writes in "
         "copy mode (srt/recall.py), carries no loss; free: every target token does (the paper)",
     )
 

@@ -33,7 +33,7 @@ import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
-from srt.config import up_to
+from srt.config import add_out, up_to
 
 PROJECT = Path(__file__).resolve().parents[1]
 CHECKS = PROJECT / "tests" / "exercises"  # the checks always come from this project, never the copy
@@ -606,9 +606,7 @@ def build_parser() -> argparse.ArgumentParser:
         "exercise functions raise NotImplementedError, or grade such a copy.",
     )
     action = parser.add_mutually_exclusive_group(required=True)
-    action.add_argument(
-        "--out", type=folder_path, help="write the student copy into this (new or empty) folder"
-    )
+    add_out(action, None, "write the student copy into this (new or empty) folder", type=folder_path)
     action.add_argument("--grade", type=Path, metavar="DIR", help="grade the student copy in DIR")
     action.add_argument("--list", action="store_true", help="list the exercises in order")
     parser.add_argument(

@@ -43,6 +43,17 @@ def device_flag(text: str) -> str:
     return text
 
 
+def add_device(parser, help="default: cuda when available, else cpu") -> None:
+    parser.add_argument("--device", type=device_flag, default=None, help=help)
+
+
+DTYPES = ("auto", "float32", "bfloat16")  # resolve_dtype's choices
+
+
+def add_dtype(parser, help) -> None:
+    parser.add_argument("--dtype", choices=list(DTYPES), default="auto", help=help)
+
+
 def cpu_flags() -> set[str]:
     """The CPU's feature flags as Linux lists them (the "flags" line of /proc/cpuinfo, what `lscpu`
     prints); an empty set where there is no such file (macOS, Windows)."""
