@@ -45,15 +45,21 @@ import numpy as np
 
 from srt import generation, loading, precision
 from srt.config import (
-    MAX_NEW_TOKENS,
+    add_api_flags,
+    add_data,
+    add_limit,
+    add_max_new_tokens,
+    add_model,
+    add_out,
+    add_overwrite,
+    add_resume,
+    add_seed,
     at_least,
     changed_since,
     claim_out,
-    env_var_name,
     in_range,
     interruptible,
     parse_config,
-    up_to,
     write_config,
 )
 from srt.data.teacher import ChatClient
@@ -791,21 +797,13 @@ def build_parser() -> argparse.ArgumentParser:
         "reconstruction, and evaluation of its evidence and answers.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    p.add_argument("--data", default="runs/data/test.jsonl", help="stage0 JSONL records")
-    p.add_argument(
-        "--model",
-        default="smollm2-135m",
-        help="answer model: smollm2-135m, tiny-random, a folder or an HF id",
-    )
-    p.add_argument("--out", default="runs/demo/cuemem", help="output folder")
-    p.add_argument("--limit", type=at_least(1), default=None, help="only the first N records")
-    p.add_argument("--seed", type=at_least(0), default=0, help="random seed")
-    p.add_argument("--resume", action="store_true", help="skip records already in predictions.jsonl")
-    p.add_argument(
-        "--overwrite",
-        action="store_true",
-        help="replace the run --out holds (without it or --resume: refused)",
-    )
+    add_data(p, "runs/data/test.jsonl", "stage0 JSONL records")
+    add_model(p, "smollm2-135m", "answer model: smollm2-135m, tiny-random, a folder or an HF id")
+    add_out(p, "runs/demo/cuemem")
+    add_limit(p, "only the first N records")
+    add_seed(p)
+    add_resume(p, "skip records already in predictions.jsonl")
+    add_overwrite(p, "replace the run --out holds (without it or --resume: refused)")
     p.add_argument(
         "--retrieval-only", action="store_true", help="evidence metrics only; no answer model is loaded"
     )
@@ -821,14 +819,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument(
         "--extractor-model", default=None, help="local model for --extractor llm (default: --model)"
     )
-    g.add_argument("--api-base", default=None, help="OpenAI-compatible endpoint for --extractor llm")
-    g.add_argument("--api-model", default=None, help="model name at --api-base")
-    g.add_argument(
-        "--api-key-env",
-        type=env_var_name,
-        default="OPENAI_API_KEY",
-        help="the name of the environment variable holding the API key (never the key itself)",
-    )
+    add_api_flags(g, base_help="OpenAI-compatible endpoint for --extractor llm")
     g = p.add_argument_group("turn graph and reconstruction (§4.2-4.3)")
     g.add_argument("--top-k", type=at_least(1), default=TOP_K, help="cues retrieved per query")
     g.add_argument(
@@ -876,13 +867,9 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="forgetting: drop utterances more than N rounds older than the query",
     )
-    g.add_argument("--max-new-tokens", type=up_to(MAX_NEW_TOKENS), default=64, help="tokens per answer")
-    g.add_argument(
-        "--dtype", default="auto", choices=["auto", "float32", "bfloat16"], help="weight precision"
-    )
-    g.add_argument(
-        "--device", type=precision.device_flag, default=None, help="default: cuda when available, else cpu"
-    )
+    add_max_new_tokens(g, 64, "tokens per answer")
+    precision.add_dtype(g, "weight precision")
+    precision.add_device(g)
     return p
 
 

@@ -80,15 +80,24 @@ import torch
 import cuemem
 import reward
 from srt import generation, locomo_eval, report
-from srt.attention import attention_analysis
+from srt.attention_analysis import attention_analysis
 from srt.completion import is_valid_format
 from srt.config import (
-    MAX_BATCH,
     MAX_NEW_TOKENS,
+    add_api_flags,
+    add_batch_size,
+    add_data,
+    add_limit,
+    add_max_new_tokens,
+    add_model,
+    add_out,
+    add_overwrite,
+    add_quiet,
+    add_resume,
+    add_seed,
     at_least,
     changed_settings,
     claim_out,
-    env_var_name,
     interruptible,
     parse_config,
     same_bytes_hint,
@@ -128,9 +137,9 @@ from srt.metrics import (
     states_several_candidates,
     tag_labels,
 )
-from srt.precision import device_flag, resolve_dtype
+from srt.precision import add_device, add_dtype, resolve_dtype
 from srt.prompt import SRT_SYSTEM_PROMPT, build_messages, format_history, format_target, render_chat
-from srt.recall import RECALL_MODES
+from srt.recall import RECALL_MODES, add_recall_flag
 
 METHODS = ("full", "recency", "rag", "srt-p", "srt", "cuemem")
 RETRIEVERS = ("recency", "rag", "cuemem")  # they choose what the model sees
@@ -1022,9 +1031,9 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Presets: " + "; ".join(f"{k}: {v}" for k, v in PRESETS.items()),
     )
     p.add_argument("--method", choices=METHODS, default="srt", help="the method of a single run")
-    p.add_argument("--model", default="smollm2-135m", help="HF id, local folder, smollm2-135m or tiny-random")
-    p.add_argument("--data", default="runs/data/test.jsonl", help="stage-0 records (JSONL) to answer")
-    p.add_argument("--out", default="runs/demo/eval", help="output folder")
+    add_model(p, "smollm2-135m", "HF id, local folder, smollm2-135m or tiny-random")
+    add_data(p, "runs/data/test.jsonl", "stage-0 records (JSONL) to answer")
+    add_out(p, "runs/demo/eval")
     p.add_argument(
         "--compare",
         nargs="+",
@@ -1053,23 +1062,13 @@ def build_parser() -> argparse.ArgumentParser:
         help='rows of Table 2, e.g. "SRT=grpo,w/o RL=sft,w/o CoT=nocot,w/o SFT=base-srtp,'
         'Full history=full" (default: these conventional names where present)',
     )
-    p.add_argument(
-        "--limit",
-        type=at_least(1),
-        default=None,
-        help="evaluate N examples, taken evenly across the 8/16/24/32 buckets (seeded)",
-    )
+    add_limit(p, "evaluate N examples, taken evenly across the 8/16/24/32 buckets (seeded)")
     p.add_argument(
         "--buckets",
         default=",".join(map(str, FIG4_BUCKETS)),
         help="length buckets (rounds) of the per-bucket tables, the plots and the latency sample",
     )
-    p.add_argument(
-        "--batch-size",
-        type=up_to(MAX_BATCH),
-        default=8,
-        help="prompts per generate call; the throughput column",
-    )
+    add_batch_size(p, 8, "prompts per generate call; the throughput column")
     p.add_argument(
         "--latency-per-bucket",
         type=at_least(0),
@@ -1079,20 +1078,16 @@ def build_parser() -> argparse.ArgumentParser:
     # Reference chains (format_target) of the synthetic data run to ~210 SmolLM2 tokens and the
     # reference answers to ~40; the caps leave room so that < 5% of answers are cut off (the
     # report prints each variant's cut-off rate and flags any at 5% or more).
-    p.add_argument(
-        "--max-new-tokens", type=up_to(MAX_NEW_TOKENS), default=256, help="for srt / srt-p (default: 256)"
-    )
+    add_max_new_tokens(p, 256, "for srt / srt-p (default: 256)")
     p.add_argument(
         "--max-new-tokens-direct",
         type=up_to(MAX_NEW_TOKENS),
         default=128,
         help="for full / recency / rag / cuemem (default: 128)",
     )
-    p.add_argument(
-        "--recall",
-        choices=RECALL_MODES,
-        default="free",
-        help="srt / srt-p: copy: the model names a turn (<HIS>A3:) and the decoder writes it out "
+    add_recall_flag(
+        p,
+        "srt / srt-p: copy: the model names a turn (<HIS>A3:) and the decoder writes it out "
         "(srt/recall.py); free: the model copies every token (the paper); per variant: --variant-options",
     )
     p.add_argument("--recency-k", type=at_least(1), default=4, help="rounds kept by `recency`")
@@ -1130,12 +1125,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--cuemem-api-base", default=None, help="OpenAI-compatible endpoint of the llm extractor")
     p.add_argument("--cuemem-api-model", default=None, help="model name at --cuemem-api-base")
-    p.add_argument(
-        "--answer-reward",
-        choices=reward.ANSWER_REWARDS,
-        default="cosine",
-        help="the answer component of the reward columns (reward.py; Eq. (7) is cosine)",
-    )
+    reward.add_answer_reward(p, "the answer component of the reward columns (reward.py; Eq. (7) is cosine)")
     p.add_argument(
         "--bootstrap",
         type=at_least(1000),  # fewer leave the 2.5% and 97.5% quantiles of a 95% interval on too few
@@ -1155,37 +1145,21 @@ def build_parser() -> argparse.ArgumentParser:
         default=2,
         help="examples in the §4.6 attention analysis (0 turns it off)",
     )
-    p.add_argument(
-        "--api-base", default=None, help="OpenAI-compatible endpoint, e.g. https://api.openai.com/v1"
-    )
-    p.add_argument("--api-model", default=None, help="model name at --api-base")
-    p.add_argument(
-        "--api-key-env",
-        type=env_var_name,
-        default="OPENAI_API_KEY",
-        help="the name of the environment variable holding the key (never the key itself)",
-    )
-    p.add_argument(
-        "--dtype",
-        default="auto",
-        choices=["auto", "float32", "bfloat16"],
-        help="weight precision; auto: fp32 weights with bf16 autocast on a GPU or a CPU with AMX or "
+    add_api_flags(p, base_help="OpenAI-compatible endpoint, e.g. https://api.openai.com/v1")
+    add_dtype(
+        p,
+        "weight precision; auto: fp32 weights with bf16 autocast on a GPU or a CPU with AMX or "
         "AVX512-BF16, plain fp32 elsewhere",
     )
-    p.add_argument("--device", type=device_flag, default=None, help="default: cuda when available, else cpu")
-    p.add_argument("--seed", type=at_least(0), default=0, help="seed of the --limit selection and sampling")
-    p.add_argument(
-        "--resume",
-        action="store_true",
-        help="reuse rows of <out>/<name>.jsonl written by the same checkpoint (another setting that "
-        "changes a row: refused)",
+    add_device(p)
+    add_seed(p, "seed of the --limit selection and sampling")
+    add_resume(
+        p,
+        "reuse rows of <out>/<name>.jsonl written by the same checkpoint (another setting that changes "
+        "a row: refused)",
     )
-    p.add_argument(
-        "--overwrite",
-        action="store_true",
-        help="replace the evaluation --out holds (without it or --resume: refused)",
-    )
-    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    add_overwrite(p, "replace the evaluation --out holds (without it or --resume: refused)")
+    add_quiet(p)
     return p
 
 

@@ -100,7 +100,7 @@ from srt.completion import (
     split_tag,
     tokens,
 )
-from srt.config import at_least, claim_out, interruptible, write_config
+from srt.config import add_data, add_out, add_overwrite, at_least, claim_out, interruptible, write_config
 from srt.data_io import DataError, decode_utf8, read_jsonl, read_lines, write_json, write_jsonl
 from srt.embedder import embed
 from srt.exercise_list import unfinished_exercise
@@ -409,16 +409,19 @@ def read_completions(path: str, records: list[dict]) -> list[tuple[dict, str]]:
     return pairs
 
 
+def add_answer_reward(
+    parser,
+    help="Eq. (7): cosine (the paper), keys (answer_keys present), both (keys; the cosine ranks complete "
+    "answers)",
+) -> None:
+    """--answer-reward, Eq. (7)'s answer component (evaluate.py's reward columns score with it too)."""
+    parser.add_argument("--answer-reward", choices=ANSWER_REWARDS, default="cosine", help=help)
+
+
 def add_answer_flags(parser) -> None:
     """--answer-reward and --answer-gate, the two choices of the reward a script scores with (this
     one, and stage2_grpo.py's group of departures from the paper)."""
-    parser.add_argument(
-        "--answer-reward",
-        choices=ANSWER_REWARDS,
-        default="cosine",
-        help="Eq. (7): cosine (the paper), keys (answer_keys present), "
-        "both (keys; the cosine ranks complete answers)",
-    )
+    add_answer_reward(parser)
     parser.add_argument(
         "--answer-gate",
         choices=ANSWER_GATES,
@@ -447,7 +450,7 @@ def build_parser() -> argparse.ArgumentParser:
         "with one function of compute_rewards' signature, returning a dict with a 'total' per "
         "completion (e.g. docs/rewards/keyword_answer.py)",
     )
-    parser.add_argument("--data", default=None, help="stage-0 JSONL (e.g. runs/data/test.jsonl)")
+    add_data(parser, None, "stage-0 JSONL (e.g. runs/data/test.jsonl)")
     parser.add_argument(
         "--index", type=at_least(0), default=0, help="which record of --data to score (0-based)"
     )
@@ -462,12 +465,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--completions", default=None, help="JSONL of {'id' or 'index', 'completion'}: print the means"
     )
     add_answer_flags(parser)
-    parser.add_argument(
-        "--out", default=None, help="with --completions: folder for scores.jsonl, summary.json, config.json"
-    )
-    parser.add_argument(
-        "--overwrite", action="store_true", help="replace the scores --out holds (without it: refused)"
-    )
+    add_out(parser, None, "with --completions: folder for scores.jsonl, summary.json, config.json")
+    add_overwrite(parser, "replace the scores --out holds (without it: refused)")
     return parser
 
 

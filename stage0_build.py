@@ -60,10 +60,17 @@ from tqdm import tqdm
 from srt.completion import is_valid_format
 from srt.config import (
     MAX_DIALOGUES,
+    add_api_flags,
+    add_limit,
+    add_out,
+    add_overwrite,
+    add_quiet,
+    add_resume,
+    add_seed,
+    add_trust_remote_code,
     at_least,
     changed_settings,
     claim_out,
-    env_var_name,
     in_range,
     interruptible,
     parse_config,
@@ -80,7 +87,7 @@ from srt.data.teacher import gold_is_complete, grounded, make_teacher
 from srt.data_io import BUCKETS, bucket_of, files_sha256, write_json, write_jsonl
 from srt.embedder import embed
 from srt.metrics import DISTANCE_BINS, distance_bin, jaccard
-from srt.precision import device_flag
+from srt.precision import add_device
 from srt.prompt import format_target, his_tag
 
 
@@ -573,7 +580,7 @@ def build_parser() -> argparse.ArgumentParser:
         dest="path",
         help="the corpus file or folder (chitchat: default the installed chitchat-dataset)",
     )
-    p.add_argument("--limit", type=at_least(1), help="read at most this many dialogues from --path")
+    add_limit(p, "read at most this many dialogues from --path")
     p.add_argument(
         "--queries",
         choices=["last", "all", "none", "qa"],
@@ -611,8 +618,8 @@ def build_parser() -> argparse.ArgumentParser:
         default=2000,
         help="synthetic dialogues to generate",
     )
-    p.add_argument("--out", default="runs/data", help="output folder")
-    p.add_argument("--seed", type=at_least(0), default=0, help="random seed (generator, split, teacher)")
+    add_out(p, "runs/data")
+    add_seed(p, "random seed (generator, split, teacher)")
     p.add_argument(
         "--teacher",
         default="oracle",
@@ -625,12 +632,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=at_least(1),
         help="longest teacher reply (default: hf 384, api 1024)",
     )
-    p.add_argument("--api-base", default="https://api.openai.com/v1", help="api teacher: the endpoint")
-    p.add_argument(
-        "--api-key-env",
-        type=env_var_name,
-        default="OPENAI_API_KEY",
-        help="the name of the environment variable that holds the API key (never the key itself)",
+    add_api_flags(
+        p, base_default="https://api.openai.com/v1", base_help="api teacher: the endpoint", model=False
     )
     p.add_argument("--max-concurrency", type=at_least(1), default=4, help="API requests in flight")
     p.add_argument("--api-timeout", type=positive(float), default=120.0, help="seconds per API request")
@@ -640,10 +643,8 @@ def build_parser() -> argparse.ArgumentParser:
         default=4,
         help="retries of a 429, 5xx or timeout (back-off with jitter)",
     )
-    p.add_argument("--device", type=device_flag, help="hf teacher: default cuda when available, else cpu")
-    p.add_argument(
-        "--trust-remote-code", action="store_true", help="hf teacher: run the model repository's code"
-    )
+    add_device(p, "hf teacher: default cuda when available, else cpu")
+    add_trust_remote_code(p, "hf teacher: run the model repository's code")
     p.add_argument("--min-rounds", type=at_least(1), default=8, help="§3.2 length filter: fewest rounds")
     p.add_argument(
         "--max-rounds",
@@ -698,16 +699,13 @@ def build_parser() -> argparse.ArgumentParser:
         default="raise",
         help="a malformed source record stops the run (raise) or is skipped and counted (skip)",
     )
-    p.add_argument(
-        "--resume",
-        action="store_true",
-        help="do nothing if --out already holds a build of the same config, refuse one of another "
-        "config (--overwrite replaces it); else build",
+    add_resume(
+        p,
+        "do nothing if --out already holds a build of the same config, refuse one of another config "
+        "(--overwrite replaces it); else build",
     )
-    p.add_argument(
-        "--overwrite", action="store_true", help="replace the build --out holds (without: refused)"
-    )
-    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    add_overwrite(p, "replace the build --out holds (without: refused)")
+    add_quiet(p)
     return p
 
 

@@ -44,6 +44,7 @@ import argparse
 import math
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -51,29 +52,32 @@ import torch
 import torch.distributed as dist
 from tqdm.auto import tqdm
 
+from srt.attention_kernel import bf16_eager_in_fp32, bf16_eager_note, register_bf16_eager
 from srt.completion import is_valid_format
 from srt.config import (
-    MAX_BATCH,
     MAX_EPOCHS,
     MAX_STEPS,
+    add_batch_size,
+    add_trust_remote_code,
     at_least,
     in_range,
     parse_config,
-    positive,
     require,
     up_to,
 )
 from srt.data_io import DataError, read_jsonl, read_mixture, write_json
 from srt.distributed import accumulate, clip_grad_norm, full_weights
-from srt.generation import generate, target_logprobs
+from srt.generation import generate
 from srt.loading import end_of_turn_id
-from srt.precision import bf16_eager_in_fp32, bf16_eager_note, peak_gpu_gb, register_bf16_eager, resolve_dtype
+from srt.logprobs import target_logprobs
+from srt.precision import peak_gpu_gb, resolve_dtype
 from srt.probe import add_eval_flags
 from srt.prompt import fit_history, format_target
-from srt.recall import RECALL_MODES, copied_spans
+from srt.recall import add_recall_flag, copied_spans
 from srt.run import (
     Run,
     add_log_group,
+    add_optimizer_flags,
     add_run_flags,
     add_scale_group,
     finish_parser,
@@ -83,11 +87,68 @@ from srt.run import (
 from srt.run import main as run_main
 from srt.training import seed_everything, warmup_lr
 
+# --------------------------------------------------------------------------------------------
+# What Eq. (3) reads. A row is the prompt P(Q_t, C_t) (phase 2) or P(Q_t, C~_t) (phase 1), then the
+# target (Z_t, A*_t) and an end-of-turn token (build_example, below): labels hold the target's token
+# ids and IGNORE_INDEX on the prompt, answer_mask marks the answer a_1..a_L (the rest of the target
+# is the reasoning r_1..r_M). A micro-batch is its rows right-padded.
+# --------------------------------------------------------------------------------------------
 IGNORE_INDEX = -100  # label of a token that carries no loss (the prompt, the padding)
 
 
+def collate(examples, pad_id: int) -> dict:
+    """Right-pad a micro-batch; padding is masked out of attention and loss."""
+    width = max(len(e["input_ids"]) for e in examples)
+
+    def pad(key, value):
+        return torch.tensor([e[key] + [value] * (width - len(e[key])) for e in examples])
+
+    input_ids = pad("input_ids", pad_id)
+    return {
+        "input_ids": input_ids,
+        "labels": pad("labels", IGNORE_INDEX),
+        "answer_mask": pad("answer_mask", 0),
+        "attention_mask": pad("input_ids", -1).ne(-1).long(),
+    }
+
+
 # --------------------------------------------------------------------------------------------
-# Training examples: prompt P(Q_t, C_t) (phase 2) or P(Q_t, C~_t) (phase 1), then (Z_t, A*_t).
+# Eq. (3): L_SFT = - sum_i log pi(r_i | P, r_<i) - sum_j log pi(a_j | P, Z, a_<j)
+# --------------------------------------------------------------------------------------------
+def sft_loss_sums(model, batch, autocast_dtype=None) -> dict:
+    """Eq. (3) summed over the micro-batch's target tokens, split into the reasoning part r_1..r_M
+    and the answer part a_1..a_L, with the token counts. Callers divide by the target tokens of the
+    whole global batch.
+
+    -> a dict of six 0-d tensors: "nll", "reasoning_nll", "answer_nll" (sums of -log pi; "nll" is
+    what the step backpropagates, so it carries the model's gradient) and "tokens",
+    "reasoning_tokens", "answer_tokens" (their counts). A target token is one whose label is not
+    IGNORE_INDEX (the prompt and the padding are not); an answer token is one of answer_mask, every
+    other target token is reasoning."""
+    logprobs, start = target_logprobs(
+        model, batch["input_ids"], batch["attention_mask"], batch["labels"], autocast_dtype, IGNORE_INDEX
+    )  # log pi(y_k | P, y_<k) for the target tokens y = (Z_t, A*_t); the prompt P has no label
+    target = batch["labels"][:, start:].ne(IGNORE_INDEX)
+    answer = batch["answer_mask"][:, start:].bool()
+    nll = -logprobs * target
+    reasoning = target & ~answer
+    return {
+        "nll": nll.sum(),
+        "reasoning_nll": nll[reasoning].sum(),
+        "answer_nll": nll[answer].sum(),
+        "tokens": target.sum(),
+        "reasoning_tokens": reasoning.sum(),
+        "answer_tokens": answer.sum(),
+    }
+
+
+def per_token(totals: dict, nll_key: str, tokens_key: str) -> float | None:
+    """The mean NLL a token of one kind (reasoning, answer, all) for the metrics line."""
+    return totals[nll_key] / totals[tokens_key] if totals[tokens_key] else None
+
+
+# --------------------------------------------------------------------------------------------
+# Training examples: the prompt, fitted to --max-length, then the target in the --target format
 # --------------------------------------------------------------------------------------------
 ANSWER_MARKER = "Final answer:"
 
@@ -170,6 +231,10 @@ def build_example(
     }
 
 
+# --------------------------------------------------------------------------------------------
+# Batches: the same global batches on every rank and after a resume, each rank's share in
+# micro-batches
+# --------------------------------------------------------------------------------------------
 class PhaseData:
     """The examples of one phase, tokenized lazily (a demo run sees a few hundred of the thousands
     of records), in a deterministic order that depends only on (seed, epoch): every rank computes the
@@ -236,161 +301,6 @@ class PhaseData:
         return [int(i) for i in self.epoch_batches(epoch)[k]]
 
 
-def collate(examples, pad_id: int) -> dict:
-    """Right-pad a micro-batch; padding is masked out of attention and loss."""
-    width = max(len(e["input_ids"]) for e in examples)
-
-    def pad(key, value):
-        return torch.tensor([e[key] + [value] * (width - len(e[key])) for e in examples])
-
-    input_ids = pad("input_ids", pad_id)
-    return {
-        "input_ids": input_ids,
-        "labels": pad("labels", IGNORE_INDEX),
-        "answer_mask": pad("answer_mask", 0),
-        "attention_mask": pad("input_ids", -1).ne(-1).long(),
-    }
-
-
-# --------------------------------------------------------------------------------------------
-# Eq. (3): L_SFT = - sum_i log pi(r_i | P, r_<i) - sum_j log pi(a_j | P, Z, a_<j)
-# --------------------------------------------------------------------------------------------
-def sft_loss_sums(model, batch, autocast_dtype=None) -> dict:
-    """Eq. (3) summed over the micro-batch's target tokens, split into the reasoning part r_1..r_M
-    and the answer part a_1..a_L, with the token counts. Callers divide by the target tokens of the
-    whole global batch.
-
-    -> a dict of six 0-d tensors: "nll", "reasoning_nll", "answer_nll" (sums of -log pi; "nll" is
-    what the step backpropagates, so it carries the model's gradient) and "tokens",
-    "reasoning_tokens", "answer_tokens" (their counts). A target token is one whose label is not
-    IGNORE_INDEX (the prompt and the padding are not); an answer token is one of answer_mask, every
-    other target token is reasoning."""
-    logprobs, start = target_logprobs(
-        model, batch["input_ids"], batch["attention_mask"], batch["labels"], autocast_dtype, IGNORE_INDEX
-    )  # log pi(y_k | P, y_<k) for the target tokens y = (Z_t, A*_t); the prompt P has no label
-    target = batch["labels"][:, start:].ne(IGNORE_INDEX)
-    answer = batch["answer_mask"][:, start:].bool()
-    nll = -logprobs * target
-    reasoning = target & ~answer
-    return {
-        "nll": nll.sum(),
-        "reasoning_nll": nll[reasoning].sum(),
-        "answer_nll": nll[answer].sum(),
-        "tokens": target.sum(),
-        "reasoning_tokens": reasoning.sum(),
-        "answer_tokens": answer.sum(),
-    }
-
-
-def per_token(totals: dict, nll_key: str, tokens_key: str) -> float | None:
-    """The mean NLL a token of one kind (reasoning, answer, all) for the metrics line."""
-    return totals[nll_key] / totals[tokens_key] if totals[tokens_key] else None
-
-
-def phase_plan(cfg, records_per_phase: dict) -> list[tuple[int, int]]:
-    """[(phase, steps), ...]. --max-steps is split between the phases by --phase1-fraction;
-    without it each phase runs --epochs epochs."""
-    phases = [1, 2] if cfg.phase == "both" else [int(cfg.phase)]
-    global_batch = cfg.batch_size * cfg.grad_accum * cfg.world_size
-    if cfg.max_steps is None:
-        return [(p, cfg.epochs * math.ceil(records_per_phase[p] / global_batch)) for p in phases]
-    if len(phases) == 1:
-        return [(phases[0], cfg.max_steps)]
-    first = round(cfg.max_steps * cfg.phase1_fraction)
-    return [(1, first), (2, cfg.max_steps - first)]
-
-
-# --------------------------------------------------------------------------------------------
-# The training loop: phase 1 then phase 2, one optimizer and one step counter across both.
-# --------------------------------------------------------------------------------------------
-def train(cfg, parser=None):
-    """Run stage 1 as configured by `cfg` (see parse_args). Returns the trained model."""
-    run = Run(cfg, "stage1_sft.py", parser or build_parser())  # srt/run.py: --out, ranks, budget
-    rank, world_size, device = run.rank, run.world_size, run.device
-    seed_everything(cfg.seed)
-    records = read_mixture(cfg.data, cfg.seed, unique=True)  # one file: its records as they are
-    run.record_data()
-    if cfg.eval_limit > 0 and not Path(cfg.eval_data).is_file():  # read at the end: checked now
-        raise DataError(f"--eval-data {cfg.eval_data}: no such file")
-    model, tokenizer = run.load_model("sft")
-    global_batch = cfg.batch_size * cfg.grad_accum * world_size
-    plan = phase_plan(cfg, {1: len(records), 2: len(records)})
-    total_steps = sum(steps for _, steps in plan)
-    require(
-        total_steps <= MAX_STEPS,
-        f"--epochs {cfg.epochs} of {len(records):,} records in batches of {global_batch} make "
-        f"{total_steps:,} steps, more than the {MAX_STEPS:,} a run may have; give fewer --epochs or "
-        "--max-steps",
-    )
-    if run.finished(total_steps):
-        return model
-    model.train()
-    model, train_model, optimizer = run.prepare(model, tokenizer)
-    autocast_dtype = run.autocast_dtype
-    loaded_attention = model.config._attn_implementation
-    if cfg.attention == "bf16_eager":  # faster on a bf16 CPU, other rounding: not the default
-        model.set_attn_implementation(register_bf16_eager())
-        if run.main_process and bf16_eager_in_fp32(resolve_dtype(cfg.dtype, device)[0], autocast_dtype):
-            print(bf16_eager_note(cfg.dtype), file=sys.stderr, flush=True)
-    run.resume()
-    data = {
-        p: PhaseData(
-            tokenizer, records, p, cfg.max_length, cfg.target, cfg.seed, global_batch, recall=cfg.recall
-        )
-        for p, _ in plan
-    }
-    phase_of_step = [(p, s) for p, steps in plan for s in range(steps)]  # step k+1 -> (phase, phase step)
-    run.write_config(
-        plan=plan,
-        total_steps=total_steps,
-        global_batch=global_batch,
-        weight_dtype=str(resolve_dtype(cfg.dtype, device)[0]),
-        autocast_dtype=str(autocast_dtype),
-    )
-    metrics = run.log("metrics.jsonl", every=cfg.log_every)
-
-    step = run.start_step
-    bar = tqdm(total=total_steps, initial=step, disable=not run.main_process, desc="sft", dynamic_ncols=True)
-    while run.keep_going(step, total_steps):
-        tick = time.perf_counter()
-        step += 1
-        phase, phase_step = phase_of_step[step - 1]
-        micro_batches = rank_micro_batches(data[phase], phase_step, rank, world_size, cfg.batch_size)
-        lr = warmup_lr(step, cfg.lr, cfg.warmup_steps)
-        totals, grad_norm = sft_update(
-            model, train_model, optimizer, tokenizer, micro_batches, lr, cfg, run, autocast_dtype
-        )
-        elapsed = time.perf_counter() - tick
-        run.budget.record_step(elapsed)
-        if run.main_process:
-            line = dict(step=step, phase=phase, **step_metrics(totals, lr, grad_norm, elapsed))
-            line.update(
-                truncated=len(data[phase].truncated),
-                elapsed_s=round(run.budget.elapsed_s(), 1),
-                step_s=elapsed,
-                peak_gpu_gb=peak_gpu_gb(device),
-            )
-            if step % cfg.log_every == 0 or step == total_steps:
-                metrics.append(line)
-            bar.set_postfix(phase=phase, loss=f"{line['loss']:.3f}")
-            bar.update(1)
-        if step % cfg.save_every == 0 and step < total_steps:
-            run.save(step)
-        if cfg.snapshot_every and step % cfg.snapshot_every == 0 and step < total_steps:
-            run.save_final(run.out / "snapshots" / f"step-{step}")
-    bar.close()
-    model.set_attn_implementation(loaded_attention)  # generation keeps the kernel it was loaded with
-
-    run.save(step)
-    run.save_final()
-    report_end_of_run(run, cfg, data, metrics, step, total_steps)
-    if cfg.eval_limit > 0:  # FSDP: every rank gathers the weights once, rank 0 generates alone
-        with full_weights(model):
-            if run.main_process:
-                evaluate_format(model, tokenizer, cfg, device, autocast_dtype)
-    return model
-
-
 def rank_micro_batches(phase_data, phase_step, rank, world_size, batch_size) -> list[list[dict]]:
     """This rank's examples of the step's global batch, in micro-batches: micro-batch `micro` of rank
     r holds slots (micro * world_size + r) * batch_size onwards."""
@@ -401,10 +311,28 @@ def rank_micro_batches(phase_data, phase_step, rank, world_size, batch_size) -> 
     ]
 
 
-def sft_update(model, train_model, optimizer, tokenizer, micro_batches, lr, cfg, run, autocast_dtype):
+# --------------------------------------------------------------------------------------------
+# One optimizer step of Eq. (3) over a global batch
+# --------------------------------------------------------------------------------------------
+@dataclass
+class Learner:
+    """What every step updates, and how: fixed once the run is prepared."""
+
+    model: torch.nn.Module  # the parameters the optimizer steps and the clip measures
+    train_model: torch.nn.Module  # what the loss calls: the model, or its DDP / FSDP wrapper
+    optimizer: torch.optim.Optimizer
+    pad_id: int
+    device: torch.device
+    world_size: int
+    autocast_dtype: torch.dtype | None
+    grad_accum: int  # micro-batches a step: DDP syncs the gradients on the last
+    max_grad_norm: float
+
+
+def sft_update(learner: Learner, micro_batches, lr: float):
     """One optimizer step of Eq. (3) over this rank's micro-batches. -> (the step's sums over every
     rank: nll, tokens, their reasoning and answer parts, all_tokens; the gradient norm)."""
-    device, world_size = run.device, run.world_size
+    device, world_size = learner.device, learner.world_size
     # Eq. (3) sums over tokens; normalise by the target tokens of the whole global batch, so
     # every rank and micro-batch split gives the same gradient (DDP averages over ranks).
     targets = sum(len(e["labels"]) - e["labels"].count(IGNORE_INDEX) for part in micro_batches for e in part)
@@ -413,18 +341,18 @@ def sft_update(model, train_model, optimizer, tokenizer, micro_batches, lr, cfg,
         dist.all_reduce(global_tokens)
     sums = {}
     for micro, examples in enumerate(micro_batches):
-        batch = {k: v.to(device) for k, v in collate(examples, tokenizer.pad_token_id).items()}
-        with accumulate(train_model, sync=micro == cfg.grad_accum - 1 or world_size == 1):
-            part = sft_loss_sums(train_model, batch, autocast_dtype)
+        batch = {k: v.to(device) for k, v in collate(examples, learner.pad_id).items()}
+        with accumulate(learner.train_model, sync=micro == learner.grad_accum - 1 or world_size == 1):
+            part = sft_loss_sums(learner.train_model, batch, learner.autocast_dtype)
             (part["nll"] * world_size / global_tokens).backward()
         for key, value in part.items():
             sums[key] = sums.get(key, 0) + value.detach().float()
         sums["all_tokens"] = sums.get("all_tokens", 0) + batch["attention_mask"].sum().float()
-    grad_norm = clip_grad_norm(model.parameters(), cfg.max_grad_norm)
-    for group in optimizer.param_groups:
+    grad_norm = clip_grad_norm(learner.model.parameters(), learner.max_grad_norm)
+    for group in learner.optimizer.param_groups:
         group["lr"] = lr
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
+    learner.optimizer.step()
+    learner.optimizer.zero_grad(set_to_none=True)
 
     keys = sorted(sums)
     totals = torch.stack([sums[k] for k in keys])
@@ -445,6 +373,139 @@ def step_metrics(totals, lr, grad_norm, elapsed) -> dict:
         "grad_norm": float(grad_norm),
         "tokens_per_s": totals["all_tokens"] / elapsed,
     }
+
+
+# --------------------------------------------------------------------------------------------
+# The training loop: phase 1 then phase 2, one optimizer and one step counter across both.
+# --------------------------------------------------------------------------------------------
+def phase_plan(cfg, records_per_phase: dict) -> list[tuple[int, int]]:
+    """[(phase, steps), ...]. --max-steps is split between the phases by --phase1-fraction;
+    without it each phase runs --epochs epochs."""
+    phases = [1, 2] if cfg.phase == "both" else [int(cfg.phase)]
+    global_batch = cfg.batch_size * cfg.grad_accum * cfg.world_size
+    if cfg.max_steps is None:
+        return [(p, cfg.epochs * math.ceil(records_per_phase[p] / global_batch)) for p in phases]
+    if len(phases) == 1:
+        return [(phases[0], cfg.max_steps)]
+    first = round(cfg.max_steps * cfg.phase1_fraction)
+    return [(1, first), (2, cfg.max_steps - first)]
+
+
+def checked_plan(cfg, records: int) -> list[tuple[int, int]]:
+    """phase_plan for `records` records a phase; more steps than a run may have end in one line."""
+    plan = phase_plan(cfg, {1: records, 2: records})
+    total_steps = sum(steps for _, steps in plan)
+    global_batch = cfg.batch_size * cfg.grad_accum * cfg.world_size
+    require(
+        total_steps <= MAX_STEPS,
+        f"--epochs {cfg.epochs} of {records:,} records in batches of {global_batch} make "
+        f"{total_steps:,} steps, more than the {MAX_STEPS:,} a run may have; give fewer --epochs or "
+        "--max-steps",
+    )
+    return plan
+
+
+def train(cfg, parser=None):
+    """Run stage 1 as configured by `cfg` (see parse_args). Returns the trained model."""
+    run = Run(cfg, "stage1_sft.py", parser or build_parser())  # srt/run.py: --out, ranks, budget
+    seed_everything(cfg.seed)
+    records = read_mixture(cfg.data, cfg.seed, unique=True)  # one file: its records as they are
+    run.record_data()
+    if cfg.eval_limit > 0 and not Path(cfg.eval_data).is_file():  # read at the end: checked now
+        raise DataError(f"--eval-data {cfg.eval_data}: no such file")
+    model, tokenizer = run.load_model("sft")
+    plan = checked_plan(cfg, len(records))
+    total_steps = sum(steps for _, steps in plan)
+    if run.finished(total_steps):
+        return model
+    model.train()
+    model, train_model, optimizer = run.prepare(model, tokenizer)
+    learner = Learner(
+        model,
+        train_model,
+        optimizer,
+        tokenizer.pad_token_id,
+        run.device,
+        run.world_size,
+        run.autocast_dtype,
+        cfg.grad_accum,
+        cfg.max_grad_norm,
+    )
+    loaded_attention = model.config._attn_implementation
+    use_training_attention(model, cfg, run)
+    run.resume()
+    global_batch = cfg.batch_size * cfg.grad_accum * run.world_size
+    data = {
+        p: PhaseData(
+            tokenizer, records, p, cfg.max_length, cfg.target, cfg.seed, global_batch, recall=cfg.recall
+        )
+        for p, _ in plan
+    }
+    run.write_config(
+        plan=plan,
+        total_steps=total_steps,
+        global_batch=global_batch,
+        weight_dtype=str(resolve_dtype(cfg.dtype, run.device)[0]),
+        autocast_dtype=str(run.autocast_dtype),
+    )
+    metrics = run.log("metrics.jsonl", every=cfg.log_every)
+    step = train_steps(run, cfg, learner, data, plan, metrics)
+    model.set_attn_implementation(loaded_attention)  # generation keeps the kernel it was loaded with
+
+    run.save(step)
+    run.save_final()
+    report_end_of_run(run, cfg, data, metrics, step, total_steps)
+    if cfg.eval_limit > 0:  # FSDP: every rank gathers the weights once, rank 0 generates alone
+        with full_weights(model):
+            if run.main_process:
+                evaluate_format(model, tokenizer, cfg, run.device, run.autocast_dtype)
+    return model
+
+
+def use_training_attention(model, cfg, run) -> None:
+    """--attention bf16_eager: the training steps' attention kernel keeps its scores in bf16."""
+    if cfg.attention == "bf16_eager":  # faster on a bf16 CPU, other rounding: not the default
+        model.set_attn_implementation(register_bf16_eager())
+        if run.main_process and bf16_eager_in_fp32(
+            resolve_dtype(cfg.dtype, run.device)[0], run.autocast_dtype
+        ):
+            print(bf16_eager_note(cfg.dtype), file=sys.stderr, flush=True)
+
+
+def train_steps(run, cfg, learner: Learner, data: dict, plan, metrics) -> int:
+    """The steps from the run's start (a resumed run's checkpoint) until the plan or the time budget
+    ends, each logged, checkpointed and snapshotted as configured. -> the last step done."""
+    phase_of_step = [(p, s) for p, steps in plan for s in range(steps)]  # step k+1 -> (phase, phase step)
+    total_steps = len(phase_of_step)
+    step = run.start_step
+    bar = tqdm(total=total_steps, initial=step, disable=not run.main_process, desc="sft", dynamic_ncols=True)
+    while run.keep_going(step, total_steps):
+        tick = time.perf_counter()
+        step += 1
+        phase, phase_step = phase_of_step[step - 1]
+        micro_batches = rank_micro_batches(data[phase], phase_step, run.rank, run.world_size, cfg.batch_size)
+        lr = warmup_lr(step, cfg.lr, cfg.warmup_steps)
+        totals, grad_norm = sft_update(learner, micro_batches, lr)
+        elapsed = time.perf_counter() - tick
+        run.budget.record_step(elapsed)
+        if run.main_process:
+            line = dict(step=step, phase=phase, **step_metrics(totals, lr, grad_norm, elapsed))
+            line.update(
+                truncated=len(data[phase].truncated),
+                elapsed_s=round(run.budget.elapsed_s(), 1),
+                step_s=elapsed,
+                peak_gpu_gb=peak_gpu_gb(run.device),
+            )
+            if step % cfg.log_every == 0 or step == total_steps:
+                metrics.append(line)
+            bar.set_postfix(phase=phase, loss=f"{line['loss']:.3f}")
+            bar.update(1)
+        if step % cfg.save_every == 0 and step < total_steps:
+            run.save(step)
+        if cfg.snapshot_every and step % cfg.snapshot_every == 0 and step < total_steps:
+            run.save_final(run.out / "snapshots" / f"step-{step}")
+    bar.close()
+    return step
 
 
 def report_end_of_run(run, cfg, data, metrics, step, total_steps) -> None:
@@ -507,7 +568,7 @@ PRESETS["cpu-lesson"] = dict(PRESETS["cpu-table2"], lr=2e-4, max_length=1024, ma
 def build_parser() -> argparse.ArgumentParser:
     p = training_parser(__doc__.split("\n\n")[0])
     run = add_run_flags(p, "sft")  # srt/run.py: --model, --data, --out, --resume, --max-steps, ...
-    run.add_argument("--trust-remote-code", action="store_true", help="allow model code from the hub")
+    add_trust_remote_code(run, "allow model code from the hub")
 
     paper = method_group(
         p,
@@ -524,10 +585,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add("--phase1-fraction", type=in_range(0.0, 1.0), default=0.5, help="share of --max-steps for phase 1")
     add("--epochs", type=up_to(MAX_EPOCHS), default=1, help="epochs per phase when --max-steps is unset")
-    add("--lr", type=at_least(0.0, float), default=5e-6, help="peak learning rate (§4.1: 5e-6)")
-    add("--warmup-steps", type=up_to(MAX_STEPS, low=0), default=10, help="linear warm-up steps")
-    add("--weight-decay", type=at_least(0.0, float), default=0.0, help="AdamW weight decay")
-    add("--max-grad-norm", type=positive(float), default=1.0, help="gradient clipping norm")
+    add_optimizer_flags(
+        paper,
+        lr=5e-6,
+        lr_help="peak learning rate (§4.1: 5e-6)",
+        warmup_steps=10,
+        warmup_help="linear warm-up steps",
+    )
     add(
         "--max-length",
         type=at_least(1),
@@ -535,7 +599,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="tokens per example; longer histories lose their oldest turns (a record whose H* "
         "would be cut is replaced by the next one)",
     )
-    add("--batch-size", type=up_to(MAX_BATCH), default=4, help="examples per micro-batch per process")
+    add_batch_size(paper, 4, "examples per micro-batch per process")
     add("--grad-accum", type=at_least(1), default=1, help="micro-batches per optimizer step")
 
     beyond = method_group(
@@ -557,11 +621,9 @@ def build_parser() -> argparse.ArgumentParser:
         default=argparse.SUPPRESS,
         help="the same as --target answer (Table 2 'w/o CoT')",
     )
-    add(
-        "--recall",
-        choices=RECALL_MODES,
-        default="free",
-        help="copy: the turn's text inside each <HIS> tag (and its </HIS>), which the decoder writes in "
+    add_recall_flag(
+        beyond,
+        "copy: the turn's text inside each <HIS> tag (and its </HIS>), which the decoder writes in "
         "copy mode (srt/recall.py), carries no loss; free: every target token does (the paper)",
     )
 
@@ -570,9 +632,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--attention",
         choices=["sdpa", "bf16_eager"],
         default="sdpa",
-        help="the attention kernel of the training steps: bf16_eager (precision.bf16_eager_attention) "
-        "keeps the scores in bf16: a lesson step in 0.84x the time on a bf16 CPU, with other rounding "
-        "(bench/README.md, sft_step.py; docs/experiments/demo.md)",
+        help="the attention kernel of the training steps: bf16_eager "
+        "(attention_kernel.bf16_eager_attention) keeps the scores in bf16: a lesson step in 0.84x the time "
+        "on a bf16 CPU, with other rounding (bench/README.md, sft_step.py; docs/experiments/demo.md)",
     )
     logs = add_log_group(p, save_every_default=50, save_every_low=1)
     add = logs.add_argument

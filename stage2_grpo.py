@@ -85,7 +85,7 @@ from tqdm.auto import tqdm
 from reward import add_answer_flags, compute_rewards
 from srt import grpo_explain, step_page
 from srt import run as harness  # srt/run.py: --out, ranks, loading, resume, checkpoints, logs
-from srt.config import MAX_NEW_TOKENS, MAX_STEPS, Bounded, at_least, parse_config, positive, require, up_to
+from srt.config import Bounded, add_max_new_tokens, at_least, parse_config, positive, require
 from srt.data_io import (
     finite_or_none,
     read_jsonl,
@@ -111,7 +111,7 @@ from srt.probe import (
     sample_lines,
     step_metrics,
 )
-from srt.recall import RECALL_MODES
+from srt.recall import add_recall_flag
 from srt.rollouts import PromptStream, Rollout, think_lengths
 from srt.training import seed_everything, warmup_lr
 
@@ -755,12 +755,13 @@ def build_parser() -> argparse.ArgumentParser:
     add("--prompts-per-step", type=at_least(1), default=1, help="prompts per rank per step")
     add("--sample-ratio", type=at_least(1), default=4, help="sample batch / backprop minibatch (§4.1: 4)")
     add("--mu", type=at_least(1), default=1, help="passes over each sample batch")
-    add(
-        "--lr", type=at_least(0.0, float), default=3e-7, help="AdamW learning rate after warm-up (§4.1: 3e-7)"
+    harness.add_optimizer_flags(
+        paper,
+        lr=3e-7,
+        lr_help="AdamW learning rate after warm-up (§4.1: 3e-7)",
+        warmup_steps=2,
+        warmup_help="linear warm-up, in GRPO steps",
     )
-    add("--warmup-steps", type=up_to(MAX_STEPS, low=0), default=2, help="linear warm-up, in GRPO steps")
-    add("--weight-decay", type=at_least(0.0, float), default=0.0, help="AdamW weight decay")
-    add("--max-grad-norm", type=positive(float), default=1.0, help="gradient clipping")
     add(
         "--beta",
         type=at_least(0.0, float),
@@ -775,7 +776,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=1.0,
         help="nucleus sampling; stage 2 takes only 1.0 (Eq. (9)'s ratio and KL are over the full softmax)",
     )
-    add("--max-new-tokens", type=up_to(MAX_NEW_TOKENS), default=256, help="completion length cap")
+    add_max_new_tokens(paper, 256, "completion length cap")
     add(
         "--max-prompt-length",
         type=at_least(0),
@@ -838,11 +839,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="truncated importance sampling: each token's surrogate times min(pi_old / pi_sampler, C), "
         "for rollouts drawn on a bf16 copy of the policy (not in the paper); 0: off",
     )
-    add(
-        "--recall",
-        choices=RECALL_MODES,
-        default="free",
-        help="copy: the policy names a turn (<HIS>A3:) and the decoder writes it out, tokens outside "
+    add_recall_flag(
+        beyond,
+        "copy: the policy names a turn (<HIS>A3:) and the decoder writes it out, tokens outside "
         "the loss (srt/recall.py; not in the paper); free: the policy copies every token (the paper)",
     )
     add(

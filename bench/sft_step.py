@@ -2,7 +2,7 @@
 torch's default AdamW (on a CPU a Python loop of small ops over every tensor) against the fused
 kernel srt/training.adamw uses, SDPA's attention against eager's and stage 1's --attention
 bf16_eager, and the loss's log-probabilities as stage 1 computes them (a gather minus a logsumexp,
-generation.token_logprobs) against cross_entropy over each chunk (cross_entropy_logprobs below).
+logprobs.token_logprobs) against cross_entropy over each chunk (cross_entropy_logprobs below).
 
 Each side runs the same global batches (stage1_sft.PhaseData, the preset's micro-batches) through
 stage1_sft's own collate and sft_loss_sums: forward and backward of every micro-batch, the
@@ -40,12 +40,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from measure import check_out, describe, fmt_stat, machine, machine_line, markdown_table, write_results  # noqa: E402
 
 import stage1_sft  # noqa: E402
-from srt import generation  # noqa: E402
+from srt import logprobs  # noqa: E402
+from srt.attention_kernel import bf16_eager_in_fp32, bf16_eager_note, register_bf16_eager  # noqa: E402
 from srt.config import up_to  # noqa: E402
 from srt.data_io import DataError, read_mixture  # noqa: E402
 from srt.distributed import clip_grad_norm  # noqa: E402
 from srt.loading import load_model_and_tokenizer  # noqa: E402
-from srt.precision import bf16_eager_in_fp32, bf16_eager_note, register_bf16_eager, resolve_dtype  # noqa: E402
+from srt.precision import resolve_dtype  # noqa: E402
 
 OPTIMIZERS = ("loop", "fused")  # torch.optim.AdamW's default on a CPU, and fused=True
 # a step of the lesson preset takes seconds a side: a thousand is hours, more is a typo
@@ -53,7 +54,7 @@ MAX_STEPS = 1_000
 
 
 def cross_entropy_logprobs(logits, targets, chunk_size=256):
-    """generation.token_logprobs as SFT calls it (T = 1, nothing suppressed, no entropy), written
+    """logprobs.token_logprobs as SFT calls it (T = 1, nothing suppressed, no entropy), written
     with cross_entropy over each chunk's rows (one fused log-softmax pass forward, one backward)
     instead of a gather minus a logsumexp; the same checkpointed chunks."""
     import torch
@@ -65,11 +66,11 @@ def cross_entropy_logprobs(logits, targets, chunk_size=256):
         return -nll.view(rows, positions)
 
     chunks = zip(logits.split(chunk_size, dim=1), targets.split(chunk_size, dim=1))
-    logprobs = [checkpoint(chosen_logprobs, x, t, use_reentrant=False) for x, t in chunks]
-    return torch.cat(logprobs, dim=1), None
+    per_chunk = [checkpoint(chosen_logprobs, x, t, use_reentrant=False) for x, t in chunks]
+    return torch.cat(per_chunk, dim=1), None
 
 
-LOSSES = {"logsumexp": generation.token_logprobs, "cross-entropy": cross_entropy_logprobs}
+LOSSES = {"logsumexp": logprobs.token_logprobs, "cross-entropy": cross_entropy_logprobs}
 
 # --profile: an op's kind, by its exact name or, failing that, a part of it; first match wins.
 WEIGHT_PRODUCTS = "weight products (mm, addmm, bmm)"
@@ -226,7 +227,7 @@ def main(argv=None) -> None:
     )
     if args.profile:
         model.set_attn_implementation(attentions[0])
-        generation.token_logprobs = LOSSES[args.loss[0]]
+        logprobs.token_logprobs = LOSSES[args.loss[0]]
         profiled = profile_steps(model, data, cfg, tokenizer, autocast_dtype, args.steps)
         info = machine()
         markdown = profile_markdown(
@@ -249,9 +250,9 @@ def main(argv=None) -> None:
     for k in range(args.steps + 1):
         batches, global_tokens, record_tokens = step_batches(data, cfg, tokenizer, k)
         tokens.append(record_tokens)
-        for name, (attention, logprobs, optimizer) in sides.items():
+        for name, (attention, loss_logprobs, optimizer) in sides.items():
             model.set_attn_implementation(attention)
-            generation.token_logprobs = logprobs  # what stage1_sft.sft_loss_sums calls
+            logprobs.token_logprobs = loss_logprobs  # what stage1_sft.sft_loss_sums calls
             forward_backward, step, loss = timed_step(
                 model, batches, global_tokens, optimizer, autocast_dtype, cfg.max_grad_norm
             )
@@ -260,7 +261,7 @@ def main(argv=None) -> None:
                 parts[name]["step"].append(forward_backward + step)
                 parts[name]["forward + backward"].append(forward_backward)
                 parts[name]["optimizer"].append(step)
-    generation.token_logprobs = LOSSES["logsumexp"]
+    logprobs.token_logprobs = LOSSES["logsumexp"]
     first = next(iter(sides))
     results = {name: {part: describe(v) for part, v in timing.items()} for name, timing in parts.items()}
     for name in results:

@@ -6,7 +6,9 @@ outputs.
 A numeric flag takes its range as its argparse `type`: `type=at_least(1)`, `type=positive(float)`,
 `type=in_range(0.0, 1.0)`. argparse then rejects a bad value with one line that names the flag
 (`error: argument --lr: must be > 0, got -1.0`), and `parse_config` applies the same check to the
-values a preset sets, which argparse never converts.
+values a preset sets, which argparse never converts. A flag several scripts share is added by
+one function (add_out, add_seed, add_resume, ... below), so that its type and range are written
+once; tests/test_flags.py checks that no flag name is defined twice.
 
 Every script claims its --out before any work (`claim_out`): a folder it can write, holding no run
 of another script nor files no run of its own wrote, an earlier run of its own only under --resume
@@ -31,7 +33,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from srt.data_io import write_json
+from srt.data_io import data_spec, write_json
 from srt.exercise_list import exercise_that_raised, unfinished_exercise
 
 
@@ -381,3 +383,80 @@ def write_config(out, config, script: str | None = None) -> Path:
     config = dict(vars(config)) if isinstance(config, argparse.Namespace) else dict(config)
     write_json(path, {**({"script": script} if script else {}), **config})
     return path
+
+
+# --------------------------------------------------------------------------------------------
+# Flags several scripts share, each defined once here: its type, range and action. A script words
+# the help where the flag means something of its own there (what --resume reuses, which records
+# --limit takes). Elsewhere: the training scripts' groups in srt/run.py, --device and --dtype in
+# srt/precision.py, --recall in srt/recall.py, --answer-reward in reward.py.
+# --------------------------------------------------------------------------------------------
+MAX_SEED = 2**32 - 1  # the largest seed numpy's legacy seeding takes (training.seed_everything)
+
+
+def add_out(parser, default, help="output folder", type=None) -> None:
+    parser.add_argument("--out", type=type, default=default, help=help)
+
+
+def add_seed(parser, help="random seed", numpy_range: bool = False) -> None:
+    """numpy_range: refuse a seed above MAX_SEED in one line (a script that seeds numpy's legacy
+    generator); else any seed >= 0."""
+    kind = up_to(MAX_SEED, low=0) if numpy_range else at_least(0)
+    parser.add_argument("--seed", type=kind, default=0, help=help)
+
+
+def add_resume(parser, help) -> None:
+    parser.add_argument("--resume", action="store_true", help=help)
+
+
+def add_overwrite(parser, help) -> None:
+    parser.add_argument("--overwrite", action="store_true", help=help)
+
+
+def add_model(parser, default, help) -> None:
+    parser.add_argument("--model", default=default, help=help)
+
+
+def add_data(parser, default, help, mixture: bool = False) -> None:
+    """--data: a JSONL file of stage-0 records; with `mixture` (the training scripts) several files,
+    each with a weight (srt/data_io.py mix_sources)."""
+    many = dict(nargs="+", type=data_spec, metavar="PATH[:WEIGHT]") if mixture else {}
+    mix = (
+        "; several files with a weight each train on a mix (srt/data_io.py mix_sources), e.g. "
+        "syn/train.jsonl:0.5 locomo/train.jsonl:0.5"
+    )
+    parser.add_argument("--data", default=default, help=help + (mix if mixture else ""), **many)
+
+
+def add_limit(parser, help) -> None:
+    parser.add_argument("--limit", type=at_least(1), default=None, help=help)
+
+
+def add_batch_size(parser, default: int, help) -> None:
+    parser.add_argument("--batch-size", type=up_to(MAX_BATCH), default=default, help=help)
+
+
+def add_max_new_tokens(parser, default: int, help) -> None:
+    parser.add_argument("--max-new-tokens", type=up_to(MAX_NEW_TOKENS), default=default, help=help)
+
+
+def add_quiet(parser) -> None:
+    parser.add_argument("--quiet", action="store_true", help="no progress bars")
+
+
+def add_trust_remote_code(parser, help) -> None:
+    parser.add_argument("--trust-remote-code", action="store_true", help=help)
+
+
+def add_api_flags(parser, *, base_default=None, base_help: str, model: bool = True) -> None:
+    """--api-base, --api-model (with `model`) and --api-key-env: an OpenAI-compatible endpoint, and
+    the name of the variable that holds its key (env_var_name: never the key itself)."""
+    parser.add_argument("--api-base", default=base_default, help=base_help)
+    if model:
+        parser.add_argument("--api-model", default=None, help="model name at --api-base")
+    parser.add_argument(
+        "--api-key-env",
+        type=env_var_name,
+        default="OPENAI_API_KEY",
+        help="the name of the environment variable that holds the API key (never the key itself)",
+    )

@@ -59,7 +59,7 @@ EXERCISES = [
         "stage1_sft:sft_loss_sums",
         "Eq. (3)",
         "§3.3",
-        "read srt/generation.py's target_logprobs (what it returns, from which column) and "
+        "read srt/logprobs.py's target_logprobs (what it returns, from which column) and "
         "stage1_sft.collate (what labels and answer_mask hold); the docstring names the six sums",
         (
             "check_sft:sums_match_a_forward_by_hand",

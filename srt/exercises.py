@@ -31,7 +31,7 @@ import time
 import tokenize
 from pathlib import Path
 
-from srt.config import up_to
+from srt.config import add_out, up_to
 from srt.exercise_list import EXERCISES, Exercise
 
 PROJECT = Path(__file__).resolve().parents[1]
@@ -411,9 +411,7 @@ def build_parser() -> argparse.ArgumentParser:
         "exercise functions raise NotImplementedError, or grade such a copy.",
     )
     action = parser.add_mutually_exclusive_group(required=True)
-    action.add_argument(
-        "--out", type=folder_path, help="write the student copy into this (new or empty) folder"
-    )
+    add_out(action, None, "write the student copy into this (new or empty) folder", type=folder_path)
     action.add_argument("--grade", type=Path, metavar="DIR", help="grade the student copy in DIR")
     action.add_argument("--list", action="store_true", help="list the exercises in order")
     parser.add_argument(

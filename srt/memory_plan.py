@@ -34,7 +34,7 @@ Per rank, in GB (10^9 bytes), on a GPU (bf16 compute: autocast, or FSDP's MixedP
     logits         the logits of the positions that carry a loss (bf16), the gradients of the
                    chunks already back-propagated and four fp32 copies of the chunk of 256
                    positions in back-propagation; or, where they are joined, three bf16 copies of
-                   them all (generation.token_logprobs)
+                   them all (logprobs.token_logprobs)
 
 peak = weights + moments + buckets + pi_ref + sampling copy
        + max(rollout, gradients + copies + activations + logits):
@@ -50,7 +50,7 @@ from pathlib import Path
 
 GB = 1e9
 HEADROOM = 0.9  # share of a GPU's memory a plan may fill
-LOGIT_CHUNK = 256  # positions per fp32 chunk in generation.token_logprobs
+LOGIT_CHUNK = 256  # positions per fp32 chunk in logprobs.token_logprobs
 DEFAULT_GPU_GB = 80  # the A100-80GB of §4.1
 
 
@@ -235,7 +235,7 @@ def plan(shape: Shape, run: Run) -> dict:
 
 
 def logit_bytes(rows: int, positions: int, vocab: int, c: int) -> int:
-    """The loss's logits at their largest (generation.token_logprobs, measured with a dispatch-mode
+    """The loss's logits at their largest (logprobs.token_logprobs, measured with a dispatch-mode
     count of live tensors): `positions` logits a row in the compute dtype, the last predicting
     nothing, the others split into chunks of LOGIT_CHUNK. Back-propagating a chunk holds four fp32
     copies of it (logits / T, kept for the backward; the gather's gradient; logsumexp's z - lse and

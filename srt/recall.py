@@ -99,3 +99,8 @@ def copied_spans(target: str, history: dict[str, str]) -> list[tuple[int, int]]:
         if history.get(match.group(1)) == match.group(3):
             spans.append((match.start(2), match.end(2)))
     return spans
+
+
+def add_recall_flag(parser, help) -> None:
+    """--recall: free (the paper: the model copies every token of a recalled turn) or copy."""
+    parser.add_argument("--recall", choices=RECALL_MODES, default="free", help=help)

@@ -36,6 +36,12 @@ from srt import memory_plan
 from srt.checkpoint import JsonlLog, check_resume_config, has_trainer_state, rng_state, set_rng_state
 from srt.config import (
     MAX_STEPS,
+    add_data,
+    add_model,
+    add_out,
+    add_overwrite,
+    add_resume,
+    add_seed,
     at_least,
     changed_since,
     claim_out,
@@ -46,7 +52,7 @@ from srt.config import (
     up_to,
     write_config,
 )
-from srt.data_io import DataError, data_paths, data_spec, files_sha256, write_json
+from srt.data_io import DataError, data_paths, files_sha256, write_json
 from srt.distributed import (
     all_ranks_any,
     check_checkpoint_layout,
@@ -65,7 +71,7 @@ from srt.loading import (
     model_fingerprint,
     zero_dropout,
 )
-from srt.precision import resolve_dtype
+from srt.precision import add_dtype, resolve_dtype
 from srt.training import TimeBudget, adamw
 
 # --------------------------------------------------------------------------------------------
@@ -116,24 +122,12 @@ def add_run_flags(parser, stage: str):
     RUN_FLAGS[stage] words and sets them."""
     text = RUN_FLAGS[stage]
     run = parser.add_argument_group("the run: model, data, output")
-    run.add_argument("--model", default=text["model_default"], help=text["model_help"])
-    run.add_argument(
-        "--data",
-        nargs="+",
-        type=data_spec,
-        default="runs/data/train.jsonl",
-        metavar="PATH[:WEIGHT]",
-        help=text["data_help"] + "; several files with a weight each train on a mix (srt/data_io.py "
-        "mix_sources), e.g. syn/train.jsonl:0.5 locomo/train.jsonl:0.5",
-    )
-    run.add_argument("--out", default=text["out_default"], help="output folder")
-    run.add_argument("--seed", type=up_to(2**32 - 1, low=0), default=0, help="random seed")
-    run.add_argument("--resume", action="store_true", help=text["resume_help"])
-    run.add_argument(
-        "--overwrite",
-        action="store_true",
-        help="start afresh in an --out that holds an earlier run (without it or --resume: refused)",
-    )
+    add_model(run, text["model_default"], text["model_help"])
+    add_data(run, "runs/data/train.jsonl", text["data_help"], mixture=True)
+    add_out(run, text["out_default"])
+    add_seed(run, numpy_range=True)
+    add_resume(run, text["resume_help"])
+    add_overwrite(run, "start afresh in an --out that holds an earlier run (without it or --resume: refused)")
     run.add_argument(
         "--max-steps", type=up_to(MAX_STEPS), default=text["max_steps_default"], help=text["max_steps_help"]
     )
@@ -151,14 +145,22 @@ def method_group(parser, title: str, description: str):
     return group
 
 
+def add_optimizer_flags(group, *, lr: float, lr_help: str, warmup_steps: int, warmup_help: str) -> None:
+    """§4.1's AdamW settings in a script's method group: --lr, --warmup-steps, --weight-decay and
+    --max-grad-norm."""
+    add = group.add_argument
+    add("--lr", type=at_least(0.0, float), default=lr, help=lr_help)
+    add("--warmup-steps", type=up_to(MAX_STEPS, low=0), default=warmup_steps, help=warmup_help)
+    add("--weight-decay", type=at_least(0.0, float), default=0.0, help="AdamW weight decay")
+    add("--max-grad-norm", type=positive(float), default=1.0, help="gradient clipping norm")
+
+
 def add_scale_group(parser):
     """--dtype, --gradient-checkpointing and the distributed flags (srt/distributed.py)."""
     scale = parser.add_argument_group("scale: devices, precision, memory, FSDP")
-    scale.add_argument(
-        "--dtype",
-        choices=["auto", "float32", "bfloat16"],
-        default="auto",
-        help="auto: fp32 weights with bf16 autocast on a GPU or a CPU with AMX or AVX512-BF16 (measured "
+    add_dtype(
+        scale,
+        "auto: fp32 weights with bf16 autocast on a GPU or a CPU with AMX or AVX512-BF16 (measured "
         "faster: bench/precision.py), plain fp32 elsewhere",
     )
     scale.add_argument(

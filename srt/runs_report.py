@@ -36,6 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
+from srt.config import add_out
 from srt.data_io import DataError, atomic_write_text, read_jsonl, write_json
 from srt.metrics import mcnemar_exact, paired_bootstrap
 
@@ -441,7 +442,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--srt", default="srt", help="SRT's variant name in each run")
     p.add_argument("--control", default="nocot", help="the control's variant name in each run")
     p.add_argument("--base", default=None, help="an evaluate.py folder of the base model's rows (once)")
-    p.add_argument("--out", default="runs/demo/runs", help="output folder")
+    add_out(p, "runs/demo/runs")
     p.add_argument(
         "--judge-against",
         default=None,

@@ -828,7 +828,7 @@ def test_sft_step_times_every_side_on_the_same_batches_without_moving_the_weight
         assert side["loss vs first side"] < 1e-5
         assert side["step vs first side"]["n"] == 2 and side["step vs first side"]["min"] > 0
     assert results["AdamW loop, sdpa, logsumexp"]["step vs first side"]["median"] == 1.0
-    assert sft_step.generation.token_logprobs is sft_step.LOSSES["logsumexp"]  # put back
+    assert sft_step.logprobs.token_logprobs is sft_step.LOSSES["logsumexp"]  # put back
 
 
 def test_sft_step_profile_accounts_for_the_step_by_kind_of_op(tmp_path):

@@ -21,7 +21,7 @@ import cuemem  # noqa: E402
 import evaluate  # noqa: E402
 import reward  # noqa: E402
 from srt import (
-    attention,  # noqa: E402
+    attention_analysis,  # noqa: E402
     generation,  # noqa: E402
     metrics,  # noqa: E402
     report,  # noqa: E402
@@ -537,21 +537,21 @@ def test_attention_share_in_unit_interval(tiny):
     record = make_record(0, 6)
     prompt = render_prompt(tokenizer, record)
     completion = f"<think>\n2. Recall History: <HIS>A1: {FACT}</HIS>\n</think>\nFinal answer: $180"
-    spans = attention.turn_spans(record, prompt, completion)
+    spans = attention_analysis.turn_spans(record, prompt, completion)
     assert len(spans) == len(record["history"]) and len(spans[1]) == 1  # §4.6: A1's prompt line alone
     line = prompt.index(f"A1: {FACT}")
     assert spans[1] == [(line, line + len(f"A1: {FACT}"))]
-    with_copy = attention.turn_spans(record, prompt, completion, copies=True)[1]
+    with_copy = attention_analysis.turn_spans(record, prompt, completion, copies=True)[1]
     assert len(with_copy) == 2 and with_copy[1][0] >= len(prompt)  # the <HIS> copy, when asked
     before = model.config._attn_implementation
-    share = attention.attention_share(model, tokenizer, prompt, completion, spans)
+    share = attention_analysis.attention_share(model, tokenizer, prompt, completion, spans)
     assert model.config._attn_implementation == before
     assert share.shape == (len(record["history"]),)
     assert np.all(share >= 0) and np.all(share <= 1) and share.sum() <= 1 + 1e-6
     # Softmax rows sum to one: a span over the whole text takes all the mass, two halves split it.
     text = prompt + completion
-    whole = attention.attention_share(model, tokenizer, prompt, completion, [[(0, len(text))]])
-    halves = attention.attention_share(
+    whole = attention_analysis.attention_share(model, tokenizer, prompt, completion, [[(0, len(text))]])
+    halves = attention_analysis.attention_share(
         model, tokenizer, prompt, completion, [[(0, len(prompt) // 2)], [(len(prompt) // 2, len(text))]]
     )
     assert whole[0] == pytest.approx(1.0, abs=1e-5)

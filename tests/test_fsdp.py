@@ -39,8 +39,8 @@ import stage1_sft
 import stage2_grpo as g
 from srt import generation, memory_plan
 from srt.data_io import write_jsonl
-from srt.generation import token_logprobs
 from srt.loading import load_model_and_tokenizer
+from srt.logprobs import token_logprobs
 from srt.probe import evaluate_policy
 from srt.run import resume_keys
 

@@ -254,9 +254,10 @@ def test_one_grpo_step_walks_through_at_most_five_files_of_its_own():
     on one process: the project's files whose functions a function of stage2_grpo.py calls (what a
     reader steps into from the step) are at most five, and which they are. One level further are the
     decode loop (under generation.generate) and the tag parser and metrics (under reward.py), where a
-    reader may stop; the sampler is there, one hop below the step's own sampling call. torch's
-    optimizer calls back one function of ours after its step (srt/decode.py's, which marks the
-    sampling copy stale): a hook, not a call the reader steps into, so it is listed on its own."""
+    reader may stop; the sampler is there, one hop below the step's own sampling call. torch calls
+    back two functions of ours: its optimizer, after its step, srt/decode.py's, which marks the
+    sampling copy stale; its backward, srt/logprobs.py's chunk of log-probs, recomputed under
+    activation checkpointing. Hooks, not calls the reader steps into, so they are listed on their own."""
     import sys
     from pathlib import Path
 
@@ -274,14 +275,15 @@ def test_one_grpo_step_walks_through_at_most_five_files_of_its_own():
         outside = outside or bool(skipped & set(path.parts))
         return None if outside else path.relative_to(repo).as_posix()
 
-    hooks = set()  # project functions torch's optimizer calls back: not a call the reader follows
+    hooks = set()  # project functions torch calls back: not a call the reader follows
+    calls_back = ("/torch/optim/", "/torch/utils/checkpoint.py")  # the optimizer, a recompute in backward
 
     def profile(frame, event, arg):
         if event == "call":
             name = own(frame)
             caller = depth_below_step[-1] if depth_below_step else None
             called_by = Path(frame.f_back.f_code.co_filename).as_posix() if frame.f_back else ""
-            if name and "/torch/optim/" in called_by:
+            if name and any(source in called_by for source in calls_back):
                 hooks.add(name)
                 depth = None
             elif name == "stage2_grpo.py":
@@ -304,8 +306,9 @@ def test_one_grpo_step_walks_through_at_most_five_files_of_its_own():
         sys.setprofile(None)
     walk = {name for name, depth in entered.items() if depth <= 1}
     assert walk == STEP_FILES and len(walk) <= 5, sorted(walk)
-    # The one callback: the sampler's hook marking its bf16 copy stale after the optimizer's step.
-    assert hooks == {"srt/decode.py"}
+    # The sampler's hook marking its bf16 copy stale after the optimizer's step, and the log-probs of
+    # a chunk recomputed in the backward.
+    assert hooks == {"srt/decode.py", "srt/logprobs.py"}
     assert entered["srt/decode.py"] == 2  # the sampler: generation.generate's one call below the step
 
 

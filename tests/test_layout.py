@@ -6,7 +6,8 @@ the library in `srt/`, and imports that flow one way.
 - no stage imports another stage: stage 0, stage 1, stage 2 and evaluate pass data through files
   (JSONL and checkpoints). The reward is part of the method, so stage 2 and evaluate may import
   reward.py, and evaluate may run the CueMem baseline. reward.py and cuemem.py import only the package;
-- no import cycle anywhere; one place calls Hugging Face `generate`.
+- no import cycle anywhere; one place calls Hugging Face `generate`;
+- a stage script reads in pieces: no function over 80 lines but its parser.
 """
 
 import ast
@@ -98,6 +99,21 @@ def test_exactly_one_place_calls_hugging_face_generate():
             ):
                 callers.append(path.relative_to(REPO).as_posix())
     assert callers == ["srt/generation.py"]
+
+
+LONGEST_FUNCTION = 80  # lines; a stage's parser lists its flags and may run longer
+
+
+@pytest.mark.parametrize("script", ["stage0_build", "stage1_sft", "stage2_grpo"])
+def test_no_function_of_a_stage_script_runs_over_80_lines(script):
+    tree = ast.parse((REPO / f"{script}.py").read_text())
+    long = {
+        node.name: node.end_lineno - node.lineno + 1
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name != "build_parser"
+        if node.end_lineno - node.lineno + 1 > LONGEST_FUNCTION
+    }
+    assert long == {}
 
 
 # Modules README's table does not name yet (it names where the synthetic corpus, the corpus readers

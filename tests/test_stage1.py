@@ -15,7 +15,7 @@ from records import hand_record
 from safetensors.torch import load_file
 
 import stage1_sft
-from srt import loading, precision
+from srt import attention_kernel, loading, precision
 from srt.data_io import write_jsonl
 from srt.loading import load_model_and_tokenizer
 from srt.prompt import format_target, render_prompt
@@ -500,7 +500,7 @@ def test_auto_dtype_autocasts_bf16_only_where_the_cpu_has_bf16_units(monkeypatch
 
 
 def test_attention_flag_trains_with_bf16_eager_and_gives_the_model_back_on_sdpa(monkeypatch, tmp_path):
-    """--attention bf16_eager trains with precision.bf16_eager_attention (faster on a bf16 CPU,
+    """--attention bf16_eager trains with attention_kernel.bf16_eager_attention (faster on a bf16 CPU,
     bench/README.md), the default with SDPA; either way the model comes back with the kernel it was
     loaded with (generation, saving). The kernel seen by each step's loss is read from inside
     sft_loss_sums."""
@@ -536,7 +536,7 @@ def test_bf16_eager_attention_is_softmax_qk_v_by_hand():
     allowed[1, :, 0, :] = False  # row 1: a query with nothing to attend
     module = torch.nn.Module()
     module.num_key_value_groups, module.training = 3, False
-    out, _ = precision.bf16_eager_attention(module, query, key, value, allowed, dim**-0.5)
+    out, _ = attention_kernel.bf16_eager_attention(module, query, key, value, allowed, dim**-0.5)
     assert out.shape == (rows, tokens, heads, dim)
     for r in range(rows):
         for h in range(heads):
@@ -561,7 +561,7 @@ def test_every_attention_kernel_gives_one_loss_on_a_padded_batch(tiny):
     assert batch["attention_mask"].eq(0).any()  # padded
     sums = {}
     try:
-        for kind in ("sdpa", "eager", precision.register_bf16_eager()):
+        for kind in ("sdpa", "eager", attention_kernel.register_bf16_eager()):
             model.set_attn_implementation(kind)
             with torch.no_grad():
                 sums[kind, None] = sft_loss_sums(model, batch)["nll"].item()
