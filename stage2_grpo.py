@@ -444,25 +444,25 @@ class Experience:
 def make_experience(models: Models, rollout: Rollout, settings: StepSettings) -> Experience:
     """Fill the step's Experience: Eq. (8)'s advantages, then pi_old and pi_ref on every sampled token
     in one no-grad pass before the first update, the one place pi_old is filled. The pass is the
-    loss's own forward (token_logprobs_of: the same micro-batches, train mode; gradient checkpointing
-    runs only in the loss), so that before any update pi_theta / pi_old is 1 to the last bit."""
+    loss's own forward (the same micro-batches, train mode; gradient checkpointing runs only in the
+    loss), so that before any update pi_theta / pi_old is 1 to the last bit."""
     device = next(models.policy.parameters()).device
     input_ids, attention_mask = rollout.sequences(device)
     policy_mask = rollout.policy_mask.to(device).float()
-    sampled, rows = policy_mask > 0, len(policy_mask)
+    sampled, width = policy_mask > 0, policy_mask.shape[1]
     advantages = rollout_advantages(rollout, models.tokenizer, settings, device)
-    logprobs_of = token_logprobs_of(models, input_ids, attention_mask, policy_mask.shape[1], settings)
-    minibatches = torch.arange(rows, device=device).tensor_split(settings.sample_ratio)
-    parts = [part for rows in minibatches for part in micro_batches(rows, settings.micro_batch_size)]
+    minibatches = torch.arange(len(policy_mask), device=device).tensor_split(settings.sample_ratio)
     models.policy.train()  # the loss's mode (dropout is zeroed in stage 2)
-    with torch.no_grad():
-        old = torch.cat([logprobs_of(models.policy, part).logprobs for part in parts])
-        ref = None
-        if settings.beta > 0 and models.ref_model is not None:
-            ref = torch.where(
-                sampled, torch.cat([logprobs_of(models.ref_model, p).logprobs for p in parts]), 0.0
-            )
+    old = logprobs_without_grad(
+        models, models.policy, input_ids, attention_mask, width, minibatches, settings
+    )
     old = torch.where(sampled, old, 0.0)
+    ref = None
+    if settings.beta > 0 and models.ref_model is not None:
+        ref = logprobs_without_grad(
+            models, models.ref_model, input_ids, attention_mask, width, minibatches, settings
+        )
+        ref = torch.where(sampled, ref, 0.0)
     sampler = None if rollout.sampler_logprobs is None else rollout.sampler_logprobs.to(device)
     is_weights = truncated_is_weights(old, sampler, settings.is_cap)
     weights = torch.zeros_like(policy_mask)
@@ -492,9 +492,7 @@ def rollout_advantages(rollout: Rollout, tokenizer, settings: StepSettings, devi
 
     def advantages_of(*components):
         rewards = rollout.rewards(*components)
-        batch = None
-        if settings.scale_rewards == "batch":  # the whole step's rewards: every rank's groups
-            batch = torch.tensor(sum(gather_objects(rewards.view(-1).tolist(), world_size()), []))
+        batch = all_ranks_rewards(rewards) if settings.scale_rewards == "batch" else None
         return (
             group_advantages(rewards, scale=settings.scale_rewards, batch_rewards=batch)
             .view(-1, 1)
@@ -508,58 +506,58 @@ def rollout_advantages(rollout: Rollout, tokenizer, settings: StepSettings, devi
     return torch.where(in_think, advantages_of("format", "recall"), advantages_of("format", "answer"))
 
 
-class TokenLogprobs(NamedTuple):
-    logprobs: torch.Tensor  # [R, C] log pi(o_t | P, o_<t) of the completion tokens
-    entropy: torch.Tensor | None  # [R, C] entropy of pi at each position, or None
-
-
-def token_logprobs_of(models: Models, input_ids, attention_mask, completion_length, settings: StepSettings):
-    """-> logprobs_of(model, rows, with_entropy=False) -> TokenLogprobs of the completion tokens of
-    `rows` (one micro-batch) in one forward. One path for pi_old, pi_theta and pi_ref: each distinct
-    prompt runs once for its K rows (srt/generation.py completion_logprobs) unless a wrapper (DDP, FSDP) or
-    gradient checkpointing allows only one module call per backward. Suppressed tokens are never
+# The log-prob path: one forward per micro-batch, for pi_old, pi_theta and pi_ref alike.
+def token_logprobs(
+    models: Models, model, input_ids, attention_mask, width: int, settings: StepSettings, with_entropy=False
+):
+    """-> (log pi(o_t | P, o_<t) [R, width] of the completion tokens of these R rows, their entropy
+    [R, width] or None), in one forward of `model`: models.policy (pi_old), models.train_model (pi_theta,
+    the policy or its DDP or FSDP wrapper) or models.ref_model (pi_ref). Suppressed tokens are never
     sampled (srt/decode.py), so they are left out of pi too."""
-    policy = models.policy
-    sharded = any(hasattr(p, "to_local") for p in policy.parameters())
-    share = (
-        settings.share_prompts
-        and not sharded
-        and models.train_model is policy
-        and not settings.gradient_checkpointing
+    suppress = models.policy.generation_config.suppress_tokens
+    return completion_logprobs(
+        model,
+        input_ids,
+        attention_mask,
+        completion_length=width,
+        temperature=settings.temperature,
+        with_entropy=with_entropy,
+        share_prompts=shares_prompts(models, settings),
+        suppress=torch.tensor(suppress, device=input_ids.device) if suppress else None,
+        autocast_dtype=settings.autocast_dtype,
     )
-    suppress = policy.generation_config.suppress_tokens
-    suppress = torch.tensor(suppress, device=input_ids.device) if suppress else None
 
-    def logprobs_of(model, rows, with_entropy=False) -> TokenLogprobs:
-        return TokenLogprobs(
-            *completion_logprobs(
-                model,
-                input_ids[rows],
-                attention_mask[rows],
-                completion_length=completion_length,
-                temperature=settings.temperature,
-                with_entropy=with_entropy,
-                share_prompts=share,
-                suppress=suppress,
-                autocast_dtype=settings.autocast_dtype,
-            )
-        )
 
-    return logprobs_of
+def logprobs_without_grad(
+    models: Models, model, input_ids, attention_mask, width: int, minibatches, settings: StepSettings
+) -> torch.Tensor:
+    """log pi [B, width] of every row, without gradient, in the micro-batches the loss's forward reads
+    (each minibatch's forward_parts): a bf16 forward over other rows rounds otherwise."""
+    logprobs = []
+    with torch.no_grad():
+        for minibatch in minibatches:
+            for part in forward_parts(minibatch, settings.micro_batch_size):
+                part_logprobs, _ = token_logprobs(
+                    models, model, input_ids[part], attention_mask[part], width, settings
+                )
+                logprobs.append(part_logprobs)
+    return torch.cat(logprobs)
 
 
 def experience_loss(models: Models, experience: Experience, settings: StepSettings):
     """Eq. (9) on the whole experience at the policy's weights now, no step taken: what a further pass
     over the record would compute (--explain prints it). -> (loss, TokenTerms, log pi_theta [B, C])."""
-    logprobs_of = token_logprobs_of(
-        models, experience.input_ids, experience.attention_mask, experience.policy_mask.shape[1], settings
-    )
     models.policy.train()
+    logprobs = logprobs_without_grad(
+        models,
+        models.policy,
+        experience.input_ids,
+        experience.attention_mask,
+        experience.policy_mask.shape[1],
+        experience.minibatches,
+        settings,
+    )
     with torch.no_grad():
-        logprobs = torch.cat(
-            [logprobs_of(models.policy, part).logprobs for rows in experience.minibatches
-             for part in micro_batches(rows, settings.micro_batch_size)]
-        )  # fmt: skip
         loss, terms = grpo_loss(logprobs, experience, settings.clip_eps, settings.beta)
     models.policy.eval()
     return loss.item(), terms, logprobs
@@ -584,8 +582,9 @@ def sampler_mismatch(old_logprobs, sampler_logprobs, policy_mask, cap: float) ->
     )
 
 
-def micro_batches(rows: torch.Tensor, size: int) -> tuple[torch.Tensor, ...]:
-    """--micro-batch-size rows at a time: the unit of every forward pass (memory_plan.py)."""
+def forward_parts(rows: torch.Tensor, size: int) -> tuple[torch.Tensor, ...]:
+    """The rows of one backprop minibatch, --micro-batch-size at a time: the unit of every forward
+    pass (memory_plan.py)."""
     return rows.split(size or len(rows))
 
 
@@ -602,6 +601,24 @@ def all_ranks_tokens(policy_mask) -> torch.Tensor:
     return tokens.clamp(min=1)
 
 
+def all_ranks_rewards(rewards) -> torch.Tensor:
+    """The whole step's rewards, every rank's groups, flat: --scale-rewards batch's std."""
+    return torch.tensor(sum(gather_objects(rewards.view(-1).tolist(), world_size()), []))
+
+
+def shares_prompts(models: Models, settings: StepSettings) -> bool:
+    """May each distinct prompt run once for its K rows in the log-prob forward (srt/generation.py
+    completion_logprobs)? Not under a wrapper (DDP, FSDP: sharded parameters) nor gradient
+    checkpointing, which allow only one module call per backward."""
+    sharded = any(hasattr(p, "to_local") for p in models.policy.parameters())
+    return (
+        settings.share_prompts
+        and not sharded
+        and models.train_model is models.policy
+        and not settings.gradient_checkpointing
+    )
+
+
 # The update: Eq. (9) on the experience, one AdamW step a minibatch.
 class UpdateStats(NamedTuple):
     """One optimizer step's statistics: the minibatch's loss, and token means over its policy tokens."""
@@ -614,59 +631,76 @@ class UpdateStats(NamedTuple):
     grad_norm: float
 
 
-def update(models: Models, experience: Experience, settings: StepSettings) -> list[UpdateStats]:
+def update(models: Models, experience: Experience, settings: StepSettings) -> list[UpdateStats | None]:
     """Eq. (9) on one experience: `mu` passes over its backprop minibatches (§4.1: sample / backprop =
     4), one AdamW step each; a step whose loss or gradient is not finite is skipped (None in the
     list), on every rank alike. Every rank has as many rows, so as many minibatches, which DDP needs
     (one all-reduce per backward)."""
-    policy, train_model, optimizer = models.policy, models.train_model, models.optimizer
-    device = experience.input_ids.device
-    logprobs_of = token_logprobs_of(
-        models, experience.input_ids, experience.attention_mask, experience.policy_mask.shape[1], settings
-    )
-    policy.train()
+    models.policy.train()
     updates = []
     for epoch in range(settings.mu):
-        for rows in experience.minibatches:
-            optimizer.zero_grad(set_to_none=True)
-            parts = micro_batches(rows, settings.micro_batch_size)
-            sums = torch.zeros(
-                5, dtype=torch.float64
-            )  # loss, then kl, clipped, ratio, entropy summed over tokens
-            for i, part in enumerate(parts):
-                with accumulate(train_model, sync=i == len(parts) - 1):  # DDP: all-reduce after the last
-                    new = logprobs_of(train_model, part, with_entropy=epoch == 0)
-                    loss, terms = grpo_loss(new.logprobs, experience[part], settings.clip_eps, settings.beta)
-                    loss.backward()  # every rank, even a bad loss: DDP/FSDP need all ranks
-                sums += token_sums(loss, terms, new.entropy, experience.policy_mask[part])
-            grad_norm = clip_grad_norm(policy.parameters(), settings.max_grad_norm).item()
-            # A non-finite loss or gradient must never reach the weights (nor AdamW's moments).
-            if all_ranks_any(not (math.isfinite(sums[0].item()) and math.isfinite(grad_norm)), device):
-                optimizer.zero_grad(set_to_none=True)
-                updates.append(None)
-                continue
-            optimizer.step()
-            tokens = experience.policy_mask[rows].sum().clamp(min=1).item()
-            loss_sum, *token_means = sums.tolist()
-            entropy = token_means[3] / tokens if epoch == 0 else float("nan")
-            updates.append(UpdateStats(loss_sum, *(x / tokens for x in token_means[:3]), entropy, grad_norm))
-    optimizer.zero_grad(set_to_none=True)
-    policy.eval()
+        for minibatch in experience.minibatches:
+            updates.append(minibatch_update(models, experience, minibatch, settings, first_pass=epoch == 0))
+    models.optimizer.zero_grad(set_to_none=True)
+    models.policy.eval()
     return updates
 
 
-def token_sums(loss, terms: TokenTerms, entropy, policy_mask) -> torch.Tensor:
-    """One micro-batch's loss and its sums of KL, clipped tokens, ratio and entropy over its policy
-    tokens: the update divides the minibatch's sums by its tokens."""
+def minibatch_update(models: Models, experience: Experience, minibatch, settings: StepSettings, first_pass):
+    """One AdamW step on Eq. (9) over the rows `minibatch` of the experience, its gradient accumulated
+    over their forward_parts. -> UpdateStats (the entropy on the first pass only), or None when the
+    loss or the gradient is not finite on some rank: the weights and AdamW's moments stay as they were."""
+    models.optimizer.zero_grad(set_to_none=True)
+    sums = dict.fromkeys(("loss", "kl", "clipped", "ratio", "entropy"), 0.0)  # over the policy tokens
+    parts = forward_parts(minibatch, settings.micro_batch_size)
+    for i, part in enumerate(parts):
+        batch = experience[part]
+        width = batch.policy_mask.shape[1]
+        with accumulate(models.train_model, sync=i == len(parts) - 1):  # DDP: all-reduce after the last
+            logprobs, entropy = token_logprobs(
+                models,
+                models.train_model,
+                batch.input_ids,
+                batch.attention_mask,
+                width,
+                settings,
+                with_entropy=first_pass,
+            )
+            loss, terms = grpo_loss(logprobs, batch, settings.clip_eps, settings.beta)
+            loss.backward()  # every rank, even a bad loss: DDP/FSDP need all ranks
+        add_token_sums(sums, loss, terms, entropy, batch.policy_mask)
+    grad_norm = clip_grad_norm(models.policy.parameters(), settings.max_grad_norm).item()
+    # A non-finite loss or gradient must never reach the weights (nor AdamW's moments), on any rank.
+    device = experience.input_ids.device
+    if all_ranks_any(not (math.isfinite(sums["loss"]) and math.isfinite(grad_norm)), device):
+        models.optimizer.zero_grad(set_to_none=True)
+        return None
+    models.optimizer.step()
+    tokens = experience.policy_mask[minibatch].sum().clamp(min=1).item()
+    return UpdateStats(
+        loss=sums["loss"],
+        kl=sums["kl"] / tokens,
+        clip_fraction=sums["clipped"] / tokens,
+        ratio=sums["ratio"] / tokens,
+        entropy=sums["entropy"] / tokens if first_pass else float("nan"),
+        grad_norm=grad_norm,
+    )
+
+
+def add_token_sums(sums: dict, loss, terms: TokenTerms, entropy, policy_mask) -> None:
+    """Add one micro-batch's loss, and its sums of KL, clipped tokens, ratio and entropy over its
+    policy tokens, to `sums` (float64): the minibatch's sums, which minibatch_update divides by its
+    tokens."""
     sampled = policy_mask > 0
 
     def total(x):
-        return torch.where(sampled, x.double(), 0.0).sum()
+        return torch.where(sampled, x.double(), 0.0).sum().item()
 
-    entropy = torch.zeros(()) if entropy is None else total(entropy.detach())
-    return torch.stack(
-        [loss.detach().double(), total(terms.kl), total(terms.clipped), total(terms.ratio), entropy.double()]
-    ).cpu()
+    sums["loss"] += loss.detach().double().item()
+    sums["kl"] += total(terms.kl)
+    sums["clipped"] += total(terms.clipped)
+    sums["ratio"] += total(terms.ratio)
+    sums["entropy"] += 0.0 if entropy is None else total(entropy.detach())
 
 
 def step_stats(rollout: Rollout, experience: Experience, updates: list, settings: StepSettings, train_s=0.0):
