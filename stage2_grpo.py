@@ -1,65 +1,23 @@
 """Stage 2 of SRT: recall-reasoning alignment with GRPO (paper §3.4, Eqs. (8)-(9)), in plain PyTorch.
 
-One GRPO step, in the order of the paper, as three calls passing one record each (grpo_step):
+One GRPO step (grpo_step), in the paper's order, which is this file's:
 
-  rollout     for each prompt P(Q_t, C_t): sample K completions tau^(k) from the policy, keeping each
-              token's log pi_sampler (a Rollout, srt/rollouts.py); score them with the verifiable
-              reward R = format + recall + answer (reward.py, Eqs. (4)-(7))
-  experience  Eq. (8): group-relative advantage  A~(k) = (R(k) - mean R) / (std R + 1e-8); the
-              log-probs of pi_old (the policy before the step) and of the frozen pi_ref = the SFT
-              model; each token's importance and normalisation weight. Filled once (an Experience).
-  update      the experience in backprop minibatches (sample/backprop ratio 4, §4.1), `mu` passes,
-              each: Eq. (9)'s clipped surrogate minus beta * KL (grpo_loss), one AdamW step (constant
-              learning rate after a linear warm-up, §4.1)
+  rollout     K completions tau^(k) of each prompt P(Q_t, C_t), each token's log pi_sampler kept, scored
+              with R = format + recall + answer (sample_groups; reward.py, Eqs. (4)-(7))
+  Eq. (8)     A~(k) = (R(k) - mean R) / (std R + 1e-8) within each group (group_advantages)
+  experience  the advantages, log pi_old (the policy before the step), log pi_ref (the frozen SFT
+              model) and each token's weights, filled once before the first update (Experience)
+  Eq. (9)     the clipped surrogate minus beta * KL, k3 to pi_ref (k3_kl, loss_weights, grpo_loss)
+  update      `mu` passes over the backprop minibatches (§4.1: sample/backprop ratio 4), one AdamW
+              step each (constant learning rate after a linear warm-up)
 
-Paper vs this implementation, the one list (docs/pipeline.md links here). 1-3 always hold; 4-11 are
-flags of the "beyond the paper" group, off or the paper's choice by default unless said; 12-13 are
-where this loss departs from TRL's GRPOTrainer, the reference most readers compare with:
-
-  1. Eq. (8)'s std is the population std (divide by K): a group of one gets advantage 0, not NaN, and
-     a group whose K rewards are all equal gets exactly 0.
-  2. pi_old is scored once per sample batch, before the first update, by the same forward path as
-     the loss (train mode, the same micro-batches): at mu = 1 the first minibatch's ratio is 1.
-  3. KL: the k3 estimator to pi_ref = the SFT model, beta 0.04 (§4.1 names the term, not its
-     estimator nor its weight). As a loss, k3's gradient is that of the reverse KL(pi_ref || pi_theta).
-  4. Truncated importance sampling (--is-cap 2, ON by default): rollouts come from a bf16 copy of the
-     policy where the CPU or GPU has bf16 units, so each token's surrogate is weighted by
-     min(pi_old / pi_sampler, 2); exactly the paper's Eq. (9) on an fp32 CPU, where the sampler is
-     the policy and the weight is 1 up to rounding.
-  5. Loss normalisation, --loss-type: one weight per token (LOSS_TYPES, loss_weights): grpo (default)
-     is Eq. (9) as written, 1 / (|o_i| G); dapo 1 / N, N the policy tokens of the minibatch on every
-     rank; dr_grpo 1 / (G L), L = --max-new-tokens. --scale-rewards group (default, Eq. (8)) | batch
-     | none sets Eq. (8)'s denominator (none under dr_grpo by default).
-  6. Dynamic sampling (--dynamic-sampling total | recall, --max-draws; the CPU presets: recall):
-     groups whose K total rewards, or recall parts, are all equal are replaced by fresh prompts (DAPO).
-  7. Segment credit (--credit segment): the think tokens take the advantage of format + recall, the
-     answer tokens that of format + answer, instead of one advantage per completion.
-  8. Answer gate (--answer-gate recall, reward.py): an answer whose recall shares no turn with H*
-     earns -1, as a missing answer does.
-  9. Recall by pointer (--recall copy, srt/recall.py): the policy writes <HIS>A3: and the decoder
-     copies turn A3; the copied tokens are outside the ratio, the KL and the normalisation.
- 10. Placebo (--placebo): each group's K rewards shuffled among its samples before Eq. (8), seeded
-     by --seed: a control run that keeps every statistic of a real one but the reward's signal.
- 11. --train-turns dependent trains on the turns whose H* is not empty; --top-p below 1 is refused
-     (Eq. (9)'s ratio and KL are over the full softmax(logits / T)).
- 12. dapo's N counts the tokens of one backprop minibatch (every rank's); TRL's dapo counts the whole
-     generation batch of every process, 4x more at --sample-ratio 4, so each of our steps is 4x
-     larger. TRL's bnpo, the minibatch's own tokens, is the one bench/grpo_vs_trl.py maps ours to.
- 13. A NaN reward makes its group's advantages NaN and the minibatch's loss non-finite: that
-     optimizer step is skipped on every rank and logged (skipped_updates). TRL leaves a NaN reward
-     out of the group's mean and std and gives its completion advantage 0.
-
-Run on one CPU or GPU, or on N of them with torchrun (each rank samples and scores its own prompts,
-DDP all-reduces the gradients, rank 0 alone logs and saves):
+Then the run: flags, train loop, logs. Where this departs from the paper: one numbered list, with
+the flags of the "beyond the paper" group, in docs/pipeline.md ("Stage 2: departures from the paper").
 
     python stage2_grpo.py --preset cpu-lesson --model runs/demo/sft/final --data runs/demo/data/train.jsonl \\
         --out runs/demo/grpo
     python stage2_grpo.py --explain --model runs/demo/sft/final      # one step, every quantity printed
     torchrun --nproc_per_node=8 stage2_grpo.py --model runs/paper/sft/final --data ... --preset paper --fsdp
-
-Outputs under --out: config.json, metrics.jsonl (one line per step), samples.jsonl, checkpoint/
-(resumable), final/ (save_pretrained); with --eval-data: eval_before.json, eval_after.json,
-probe.jsonl, learning_curve.png; summary.json.
 """
 
 from __future__ import annotations
@@ -84,13 +42,16 @@ from tqdm.auto import tqdm
 
 from reward import add_answer_flags, compute_rewards
 from srt import grpo_explain, step_page
-from srt import run as harness  # srt/run.py: --out, ranks, loading, resume, checkpoints, logs
-from srt.config import Bounded, add_max_new_tokens, at_least, parse_config, positive, require
-from srt.data_io import (
-    finite_or_none,
-    read_jsonl,
-    read_mixture,
+from srt import run as harness  # srt/run.py, the harness: --out, ranks, loading, resume, checkpoints
+from srt.config import (
+    Bounded,
+    add_max_new_tokens,
+    at_least,
+    parse_config,
+    positive,
+    require,
 )
+from srt.data_io import finite_or_none, read_jsonl, read_mixture
 from srt.distributed import (
     accumulate,
     all_ranks_any,
@@ -115,12 +76,154 @@ from srt.recall import add_recall_flag
 from srt.rollouts import PromptStream, Rollout, think_lengths
 from srt.training import seed_everything, warmup_lr
 
+
 # --------------------------------------------------------------------------------------------
-# Eq. (8): group-relative advantage.
+# One step's inputs: the models and what the step reads of the flags
+# --------------------------------------------------------------------------------------------
+@dataclass
+class Models:
+    """The step's models: `policy` samples and holds the weights; `train_model` is its DDP or FSDP
+    wrapper (default: the policy), whose backward all-reduces; `ref_model` the frozen pi_ref, None
+    at beta = 0."""
+
+    policy: torch.nn.Module
+    tokenizer: object
+    optimizer: torch.optim.Optimizer
+    ref_model: torch.nn.Module | None = None
+    train_model: torch.nn.Module | None = None
+
+    def __post_init__(self):
+        self.train_model = self.policy if self.train_model is None else self.train_model
+
+
+@dataclass(frozen=True)
+class StepSettings:
+    """What one step reads of the flags (StepSettings.of(cfg)), and the autocast precision."""
+
+    num_generations: int  # K
+    sample_ratio: int  # sample batch / backprop minibatch
+    mu: int  # passes over the sample batch
+    clip_eps: float
+    beta: float
+    loss_type: str  # LOSS_TYPES
+    scale_rewards: str  # SCALE_REWARDS
+    credit: str  # sequence | segment
+    is_cap: float
+    max_new_tokens: int
+    temperature: float
+    top_p: float
+    recall: str  # free | copy
+    dynamic_sampling: str  # off | total | recall
+    max_draws: int
+    max_grad_norm: float
+    micro_batch_size: int  # 0: the whole minibatch at once
+    share_prompts: bool
+    gradient_checkpointing: bool
+    autocast_dtype: torch.dtype | None = None
+
+    @classmethod
+    def of(cls, cfg, autocast_dtype=None) -> StepSettings:
+        names = [f.name for f in dataclasses.fields(cls) if f.name != "autocast_dtype"]
+        return cls(**{name: getattr(cfg, name) for name in names}, autocast_dtype=autocast_dtype)
+
+
+# --------------------------------------------------------------------------------------------
+# The rollout: K completions of each prompt, scored with R = format + recall + answer
+# (Eqs. (4)-(7))
+# --------------------------------------------------------------------------------------------
+def sample_groups(models: Models, records, prompts, settings: StepSettings, reward_fn) -> Rollout:
+    """K completions per prompt from the policy in one batched generate (srt/decode.py's loop: each
+    prompt prefilled once for its K rows; on a bf16 copy of the policy where the hardware has bf16
+    units, under FSDP on the gathered bf16 weights), scored with the verifiable reward
+    R = format + recall + answer (Eqs. (4)-(7))."""
+    t0 = time.perf_counter()
+    # FSDP: gathered once for the whole batch, decoded as a plain module, freed after (srt/distributed.py)
+    with full_weights(models.policy):
+        out = generate(
+            models.policy,
+            models.tokenizer,
+            prompts,
+            num_generations=settings.num_generations,
+            max_new_tokens=settings.max_new_tokens,
+            temperature=settings.temperature,
+            top_p=settings.top_p,
+            autocast_dtype=settings.autocast_dtype,
+            recall=settings.recall,
+        )
+    t1 = time.perf_counter()
+    examples = [record for record in records for _ in range(settings.num_generations)]
+    scores = reward_fn(out["texts"], examples)
+    return Rollout(
+        prompt_ids=out["prompt_ids"],
+        prompt_mask=out["prompt_mask"],
+        completion_ids=out["completion_ids"],
+        completion_mask=out["completion_mask"],
+        policy_mask=out.get("policy_mask", out["completion_mask"]),  # 0 on a turn copied out (--recall copy)
+        sampler_logprobs=out.get("sampler_logprobs"),
+        texts=out["texts"],
+        records=examples,
+        scores=scores,
+        num_generations=settings.num_generations,
+        groups_drawn=len(prompts),
+        generate_s=t1 - t0,
+        score_s=time.perf_counter() - t1,
+    )
+
+
+def sample_batch(
+    models: Models, records, prompts, settings: StepSettings, reward_fn, draw_more=None
+) -> Rollout:
+    """sample_groups, with DAPO's dynamic sampling as a branch (--dynamic-sampling, off by default):
+    this rank's sample batch of len(prompts) groups. With --dynamic-sampling total, groups whose K
+    rewards are all equal add nothing to the gradient; with --dynamic-sampling recall, groups whose
+    recall parts are all equal carry no recall signal. Fresh prompts are drawn in their place, at most
+    --max-draws sample batches a step, and what stays uninformative fills the rest. Every rank draws
+    as often as the others, so the prompt stream and the DDP all-reduces stay in step."""
+    K, key = settings.num_generations, settings.dynamic_sampling
+    device = next(models.policy.parameters()).device
+    draws = [sample_groups(models, records, prompts, settings, reward_fn)]
+
+    def informative_groups():
+        return [
+            (d, g)
+            for d, draw in enumerate(draws)
+            for g, same in enumerate(constant_groups(draw.scores, K, key))
+            if not same
+        ]
+
+    while (
+        key != "off"
+        and draw_more is not None
+        and len(draws) < settings.max_draws
+        and all_ranks_any(len(informative_groups()) < len(prompts), device)
+    ):
+        draws.append(sample_groups(models, *draw_more(), settings, reward_fn))
+    if key == "off":
+        picks = [(0, g) for g in range(len(prompts))]
+    else:
+        everything = [(d, g) for d, draw in enumerate(draws) for g in range(len(draw.scores) // K)]
+        informative = informative_groups()
+        picks = (informative + [p for p in everything if p not in informative])[: len(prompts)]
+    scores = [s for draw in draws for s in draw.scores]
+    return Rollout.join(
+        draws,
+        picks,
+        models.tokenizer.pad_token_id,
+        groups_all_equal=sum(constant_groups(scores, K)),
+        groups_recall_constant=sum(constant_groups(scores, K, "recall")),
+    )
+
+
+def constant_groups(scores, K, key="total") -> list[bool]:
+    """Per group: are its K values of `key` all equal? Then Eq. (8) gives it advantage 0."""
+    values = [float(s.get(key, float("nan"))) for s in scores]
+    return [len(set(values[g : g + K])) == 1 for g in range(0, len(values), K)]
+
+
+# --------------------------------------------------------------------------------------------
+# Eq. (8): group-relative advantage
 # --------------------------------------------------------------------------------------------
 ADVANTAGE_EPS = 1e-8
-
-
 SCALE_REWARDS = ("group", "batch", "none")  # Eq. (8)'s denominator: --scale-rewards
 
 
@@ -152,34 +255,168 @@ def group_advantages(rewards: torch.Tensor, eps: float = ADVANTAGE_EPS, scale="g
     return torch.where(all_equal, torch.zeros_like(advantages), advantages).float()
 
 
-def shuffled_within_groups(reward_fn, K: int, rng: random.Random):
-    """--placebo: reward_fn whose scores are permuted inside each aligned block of K rows (one group:
-    srt/rollouts.py lays a step's rows out prompt by prompt, K each). Each group keeps its own K
-    rewards, so its mean, spread and Eq. (8)'s advantages are a real group's; only which completion
-    earns which is cut."""
+def rollout_advantages(rollout: Rollout, tokenizer, settings: StepSettings, device) -> torch.Tensor:
+    """Eq. (8) for every completion of the sample batch, scaled by --scale-rewards: [B, 1] (one A~
+    per completion, --credit sequence, the paper), or [B, C] (--credit segment, not in the paper:
+    Eq. (4) pays a lucky answer for a wrong recall, so here the think tokens take the advantage of
+    format + recall and the answer tokens that of format + answer)."""
 
-    def placebo(completions, examples):
-        scores = list(reward_fn(completions, examples))
-        if len(scores) % K:
-            raise ValueError(f"placebo: {len(scores)} rows are not whole groups of K = {K}")
-        for g in range(0, len(scores), K):
-            block = scores[g : g + K]
-            rng.shuffle(block)
-            scores[g : g + K] = block
-        return scores
+    def advantages_of(*components):
+        rewards = rollout.rewards(*components)
+        batch = all_ranks_rewards(rewards) if settings.scale_rewards == "batch" else None
+        return (
+            group_advantages(rewards, scale=settings.scale_rewards, batch_rewards=batch)
+            .view(-1, 1)
+            .to(device)
+        )
 
-    return placebo
+    if settings.credit == "sequence":
+        return advantages_of("total")
+    columns = torch.arange(rollout.completion_ids.shape[1])
+    in_think = (columns < think_lengths(tokenizer, rollout.completion_ids).unsqueeze(1)).to(device)
+    return torch.where(in_think, advantages_of("format", "recall"), advantages_of("format", "answer"))
 
 
 # --------------------------------------------------------------------------------------------
-# Eq. (9): the GRPO objective, as a loss to minimise (its negative), on the step's experience.
+# The experience: Eq. (8) over the sample batch, and everything else Eq. (9) reads, filled
+# once before the first update
+# --------------------------------------------------------------------------------------------
+@dataclass
+class Experience:
+    """One sample batch as Eq. (9) reads it, [B, C] per token (tiny-grpo's Experience), filled once
+    by make_experience before the first update and never changed after. experience[rows] is the
+    same record for some rows: what one micro-batch's loss reads."""
+
+    input_ids: torch.Tensor  # [B, P + C] prompt + completion, what a forward reads
+    attention_mask: torch.Tensor  # [B, P + C]
+    policy_mask: torch.Tensor  # [B, C] 1 where the policy sampled the token: the only tokens in the loss
+    advantages: torch.Tensor  # [B, C] A~ of Eq. (8) on each token (one per completion, or per segment)
+    old_logprobs: torch.Tensor  # [B, C] log pi_old, the policy before the step (0 where masked)
+    ref_logprobs: torch.Tensor | None  # [B, C] log pi_ref, the SFT model (None at beta = 0)
+    is_weights: torch.Tensor  # [B, C] min(pi_old / pi_sampler, --is-cap), 1 where not corrected
+    loss_weights: torch.Tensor  # [B, C] Eq. (9)'s normalisation in its minibatch (loss_weights)
+    minibatches: tuple  # the rows of each backprop minibatch (--sample-ratio)
+
+    def __getitem__(self, rows) -> Experience:
+        def take(tensor):
+            return None if tensor is None else tensor[rows]
+
+        tensors = {
+            f.name: take(getattr(self, f.name)) for f in dataclasses.fields(self) if f.name != "minibatches"
+        }
+        return Experience(**tensors, minibatches=())
+
+
+def make_experience(models: Models, rollout: Rollout, settings: StepSettings) -> Experience:
+    """Fill the step's Experience: Eq. (8)'s advantages, then pi_old and pi_ref on every sampled token
+    in one no-grad pass before the first update, the one place pi_old is filled. The pass is the
+    loss's own forward (the same micro-batches, train mode; gradient checkpointing runs only in the
+    loss), so that before any update pi_theta / pi_old is 1 to the last bit."""
+    device = next(models.policy.parameters()).device
+    input_ids, attention_mask = rollout.sequences(device)
+    policy_mask = rollout.policy_mask.to(device).float()
+    sampled, width = policy_mask > 0, policy_mask.shape[1]
+    advantages = rollout_advantages(rollout, models.tokenizer, settings, device)
+    minibatches = torch.arange(len(policy_mask), device=device).tensor_split(settings.sample_ratio)
+    models.policy.train()  # the loss's mode (dropout is zeroed in stage 2)
+    old = logprobs_without_grad(
+        models, models.policy, input_ids, attention_mask, width, minibatches, settings
+    )
+    old = torch.where(sampled, old, 0.0)
+    ref = None
+    if settings.beta > 0 and models.ref_model is not None:
+        ref = logprobs_without_grad(
+            models, models.ref_model, input_ids, attention_mask, width, minibatches, settings
+        )
+        ref = torch.where(sampled, ref, 0.0)
+    sampler = None if rollout.sampler_logprobs is None else rollout.sampler_logprobs.to(device)
+    is_weights = truncated_is_weights(old, sampler, settings.is_cap)
+    weights = torch.zeros_like(policy_mask)
+    for minibatch in minibatches:
+        tokens = all_ranks_tokens(policy_mask[minibatch]) if settings.loss_type == "dapo" else None
+        weights[minibatch] = loss_weights(
+            policy_mask[minibatch], settings.loss_type, settings.max_new_tokens, tokens, world_size()
+        )
+    return Experience(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        policy_mask=policy_mask,
+        advantages=advantages.expand_as(policy_mask),
+        old_logprobs=old,
+        ref_logprobs=ref,
+        is_weights=torch.ones_like(old) if is_weights is None else torch.where(sampled, is_weights, 1.0),
+        loss_weights=weights,
+        minibatches=minibatches,
+    )
+
+
+def truncated_is_weights(old_logprobs, sampler_logprobs, cap: float):
+    """Per token w = min(pi_old / pi_sampler, cap), detached: truncated importance sampling. Eq. (9)
+    takes its expectation over o ~ pi_old, but the rollouts came from the sampler: a bf16 copy of the
+    policy where the hardware has bf16 units (srt/decode.py), whose log-probs differ a little from the
+    fp32 master weights' under autocast. Multiplying each token's surrogate by w makes the gradient
+    the on-policy one in expectation; the cap bounds the variance a rare token with
+    pi_sampler << pi_old would add, at the price of a bias on those tokens. On an fp32 CPU the
+    sampler is the policy itself and w = 1 up to rounding. None (no sampler log-probs, or cap 0):
+    no correction."""
+    if sampler_logprobs is None or cap == 0:
+        return None
+    return torch.exp(old_logprobs.detach() - sampler_logprobs).clamp(max=cap)
+
+
+# The log-prob path: one forward per micro-batch, for pi_old, pi_theta and pi_ref alike.
+def token_logprobs(
+    models: Models, model, input_ids, attention_mask, width: int, settings: StepSettings, with_entropy=False
+):
+    """-> (log pi(o_t | P, o_<t) [R, width] of the completion tokens of these R rows, their entropy
+    [R, width] or None), in one forward of `model`: models.policy (pi_old), models.train_model (pi_theta,
+    the policy or its DDP or FSDP wrapper) or models.ref_model (pi_ref). Suppressed tokens are never
+    sampled (srt/decode.py), so they are left out of pi too."""
+    suppress = models.policy.generation_config.suppress_tokens
+    return completion_logprobs(
+        model,
+        input_ids,
+        attention_mask,
+        completion_length=width,
+        temperature=settings.temperature,
+        with_entropy=with_entropy,
+        share_prompts=shares_prompts(models, settings),
+        suppress=torch.tensor(suppress, device=input_ids.device) if suppress else None,
+        autocast_dtype=settings.autocast_dtype,
+    )
+
+
+def logprobs_without_grad(
+    models: Models, model, input_ids, attention_mask, width: int, minibatches, settings: StepSettings
+) -> torch.Tensor:
+    """log pi [B, width] of every row, without gradient, in the micro-batches the loss's forward reads
+    (each minibatch's forward_parts): a bf16 forward over other rows rounds otherwise."""
+    logprobs = []
+    with torch.no_grad():
+        for minibatch in minibatches:
+            for part in forward_parts(minibatch, settings.micro_batch_size):
+                part_logprobs, _ = token_logprobs(
+                    models, model, input_ids[part], attention_mask[part], width, settings
+                )
+                logprobs.append(part_logprobs)
+    return torch.cat(logprobs)
+
+
+def forward_parts(rows: torch.Tensor, size: int) -> tuple[torch.Tensor, ...]:
+    """The rows of one backprop minibatch, --micro-batch-size at a time: the unit of every forward
+    pass (memory_plan.py)."""
+    return rows.split(size or len(rows))
+
+
+# --------------------------------------------------------------------------------------------
+# Eq. (9): the GRPO objective, as a loss to minimise (its negative), on the step's experience
 # --------------------------------------------------------------------------------------------
 def k3_kl(logprobs, ref_logprobs):
     """Per token, the k3 estimator of KL(pi_theta || pi_ref) on tokens sampled from pi_theta:
     exp(ref - logp) - (ref - logp) - 1. Always >= 0 (x - 1 >= log x), exactly 0 when the two agree;
     unbiased as an estimate of the value. Elementwise: the result has the inputs' shape. As a loss
     term, its gradient is that of the reverse KL(pi_ref || pi_theta) at the sampled tokens, as in
-    DeepSeekMath's GRPO and TRL: it pulls pi_theta back wherever pi_ref puts mass, not only where
+    DeepSeekMath's GRPO: it pulls pi_theta back wherever pi_ref puts mass, not only where
     pi_theta does."""
     log_ratio = ref_logprobs - logprobs
     return torch.exp(log_ratio) - log_ratio - 1
@@ -236,7 +473,7 @@ def grpo_loss(logprobs, experience: Experience, clip_eps=0.2, beta=0.04):
     A = experience.advantages  # A~ of Eq. (8) on every token
     clipped_ratio = torch.clamp(ratio, 1 - clip_eps, 1 + clip_eps)
     surrogate = torch.min(ratio * A, clipped_ratio * A)  # pessimistic bound: no gradient when clipped
-    surrogate = surrogate * experience.is_weights  # the samples came from pi_sampler (departure 4)
+    surrogate = surrogate * experience.is_weights  # the samples came from pi_sampler (truncated_is_weights)
     if experience.ref_logprobs is None:  # beta = 0: no pi_ref
         kl = torch.zeros_like(logprobs)
     else:
@@ -248,361 +485,9 @@ def grpo_loss(logprobs, experience: Experience, clip_eps=0.2, beta=0.04):
     return loss, TokenTerms(ratio.detach(), clipped, kl.detach(), objective.detach())
 
 
-def truncated_is_weights(old_logprobs, sampler_logprobs, cap: float):
-    """Per token w = min(pi_old / pi_sampler, cap), detached: truncated importance sampling (TRL's
-    vllm_importance_sampling_correction in its token / truncate mode; verl, OpenRLHF). Eq. (9)
-    takes its expectation over o ~ pi_old, but the rollouts came from the sampler: a bf16 copy of the
-    policy where the hardware has bf16 units (srt/decode.py), whose log-probs differ from the fp32
-    master weights' under autocast by ~0.04 nats a token. Multiplying each token's surrogate by w
-    makes the gradient the on-policy one in expectation; the cap bounds the variance a rare token
-    with pi_sampler << pi_old would add, at the price of a bias on those tokens. On an fp32 CPU
-    the sampler is the policy itself and w = 1 up to rounding. None (no sampler log-probs, or
-    cap 0): no correction."""
-    if sampler_logprobs is None or cap == 0:
-        return None
-    return torch.exp(old_logprobs.detach() - sampler_logprobs).clamp(max=cap)
-
-
 # --------------------------------------------------------------------------------------------
-# One GRPO step in three calls passing one record, as GRPO-Zero's train.py and tiny-grpo: the
-# rollout (sample and score, Eqs. (4)-(7)), the experience (Eq. (8), pi_old, pi_ref, weights),
-# the update (Eq. (9)).
+# The update: Eq. (9) on the experience, one AdamW step a backprop minibatch
 # --------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class StepSettings:
-    """What one step reads of the flags (StepSettings.of(cfg)), and the autocast precision."""
-
-    num_generations: int  # K
-    sample_ratio: int  # sample batch / backprop minibatch
-    mu: int  # passes over the sample batch
-    clip_eps: float
-    beta: float
-    loss_type: str  # LOSS_TYPES
-    scale_rewards: str  # SCALE_REWARDS
-    credit: str  # sequence | segment
-    is_cap: float
-    max_new_tokens: int
-    temperature: float
-    top_p: float
-    recall: str  # free | copy
-    dynamic_sampling: str  # off | total | recall
-    max_draws: int
-    max_grad_norm: float
-    micro_batch_size: int  # 0: the whole minibatch at once
-    share_prompts: bool
-    gradient_checkpointing: bool
-    autocast_dtype: torch.dtype | None = None
-
-    @classmethod
-    def of(cls, cfg, autocast_dtype=None) -> StepSettings:
-        names = [f.name for f in dataclasses.fields(cls) if f.name != "autocast_dtype"]
-        return cls(**{name: getattr(cfg, name) for name in names}, autocast_dtype=autocast_dtype)
-
-
-@dataclass
-class Models:
-    """The step's models: `policy` samples and holds the weights; `train_model` is its DDP or FSDP
-    wrapper (default: the policy), whose backward all-reduces; `ref_model` the frozen pi_ref, None
-    at beta = 0."""
-
-    policy: torch.nn.Module
-    tokenizer: object
-    optimizer: torch.optim.Optimizer
-    ref_model: torch.nn.Module | None = None
-    train_model: torch.nn.Module | None = None
-
-    def __post_init__(self):
-        self.train_model = self.policy if self.train_model is None else self.train_model
-
-
-def grpo_step(models: Models, records, prompts, settings: StepSettings, reward_fn=None, draw_more=None):
-    """One GRPO step on this rank's prompts; `reward_fn` defaults to reward.compute_rewards and
-    `draw_more()` gives dynamic sampling fresh prompts. -> StepStats (srt/probe.py)."""
-    rollout = sample_batch(models, records, prompts, settings, reward_fn or compute_rewards, draw_more)
-    started = time.perf_counter()
-    experience = make_experience(models, rollout, settings)
-    updates = update(models, experience, settings)
-    return step_stats(rollout, experience, updates, settings, train_s=time.perf_counter() - started)
-
-
-# The rollout: K completions of each prompt, scored (Eqs. (4)-(7)).
-def sample_batch(
-    models: Models, records, prompts, settings: StepSettings, reward_fn, draw_more=None
-) -> Rollout:
-    """This rank's sample batch of len(prompts) groups. With --dynamic-sampling total (DAPO), groups whose
-    K rewards are all equal add nothing to the gradient; with --dynamic-sampling recall, groups whose
-    recall parts are all equal carry no recall signal. Fresh prompts are drawn in their place, at most
-    --max-draws sample batches a step, and what stays uninformative fills the rest. Every rank draws
-    as often as the others, so the prompt stream and the DDP all-reduces stay in step."""
-    K, key = settings.num_generations, settings.dynamic_sampling
-    device = next(models.policy.parameters()).device
-    draws = [sample_groups(models, records, prompts, settings, reward_fn)]
-
-    def informative_groups():
-        return [
-            (d, g)
-            for d, draw in enumerate(draws)
-            for g, same in enumerate(constant_groups(draw.scores, K, key))
-            if not same
-        ]
-
-    while (
-        key != "off"
-        and draw_more is not None
-        and len(draws) < settings.max_draws
-        and all_ranks_any(len(informative_groups()) < len(prompts), device)
-    ):
-        draws.append(sample_groups(models, *draw_more(), settings, reward_fn))
-    if key == "off":
-        picks = [(0, g) for g in range(len(prompts))]
-    else:
-        everything = [(d, g) for d, draw in enumerate(draws) for g in range(len(draw.scores) // K)]
-        informative = informative_groups()
-        picks = (informative + [p for p in everything if p not in informative])[: len(prompts)]
-    scores = [s for draw in draws for s in draw.scores]
-    return Rollout.join(
-        draws,
-        picks,
-        models.tokenizer.pad_token_id,
-        groups_all_equal=sum(constant_groups(scores, K)),
-        groups_recall_constant=sum(constant_groups(scores, K, "recall")),
-    )
-
-
-def sample_groups(models: Models, records, prompts, settings: StepSettings, reward_fn) -> Rollout:
-    """K completions per prompt from the policy in one batched generate (srt/decode.py's loop: each
-    prompt prefilled once for its K rows; on a bf16 copy of the policy where the hardware has bf16
-    units, under FSDP on the gathered bf16 weights), scored with the verifiable reward
-    R = format + recall + answer (Eqs. (4)-(7))."""
-    t0 = time.perf_counter()
-    # FSDP: gathered once for the whole batch, decoded as a plain module, freed after (srt/distributed.py)
-    with full_weights(models.policy):
-        out = generate(
-            models.policy,
-            models.tokenizer,
-            prompts,
-            num_generations=settings.num_generations,
-            max_new_tokens=settings.max_new_tokens,
-            temperature=settings.temperature,
-            top_p=settings.top_p,
-            autocast_dtype=settings.autocast_dtype,
-            recall=settings.recall,
-        )
-    t1 = time.perf_counter()
-    examples = [record for record in records for _ in range(settings.num_generations)]
-    scores = reward_fn(out["texts"], examples)
-    return Rollout(
-        prompt_ids=out["prompt_ids"],
-        prompt_mask=out["prompt_mask"],
-        completion_ids=out["completion_ids"],
-        completion_mask=out["completion_mask"],
-        policy_mask=out.get("policy_mask", out["completion_mask"]),  # 0 on a turn copied out (--recall copy)
-        sampler_logprobs=out.get("sampler_logprobs"),
-        texts=out["texts"],
-        records=examples,
-        scores=scores,
-        num_generations=settings.num_generations,
-        groups_drawn=len(prompts),
-        generate_s=t1 - t0,
-        score_s=time.perf_counter() - t1,
-    )
-
-
-def constant_groups(scores, K, key="total") -> list[bool]:
-    """Per group: are its K values of `key` all equal? Then Eq. (8) gives it advantage 0."""
-    values = [float(s.get(key, float("nan"))) for s in scores]
-    return [len(set(values[g : g + K])) == 1 for g in range(0, len(values), K)]
-
-
-# The experience: Eq. (8) over the sample batch, and everything else Eq. (9) reads, filled once.
-@dataclass
-class Experience:
-    """One sample batch as Eq. (9) reads it, [B, C] per token (tiny-grpo's Experience), filled once
-    by make_experience before the first update and never changed after. experience[rows] is the
-    same record for some rows: what one micro-batch's loss reads."""
-
-    input_ids: torch.Tensor  # [B, P + C] prompt + completion, what a forward reads
-    attention_mask: torch.Tensor  # [B, P + C]
-    policy_mask: torch.Tensor  # [B, C] 1 where the policy sampled the token: the only tokens in the loss
-    advantages: torch.Tensor  # [B, C] A~ of Eq. (8) on each token (one per completion, or per segment)
-    old_logprobs: torch.Tensor  # [B, C] log pi_old, the policy before the step (0 where masked)
-    ref_logprobs: torch.Tensor | None  # [B, C] log pi_ref, the SFT model (None at beta = 0)
-    is_weights: torch.Tensor  # [B, C] min(pi_old / pi_sampler, --is-cap), 1 where not corrected
-    loss_weights: torch.Tensor  # [B, C] Eq. (9)'s normalisation in its minibatch (loss_weights)
-    minibatches: tuple  # the rows of each backprop minibatch (--sample-ratio)
-
-    def __getitem__(self, rows) -> Experience:
-        def take(tensor):
-            return None if tensor is None else tensor[rows]
-
-        tensors = {
-            f.name: take(getattr(self, f.name)) for f in dataclasses.fields(self) if f.name != "minibatches"
-        }
-        return Experience(**tensors, minibatches=())
-
-
-def make_experience(models: Models, rollout: Rollout, settings: StepSettings) -> Experience:
-    """Fill the step's Experience: Eq. (8)'s advantages, then pi_old and pi_ref on every sampled token
-    in one no-grad pass before the first update, the one place pi_old is filled. The pass is the
-    loss's own forward (token_logprobs_of: the same micro-batches, train mode; gradient checkpointing
-    runs only in the loss), so that before any update pi_theta / pi_old is 1 to the last bit."""
-    device = next(models.policy.parameters()).device
-    input_ids, attention_mask = rollout.sequences(device)
-    policy_mask = rollout.policy_mask.to(device).float()
-    sampled, rows = policy_mask > 0, len(policy_mask)
-    advantages = rollout_advantages(rollout, models.tokenizer, settings, device)
-    logprobs_of = token_logprobs_of(models, input_ids, attention_mask, policy_mask.shape[1], settings)
-    minibatches = torch.arange(rows, device=device).tensor_split(settings.sample_ratio)
-    parts = [part for rows in minibatches for part in micro_batches(rows, settings.micro_batch_size)]
-    models.policy.train()  # the loss's mode (dropout is zeroed in stage 2)
-    with torch.no_grad():
-        old = torch.cat([logprobs_of(models.policy, part).logprobs for part in parts])
-        ref = None
-        if settings.beta > 0 and models.ref_model is not None:
-            ref = torch.where(
-                sampled, torch.cat([logprobs_of(models.ref_model, p).logprobs for p in parts]), 0.0
-            )
-    old = torch.where(sampled, old, 0.0)
-    sampler = None if rollout.sampler_logprobs is None else rollout.sampler_logprobs.to(device)
-    is_weights = truncated_is_weights(old, sampler, settings.is_cap)
-    weights = torch.zeros_like(policy_mask)
-    for minibatch in minibatches:
-        tokens = all_ranks_tokens(policy_mask[minibatch]) if settings.loss_type == "dapo" else None
-        weights[minibatch] = loss_weights(
-            policy_mask[minibatch], settings.loss_type, settings.max_new_tokens, tokens, world_size()
-        )
-    return Experience(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        policy_mask=policy_mask,
-        advantages=advantages.expand_as(policy_mask),
-        old_logprobs=old,
-        ref_logprobs=ref,
-        is_weights=torch.ones_like(old) if is_weights is None else torch.where(sampled, is_weights, 1.0),
-        loss_weights=weights,
-        minibatches=minibatches,
-    )
-
-
-def rollout_advantages(rollout: Rollout, tokenizer, settings: StepSettings, device) -> torch.Tensor:
-    """Eq. (8) for every completion of the sample batch, scaled by --scale-rewards: [B, 1] (one A~
-    per completion, --credit sequence, the paper), or [B, C] (--credit segment, not in the paper:
-    Eq. (4) pays a lucky answer for a wrong recall, so here the think tokens take the advantage of
-    format + recall and the answer tokens that of format + answer)."""
-
-    def advantages_of(*components):
-        rewards = rollout.rewards(*components)
-        batch = None
-        if settings.scale_rewards == "batch":  # the whole step's rewards: every rank's groups
-            batch = torch.tensor(sum(gather_objects(rewards.view(-1).tolist(), world_size()), []))
-        return (
-            group_advantages(rewards, scale=settings.scale_rewards, batch_rewards=batch)
-            .view(-1, 1)
-            .to(device)
-        )
-
-    if settings.credit == "sequence":
-        return advantages_of("total")
-    columns = torch.arange(rollout.completion_ids.shape[1])
-    in_think = (columns < think_lengths(tokenizer, rollout.completion_ids).unsqueeze(1)).to(device)
-    return torch.where(in_think, advantages_of("format", "recall"), advantages_of("format", "answer"))
-
-
-class TokenLogprobs(NamedTuple):
-    logprobs: torch.Tensor  # [R, C] log pi(o_t | P, o_<t) of the completion tokens
-    entropy: torch.Tensor | None  # [R, C] entropy of pi at each position, or None
-
-
-def token_logprobs_of(models: Models, input_ids, attention_mask, completion_length, settings: StepSettings):
-    """-> logprobs_of(model, rows, with_entropy=False) -> TokenLogprobs of the completion tokens of
-    `rows` (one micro-batch) in one forward. One path for pi_old, pi_theta and pi_ref: each distinct
-    prompt runs once for its K rows (srt/generation.py completion_logprobs) unless a wrapper (DDP, FSDP) or
-    gradient checkpointing allows only one module call per backward. Suppressed tokens are never
-    sampled (srt/decode.py), so they are left out of pi too."""
-    policy = models.policy
-    sharded = any(hasattr(p, "to_local") for p in policy.parameters())
-    share = (
-        settings.share_prompts
-        and not sharded
-        and models.train_model is policy
-        and not settings.gradient_checkpointing
-    )
-    suppress = policy.generation_config.suppress_tokens
-    suppress = torch.tensor(suppress, device=input_ids.device) if suppress else None
-
-    def logprobs_of(model, rows, with_entropy=False) -> TokenLogprobs:
-        return TokenLogprobs(
-            *completion_logprobs(
-                model,
-                input_ids[rows],
-                attention_mask[rows],
-                completion_length=completion_length,
-                temperature=settings.temperature,
-                with_entropy=with_entropy,
-                share_prompts=share,
-                suppress=suppress,
-                autocast_dtype=settings.autocast_dtype,
-            )
-        )
-
-    return logprobs_of
-
-
-def experience_loss(models: Models, experience: Experience, settings: StepSettings):
-    """Eq. (9) on the whole experience at the policy's weights now, no step taken: what a further pass
-    over the record would compute (--explain prints it). -> (loss, TokenTerms, log pi_theta [B, C])."""
-    logprobs_of = token_logprobs_of(
-        models, experience.input_ids, experience.attention_mask, experience.policy_mask.shape[1], settings
-    )
-    models.policy.train()
-    with torch.no_grad():
-        logprobs = torch.cat(
-            [logprobs_of(models.policy, part).logprobs for rows in experience.minibatches
-             for part in micro_batches(rows, settings.micro_batch_size)]
-        )  # fmt: skip
-        loss, terms = grpo_loss(logprobs, experience, settings.clip_eps, settings.beta)
-    models.policy.eval()
-    return loss.item(), terms, logprobs
-
-
-def sampler_mismatch(old_logprobs, sampler_logprobs, policy_mask, cap: float) -> dict:
-    """How far the sampler was from pi_old, over the policy's tokens: the mean of log pi_old -
-    log pi_sampler, the k3 estimate of KL(pi_sampler || pi_old) (the tokens came from the sampler),
-    and the share of tokens whose importance weight the cap truncated. NaN where the sampler's
-    log-probs are unknown. About 0 on an fp32 CPU; ~0.04 nats a token on a bf16 sampler."""
-    if sampler_logprobs is None:
-        return dict(sampler_log_ratio=float("nan"), sampler_kl=float("nan"), is_capped_fraction=float("nan"))
-    sampled = policy_mask.bool()  # in fp64: the fp32 gap is ~1e-7, and k3 of it rounds below 0 in fp32
-    old_logprobs, sampler_logprobs = old_logprobs.double(), sampler_logprobs.double()
-    log_ratio = (old_logprobs - sampler_logprobs)[sampled]
-    if not len(log_ratio):
-        return dict(sampler_log_ratio=0.0, sampler_kl=0.0, is_capped_fraction=0.0)
-    return dict(
-        sampler_log_ratio=log_ratio.mean().item(),
-        sampler_kl=k3_kl(sampler_logprobs[sampled], old_logprobs[sampled]).mean().item(),
-        is_capped_fraction=(log_ratio > math.log(cap)).float().mean().item() if cap > 0 else 0.0,
-    )
-
-
-def micro_batches(rows: torch.Tensor, size: int) -> tuple[torch.Tensor, ...]:
-    """--micro-batch-size rows at a time: the unit of every forward pass (memory_plan.py)."""
-    return rows.split(size or len(rows))
-
-
-def world_size() -> int:
-    return dist.get_world_size() if dist.is_initialized() else 1
-
-
-def all_ranks_tokens(policy_mask) -> torch.Tensor:
-    """The policy tokens of a minibatch summed over every rank: dapo's N, one number for the whole
-    batch (a rank's own count would weigh a token of a short rank more)."""
-    tokens = policy_mask.sum().float()
-    if dist.is_initialized():
-        dist.all_reduce(tokens)
-    return tokens.clamp(min=1)
-
-
-# The update: Eq. (9) on the experience, one AdamW step a minibatch.
 class UpdateStats(NamedTuple):
     """One optimizer step's statistics: the minibatch's loss, and token means over its policy tokens."""
 
@@ -614,59 +499,108 @@ class UpdateStats(NamedTuple):
     grad_norm: float
 
 
-def update(models: Models, experience: Experience, settings: StepSettings) -> list[UpdateStats]:
+def update(models: Models, experience: Experience, settings: StepSettings) -> list[UpdateStats | None]:
     """Eq. (9) on one experience: `mu` passes over its backprop minibatches (§4.1: sample / backprop =
     4), one AdamW step each; a step whose loss or gradient is not finite is skipped (None in the
     list), on every rank alike. Every rank has as many rows, so as many minibatches, which DDP needs
     (one all-reduce per backward)."""
-    policy, train_model, optimizer = models.policy, models.train_model, models.optimizer
-    device = experience.input_ids.device
-    logprobs_of = token_logprobs_of(
-        models, experience.input_ids, experience.attention_mask, experience.policy_mask.shape[1], settings
-    )
-    policy.train()
+    models.policy.train()
     updates = []
     for epoch in range(settings.mu):
-        for rows in experience.minibatches:
-            optimizer.zero_grad(set_to_none=True)
-            parts = micro_batches(rows, settings.micro_batch_size)
-            sums = torch.zeros(
-                5, dtype=torch.float64
-            )  # loss, then kl, clipped, ratio, entropy summed over tokens
-            for i, part in enumerate(parts):
-                with accumulate(train_model, sync=i == len(parts) - 1):  # DDP: all-reduce after the last
-                    new = logprobs_of(train_model, part, with_entropy=epoch == 0)
-                    loss, terms = grpo_loss(new.logprobs, experience[part], settings.clip_eps, settings.beta)
-                    loss.backward()  # every rank, even a bad loss: DDP/FSDP need all ranks
-                sums += token_sums(loss, terms, new.entropy, experience.policy_mask[part])
-            grad_norm = clip_grad_norm(policy.parameters(), settings.max_grad_norm).item()
-            # A non-finite loss or gradient must never reach the weights (nor AdamW's moments).
-            if all_ranks_any(not (math.isfinite(sums[0].item()) and math.isfinite(grad_norm)), device):
-                optimizer.zero_grad(set_to_none=True)
-                updates.append(None)
-                continue
-            optimizer.step()
-            tokens = experience.policy_mask[rows].sum().clamp(min=1).item()
-            loss_sum, *token_means = sums.tolist()
-            entropy = token_means[3] / tokens if epoch == 0 else float("nan")
-            updates.append(UpdateStats(loss_sum, *(x / tokens for x in token_means[:3]), entropy, grad_norm))
-    optimizer.zero_grad(set_to_none=True)
-    policy.eval()
+        for minibatch in experience.minibatches:
+            updates.append(minibatch_update(models, experience, minibatch, settings, first_pass=epoch == 0))
+    models.optimizer.zero_grad(set_to_none=True)
+    models.policy.eval()
     return updates
 
 
-def token_sums(loss, terms: TokenTerms, entropy, policy_mask) -> torch.Tensor:
-    """One micro-batch's loss and its sums of KL, clipped tokens, ratio and entropy over its policy
-    tokens: the update divides the minibatch's sums by its tokens."""
+def minibatch_update(models: Models, experience: Experience, minibatch, settings: StepSettings, first_pass):
+    """One AdamW step on Eq. (9) over the rows `minibatch` of the experience, its gradient accumulated
+    over their forward_parts. -> UpdateStats (the entropy on the first pass only), or None when the
+    loss or the gradient is not finite on some rank: the weights and AdamW's moments stay as they were."""
+    models.optimizer.zero_grad(set_to_none=True)
+    sums = dict.fromkeys(("loss", "kl", "clipped", "ratio", "entropy"), 0.0)  # over the policy tokens
+    parts = forward_parts(minibatch, settings.micro_batch_size)
+    for i, part in enumerate(parts):
+        batch = experience[part]
+        width = batch.policy_mask.shape[1]
+        with accumulate(models.train_model, sync=i == len(parts) - 1):  # DDP: all-reduce after the last
+            logprobs, entropy = token_logprobs(
+                models,
+                models.train_model,
+                batch.input_ids,
+                batch.attention_mask,
+                width,
+                settings,
+                with_entropy=first_pass,
+            )
+            loss, terms = grpo_loss(logprobs, batch, settings.clip_eps, settings.beta)
+            loss.backward()  # every rank, even a bad loss: DDP/FSDP need all ranks
+        add_token_sums(sums, loss, terms, entropy, batch.policy_mask)
+    grad_norm = clip_grad_norm(models.policy.parameters(), settings.max_grad_norm).item()
+    # A non-finite loss or gradient must never reach the weights (nor AdamW's moments), on any rank.
+    device = experience.input_ids.device
+    if all_ranks_any(not (math.isfinite(sums["loss"]) and math.isfinite(grad_norm)), device):
+        models.optimizer.zero_grad(set_to_none=True)
+        return None
+    models.optimizer.step()
+    tokens = experience.policy_mask[minibatch].sum().clamp(min=1).item()
+    return UpdateStats(
+        loss=sums["loss"],
+        kl=sums["kl"] / tokens,
+        clip_fraction=sums["clipped"] / tokens,
+        ratio=sums["ratio"] / tokens,
+        entropy=sums["entropy"] / tokens if first_pass else float("nan"),
+        grad_norm=grad_norm,
+    )
+
+
+def add_token_sums(sums: dict, loss, terms: TokenTerms, entropy, policy_mask) -> None:
+    """Add one micro-batch's loss, and its sums of KL, clipped tokens, ratio and entropy over its
+    policy tokens, to `sums` (float64): the minibatch's sums, which minibatch_update divides by its
+    tokens."""
     sampled = policy_mask > 0
 
     def total(x):
-        return torch.where(sampled, x.double(), 0.0).sum()
+        return torch.where(sampled, x.double(), 0.0).sum().item()
 
-    entropy = torch.zeros(()) if entropy is None else total(entropy.detach())
-    return torch.stack(
-        [loss.detach().double(), total(terms.kl), total(terms.clipped), total(terms.ratio), entropy.double()]
-    ).cpu()
+    sums["loss"] += loss.detach().double().item()
+    sums["kl"] += total(terms.kl)
+    sums["clipped"] += total(terms.clipped)
+    sums["ratio"] += total(terms.ratio)
+    sums["entropy"] += 0.0 if entropy is None else total(entropy.detach())
+
+
+def experience_loss(models: Models, experience: Experience, settings: StepSettings):
+    """Eq. (9) on the whole experience at the policy's weights now, no step taken: what a further pass
+    over the record would compute (--explain prints it). -> (loss, TokenTerms, log pi_theta [B, C])."""
+    models.policy.train()
+    logprobs = logprobs_without_grad(
+        models,
+        models.policy,
+        experience.input_ids,
+        experience.attention_mask,
+        experience.policy_mask.shape[1],
+        experience.minibatches,
+        settings,
+    )
+    with torch.no_grad():
+        loss, terms = grpo_loss(logprobs, experience, settings.clip_eps, settings.beta)
+    models.policy.eval()
+    return loss.item(), terms, logprobs
+
+
+# --------------------------------------------------------------------------------------------
+# The step: rollout, experience, update, and what the step reports
+# --------------------------------------------------------------------------------------------
+def grpo_step(models: Models, records, prompts, settings: StepSettings, reward_fn=None, draw_more=None):
+    """One GRPO step on this rank's prompts; `reward_fn` defaults to reward.compute_rewards and
+    `draw_more()` gives dynamic sampling fresh prompts. -> StepStats (srt/probe.py)."""
+    rollout = sample_batch(models, records, prompts, settings, reward_fn or compute_rewards, draw_more)
+    started = time.perf_counter()
+    experience = make_experience(models, rollout, settings)
+    updates = update(models, experience, settings)
+    return step_stats(rollout, experience, updates, settings, train_s=time.perf_counter() - started)
 
 
 def step_stats(rollout: Rollout, experience: Experience, updates: list, settings: StepSettings, train_s=0.0):
@@ -707,9 +641,64 @@ def step_stats(rollout: Rollout, experience: Experience, updates: list, settings
     )
 
 
+def sampler_mismatch(old_logprobs, sampler_logprobs, policy_mask, cap: float) -> dict:
+    """How far the sampler was from pi_old, over the policy's tokens: the mean of log pi_old -
+    log pi_sampler, the k3 estimate of KL(pi_sampler || pi_old) (the tokens came from the sampler),
+    and the share of tokens whose importance weight the cap truncated. NaN where the sampler's
+    log-probs are unknown. About 0 on an fp32 CPU."""
+    if sampler_logprobs is None:
+        return dict(sampler_log_ratio=float("nan"), sampler_kl=float("nan"), is_capped_fraction=float("nan"))
+    sampled = policy_mask.bool()  # in fp64: the fp32 gap is ~1e-7, and k3 of it rounds below 0 in fp32
+    old_logprobs, sampler_logprobs = old_logprobs.double(), sampler_logprobs.double()
+    log_ratio = (old_logprobs - sampler_logprobs)[sampled]
+    if not len(log_ratio):
+        return dict(sampler_log_ratio=0.0, sampler_kl=0.0, is_capped_fraction=0.0)
+    return dict(
+        sampler_log_ratio=log_ratio.mean().item(),
+        sampler_kl=k3_kl(sampler_logprobs[sampled], old_logprobs[sampled]).mean().item(),
+        is_capped_fraction=(log_ratio > math.log(cap)).float().mean().item() if cap > 0 else 0.0,
+    )
+
+
 # --------------------------------------------------------------------------------------------
-# Configuration: argparse defaults that work (the paper's values where it gives one), presets (a
-# dict of flag values each, saying why they differ), explicit flags win.
+# Ranks: what one rank does for the others under torchrun (DDP or FSDP). Each rank samples and
+# scores its own prompts; the wrapper (Models.train_model) all-reduces the gradients in backward.
+# On one process each of these is the plain case. A reader of the algorithm may skip them.
+# --------------------------------------------------------------------------------------------
+def world_size() -> int:
+    return dist.get_world_size() if dist.is_initialized() else 1
+
+
+def all_ranks_tokens(policy_mask) -> torch.Tensor:
+    """The policy tokens of a minibatch summed over every rank: dapo's N, one number for the whole
+    batch (a rank's own count would weigh a token of a short rank more)."""
+    tokens = policy_mask.sum().float()
+    if dist.is_initialized():
+        dist.all_reduce(tokens)
+    return tokens.clamp(min=1)
+
+
+def all_ranks_rewards(rewards) -> torch.Tensor:
+    """The whole step's rewards, every rank's groups, flat: --scale-rewards batch's std."""
+    return torch.tensor(sum(gather_objects(rewards.view(-1).tolist(), world_size()), []))
+
+
+def shares_prompts(models: Models, settings: StepSettings) -> bool:
+    """May each distinct prompt run once for its K rows in the log-prob forward (srt/generation.py
+    completion_logprobs)? Not under a wrapper (DDP, FSDP: sharded parameters) nor gradient
+    checkpointing, which allow only one module call per backward."""
+    sharded = any(hasattr(p, "to_local") for p in models.policy.parameters())
+    return (
+        settings.share_prompts
+        and not sharded
+        and models.train_model is models.policy
+        and not settings.gradient_checkpointing
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# The run. Configuration: argparse defaults that work (the paper's values where it gives
+# one), presets (a dict of flag values each, saying why they differ), explicit flags win.
 # --------------------------------------------------------------------------------------------
 # Why each value: docs/experiments/presets.md ("Stage 2").
 # fmt: off
@@ -918,13 +907,35 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 # --------------------------------------------------------------------------------------------
-# The training run (srt/run.py carries the harness: --out, ranks, loading, resume, checkpoints, logs)
+# The training run (srt/run.py carries the harness: --out, ranks, loading, resume,
+# checkpoints, logs)
 # --------------------------------------------------------------------------------------------
 SAVE_MARGIN_S = 30  # writing checkpoint/ and final/ at the end of a time-budgeted run
+
+
 # What a --resume must match, derived from the flag groups (srt/run.py resume_keys): the model, the
 # data and its sha256, the seed, the world size, and every flag of the paper's and the departures'
 # groups. Not --micro-batch-size nor --fsdp: the same update in parts or shards.
 RESUME_MUST_MATCH = harness.resume_keys(build_parser())
+
+
+def shuffled_within_groups(reward_fn, K: int, rng: random.Random):
+    """--placebo: reward_fn whose scores are permuted inside each aligned block of K rows (one group:
+    srt/rollouts.py lays a step's rows out prompt by prompt, K each). Each group keeps its own K
+    rewards, so its mean, spread and Eq. (8)'s advantages are a real group's; only which completion
+    earns which is cut."""
+
+    def placebo(completions, examples):
+        scores = list(reward_fn(completions, examples))
+        if len(scores) % K:
+            raise ValueError(f"placebo: {len(scores)} rows are not whole groups of K = {K}")
+        for g in range(0, len(scores), K):
+            block = scores[g : g + K]
+            rng.shuffle(block)
+            scores[g : g + K] = block
+        return scores
+
+    return placebo
 
 
 def draw_prompts(stream: PromptStream, n: int) -> tuple[list[dict], list[str]]:

@@ -11,7 +11,7 @@ prompts, GRPO-Zero's way (rollout -> advantages -> update), once per sampler:
            same numbers).
 
 Per sampler it measures, over the sampled tokens, log pi_old (the update's own path,
-stage2_grpo.token_logprobs_of) against the record's sampler_logprobs: the mean and max of
+stage2_grpo.token_logprobs) against the record's sampler_logprobs: the mean and max of
 |log pi_old - log pi_sampler|, the share of tokens whose ratio lies outside [0.8, 1.2] and [0.9, 1.1],
 and beside them what stage2_grpo.update logs to metrics.jsonl (sampler_log_ratio, sampler_kl,
 is_capped_fraction), which must agree. The model: --model, or with --random-layers a random Llama of
@@ -114,11 +114,11 @@ def measure(sampler: str, args, records) -> dict:
             models, [r for r, _ in pairs], [p for _, p in pairs], settings, compute_rewards
         )
         width = rollout.completion_ids.shape[1]
-        logprobs_of = g.token_logprobs_of(models, *rollout.sequences("cpu"), width, settings)
         policy.train()
         with torch.no_grad():
-            rows = torch.arange(len(rollout.texts))
-            old, entropy = logprobs_of(policy, rows, with_entropy=True)
+            old, entropy = g.token_logprobs(
+                models, policy, *rollout.sequences("cpu"), width, settings, with_entropy=True
+            )
         sampled = rollout.policy_mask.bool()
         gaps.append((old - rollout.sampler_logprobs)[sampled])
         entropies.append(entropy[sampled])
