@@ -30,10 +30,9 @@ import math
 import os
 import re
 import sys
-import tempfile
 from pathlib import Path
 
-from srt.data_io import data_spec, write_json
+from srt.data_io import data_spec, folder_write_error, write_json
 from srt.exercise_list import exercise_that_raised, unfinished_exercise
 
 
@@ -291,13 +290,9 @@ def claim_out(
             f"error: --out {out} holds files no run of {script} wrote ({shown}); give a new or empty "
             "folder, or --overwrite to write into this one (files named like its outputs are replaced)"
         )
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        fd, probe = tempfile.mkstemp(dir=out, prefix=".write-check.")
-        os.close(fd)
-        os.unlink(probe)
-    except OSError as e:
-        sys.exit(f"error: --out {out} is not a folder this run can write ({e.strerror})")
+    why = folder_write_error(out)
+    if why is not None:
+        sys.exit(f"error: --out {out} is not a folder this run can write ({why})")
     lock_out(out, script)
     return out
 

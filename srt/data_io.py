@@ -270,6 +270,20 @@ def files_sha256(paths) -> str:
     return digest.hexdigest()
 
 
+def folder_write_error(folder) -> str | None:
+    """Why no file can be written in `folder` (made if missing), or None: found by making the folder
+    and a file in it, since as root a read-only folder passes os.access. Asked before a run's work,
+    so that the work is not lost to a folder it cannot be written to."""
+    try:
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(dir=folder, prefix=".write-check.")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        return e.strerror or str(e)
+    return None
+
+
 def atomic_write_text(path, text: str) -> None:
     """Write to a temporary file in the same folder, then rename: a killed run never leaves a
     half-written file behind."""

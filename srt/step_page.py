@@ -22,11 +22,9 @@ from __future__ import annotations
 
 import html
 import math
-import os
-import tempfile
 from pathlib import Path
 
-from srt.data_io import atomic_write_text
+from srt.data_io import atomic_write_text, folder_write_error
 
 # The mark of a page this module wrote: --explain replaces such a page, and refuses any other file.
 GENERATOR = '<meta name="generator" content="srt/step_page.py">'
@@ -226,15 +224,8 @@ def page_problem(path, overwrite: bool = False) -> str | None:
 def unwritable(path) -> str | None:
     """Why no page can be written at `path`, or None: found by making its folder and a file in it
     (as root, a read-only folder passes os.access), before the step that would end in it runs."""
-    folder = Path(path).parent
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        fd, probe = tempfile.mkstemp(dir=folder, prefix=".write-check.")
-        os.close(fd)
-        os.unlink(probe)
-    except OSError as e:
-        return f"--explain-html {path}: cannot write a page there ({e.strerror})"
-    return None
+    why = folder_write_error(Path(path).parent)
+    return None if why is None else f"--explain-html {path}: cannot write a page there ({why})"
 
 
 def write_step_page(path, step: dict) -> str:
