@@ -580,6 +580,7 @@ class UpdateStats(NamedTuple):
     kl: float
     clip_fraction: float
     ratio: float
+    ratio_std: float  # the ratio's spread over the minibatch's policy tokens (GSPO: s_i's, by token)
     entropy: float  # NaN after the first pass (--mu): computed with the first forward only
     grad_norm: float
 
@@ -604,7 +605,9 @@ def minibatch_update(models: Models, experience: Experience, minibatch, settings
     over their forward_parts. -> UpdateStats (the entropy on the first pass only), or None when the
     loss or the gradient is not finite on some rank: the weights and AdamW's moments stay as they were."""
     models.optimizer.zero_grad(set_to_none=True)
-    sums = dict.fromkeys(("loss", "kl", "clipped", "ratio", "entropy"), 0.0)  # over the policy tokens
+    sums = dict.fromkeys(
+        ("loss", "kl", "clipped", "ratio", "ratio_sq", "entropy"), 0.0
+    )  # over the policy tokens
     parts = forward_parts(minibatch, settings.micro_batch_size)
     for i, part in enumerate(parts):
         batch = experience[part]
@@ -635,15 +638,16 @@ def minibatch_update(models: Models, experience: Experience, minibatch, settings
         kl=sums["kl"] / tokens,
         clip_fraction=sums["clipped"] / tokens,
         ratio=sums["ratio"] / tokens,
+        ratio_std=math.sqrt(max(sums["ratio_sq"] / tokens - (sums["ratio"] / tokens) ** 2, 0.0)),
         entropy=sums["entropy"] / tokens if first_pass else float("nan"),
         grad_norm=grad_norm,
     )
 
 
 def add_token_sums(sums: dict, loss, terms: TokenTerms, entropy, policy_mask) -> None:
-    """Add one micro-batch's loss, and its sums of KL, clipped tokens, ratio and entropy over its
-    policy tokens, to `sums` (float64): the minibatch's sums, which minibatch_update divides by its
-    tokens."""
+    """Add one micro-batch's loss, and its sums of KL, clipped tokens, ratio, squared ratio and
+    entropy over its policy tokens, to `sums` (float64): the minibatch's sums, which minibatch_update
+    divides by its tokens."""
     sampled = policy_mask > 0
 
     def total(x):
@@ -653,6 +657,7 @@ def add_token_sums(sums: dict, loss, terms: TokenTerms, entropy, policy_mask) ->
     sums["kl"] += total(terms.kl)
     sums["clipped"] += total(terms.clipped)
     sums["ratio"] += total(terms.ratio)
+    sums["ratio_sq"] += total(terms.ratio.double() ** 2)
     sums["entropy"] += 0.0 if entropy is None else total(entropy.detach())
 
 

@@ -223,14 +223,15 @@ def test_the_is_mode_flags():
 
 def test_a_sequence_level_step_off_policy(monkeypatch):
     """--mu 2 at the sequence level, --is-mode sequence_mask, on fixed rollouts: the first pass is on
-    policy (ratio exactly 1, nothing clipped), the second pass's s_i moved by the first step, past
-    GSPO's narrow band for some completions."""
+    policy (ratio exactly 1, no spread, nothing clipped), the second pass's s_i moved by the first
+    step, apart from one completion to the next and past GSPO's narrow band for some."""
     _, updates, _ = experience_and_updates(
         monkeypatch, "--sample-ratio", "1", "--mu", "2", "--importance-sampling-level", "sequence",
         "--is-mode", "sequence_mask", lr=0.5,
     )  # fmt: skip
-    assert updates[0].ratio == 1.0 and updates[0].clip_fraction == 0.0
+    assert updates[0].ratio == 1.0 and updates[0].ratio_std == 0.0 and updates[0].clip_fraction == 0.0
     assert abs(updates[1].ratio - 1.0) > 1e-4 and updates[1].clip_fraction > 0.0
+    assert updates[1].ratio_std > 1e-5
 
 
 # ---------------------------------------------------------------------------------------------
