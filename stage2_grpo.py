@@ -7,7 +7,8 @@ One GRPO step (grpo_step), in the paper's order, which is this file's:
   Eq. (8)     A~(k) = (R(k) - mean R) / (std R + 1e-8) within each group (group_advantages)
   experience  the advantages, log pi_old (the policy before the step), log pi_ref (the frozen SFT
               model) and each token's weights, filled once before the first update (Experience)
-  Eq. (9)     the clipped surrogate minus beta * KL, k3 to pi_ref (k3_kl, loss_weights, grpo_loss)
+  Eq. (9)     the clipped surrogate minus beta * KL, k3 to pi_ref (k3_kl, loss_weights, grpo_loss), its
+              ratio per token, or GSPO's per completion (importance_ratio, --importance-sampling-level)
   update      `mu` passes over the backprop minibatches (§4.1: sample/backprop ratio 4), one AdamW
               step each (constant learning rate after a linear warm-up)
 
