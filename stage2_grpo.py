@@ -7,7 +7,8 @@ One GRPO step (grpo_step), in the paper's order, which is this file's:
   Eq. (8)     A~(k) = (R(k) - mean R) / (std R + 1e-8) within each group (group_advantages)
   experience  the advantages, log pi_old (the policy before the step), log pi_ref (the frozen SFT
               model) and each token's weights, filled once before the first update (Experience)
-  Eq. (9)     the clipped surrogate minus beta * KL, k3 to pi_ref (k3_kl, loss_weights, grpo_loss)
+  Eq. (9)     the clipped surrogate minus beta * KL, k3 to pi_ref (k3_kl, loss_weights, grpo_loss), its
+              ratio per token, or GSPO's per completion (importance_ratio, --importance-sampling-level)
   update      `mu` passes over the backprop minibatches (§4.1: sample/backprop ratio 4), one AdamW
               step each (constant learning rate after a linear warm-up)
 
@@ -108,6 +109,10 @@ class StepSettings:
     loss_type: str  # LOSS_TYPES
     scale_rewards: str  # SCALE_REWARDS
     credit: str  # sequence | segment
+    importance_sampling_level: str  # IMPORTANCE_SAMPLING_LEVELS: token (Eq. (9)) | sequence (GSPO)
+    gspo_clip_eps: float  # the clip's epsilon at the sequence level
+    clip_higher: float | None  # the clip's upper epsilon (DAPO); None: the lower one
+    is_mode: str  # IS_MODES: how the sampler's tokens are corrected to pi_old
     is_cap: float
     max_new_tokens: int
     temperature: float
@@ -330,7 +335,10 @@ def make_experience(models: Models, rollout: Rollout, settings: StepSettings) ->
         )
         ref = torch.where(sampled, ref, 0.0)
     sampler = None if rollout.sampler_logprobs is None else rollout.sampler_logprobs.to(device)
-    is_weights = truncated_is_weights(old, sampler, settings.is_cap)
+    if settings.is_mode == "sequence_mask":
+        is_weights = sequence_mask_is_weights(old, sampler, policy_mask, settings.is_cap)
+    else:
+        is_weights = truncated_is_weights(old, sampler, settings.is_cap)
     weights = torch.zeros_like(policy_mask)
     for minibatch in minibatches:
         tokens = all_ranks_tokens(policy_mask[minibatch]) if settings.loss_type == "dapo" else None
@@ -350,6 +358,11 @@ def make_experience(models: Models, rollout: Rollout, settings: StepSettings) ->
     )
 
 
+# The sampler's correction to pi_old (--is-mode) and the cap each takes unless --is-cap says.
+IS_MODES = ("token", "sequence_mask")
+IS_CAPS = {"token": 2.0, "sequence_mask": 3.0}  # sequence_mask: TRL's vllm_importance_sampling_cap
+
+
 def truncated_is_weights(old_logprobs, sampler_logprobs, cap: float):
     """Per token w = min(pi_old / pi_sampler, cap), detached: truncated importance sampling. Eq. (9)
     takes its expectation over o ~ pi_old, but the rollouts came from the sampler: a bf16 copy of the
@@ -362,6 +375,21 @@ def truncated_is_weights(old_logprobs, sampler_logprobs, cap: float):
     if sampler_logprobs is None or cap == 0:
         return None
     return torch.exp(old_logprobs.detach() - sampler_logprobs).clamp(max=cap)
+
+
+def sequence_mask_is_weights(old_logprobs, sampler_logprobs, policy_mask, cap: float):
+    """--is-mode sequence_mask, TRL's default correction (GRPOTrainer, vllm_importance_sampling_mode
+    "sequence_mask"): one weight per completion, rho_i = pi_old(o_i) / pi_sampler(o_i) = exp of the
+    SUM over its policy tokens of log pi_old - log pi_sampler (the whole sequence's likelihood ratio,
+    not GSPO's per-token mean), on each of its tokens; a completion whose rho_i exceeds the cap is
+    masked out of the surrogate (weight 0) instead of truncated. Detached; None as
+    truncated_is_weights."""
+    if sampler_logprobs is None or cap == 0:
+        return None
+    sampled = policy_mask > 0
+    gap = torch.where(sampled, old_logprobs.detach() - sampler_logprobs, 0.0).sum(1, keepdim=True)
+    rho = torch.exp(gap)
+    return torch.where(rho > cap, 0.0, rho).expand_as(old_logprobs)
 
 
 # The log-prob path: one forward per micro-batch, for pi_old, pi_theta and pi_ref alike.
@@ -449,31 +477,81 @@ def loss_weights(policy_mask, loss_type: str, max_new_tokens: int, all_rank_toke
     raise ValueError(f"unknown loss_type {loss_type!r}; use one of {', '.join(LOSS_TYPES)}")
 
 
+# The unit of Eq. (9)'s ratio (--importance-sampling-level): "token" is Eq. (9)'s r_{i,t}, one ratio
+# per token; "sequence" is GSPO's s_i (Zheng et al., 2025, §4.1), one ratio per completion. A mean
+# log-ratio moves far less than a token's, so GSPO clips with an epsilon of its own (its §5.1: 3e-4
+# below, 4e-4 above: --gspo-clip-eps 3e-4 --clip-higher 4e-4).
+IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
+GSPO_CLIP_EPS = 3e-4
+
+
+def importance_ratio(
+    logprobs, old_logprobs, mask, level="token", clip_eps=0.2, gspo_clip_eps=GSPO_CLIP_EPS, clip_eps_high=None
+):
+    """[B, C] log pi_theta and log pi_old of the sampled tokens, mask 1 where the policy sampled ->
+    (ratio, clipped ratio) [B, C], the ratio and its clip that Eq. (9)'s min() compares.
+
+    level "token": r_{i,t} = pi_theta / pi_old of each token, clipped to [1 - clip_eps,
+    1 + clip_eps_high]. level "sequence" (GSPO): s_i = exp(the mean over the completion's sampled
+    tokens of log pi_theta - log pi_old), the geometric mean of its token ratios, the same on each of
+    its tokens, clipped to [1 - gspo_clip_eps, 1 + clip_eps_high]. clip_eps_high None: the lower
+    epsilon of the level (a symmetric clip). The gradient flows through every token's log-prob (TRL's
+    importance_sampling_level="sequence"). A masked token may hold anything (-inf) and counts in no
+    mean; its ratio is 1. A row without a sampled token has s_i = 1. Unknown levels raise ValueError."""
+    log_ratio = torch.where(mask > 0, logprobs - old_logprobs, 0.0)
+    if level == "token":
+        ratio, eps = torch.exp(log_ratio), clip_eps
+    elif level == "sequence":
+        mean = log_ratio.sum(1, keepdim=True) / mask.sum(1, keepdim=True).clamp(min=1)
+        ratio, eps = torch.exp(mean).expand_as(log_ratio), gspo_clip_eps
+    else:
+        raise ValueError(f"unknown level {level!r}; use one of {', '.join(IMPORTANCE_SAMPLING_LEVELS)}")
+    high = eps if clip_eps_high is None else clip_eps_high
+    return ratio, torch.clamp(ratio, 1 - eps, 1 + high)
+
+
 class TokenTerms(NamedTuple):
     """grpo_loss's per-token quantities [B, C], detached: what the statistics and --explain read."""
 
-    ratio: torch.Tensor  # r_{i,t} = pi_theta / pi_old
+    ratio: torch.Tensor  # r_{i,t} = pi_theta / pi_old (GSPO: s_i on each token of completion i)
     clipped: torch.Tensor  # the clip took over (no gradient through r)
     kl: torch.Tensor  # k3 to pi_ref
     objective: torch.Tensor  # the token's term of Eq. (9): w_IS * min(r A~, clip(r) A~) - beta * KL
 
 
-def grpo_loss(logprobs, experience: Experience, clip_eps=0.2, beta=0.04):
+def grpo_loss(
+    logprobs,
+    experience: Experience,
+    clip_eps=0.2,
+    beta=0.04,
+    level="token",
+    gspo_clip_eps=GSPO_CLIP_EPS,
+    clip_eps_high=None,
+):
     """Eq. (9) on (rows of) one Experience: logprobs [B, C] = log pi_theta of its sampled tokens.
     Only the tokens the policy sampled count (policy_mask); masked positions may hold -inf and are
     replaced before any exp. -> (loss = -sum(loss_weights * objective), TokenTerms).
 
-    The loss weights are the Experience's, whatever --loss-type made them. The importance weights
-    multiply the clipped surrogate only, never the KL term (TokenTerms.objective); the KL is to
-    pi_ref, 0 when ref_logprobs is None. TokenTerms.clipped is True where the clip took the gradient
-    away: r > 1 + eps with A~ > 0, or r < 1 - eps with A~ < 0 (the other two cases keep it)."""
+    The ratio and its clip are importance_ratio's, at `level` (token: Eq. (9); sequence: GSPO), with
+    the epsilons passed on (clip_eps_high None: a symmetric clip). The loss weights are
+    the Experience's, whatever --loss-type made them. The importance weights multiply the clipped
+    surrogate only, never the KL term (TokenTerms.objective); the KL is to pi_ref, 0 when
+    ref_logprobs is None. TokenTerms.clipped is True where the clip took the gradient away: r above
+    its band with A~ > 0, or below it with A~ < 0 (the other two cases keep it)."""
     sampled = experience.policy_mask > 0
     logprobs = torch.where(sampled, logprobs, 0.0)
-    ratio = torch.exp(logprobs - experience.old_logprobs)  # r_{i,t}(theta)
+    ratio, clipped_ratio = importance_ratio(
+        logprobs,
+        experience.old_logprobs,
+        experience.policy_mask,
+        level,
+        clip_eps,
+        gspo_clip_eps,
+        clip_eps_high,
+    )
     A = experience.advantages  # A~ of Eq. (8) on every token
-    clipped_ratio = torch.clamp(ratio, 1 - clip_eps, 1 + clip_eps)
     surrogate = torch.min(ratio * A, clipped_ratio * A)  # pessimistic bound: no gradient when clipped
-    surrogate = surrogate * experience.is_weights  # the samples came from pi_sampler (truncated_is_weights)
+    surrogate = surrogate * experience.is_weights  # the samples came from pi_sampler (--is-mode)
     if experience.ref_logprobs is None:  # beta = 0: no pi_ref
         kl = torch.zeros_like(logprobs)
     else:
@@ -481,8 +559,16 @@ def grpo_loss(logprobs, experience: Experience, clip_eps=0.2, beta=0.04):
     objective = torch.where(sampled, surrogate - beta * kl, 0.0)
     loss = -(experience.loss_weights * objective).sum()
     with torch.no_grad():
-        clipped = ((ratio > 1 + clip_eps) & (A > 0)) | ((ratio < 1 - clip_eps) & (A < 0))
+        clipped = ((ratio > clipped_ratio) & (A > 0)) | ((ratio < clipped_ratio) & (A < 0))
     return loss, TokenTerms(ratio.detach(), clipped, kl.detach(), objective.detach())
+
+
+def settings_loss(logprobs, experience: Experience, settings: StepSettings):
+    """grpo_loss with the step's flags: the level of the ratio and its clip's epsilons."""
+    level, eps_high = settings.importance_sampling_level, settings.clip_higher
+    return grpo_loss(
+        logprobs, experience, settings.clip_eps, settings.beta, level, settings.gspo_clip_eps, eps_high
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -495,6 +581,7 @@ class UpdateStats(NamedTuple):
     kl: float
     clip_fraction: float
     ratio: float
+    ratio_std: float  # the ratio's spread over the minibatch's policy tokens (GSPO: s_i's, by token)
     entropy: float  # NaN after the first pass (--mu): computed with the first forward only
     grad_norm: float
 
@@ -519,7 +606,9 @@ def minibatch_update(models: Models, experience: Experience, minibatch, settings
     over their forward_parts. -> UpdateStats (the entropy on the first pass only), or None when the
     loss or the gradient is not finite on some rank: the weights and AdamW's moments stay as they were."""
     models.optimizer.zero_grad(set_to_none=True)
-    sums = dict.fromkeys(("loss", "kl", "clipped", "ratio", "entropy"), 0.0)  # over the policy tokens
+    sums = dict.fromkeys(
+        ("loss", "kl", "clipped", "ratio", "ratio_sq", "entropy"), 0.0
+    )  # over the policy tokens
     parts = forward_parts(minibatch, settings.micro_batch_size)
     for i, part in enumerate(parts):
         batch = experience[part]
@@ -534,7 +623,7 @@ def minibatch_update(models: Models, experience: Experience, minibatch, settings
                 settings,
                 with_entropy=first_pass,
             )
-            loss, terms = grpo_loss(logprobs, batch, settings.clip_eps, settings.beta)
+            loss, terms = settings_loss(logprobs, batch, settings)
             loss.backward()  # every rank, even a bad loss: DDP/FSDP need all ranks
         add_token_sums(sums, loss, terms, entropy, batch.policy_mask)
     grad_norm = clip_grad_norm(models.policy.parameters(), settings.max_grad_norm).item()
@@ -550,15 +639,16 @@ def minibatch_update(models: Models, experience: Experience, minibatch, settings
         kl=sums["kl"] / tokens,
         clip_fraction=sums["clipped"] / tokens,
         ratio=sums["ratio"] / tokens,
+        ratio_std=math.sqrt(max(sums["ratio_sq"] / tokens - (sums["ratio"] / tokens) ** 2, 0.0)),
         entropy=sums["entropy"] / tokens if first_pass else float("nan"),
         grad_norm=grad_norm,
     )
 
 
 def add_token_sums(sums: dict, loss, terms: TokenTerms, entropy, policy_mask) -> None:
-    """Add one micro-batch's loss, and its sums of KL, clipped tokens, ratio and entropy over its
-    policy tokens, to `sums` (float64): the minibatch's sums, which minibatch_update divides by its
-    tokens."""
+    """Add one micro-batch's loss, and its sums of KL, clipped tokens, ratio, squared ratio and
+    entropy over its policy tokens, to `sums` (float64): the minibatch's sums, which minibatch_update
+    divides by its tokens."""
     sampled = policy_mask > 0
 
     def total(x):
@@ -568,6 +658,7 @@ def add_token_sums(sums: dict, loss, terms: TokenTerms, entropy, policy_mask) ->
     sums["kl"] += total(terms.kl)
     sums["clipped"] += total(terms.clipped)
     sums["ratio"] += total(terms.ratio)
+    sums["ratio_sq"] += total(terms.ratio.double() ** 2)
     sums["entropy"] += 0.0 if entropy is None else total(entropy.detach())
 
 
@@ -585,7 +676,7 @@ def experience_loss(models: Models, experience: Experience, settings: StepSettin
         settings,
     )
     with torch.no_grad():
-        loss, terms = grpo_loss(logprobs, experience, settings.clip_eps, settings.beta)
+        loss, terms = settings_loss(logprobs, experience, settings)
     models.policy.eval()
     return loss.item(), terms, logprobs
 
@@ -624,7 +715,9 @@ def step_stats(rollout: Rollout, experience: Experience, updates: list, settings
         texts=rollout.texts,
         records=rollout.records,
         **{name: mean_over_updates(name) for name in UpdateStats._fields},
-        **sampler_mismatch(experience.old_logprobs, sampler, experience.policy_mask, settings.is_cap),
+        **sampler_mismatch(
+            experience.old_logprobs, sampler, experience.policy_mask, settings.is_cap, settings.is_mode
+        ),
         completion_length=lengths.mean().item(),
         copied_length=copied.mean().item(),
         completion_tokens=int(lengths.sum().item()),
@@ -641,11 +734,12 @@ def step_stats(rollout: Rollout, experience: Experience, updates: list, settings
     )
 
 
-def sampler_mismatch(old_logprobs, sampler_logprobs, policy_mask, cap: float) -> dict:
+def sampler_mismatch(old_logprobs, sampler_logprobs, policy_mask, cap: float, mode="token") -> dict:
     """How far the sampler was from pi_old, over the policy's tokens: the mean of log pi_old -
     log pi_sampler, the k3 estimate of KL(pi_sampler || pi_old) (the tokens came from the sampler),
-    and the share of tokens whose importance weight the cap truncated. NaN where the sampler's
-    log-probs are unknown. About 0 on an fp32 CPU."""
+    and the share of tokens whose importance weight the cap acted on (--is-mode token: truncated;
+    sequence_mask: in a completion masked out). NaN where the sampler's log-probs are unknown. About 0
+    on an fp32 CPU."""
     if sampler_logprobs is None:
         return dict(sampler_log_ratio=float("nan"), sampler_kl=float("nan"), is_capped_fraction=float("nan"))
     sampled = policy_mask.bool()  # in fp64: the fp32 gap is ~1e-7, and k3 of it rounds below 0 in fp32
@@ -653,10 +747,14 @@ def sampler_mismatch(old_logprobs, sampler_logprobs, policy_mask, cap: float) ->
     log_ratio = (old_logprobs - sampler_logprobs)[sampled]
     if not len(log_ratio):
         return dict(sampler_log_ratio=0.0, sampler_kl=0.0, is_capped_fraction=0.0)
+    capped = log_ratio  # the log of what the cap compares, on each policy token
+    if mode == "sequence_mask":  # the completion's summed log-ratio
+        sums = torch.where(sampled, old_logprobs - sampler_logprobs, 0.0).sum(1, keepdim=True)
+        capped = sums.expand_as(old_logprobs)[sampled]
     return dict(
         sampler_log_ratio=log_ratio.mean().item(),
         sampler_kl=k3_kl(sampler_logprobs[sampled], old_logprobs[sampled]).mean().item(),
-        is_capped_fraction=(log_ratio > math.log(cap)).float().mean().item() if cap > 0 else 0.0,
+        is_capped_fraction=(capped > math.log(cap)).float().mean().item() if cap > 0 else 0.0,
     )
 
 
@@ -822,11 +920,42 @@ def build_parser() -> argparse.ArgumentParser:
         "step's rewards; none, no division. Unset (None): group, or none under --loss-type dr_grpo",
     )
     add(
+        "--importance-sampling-level",
+        choices=IMPORTANCE_SAMPLING_LEVELS,
+        default="token",
+        help="the unit of Eq. (9)'s ratio (importance_ratio): token, r_{i,t} per token (the paper); "
+        "sequence, GSPO's s_i = exp(mean of the completion's log-ratios), one per completion, clipped "
+        "with --gspo-clip-eps; it differs from token only off-policy (--mu > 1 or --sample-ratio > 1)",
+    )
+    add(
+        "--gspo-clip-eps",
+        type=positive(float),
+        default=GSPO_CLIP_EPS,
+        help="epsilon of the clip at --importance-sampling-level sequence (GSPO §5.1: 3e-4 below, 4e-4 "
+        "above, i.e. --clip-higher 4e-4)",
+    )
+    add(
+        "--clip-higher",
+        type=positive(float),
+        default=None,
+        metavar="EPS_HIGH",
+        help="DAPO's clip-higher: the clip's upper epsilon, 1 + EPS_HIGH, at either level (DAPO: 0.28 "
+        "over --clip-eps 0.2); unset: the lower epsilon, a symmetric clip (the paper)",
+    )
+    add(
+        "--is-mode",
+        choices=IS_MODES,
+        default="token",
+        help="how the sampler's tokens are corrected to pi_old: token, each token's surrogate times "
+        "min(pi_old / pi_sampler, --is-cap); sequence_mask (TRL's default), the completion's "
+        "pi_old(o) / pi_sampler(o) on each of its tokens, 0 for a completion above --is-cap",
+    )
+    add(
         "--is-cap",
         type=at_least(0.0, float),
-        default=2.0,
-        help="truncated importance sampling: each token's surrogate times min(pi_old / pi_sampler, C), "
-        "for rollouts drawn on a bf16 copy of the policy (not in the paper); 0: off",
+        default=None,
+        help="the cap of --is-mode, for rollouts drawn on a bf16 copy of the policy (not in the paper); "
+        "0: no correction. Unset: 2 (token), 3 (sequence_mask, TRL's)",
     )
     add_recall_flag(
         beyond,
@@ -884,10 +1013,26 @@ def parse_args(argv=None) -> argparse.Namespace:
             note = f"--sample-ratio {cfg.sample_ratio} of {rows} rows (-K x --prompts-per-step)"
             print(f"note: {note} is {rows} minibatches of one row: --sample-ratio {rows}", file=sys.stderr)
         cfg.sample_ratio = rows
+    if cfg.is_cap is None:
+        cfg.is_cap = IS_CAPS[cfg.is_mode]
     require(cfg.is_cap == 0 or cfg.is_cap >= 1, f"--is-cap {cfg.is_cap}: 0 (off) or a cap of at least 1")
+    # An upper epsilon under the lower one would clip a rising ratio sooner than a falling one: the
+    # reverse of clip-higher, and the mark of a token epsilon given at the sequence level or back.
+    lower = cfg.gspo_clip_eps if cfg.importance_sampling_level == "sequence" else cfg.clip_eps
+    require(
+        cfg.clip_higher is None or cfg.clip_higher >= lower,
+        f"--clip-higher {cfg.clip_higher} is below the lower epsilon {lower} of --importance-sampling-level "
+        f"{cfg.importance_sampling_level} (--clip-eps at token, --gspo-clip-eps at sequence)",
+    )
     require(
         not (cfg.explain and cfg.placebo),
         "--explain prints one step with the true rewards; --placebo is for a training run",
+    )
+    require(
+        not cfg.explain
+        or (cfg.importance_sampling_level, cfg.clip_higher, cfg.is_mode) == ("token", None, "token"),
+        "--explain works Eq. (9) one token at a time, as the paper writes it: it takes "
+        "--importance-sampling-level token, no --clip-higher and --is-mode token",
     )
     if cfg.explain:  # the page may only replace a page of its own
         problem = step_page.page_problem(cfg.explain_html, cfg.overwrite)

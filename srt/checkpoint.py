@@ -104,7 +104,18 @@ def has_trainer_state(path) -> bool:
 
 # Settings checkpoints record only since a later version: one written before lacks them and is
 # resumed without that check (a note says so), so a run begun earlier still finishes.
-RECORDED_LATER = ("data", "data_sha256", "placebo", "model_sha256", "dtype", "attention")
+RECORDED_LATER = (
+    "data",
+    "data_sha256",
+    "placebo",
+    "model_sha256",
+    "dtype",
+    "attention",
+    "importance_sampling_level",
+    "gspo_clip_eps",
+    "clip_higher",
+    "is_mode",
+)
 
 
 def damaged(path, name: str, e: Exception) -> SystemExit:

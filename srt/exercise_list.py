@@ -150,19 +150,37 @@ EXERCISES = [
         "docs/grpo-step.md works one token by hand",
         ("check_grpo:k3_is_zero_when_the_policies_agree", "check_grpo:k3_by_hand"),
     ),
+    # Eq. (9)'s ratio and GSPO's, side by side (importance_ratio); grpo_loss calls it, so it comes first.
+    Exercise(
+        "gspo",
+        "stage2_grpo:importance_ratio",
+        "Eq. (9)'s ratio and GSPO's Eq. (7)",
+        "§3.4; GSPO §4.1",
+        "the token level is the r_{i,t} of Eq. (9); for the sequence level read GSPO's (Zheng et al., "
+        "2025) definition of s_i(theta), its length normalisation, and its §5.1 clipping range; the "
+        "docstring says which epsilon each level takes and what a masked token holds",
+        (
+            "check_grpo:token_ratio_and_its_clip",
+            "check_grpo:sequence_ratio_by_hand",
+            "check_grpo:sequence_ratio_clips_with_its_own_epsilon",
+            "check_grpo:clip_higher_moves_the_upper_bound_alone",
+            "check_grpo:sequence_ratio_has_every_tokens_gradient",
+        ),
+    ),
     Exercise(
         "eq9",
         "stage2_grpo:grpo_loss",
         "Eq. (9)",
         "§3.4",
-        "Eq. (9) as the docstring and TokenTerms describe it; read Experience's fields; "
-        "docs/grpo-step.md works one token by hand",
+        "Eq. (9) as the docstring and TokenTerms describe it, its ratio and clip from importance_ratio "
+        "(exercise gspo); read Experience's fields; docs/grpo-step.md works one token by hand",
         (
             "check_grpo:loss_by_hand",
             "check_grpo:the_clip_acts_for_both_signs",
             "check_grpo:a_masked_token_gets_no_gradient",
             "check_grpo:the_kl_term_and_the_importance_weights",
             "check_grpo:the_loss_weights_weigh_every_token",
+            "check_grpo:the_level_and_the_epsilons_reach_the_ratio",
             "check_grpo:one_step_raises_the_best_completion",
         ),
     ),

@@ -130,6 +130,7 @@ class StepStats:
     kl: float = over_ranks("mean")  # token mean of k3 to pi_ref
     clip_fraction: float = over_ranks("mean")  # share of tokens whose ratio the clip held
     ratio: float = over_ranks("mean")  # token mean of pi_theta / pi_old
+    ratio_std: float = over_ranks("mean")  # its token std in an optimizer step, mean over steps
     entropy: float = over_ranks("mean")  # token mean, first pass
     grad_norm: float = over_ranks("mean")  # before clipping
     sampler_log_ratio: float = over_ranks("mean")  # log pi_old - log pi_sampler

@@ -68,10 +68,15 @@ WRONG = {
     "kl": lambda: patched(
         BY_KEY["kl"], "log_ratio = ref_logprobs - logprobs", "log_ratio = logprobs - ref_logprobs"
     ),
-    "eq9": lambda: patched(  # the clip on one side only
+    "gspo": lambda: patched(  # GSPO's s_i as the sum of the log-ratios, not their mean
+        BY_KEY["gspo"],
+        "mean = log_ratio.sum(1, keepdim=True) / mask.sum(1, keepdim=True).clamp(min=1)",
+        "mean = log_ratio.sum(1, keepdim=True)",
+    ),
+    "eq9": lambda: patched(  # max for min: the optimistic bound
         BY_KEY["eq9"],
-        "torch.clamp(ratio, 1 - clip_eps, 1 + clip_eps)",
-        "torch.clamp(ratio, max=1 + clip_eps)",
+        "torch.min(ratio * A, clipped_ratio * A)",
+        "torch.max(ratio * A, clipped_ratio * A)",
     ),
     "weights": lambda: patched(  # dr_grpo divided by each completion's own length: grpo's length bias again
         BY_KEY["weights"],
@@ -82,11 +87,11 @@ WRONG = {
 
 # Two copies, each with half the exercises wrong and the other half the solution. A function that
 # calls another exercise fails with it: compute_rewards calls format_reward and jaccard (through
-# recall_reward), grpo_loss calls k3_kl; so each copy's wrong set keeps the callers apart from their
-# callees.
+# recall_reward), grpo_loss calls k3_kl and importance_ratio; so each copy's wrong set keeps the
+# callers apart from their callees.
 WRONG_SETS = {
     "first": ({"eq2", "eq3", "eq4", "eq8", "eq9"}, set()),
-    "second": ({"eq5", "eq6", "eq7", "kl", "weights"}, {"eq4", "eq9"}),  # (wrong, failing with them)
+    "second": ({"eq5", "eq6", "eq7", "kl", "gspo", "weights"}, {"eq4", "eq9"}),  # (wrong, failing with them)
 }
 # And the first copy lacks a function: its loss_weights renamed, as a student might by mistake (no
 # other exercise calls it; the checks of grpo_loss build its weights by hand).
@@ -227,7 +232,11 @@ def test_a_caller_says_which_exercise_it_waits_for(grades):
     assert "not implemented yet" in lines["kl"]
     assert all(lines[key].startswith("PASS ") for key in BY_KEY if key not in ("kl", "eq9"))
     wrong_callees = grades["second"][1]
-    assert "eq9 calls k3_kl (kl), which fails its own exercise: pass kl first)" in wrong_callees["eq9"]
+    # grpo_loss calls both of the second copy's wrong callees, importance_ratio first
+    blamed = (
+        "eq9 calls importance_ratio (gspo), k3_kl (kl), which fail their own exercises: pass gspo, kl first)"
+    )
+    assert blamed in wrong_callees["eq9"], wrong_callees["eq9"]
     assert re.search(r"eq4 calls [a-z_]+ \(eq[567]\)", wrong_callees["eq4"]), wrong_callees["eq4"]
 
 

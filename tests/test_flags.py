@@ -31,7 +31,8 @@ OFFERED = {
     "--explain --explain-tries --explain-html --num-generations --prompts-per-step --sample-ratio --mu "
     "--lr --warmup-steps --weight-decay --max-grad-norm --beta --clip-eps --temperature --top-p "
     "--max-new-tokens --max-prompt-length --answer-reward --answer-gate --dynamic-sampling --max-draws "
-    "--train-turns --credit --loss-type --scale-rewards --is-cap --recall --placebo --dtype "
+    "--train-turns --credit --loss-type --scale-rewards --importance-sampling-level --gspo-clip-eps "
+    "--clip-higher --is-mode --is-cap --recall --placebo --dtype "
     "--gradient-checkpointing --no-gradient-checkpointing --micro-batch-size --share-prompts "
     "--no-share-prompts --save-every --sample-every --eval-data --eval-limit --eval-max-new-tokens "
     "--probe-every --eval-batch-size --fsdp --dist-timeout-minutes --dry-run --world-size --gpu-memory-gb",

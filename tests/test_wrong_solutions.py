@@ -386,13 +386,6 @@ WRONG = [
     # ==== Eq. (9) ====
     (
         "eq9",
-        "the clip on one side only",
-        patch(
-            "eq9", "torch.clamp(ratio, 1 - clip_eps, 1 + clip_eps)", "torch.clamp(ratio, max=1 + clip_eps)"
-        ),
-    ),
-    (
-        "eq9",
         "a token mean for the loss weights (--loss-type ignored)",
         patch(
             "eq9", "loss = -(experience.loss_weights * objective).sum()", "loss = -objective[sampled].mean()"
@@ -429,15 +422,6 @@ WRONG = [
     ),
     (
         "eq9",
-        "the ratio inverted",
-        patch(
-            "eq9",
-            "torch.exp(logprobs - experience.old_logprobs)",
-            "torch.exp(experience.old_logprobs - logprobs)",
-        ),
-    ),
-    (
-        "eq9",
         "max for min",
         patch("eq9", "torch.min(ratio * A, clipped_ratio * A)", "torch.max(ratio * A, clipped_ratio * A)"),
     ),
@@ -446,17 +430,97 @@ WRONG = [
         "clipped wherever the ratio leaves the band, whatever A's sign",
         patch(
             "eq9",
-            "clipped = ((ratio > 1 + clip_eps) & (A > 0)) | ((ratio < 1 - clip_eps) & (A < 0))",
-            "clipped = (ratio > 1 + clip_eps) | (ratio < 1 - clip_eps)",
+            "clipped = ((ratio > clipped_ratio) & (A > 0)) | ((ratio < clipped_ratio) & (A < 0))",
+            "clipped = ratio != clipped_ratio",
         ),
     ),
     (
         "eq9",
-        "the ratio detached: no gradient",
+        "the level not passed on: Eq. (9)'s token ratio whatever --importance-sampling-level says",
+        patch("eq9", "    level,\n    clip_eps,", '    "token",\n    clip_eps,'),
+    ),
+    (
+        "eq9",
+        "clip-higher not passed on: a symmetric clip always",
+        patch("eq9", "    clip_eps_high,\n)", ")"),
+    ),
+    (
+        "eq9",
+        "the log-ratio detached before the ratio: no gradient",
         patch(
             "eq9",
-            "torch.exp(logprobs - experience.old_logprobs)",
-            "torch.exp(logprobs - experience.old_logprobs).detach()",
+            "ratio, clipped_ratio = importance_ratio(\n    logprobs,",
+            "ratio, clipped_ratio = importance_ratio(\n    logprobs.detach(),",
+        ),
+    ),
+    # ==== The unit of Eq. (9)'s ratio: token, or GSPO's sequence ====
+    (
+        "gspo",
+        "the mean of the token ratios, not the exp of the mean log-ratio",
+        patch(
+            "gspo",
+            "mean = log_ratio.sum(1, keepdim=True)",
+            "mean = (torch.exp(log_ratio) * (mask > 0)).sum(1, keepdim=True)",
+            "torch.exp(mean).expand_as",
+            "mean.expand_as",
+        ),
+    ),
+    (
+        "gspo",
+        "a sum of the log-ratios, not their mean: the whole sequence's likelihood ratio",
+        patch(
+            "gspo",
+            "mean = log_ratio.sum(1, keepdim=True) / mask.sum(1, keepdim=True).clamp(min=1)",
+            "mean = log_ratio.sum(1, keepdim=True)",
+        ),
+    ),
+    (
+        "gspo",
+        "the token epsilon at the sequence level",
+        patch(
+            "gspo",
+            "torch.exp(mean).expand_as(log_ratio), gspo_clip_eps",
+            "torch.exp(mean).expand_as(log_ratio), clip_eps",
+        ),
+    ),
+    (
+        "gspo",
+        "clip-higher applied to the lower side too",
+        patch("gspo", "torch.clamp(ratio, 1 - eps, 1 + high)", "torch.clamp(ratio, 1 - high, 1 + high)"),
+    ),
+    (
+        "gspo",
+        "the padding counted in the mean (divided by the width)",
+        patch("gspo", "mask.sum(1, keepdim=True).clamp(min=1)", "mask.shape[1]"),
+    ),
+    (
+        "gspo",
+        "the clip on one side only",
+        patch("gspo", "torch.clamp(ratio, 1 - eps, 1 + high)", "torch.clamp(ratio, max=1 + high)"),
+    ),
+    (
+        "gspo",
+        "the ratio inverted",
+        patch(
+            "gspo",
+            "torch.where(mask > 0, logprobs - old_logprobs, 0.0)",
+            "torch.where(mask > 0, old_logprobs - logprobs, 0.0)",
+        ),
+    ),
+    (
+        "gspo",
+        "the ratio detached: no gradient",
+        patch(
+            "gspo",
+            "torch.where(mask > 0, logprobs - old_logprobs, 0.0)",
+            "torch.where(mask > 0, logprobs - old_logprobs, 0.0).detach()",
+        ),
+    ),
+    (
+        "gspo",
+        "the mask multiplied in: a padding token's -inf times 0 is NaN",
+        patch(
+            "gspo", "torch.where(mask > 0, logprobs - old_logprobs, 0.0)", "(logprobs - old_logprobs) * mask"
         ),
     ),
     # ==== Eq. (9)'s normalisation ====

@@ -88,6 +88,77 @@ def k3_by_hand():
     assert close(got, [math.exp(-1), math.e - 2])
 
 
+# ==== The unit of Eq. (9)'s ratio: the token's r_{i,t}, or GSPO's s_i of the whole completion ====
+# Two completions of three columns: token ratios 2, 0.5 and 1.5; then 1.2, 1.2 and a padding token
+# whose log-prob is -inf. pi_old is 1 on every token (log 0), so each log-prob is its log-ratio.
+RATIO_MASK = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
+
+
+def ratio_logprobs():
+    return torch.tensor(
+        [[math.log(2.0), math.log(0.5), math.log(1.5)], [math.log(1.2), math.log(1.2), -math.inf]]
+    )
+
+
+def token_ratio_and_its_clip():
+    """The token level is Eq. (9)'s r_{i,t} = pi_theta / pi_old, one per token, clipped to [1 - eps,
+    1 + eps]: ratios 2, 0.5, 1.5 and 1.2 give 1.2, 0.8, 1.2 and 1.2 at eps = 0.2; a padding token has
+    ratio 1; an unknown level raises ValueError."""
+    ratio, clipped = g.importance_ratio(ratio_logprobs(), torch.zeros(2, 3), RATIO_MASK, "token", 0.2)
+    assert tuple(ratio.shape) == (2, 3) and bool(torch.isfinite(ratio).all())
+    assert close(ratio, [[2.0, 0.5, 1.5], [1.2, 1.2, 1.0]])
+    assert close(clipped, [[1.2, 0.8, 1.2], [1.2, 1.2, 1.0]])
+    try:
+        g.importance_ratio(ratio_logprobs(), torch.zeros(2, 3), RATIO_MASK, "tokens")
+    except ValueError:
+        return
+    raise AssertionError("no ValueError")
+
+
+def sequence_ratio_by_hand():
+    """GSPO's s_i is one ratio per completion, on each of its tokens: token ratios 2, 0.5 and 1.5 give
+    1.1447142 (neither their mean 1.3333 nor their product 1.5); 1.2, 1.2 and a padding token give 1.2
+    (the padding counts in no mean)."""
+    ratio, _ = g.importance_ratio(ratio_logprobs(), torch.zeros(2, 3), RATIO_MASK, "sequence")
+    assert tuple(ratio.shape) == (2, 3) and bool(torch.isfinite(ratio).all())
+    assert close(ratio[0], [1.1447142425533319] * 3, atol=1e-6)
+    assert close(ratio[1, :2], [1.2, 1.2], atol=1e-6)
+
+
+def sequence_ratio_clips_with_its_own_epsilon():
+    """At the sequence level the clip takes GSPO's epsilon, not the token's: with gspo_clip_eps 3e-4,
+    s = 1.1447142 is clipped to 1.0003 and s = 0.8735805 to 0.9997 (the token epsilon 0.2 leaves
+    both as they are)."""
+    logprobs = ratio_logprobs()[:1]
+    both = torch.cat([logprobs, -logprobs])
+    ratio, clipped = g.importance_ratio(both, torch.zeros(2, 3), torch.ones(2, 3), "sequence", 0.2, 3e-4)
+    assert close(ratio[:, 0], [1.1447142425533319, 0.8735804647362989], atol=1e-6)
+    assert close(clipped, [[1.0003] * 3, [0.9997] * 3], atol=1e-6)
+
+
+def clip_higher_moves_the_upper_bound_alone():
+    """DAPO's clip-higher (clip_eps_high) raises the clip's upper bound and leaves the lower: token ratios
+    1.5 and 0.5 are clipped to 1.28 and 0.8 with eps 0.2 and eps_high 0.28; GSPO's s = 1.1447142 and
+    0.8735805 to 1.0004 and 0.9997 with 3e-4 and 4e-4."""
+    tokens = torch.tensor([[math.log(1.5), math.log(0.5)]])
+    _, clipped = g.importance_ratio(tokens, torch.zeros(1, 2), torch.ones(1, 2), "token", 0.2, 3e-4, 0.28)
+    assert close(clipped, [[1.28, 0.8]], atol=1e-6)
+    logprobs = ratio_logprobs()[:1]
+    both = torch.cat([logprobs, -logprobs])
+    _, clipped = g.importance_ratio(both, torch.zeros(2, 3), torch.ones(2, 3), "sequence", 0.2, 3e-4, 4e-4)
+    assert close(clipped, [[1.0004] * 3, [0.9997] * 3], atol=1e-6)
+
+
+def sequence_ratio_has_every_tokens_gradient():
+    """GSPO's s_i carries the gradient of each sampled token of its completion, s_i / |o_i| =
+    0.3815714 each for s = 1.1447142 over 3 tokens, and none to a padding token (no NaN)."""
+    logprobs = ratio_logprobs().requires_grad_()
+    ratio, _ = g.importance_ratio(logprobs, torch.zeros(2, 3), RATIO_MASK, "sequence")
+    ratio[:, 0].sum().backward()
+    assert logprobs.grad is not None and bool(torch.isfinite(logprobs.grad).all())
+    assert close(logprobs.grad, [[0.38157141418444396] * 3, [0.6, 0.6, 0.0]], atol=1e-6)
+
+
 # ==== Eq. (9), on Experience records built by hand ====
 def experience(old, advantages, mask=None, ref=None, is_weights=None, weights=None) -> g.Experience:
     """One minibatch: advantages one per row; loss weights as given, else 1 / (|o_i| G) on every token
@@ -157,6 +228,22 @@ def the_kl_term_and_the_importance_weights():
     weighted = experience(old, torch.tensor([1.0]), ref=ref, is_weights=torch.full((1, 2), 2.0))
     loss, _ = g.grpo_loss(old.clone(), weighted, clip_eps=0.2, beta=0.1)
     assert math.isclose(loss.item(), -(2.0 * 1.0 - 0.1 * kl), abs_tol=1e-5)
+
+
+def the_level_and_the_epsilons_reach_the_ratio():
+    """Eq. (9) at GSPO's sequence level takes the ratio and its clip of importance_ratio: s = 0.5 with
+    A~ = -1 and s = 2 with A~ = +1, clipped with 3e-4 below and 4e-4 above, give the terms -0.9997
+    and 1.0004 on every token, all of them clipped."""
+    old = torch.zeros(2, 2)
+    logprobs = torch.tensor([[math.log(0.25), 0.0], [math.log(2.0), math.log(2.0)]])
+    record = experience(old, torch.tensor([-1.0, 1.0]), weights=torch.full((2, 2), 0.25))
+    loss, terms = g.grpo_loss(
+        logprobs, record, clip_eps=0.2, beta=0.0, level="sequence", gspo_clip_eps=3e-4, clip_eps_high=4e-4
+    )
+    assert close(terms.ratio, [[0.5, 0.5], [2.0, 2.0]], atol=1e-6)
+    assert close(terms.objective, [[-0.9997, -0.9997], [1.0004, 1.0004]], atol=1e-6)
+    assert terms.clipped.tolist() == [[True, True], [True, True]]
+    assert math.isclose(loss.item(), -0.00035, abs_tol=1e-6)
 
 
 # Two completions of 1 and 3 tokens; each loss type's weights (G = 2, L = 3), written out.
