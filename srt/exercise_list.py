@@ -154,7 +154,7 @@ EXERCISES = [
     Exercise(
         "gspo",
         "stage2_grpo:importance_ratio",
-        "Eq. (9)'s ratio and GSPO's Eq. (7)",
+        "Eq. (9)'s ratio and GSPO's s_i",
         "§3.4; GSPO §4.1",
         "the token level is the r_{i,t} of Eq. (9); for the sequence level read GSPO's (Zheng et al., "
         "2025) definition of s_i(theta), its length normalisation, and its §5.1 clipping range; the "
