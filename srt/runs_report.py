@@ -358,18 +358,27 @@ def markdown(report: dict, base: dict) -> str:
         f"**{_pts(d['mean'], True)}** {_interval(d, True)}, {sd} | - | "
         f"{_tokens(across['srt_tokens'])} / {_tokens(across['control_tokens'])} |"
     )
-    text = [
-        "\n".join(lines),
-        f"Across the {k} runs: Δ accuracy ranges {_pts(d['min'], True)} to {_pts(d['max'], True)} points; "
-        f"the control was ahead in {won['control']}, SRT in {won['srt']}, even in {won['even']}; the "
-        f"control's query interval lay above 0 in {won['control_interval_above_0']}, SRT's below 0 in "
-        f"{won['srt_interval_below_0']}. "
-        + (f"SRT's Jaccard ranges {_pts(j['min'])} to {_pts(j['max'])}. " if j else "")
-        + f"A run's Δ interval (paired bootstrap, {RESAMPLES} resamples) resamples the {n} test queries of "
-        "that run's two checkpoints: it does not hold another training seed. The mean's interval is "
-        f"t({k - 1}) over the runs (mean ± t·SD/√{k}), the runs being the units; one run's query standard "
-        f"error is about {100 * across['query_se_delta']:.1f} points beside the runs' SD.",
-    ]
+    query_interval = (
+        f"A run's Δ interval (paired bootstrap, {RESAMPLES} resamples) resamples the {n} test queries of "
+        "that run's two checkpoints: it does not hold another training seed."
+    )
+    if k == 1:  # nothing to say across runs: one run is one run, neither a tie nor a win for a method
+        summary = (
+            f"One run: a claim about the methods needs paired runs (seeds). {query_interval} Its query "
+            f"standard error is about {100 * across['query_se_delta']:.1f} points."
+        )
+    else:
+        summary = (
+            f"Across the {k} runs: Δ accuracy ranges {_pts(d['min'], True)} to {_pts(d['max'], True)} "
+            f"points; the control was ahead in {won['control']}, SRT in {won['srt']}, even in {won['even']}; "
+            f"the control's query interval lay above 0 in {won['control_interval_above_0']}, SRT's below 0 "
+            f"in {won['srt_interval_below_0']}. "
+            + (f"SRT's Jaccard ranges {_pts(j['min'])} to {_pts(j['max'])}. " if j else "")
+            + f"{query_interval} The mean's interval is t({k - 1}) over the runs (mean ± t·SD/√{k}), the "
+            f"runs being the units; one run's query standard error is about "
+            f"{100 * across['query_se_delta']:.1f} points beside the runs' SD."
+        )
+    text = ["\n".join(lines), summary]
     if base:
         text.append(
             "Base model, evaluated once (no training seed): "

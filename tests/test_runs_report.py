@@ -54,6 +54,20 @@ def test_one_run_has_no_spread_to_report():
     assert out["mean"] == 0.04 and out["sd"] is None and out["low"] is None
 
 
+def test_one_runs_report_calls_it_one_run_and_states_no_interval_over_runs():
+    """A t(0) interval or "across the 1 runs" would read as a claim about the methods."""
+    one = runs_report.summarize([planted_run("seed 1", [1, 0, 1, 0] * 6, [1, 1, 1, 0] * 6)], resamples=200)
+    text = runs_report.markdown(one, {})
+    assert "One run: a claim about the methods needs paired runs (seeds)." in text
+    assert "t(0)" not in text and "Across the" not in text
+    two = runs_report.summarize(
+        [planted_run(f"seed {s}", [1, 0, 1, 0] * 6, [1, 1, 1, 0] * 6) for s in (1, 2)], resamples=200
+    )
+    assert "Across the 2 runs" in runs_report.markdown(
+        two, {}
+    ) and "t(1) over the runs" in runs_report.markdown(two, {})
+
+
 def test_wins_count_each_side_and_the_runs_whose_query_interval_excludes_zero():
     deltas = [
         {"diff": 0.15, "low": 0.02, "high": 0.28},  # control ahead, interval above 0
