@@ -985,6 +985,9 @@ def test_ctrl_c_while_a_script_still_loads_torch_is_one_line(tmp_path, script):
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        # a suite started in the background by a shell without job control inherits SIGINT ignored,
+        # and Python then never raises KeyboardInterrupt: the child gets the terminal's default back
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
         assert proc.stderr.readline() == "loading\n"
