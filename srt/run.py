@@ -242,7 +242,8 @@ class Run:
     def __init__(self, cfg, script: str, parser, reserve_s: float = 60.0):
         self.cfg, self.script, self.keys = cfg, script, resume_keys(parser)
         earlier = run_in(cfg.out) == script or lock_owner(cfg.out).get("script") == script
-        # every rank checks --out before any rank can write to it (they meet in setup_distributed)
+        # every rank checks --out before any rank can write to it: the ranks meet in setup_distributed,
+        # or, for a second run in one process (its group already made), at the barrier below
         claim_out(cfg.out, script, cfg.resume, cfg.overwrite)
         self.out, self.checkpoint = Path(cfg.out), Path(cfg.out) / "checkpoint"
         if cfg.resume:
@@ -253,6 +254,11 @@ class Run:
         self.rank, self.world_size, _, self.device = setup_distributed(
             cfg.dist_timeout_minutes, always=cfg.fsdp
         )
+        if dist.is_initialized():
+            # init_process_group made the ranks meet, but only the first time: without this, a rank
+            # done with an earlier run could write this run's config.json before a slower rank has
+            # checked --out, which then refuses it as "already holds a run"
+            dist.barrier()
         cfg.world_size = self.world_size
         self.main_process = self.rank == 0
         self.budget = TimeBudget(cfg.time_budget_minutes, reserve_s=reserve_s)

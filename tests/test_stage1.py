@@ -712,3 +712,20 @@ def test_adamw_is_the_fused_kernel_with_the_loops_update():
     for a, b, p0 in zip(params["ours"], params["loop"], start):
         assert (a - p0).abs().max() > 1e-2  # the weights moved
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+
+
+def test_a_second_run_in_one_process_checks_out_on_every_rank_before_any_rank_writes(tmp_path, monkeypatch):
+    """torchrun made the ranks meet once (init_process_group); a second run in the same process (a
+    test's driver, a notebook) must meet again after its --out checks, or a rank done early writes
+    config.json before a slower rank checks --out, which then refuses it as an earlier run."""
+    from srt import run as harness
+
+    order = []
+    monkeypatch.setattr(harness, "claim_out", lambda *a, **k: order.append("claim_out"))
+    monkeypatch.setattr(harness, "setup_distributed", lambda *a, **k: (0, 2, 0, torch.device("cpu")))
+    monkeypatch.setattr(harness.dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(harness.dist, "barrier", lambda *a, **k: order.append("barrier"))
+    cfg = run_args(write_records(tmp_path, [make_record(0)]), tmp_path / "out")
+    run = harness.Run(cfg, "stage1_sft.py", stage1_sft.build_parser())
+    assert order == ["claim_out", "barrier"] and run.world_size == 2
+    assert not (tmp_path / "out").exists()  # nothing written before every rank has met
