@@ -167,6 +167,17 @@ EXPECTED_WEIGHTS = {
 }
 
 
+def padded_logprobs(theta, lengths, offset=0):
+    """Completions of `lengths` reading the shared weights theta from `offset`, padded with -inf to
+    LONG -> (log-probs [B, LONG], policy mask)."""
+    rows, start = [], offset
+    for n in lengths:
+        rows.append(torch.cat([theta[start : start + n], torch.full((LONG - n,), -math.inf)]))
+        start += n
+    logprobs = torch.stack(rows)
+    return logprobs, (logprobs > -math.inf).float()
+
+
 def token_gradients(lengths, loss_type, offset=0):
     """Each token's weight in the step's objective, measured as update() makes it: the completions of
     `lengths` read shared weights theta (one per token of the whole batch, SHORT + LONG of them, this
@@ -174,12 +185,7 @@ def token_gradients(lengths, loss_type, offset=0):
     the all-ranks token count and the world size, and on several ranks the gradients are averaged as
     DDP does. -> -d loss / d theta, the weight of each token (A = 1)."""
     theta = torch.zeros(SHORT + LONG, requires_grad=True)
-    rows, start = [], offset
-    for n in lengths:
-        rows.append(torch.cat([theta[start : start + n], torch.full((LONG - n,), -math.inf)]))
-        start += n
-    logprobs = torch.stack(rows)
-    mask = (logprobs > -math.inf).float()
+    logprobs, mask = padded_logprobs(theta, lengths, offset)
     loss, _ = hand_loss(
         logprobs,
         logprobs.detach(),

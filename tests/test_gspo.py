@@ -18,6 +18,7 @@ from test_grpo_loss_family import (
     MAX_LENGTH,
     SHORT,
     experience_and_updates,
+    padded_logprobs,
     weights_of,
 )
 from test_stage2 import config
@@ -241,12 +242,7 @@ def token_weights(lengths, loss_type, level, offset=0):
     """test_grpo_loss_family.token_gradients at `level`, with --clip-higher 0.28: each token's weight
     in the step's objective (A = 1, on policy), DDP's mean over ranks taken."""
     theta = torch.zeros(SHORT + LONG, requires_grad=True)
-    rows, start = [], offset
-    for n in lengths:
-        rows.append(torch.cat([theta[start : start + n], torch.full((LONG - n,), -math.inf)]))
-        start += n
-    logprobs = torch.stack(rows)
-    mask = (logprobs > -math.inf).float()
+    logprobs, mask = padded_logprobs(theta, lengths, offset)
     tokens = g.all_ranks_tokens(mask) if loss_type == "dapo" else None
     record = hand_experience(
         logprobs.detach(),
