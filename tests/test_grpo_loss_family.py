@@ -221,13 +221,14 @@ def test_length_bias_on_one_rank(loss_type):
     assert ratio == pytest.approx({"grpo": LONG / SHORT, "dapo": 1.0, "dr_grpo": 1.0}[loss_type])
 
 
-def two_rank_worker(rank, init_file, results):
+def two_rank_worker(rank, init_file, results, weights=token_gradients):
+    """One gloo rank: `weights`(lengths, loss_type, offset=...) for each loss type, into results."""
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
     try:
         torch.set_num_threads(1)
         for loss_type in g.LOSS_TYPES:  # rank 0 holds the short completion, rank 1 the long one
             lengths, offset = ([SHORT], 0) if rank == 0 else ([LONG], SHORT)
-            results[f"{rank}:{loss_type}"] = token_gradients(lengths, loss_type, offset).tolist()
+            results[f"{rank}:{loss_type}"] = weights(lengths, loss_type, offset=offset).tolist()
     finally:
         dist.destroy_process_group()
 

@@ -3,6 +3,7 @@
 clipped with --gspo-clip-eps), --clip-higher (DAPO's upper epsilon), and --is-mode token |
 sequence_mask (TRL's correction of the sampler to pi_old). Each test names the mistake it catches."""
 
+import functools
 import math
 import os
 import tempfile
@@ -19,6 +20,7 @@ from test_grpo_loss_family import (
     SHORT,
     experience_and_updates,
     padded_logprobs,
+    two_rank_worker,
     weights_of,
 )
 from test_stage2 import config
@@ -271,23 +273,13 @@ def test_the_sequence_level_keeps_each_loss_types_token_weights_on_one_rank(loss
     assert long.tolist() == pytest.approx([want_long] * LONG, rel=1e-6)
 
 
-def two_rank_worker(rank, init_file, results):
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
-    try:
-        torch.set_num_threads(1)
-        for loss_type in g.LOSS_TYPES:  # rank 0 holds the short completion, rank 1 the long one
-            lengths, offset = ([SHORT], 0) if rank == 0 else ([LONG], SHORT)
-            results[f"{rank}:{loss_type}"] = token_weights(lengths, loss_type, "sequence", offset).tolist()
-    finally:
-        dist.destroy_process_group()
-
-
 def test_the_sequence_level_keeps_each_loss_types_token_weights_on_two_ranks_under_gloo():
     """The short completion on rank 0, the long one on rank 1, at the sequence level: the weights of
     one rank holding both (dapo's 1/24 on every token, grpo's ratio of 5, dr_grpo's 1)."""
     with tempfile.TemporaryDirectory() as folder:
         results = mp.Manager().dict()
-        mp.spawn(two_rank_worker, args=(os.path.join(folder, "init"), results), nprocs=2, join=True)
+        sequence = functools.partial(token_weights, level="sequence")
+        mp.spawn(two_rank_worker, args=(os.path.join(folder, "init"), results, sequence), nprocs=2, join=True)
         for loss_type, (want_short, want_long) in EXPECTED_WEIGHTS.items():
             for rank in (0, 1):
                 short, long = weights_of(torch.tensor(results[f"{rank}:{loss_type}"]))
