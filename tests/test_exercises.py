@@ -397,11 +397,12 @@ def distinctive_lines(exercise: Exercise) -> list[str]:
     return [line for line in lines if len(line) >= 25 and not line.startswith("for ")]  # a loop: no clue
 
 
-# A blanked formula written again under other names, in code: Eq. (6)'s IoU, Eq. (9)'s clip and its
-# min() of the two surrogates, the k3 estimator of Eq. (9)'s KL.
+# A blanked formula written again under other names, in code: Eq. (6)'s IoU, the ratio's clip
+# (importance_ratio), Eq. (9)'s min() of the two surrogates, the k3 estimator of Eq. (9)'s KL.
 RESTATED = {
     "eq6": re.compile(r"len\((\w+) & (\w+)\) / len\(\1 \| \2\)"),
-    "eq9": re.compile(r"clamp\(\w+, 1 - \w+, 1 \+ \w+\)|\bmin\((\w+) \* (\w+), \w+ \* \2\)"),
+    "gspo": re.compile(r"clamp\(\w+, 1 - \w+, 1 \+ \w+\)"),
+    "eq9": re.compile(r"\bmin\((\w+) \* (\w+), \w+ \* \2\)"),
     "kl": re.compile(r"\.exp\(\) - \w+ - 1|torch\.exp\((\w+)\) - \1 - 1"),
 }
 
